@@ -1,0 +1,80 @@
+// Dispatch: validate, then hand the call to the backend that owns the tensors' device.
+#include "api/validate.h"
+#include "fmha/fmha.h"
+#include "reference/reference.h"
+
+#if FMHA_WITH_CUDA
+#include "cuda/backend.h"
+#endif
+
+namespace fmha {
+namespace {
+
+Status cuda_unavailable() {
+  return Status::not_supported(
+      "fmha: the tensors are on a CUDA device but this build of fmha has no CUDA backend "
+      "(configure with -DFMHA_ENABLE_CUDA=ON)");
+}
+
+// Runs a validated shaped problem (dense, varlen, neighborhood) on its device's backend.
+template <typename Params>
+Status run_shaped(const Params& p, void* stream) {
+  detail::ProblemShape shape;
+  FMHA_RETURN_IF_ERROR(detail::validate(p, &shape));
+  if (p.q.device.type == DeviceType::kCPU) {
+    reference::run(p, shape);
+    return Status::ok_status();
+  }
+#if FMHA_WITH_CUDA
+  return cuda::run(p, shape, stream);
+#else
+  (void)stream;
+  return cuda_unavailable();
+#endif
+}
+
+template <typename Params>
+Status check_shaped(const Params& p) {
+  detail::ProblemShape shape;
+  return detail::validate(p, &shape);
+}
+
+template <typename Params>
+Status run_merge(const Params& p, void* stream) {
+  FMHA_RETURN_IF_ERROR(detail::validate(p));
+  if (p.out.device.type == DeviceType::kCPU) {
+    reference::run(p);
+    return Status::ok_status();
+  }
+#if FMHA_WITH_CUDA
+  return cuda::run(p, stream);
+#else
+  (void)stream;
+  return cuda_unavailable();
+#endif
+}
+
+}  // namespace
+
+Status check(const AttentionForwardParams& p) { return check_shaped(p); }
+Status check(const AttentionBackwardParams& p) { return check_shaped(p); }
+Status check(const VarlenForwardParams& p) { return check_shaped(p); }
+Status check(const VarlenBackwardParams& p) { return check_shaped(p); }
+Status check(const NeighborhoodForwardParams& p) { return check_shaped(p); }
+Status check(const NeighborhoodBackwardParams& p) { return check_shaped(p); }
+Status check(const MergeForwardParams& p) { return detail::validate(p); }
+Status check(const MergeBackwardParams& p) { return detail::validate(p); }
+
+Status run(const AttentionForwardParams& p, void* stream) { return run_shaped(p, stream); }
+Status run(const AttentionBackwardParams& p, void* stream) { return run_shaped(p, stream); }
+Status run(const VarlenForwardParams& p, void* stream) { return run_shaped(p, stream); }
+Status run(const VarlenBackwardParams& p, void* stream) { return run_shaped(p, stream); }
+Status run(const NeighborhoodForwardParams& p, void* stream) { return run_shaped(p, stream); }
+Status run(const NeighborhoodBackwardParams& p, void* stream) { return run_shaped(p, stream); }
+Status run(const MergeForwardParams& p, void* stream) { return run_merge(p, stream); }
+Status run(const MergeBackwardParams& p, void* stream) { return run_merge(p, stream); }
+
+bool built_with_cuda() { return FMHA_WITH_CUDA != 0; }
+const char* version() { return FMHA_VERSION_STRING; }
+
+}  // namespace fmha

@@ -1,0 +1,34 @@
+// Entry points of the CUDA backend for which no kernel has landed yet: each refuses clearly.
+// As kernels land, their entry points move out of this file into the kernels' launch files.
+#include "cuda/backend.h"
+
+namespace fmha::cuda {
+namespace {
+Status no_kernel(const char* what) {
+  return Status::not_supported(std::string("fmha: the CUDA backend has no kernel for ") + what +
+                               " yet; run it on CPU tensors (the reference backend)");
+}
+}  // namespace
+
+Status run(const AttentionForwardParams&, const detail::ProblemShape&, void*) {
+  return no_kernel("attention forward");
+}
+Status run(const AttentionBackwardParams&, const detail::ProblemShape&, void*) {
+  return no_kernel("attention backward");
+}
+Status run(const VarlenForwardParams&, const detail::ProblemShape&, void*) {
+  return no_kernel("varlen attention forward");
+}
+Status run(const VarlenBackwardParams&, const detail::ProblemShape&, void*) {
+  return no_kernel("varlen attention backward");
+}
+Status run(const NeighborhoodForwardParams&, const detail::ProblemShape&, void*) {
+  return no_kernel("neighborhood attention forward");
+}
+Status run(const NeighborhoodBackwardParams&, const detail::ProblemShape&, void*) {
+  return no_kernel("neighborhood attention backward");
+}
+Status run(const MergeForwardParams&, void*) { return no_kernel("merge forward"); }
+Status run(const MergeBackwardParams&, void*) { return no_kernel("merge backward"); }
+
+}  // namespace fmha::cuda
