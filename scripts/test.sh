@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The test command of the README (and of CI): installs what is missing, builds the C++ library with its
+# tests (and the CUDA sources when nvcc exists), runs them, installs the Python package and runs pytest.
+# On a machine with a GPU the CUDA tests run too; without one they skip and say so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc)}
+export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+
+bash scripts/setup.sh
+
+echo "== C++: configure, build, test"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_WARNINGS_AS_ERRORS=ON >/dev/null
+cmake --build build -j "$JOBS"
+ctest --test-dir build -j "$JOBS" --output-on-failure
+
+echo "== C++: install, then build a separate project against it with find_package(fmha)"
+cmake --install build --prefix build/install >/dev/null
+cmake -S examples/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
+cmake --build build/consumer >/dev/null
+build/consumer/fmha_consumer >/dev/null && echo "find_package(fmha) consumer: OK"
+
+echo "== Python: install the package, run pytest"
+# The C++ build above already compiled the CUDA sources; without a GPU the Python package skips them.
+cuda=OFF
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && cuda=AUTO
+"$PYTHON" -m pip install -q --no-build-isolation -C cmake.define.FMHA_ENABLE_CUDA=$cuda .
+"$PYTHON" -m pytest -q tests/python
