@@ -1,5 +1,5 @@
 // Entry points of the CUDA backend for which no kernel has landed yet: each refuses clearly.
-// As kernels land, their entry points move out of this file into the kernels' launch files.
+// As kernels land, their entry points move out of this file (the forward lives in forward.cu).
 #include "cuda/backend.h"
 
 namespace fmha::cuda {
@@ -10,14 +10,8 @@ Status no_kernel(const char* what) {
 }
 }  // namespace
 
-Status run(const AttentionForwardParams&, const detail::ProblemShape&, void*) {
-  return no_kernel("attention forward");
-}
 Status run(const AttentionBackwardParams&, const detail::ProblemShape&, void*) {
   return no_kernel("attention backward");
-}
-Status run(const VarlenForwardParams&, const detail::ProblemShape&, void*) {
-  return no_kernel("varlen attention forward");
 }
 Status run(const VarlenBackwardParams&, const detail::ProblemShape&, void*) {
   return no_kernel("varlen attention backward");

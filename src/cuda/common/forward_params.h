@@ -1,0 +1,81 @@
+// The forward kernels' runtime arguments: plain data filled on the host by the launch code from
+// validated tensor views, read on the device. Every stride is in elements and 64-bit; every size
+// that is not a compile-time tile dimension is a runtime value here.
+#pragma once
+
+#include <cstdint>
+
+namespace fmha::cuda {
+
+// Window bound meaning "unbounded": far past any sequence length, small enough that adding a
+// position to it cannot overflow int64.
+inline constexpr std::int64_t kUnboundedWindow = std::int64_t{1} << 60;
+
+struct ForwardParams {
+  // q [B, Lq, H, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv], out [B, Lq, H, Dv] (16-bit elements).
+  // Varlen: batch strides are 0 and rows start at cu_seqlens[b].
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  std::int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  std::int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  std::int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  std::int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+
+  // lse [B, H, Lq] fp32 (varlen: [H, total_q]); nullptr when not requested.
+  float* lse = nullptr;
+  std::int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
+
+  // Varlen: [B + 1] int32 on the device; nullptr for dense batches.
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_k = nullptr;
+
+  std::int64_t batch = 0;
+  std::int64_t seqlen_q = 0;  // dense: Lq; varlen: max_seqlen_q (sizes the grid)
+  std::int64_t seqlen_k = 0;  // dense: Lk; varlen: unused (per-sequence lengths)
+  int heads = 0;
+  int kv_group = 1;  // H / Hkv: query head h reads kv head h / kv_group
+  int head_dim = 0;
+  int value_dim = 0;
+
+  // True when every q/k/v/extra row starts 16-byte aligned and D, Dv are multiples of 8, so tiles
+  // load with 16-byte cp.async; otherwise element by element.
+  bool vector_loads = false;
+  // True when every out row starts 16-byte aligned and Dv is a multiple of 8.
+  bool vector_stores = false;
+
+  // Scores: s = scale * q.k, then softcap, then bias and rel-pos. Kept in log2 units.
+  float scale_log2 = 0;          // scale * log2(e)
+  float softcap_log2 = 0;        // softcap * log2(e); 0 disables softcap
+  float scale_over_softcap = 0;  // scale / softcap
+
+  // Masks (SPEC §3): visible iff d(i) - left <= j <= d(i) + right, d(i) = i + offset, where
+  // offset = Lk - Lq for bottom-right alignment. Unbounded sides hold kUnboundedWindow.
+  bool bottom_right = false;
+  std::int64_t window_left = kUnboundedWindow;
+  std::int64_t window_right = kUnboundedWindow;
+
+  // Additive bias [B, H, Lq, Lk], any strides (0 broadcasts); nullptr when not given.
+  const void* bias = nullptr;
+  std::int64_t bias_stride[4] = {0, 0, 0, 0};
+  // Decomposed relative position: rel_h [B, H, Lq, Hk], rel_w [B, H, Lq, Wk]; nullptr when absent.
+  const void* rel_h = nullptr;
+  const void* rel_w = nullptr;
+  std::int64_t rel_h_stride[4] = {0, 0, 0, 0};
+  std::int64_t rel_w_stride[4] = {0, 0, 0, 0};
+  std::int64_t rel_w_size = 1;  // Wk: key j sits at (j / Wk, j % Wk)
+
+  // Sinks [H] fp32; nullptr when absent.
+  const float* sinks = nullptr;
+  std::int64_t sinks_stride = 0;
+
+  // Extra keys [B, R, Hkv, D] / [B, R, Hkv, Dv], after the Lk keys; num_extra = 0 when absent.
+  const void* extra_k = nullptr;
+  const void* extra_v = nullptr;
+  std::int64_t num_extra = 0;
+  std::int64_t extra_k_batch_stride = 0, extra_k_row_stride = 0, extra_k_head_stride = 0;
+  std::int64_t extra_v_batch_stride = 0, extra_v_row_stride = 0, extra_v_head_stride = 0;
+};
+
+}  // namespace fmha::cuda

@@ -1,0 +1,24 @@
+// Forward policies: the compile-time axis of the forward kernels besides dtype and head-dim
+// bucket. A policy bundles the mask and the score modifiers an instantiation supports.
+#pragma once
+
+#include "cuda/common/mask_policies.cuh"
+#include "cuda/common/score_modifiers.cuh"
+
+namespace fmha::cuda {
+
+// Plain attention (no mask but ragged tails, scale only) gets its own lean instantiation; every
+// other feature runs through the general one, enabled by runtime values.
+struct PolicyPlain {
+  using Mask = MaskNone;
+  template <typename T>
+  using Scores = ScoreScale;
+};
+
+struct PolicyGeneral {
+  using Mask = MaskWindow;
+  template <typename T>
+  using Scores = ScoreModifiers<T>;
+};
+
+}  // namespace fmha::cuda

@@ -1,0 +1,111 @@
+// Warp-level tile primitives of the mma.sync generation (sm80..sm90), written over PTX:
+// tensor-core products (m16n8k16, fp32 accumulators), ldmatrix fragment loads from shared memory,
+// and cp.async global->shared copies with commit/wait groups.
+//
+// Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane / 4, c = lane % 4:
+//   A 16x16 (row-major): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
+//   B 16x8  (k x n):     b0 = (k 2c..2c+1, n g), b1 = (k 2c+8.., n g)
+//   C 16x8  (fp32):      c0,c1 = (g, 2c..2c+1), c2,c3 = (g+8, 2c..2c+1)
+// Each 32-bit register holds two 16-bit values, the lower column in the low half.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace fmha::cuda::tile {
+
+__device__ __forceinline__ std::uint32_t shared_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Per-dtype conversions and the PTX name of the tensor-core operand type.
+template <typename T>
+struct Dtype;
+
+template <>
+struct Dtype<__half> {
+  __device__ __forceinline__ static float to_float(std::uint16_t bits) {
+    return __half2float(__ushort_as_half(bits));
+  }
+  __device__ __forceinline__ static std::uint16_t from_float(float x) {
+    return __half_as_ushort(__float2half_rn(x));
+  }
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+};
+
+template <>
+struct Dtype<__nv_bfloat16> {
+  __device__ __forceinline__ static float to_float(std::uint16_t bits) {
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+  }
+  __device__ __forceinline__ static std::uint16_t from_float(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+};
+
+// d += a * b on a 16x8x16 tile; fp32 accumulators, fp16 or bf16 operands.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const std::uint32_t (&a)[4],
+                                             std::uint32_t b0, std::uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], const std::uint32_t (&a)[4],
+                                                     std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4],
+                                                            const std::uint32_t (&a)[4],
+                                                            std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// As ldmatrix_x4, each matrix transposed: gives B fragments of a k-major (row = k) tile.
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// 16-byte asynchronous copy global -> shared, bypassing L1. With src_bytes == 0 nothing is read
+// and the 16 bytes are zero-filled (used for rows and columns past the tensor's end).
+__device__ __forceinline__ void cp_async_16(std::uint32_t shared_dst, const void* global_src,
+                                            int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
+               "l"(global_src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most `kPending` committed groups of this thread are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+}  // namespace fmha::cuda::tile

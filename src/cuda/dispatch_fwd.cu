@@ -1,0 +1,79 @@
+// The one place where the forward's runtime values become template parameters:
+// dtype -> T, max(D, Dv) -> head-dim bucket, enabled features -> policy.
+#include "cuda/dispatch_fwd.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "cuda/common/forward_policies.cuh"
+#include "cuda/sm80/launch_fwd.h"
+#include "cuda/sm80/tile_sizes.h"
+
+namespace fmha::cuda {
+namespace {
+
+// Plain attention (no causal/window mask, softcap, bias or rel-pos) takes the lean variant; sinks
+// and extra keys are runtime features of both.
+bool needs_general_policy(const ForwardParams& p) {
+  return p.window_left != kUnboundedWindow || p.window_right != kUnboundedWindow ||
+         p.softcap_log2 > 0.0f || p.bias != nullptr || p.rel_h != nullptr;
+}
+
+template <typename T, int kD>
+Status dispatch_policy(const ForwardParams& p, cudaStream_t stream) {
+  if (needs_general_policy(p)) return sm80::launch_forward<T, kD, PolicyGeneral>(p, stream);
+  return sm80::launch_forward<T, kD, PolicyPlain>(p, stream);
+}
+
+template <typename T>
+Status dispatch_head_dim(const ForwardParams& p, cudaStream_t stream) {
+  const int head_dim = p.head_dim > p.value_dim ? p.head_dim : p.value_dim;
+  switch (sm80::head_dim_bucket(head_dim)) {
+    case 32: return dispatch_policy<T, 32>(p, stream);
+    case 64: return dispatch_policy<T, 64>(p, stream);
+    case 96: return dispatch_policy<T, 96>(p, stream);
+    case 128: return dispatch_policy<T, 128>(p, stream);
+    case 160: return dispatch_policy<T, 160>(p, stream);
+    case 192: return dispatch_policy<T, 192>(p, stream);
+    case 224: return dispatch_policy<T, 224>(p, stream);
+    case 256: return dispatch_policy<T, 256>(p, stream);
+    default:
+      return Status::not_supported(
+          "fmha: head_dim " + std::to_string(p.head_dim) + " / value_dim " +
+          std::to_string(p.value_dim) +
+          " is not supported by the CUDA forward kernel (sm80; supported: 1..256 each)");
+  }
+}
+
+}  // namespace
+
+Status check_forward_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16: return Status::ok_status();
+    case DType::kFloat32:
+      return Status::not_supported(
+          "fmha: the CUDA backend has no float32 forward kernel yet (the sm80 kernel runs "
+          "float16/bfloat16 on tensor cores); got q of dtype float32: convert q/k/v to float16 or "
+          "bfloat16, or run on CPU tensors");
+    case DType::kFloat64:
+      return Status::not_supported(
+          "fmha: the CUDA backend does not support float64 (the reference CPU backend does); got "
+          "q of dtype float64");
+    default:
+      return Status::not_supported(std::string("fmha: the CUDA forward kernel got q of dtype ") +
+                                   to_string(dtype) + " (supported: float16, bfloat16)");
+  }
+}
+
+Status dispatch_forward(const ForwardParams& p, DType dtype, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kFloat16: return dispatch_head_dim<__half>(p, stream);
+    case DType::kBFloat16: return dispatch_head_dim<__nv_bfloat16>(p, stream);
+    default: return check_forward_dtype(dtype);
+  }
+}
+
+}  // namespace fmha::cuda
