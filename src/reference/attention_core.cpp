@@ -13,7 +13,9 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-std::size_t at(std::int64_t index) { return static_cast<std::size_t>(index); }
+std::size_t at(std::int64_t index) {
+  return static_cast<std::size_t>(index);
+}
 
 double dot(const double* a, const double* b, std::int64_t n) {
   double sum = 0.0;
@@ -139,7 +141,9 @@ class RowScorer {
   std::int64_t b_, h_;
 };
 
-std::int64_t heads_per_kv_head(const AttentionProblem& p) { return p.heads / p.kv_heads; }
+std::int64_t heads_per_kv_head(const AttentionProblem& p) {
+  return p.heads / p.kv_heads;
+}
 
 }  // namespace
 
@@ -166,7 +170,8 @@ void attention_forward(const AttentionProblem& p) {
           for (std::int64_t d = 0; d < p.value_dim; ++d) out[at(d)] += prob * v[d];
         }
       }
-      for (std::int64_t d = 0; d < p.value_dim; ++d) store(*seq.out.view, seq.out.offset(i, h, d), out[at(d)]);
+      for (std::int64_t d = 0; d < p.value_dim; ++d)
+        store(*seq.out.view, seq.out.offset(i, h, d), out[at(d)]);
       if (seq.lse.given()) store(*seq.lse.view, seq.lse.offset(i, h), row.lse);
     }
   });
@@ -179,8 +184,8 @@ namespace {
 // over are folded into a single slot here, so a broadcast bias costs no [H, Lq, Lk] buffer.
 class OperandGradient {
  public:
-  OperandGradient(const TensorView& grad, std::int64_t b, std::int64_t first_head, std::int64_t heads,
-                  std::int64_t rows, std::int64_t cols)
+  OperandGradient(const TensorView& grad, std::int64_t b, std::int64_t first_head,
+                  std::int64_t heads, std::int64_t rows, std::int64_t cols)
       : grad_{&grad}, b_(b), first_head_(first_head) {
     if (!grad_.given()) return;
     extent_ = {grad_.broadcasts(1) ? 1 : heads, grad_.broadcasts(2) ? 1 : rows,
@@ -190,7 +195,8 @@ class OperandGradient {
 
   bool given() const { return grad_.given(); }
   void add(std::int64_t head, std::int64_t i, std::int64_t x, double value) {
-    sum_[at(slot(head, 0) * extent_[1] * extent_[2] + slot(i, 1) * extent_[2] + slot(x, 2))] += value;
+    sum_[at(slot(head, 0) * extent_[1] * extent_[2] + slot(i, 1) * extent_[2] + slot(x, 2))] +=
+        value;
   }
   void emit(GradientPartial* partial) const {
     if (!given()) return;
@@ -221,8 +227,8 @@ struct TaskGradients {
 // Backward of one (sequence b, kv head): its query heads, all their rows, and the keys they read.
 // The task owns the dk / dv rows of its kv head, so it sums over the query heads of the group in a
 // fixed order. P and the forward output are recomputed here in double from q, k, v (the out and lse
-// the caller passes are not read): gradients are then exact functions of the inputs, which is what a
-// finite-difference check and a float64 oracle need.
+// the caller passes are not read): gradients are then exact functions of the inputs, which is what
+// a finite-difference check and a float64 oracle need.
 void backward_task(const AttentionProblem& p, const AttentionGradients& grads, std::int64_t b,
                    std::int64_t kv_head, TaskGradients* result) {
   const SequenceView seq = p.sequence(b);
@@ -231,7 +237,8 @@ void backward_task(const AttentionProblem& p, const AttentionGradients& grads, s
   const std::int64_t num_keys = seq.len_k + p.num_extra;
   const KeyValueRows kv(p, seq, b, kv_head);
 
-  std::vector<double> dkeys(at(num_keys * p.head_dim), 0.0), dvalues(at(num_keys * p.value_dim), 0.0);
+  std::vector<double> dkeys(at(num_keys * p.head_dim), 0.0),
+      dvalues(at(num_keys * p.value_dim), 0.0);
   OperandGradient dbias(grads.dbias, b, first_head, group, seq.len_q, seq.len_k);
   OperandGradient drel_h(grads.drel_h, b, first_head, group, seq.len_q, p.rel_h_size);
   OperandGradient drel_w(grads.drel_w, b, first_head, group, seq.len_q, p.rel_w_size);
@@ -246,7 +253,8 @@ void backward_task(const AttentionProblem& p, const AttentionGradients& grads, s
     for (std::int64_t i = 0; i < seq.len_q; ++i) {
       load_row(seq.q, i, h, p.head_dim, q.data());
       scorer.score(i, q.data(), &row);
-      if (row.fully_masked()) continue;  // every gradient of the row is 0 (write_gradient zero-fills)
+      // A fully masked row contributes nothing: its gradients stay 0 (write_gradient zero-fills).
+      if (row.fully_masked()) continue;
       load_row(seq.dout, i, h, p.value_dim, dout.data());
       const double dlse = seq.dlse.given() ? load(*seq.dlse.view, seq.dlse.offset(i, h)) : 0.0;
 
@@ -283,7 +291,8 @@ void backward_task(const AttentionProblem& p, const AttentionGradients& grads, s
       }
       // The sink is a logit without a value: dP_sink = 0, so dS_sink = -P_sink * Delta (SPEC §11).
       dsinks[at(g)] -= row.sink_probability() * delta;
-      for (std::int64_t d = 0; d < p.head_dim; ++d) result->dq.add(seq.dq.offset(i, h, d), dq[at(d)]);
+      for (std::int64_t d = 0; d < p.head_dim; ++d)
+        result->dq.add(seq.dq.offset(i, h, d), dq[at(d)]);
     }
   }
 
@@ -317,8 +326,9 @@ void backward_task(const AttentionProblem& p, const AttentionGradients& grads, s
 }  // namespace
 
 void attention_backward(const AttentionProblem& p, const AttentionGradients& grads) {
-  // One task per (sequence, kv head); tasks only record contributions, which are then summed in task
-  // order, so broadcast gradients (dbias over batch, dsinks over sequences, ...) are deterministic.
+  // One task per (sequence, kv head); tasks only record contributions, which are then summed in
+  // task order, so broadcast gradients (dbias over batch, dsinks over sequences, ...) are
+  // deterministic.
   std::vector<TaskGradients> tasks(at(p.num_sequences * p.kv_heads));
   parallel_for(p.num_sequences * p.kv_heads, [&](std::int64_t task) {
     backward_task(p, grads, task / p.kv_heads, task % p.kv_heads, &tasks[at(task)]);

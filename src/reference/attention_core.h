@@ -1,6 +1,7 @@
 // The generic attention core of the CPU reference: one forward and one backward, written once, in
 // double precision. The entry points (dense, varlen, neighborhood) are thin adapters that describe
-// each sequence b: its lengths, where its rows of q/k/v/out/... live, and which keys each query sees.
+// each sequence b: its lengths, where its rows of q/k/v/out/... live, and which keys each query
+// sees.
 #pragma once
 
 #include <array>
@@ -77,12 +78,12 @@ struct AttentionProblem {
   double scale = 1.0;
   double softcap = 0.0;  // 0: off
   BroadcastOperand bias, rel_h, rel_w;
-  std::int64_t rel_h_size = 0;  // Hk
-  std::int64_t rel_w_size = 0;  // Wk: key j sits at grid row j / Wk, column j % Wk
-  const TensorView* sinks = nullptr;                               // [H]
-  const TensorView* extra_k = nullptr;                             // [B, R, Hkv, D]
-  const TensorView* extra_v = nullptr;                             // [B, R, Hkv, Dv]
-  std::function<SequenceView(std::int64_t)> sequence;              // describes sequence b
+  std::int64_t rel_h_size = 0;          // Hk
+  std::int64_t rel_w_size = 0;          // Wk: key j sits at grid row j / Wk, column j % Wk
+  const TensorView* sinks = nullptr;    // [H]
+  const TensorView* extra_k = nullptr;  // [B, R, Hkv, D]
+  const TensorView* extra_v = nullptr;  // [B, R, Hkv, Dv]
+  std::function<SequenceView(std::int64_t)> sequence;  // describes sequence b
 };
 
 // Writes out (and lse when given) of every sequence (SPEC §2-§10).

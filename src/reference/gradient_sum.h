@@ -1,8 +1,9 @@
-// Deterministic gradient reduction. A gradient view may map several logical elements onto one memory
-// element (stride-0 broadcast of bias, rel-pos, sinks shared by sequences, or any broadcast input);
-// that element must hold the sum of all of them. Tasks therefore never write gradients directly: each
-// records its contributions, and write_gradient adds them up in task order (so the result does not
-// depend on thread scheduling) and stores every memory element of the view exactly once.
+// Deterministic gradient reduction. A gradient view may map several logical elements onto one
+// memory element (stride-0 broadcast of bias, rel-pos, sinks shared by sequences, or any broadcast
+// input); that element must hold the sum of all of them. Tasks therefore never write gradients
+// directly: each records its contributions, and write_gradient adds them up in task order (so the
+// result does not depend on thread scheduling) and stores every memory element of the view exactly
+// once.
 #pragma once
 
 #include <cstdint>

@@ -22,9 +22,9 @@ std::int64_t lse_offset(const TensorView& t, std::int64_t b, std::int64_t h, std
   return b * t.stride[0] + h * t.stride[1] + i * t.stride[2];
 }
 
-// The merged lse of row (b, h, i) and each part's weight w_n = exp(lse_n - lse). -inf parts weigh 0;
-// when every part is -inf the row is empty: lse -inf and every weight 0, so out and all gradients
-// come out 0 instead of NaN.
+// The merged lse of row (b, h, i) and each part's weight w_n = exp(lse_n - lse). -inf parts weigh
+// 0; when every part is -inf the row is empty: lse -inf and every weight 0, so out and all
+// gradients come out 0 instead of NaN.
 double merge_weights(const std::vector<TensorView>& lses, std::int64_t b, std::int64_t h,
                      std::int64_t i, std::vector<double>* weights) {
   const std::size_t parts = lses.size();
@@ -65,7 +65,8 @@ void run(const MergeForwardParams& p) {
     for (std::int64_t d = 0; d < value_dim; ++d) {
       double sum = 0.0;
       for (std::size_t n = 0; n < weights.size(); ++n) {
-        if (weights[n] != 0.0) sum += weights[n] * load(p.outs[n], out_offset(p.outs[n], b, i, h, d));
+        if (weights[n] != 0.0)
+          sum += weights[n] * load(p.outs[n], out_offset(p.outs[n], b, i, h, d));
       }
       store(p.out, out_offset(p.out, b, i, h, d), sum);
     }
@@ -84,24 +85,28 @@ void run(const MergeBackwardParams& p) {
   for_each_row(p.dout, [&](std::int64_t b, std::int64_t h, std::int64_t i) {
     std::vector<double> weights, dout(static_cast<std::size_t>(value_dim));
     merge_weights(p.lses, b, h, i, &weights);
-    for (std::int64_t d = 0; d < value_dim; ++d) dout[static_cast<std::size_t>(d)] = load(p.dout, out_offset(p.dout, b, i, h, d));
+    for (std::int64_t d = 0; d < value_dim; ++d)
+      dout[static_cast<std::size_t>(d)] = load(p.dout, out_offset(p.dout, b, i, h, d));
     // dout . out_n per part, and dout . out = sum_n w_n (dout . out_n).
     std::vector<double> dout_dot_part(parts, 0.0);
     double dout_dot_out = 0.0;
     for (std::size_t n = 0; n < parts; ++n) {
       if (weights[n] == 0.0) continue;
       for (std::int64_t d = 0; d < value_dim; ++d)
-        dout_dot_part[n] += dout[static_cast<std::size_t>(d)] * load(p.outs[n], out_offset(p.outs[n], b, i, h, d));
+        dout_dot_part[n] +=
+            dout[static_cast<std::size_t>(d)] * load(p.outs[n], out_offset(p.outs[n], b, i, h, d));
       dout_dot_out += weights[n] * dout_dot_part[n];
     }
     const double dlse = p.dlse.defined() ? load(p.dlse, lse_offset(p.dlse, b, h, i)) : 0.0;
     for (std::size_t n = 0; n < parts; ++n) {
       if (n < p.douts.size() && p.douts[n].defined()) {
         for (std::int64_t d = 0; d < value_dim; ++d)
-          store(p.douts[n], out_offset(p.douts[n], b, i, h, d), weights[n] * dout[static_cast<std::size_t>(d)]);
+          store(p.douts[n], out_offset(p.douts[n], b, i, h, d),
+                weights[n] * dout[static_cast<std::size_t>(d)]);
       }
       if (n < p.dlses.size() && p.dlses[n].defined()) {
-        const double grad = weights[n] == 0.0 ? 0.0 : weights[n] * (dout_dot_part[n] - dout_dot_out + dlse);
+        const double grad =
+            weights[n] == 0.0 ? 0.0 : weights[n] * (dout_dot_part[n] - dout_dot_out + dlse);
         store(p.dlses[n], lse_offset(p.dlses[n], b, h, i), grad);
       }
     }

@@ -1,6 +1,6 @@
 // Task parallelism for the CPU reference. Work is cut into a fixed list of independent tasks that
-// does not depend on the number of threads; threads only decide who runs which task, so every result
-// is bitwise identical whatever the thread count.
+// does not depend on the number of threads; threads only decide who runs which task, so every
+// result is bitwise identical whatever the thread count.
 #pragma once
 
 #include <algorithm>

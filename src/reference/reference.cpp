@@ -29,8 +29,14 @@ CallTensors forward_tensors(const Params& p) {
 // out and lse of the backward params are deliberately left out: the core recomputes them.
 template <typename Params>
 CallTensors backward_tensors(const Params& p) {
-  return {.q = &p.q, .k = &p.k, .v = &p.v, .dout = &p.dout, .dlse = &p.dlse,
-          .dq = &p.grads.dq, .dk = &p.grads.dk, .dv = &p.grads.dv};
+  return {.q = &p.q,
+          .k = &p.k,
+          .v = &p.v,
+          .dout = &p.dout,
+          .dlse = &p.dlse,
+          .dq = &p.grads.dq,
+          .dk = &p.grads.dk,
+          .dv = &p.grads.dv};
 }
 
 // Where the dimensions of a token-major tensor are: the sequence starts at index `base_index` of
@@ -55,14 +61,15 @@ TokenRows token_rows(const TensorView* view, const RowLayout& layout, const Sequ
   rows.base = seq.base_index * stride(layout.base_dim);
   rows.grid_rank = seq.grid_rank;
   rows.extent = seq.extent;
-  for (int r = 0; r < seq.grid_rank; ++r) rows.stride[static_cast<std::size_t>(r)] = stride(layout.first_token_dim + r);
+  for (int r = 0; r < seq.grid_rank; ++r)
+    rows.stride[static_cast<std::size_t>(r)] = stride(layout.first_token_dim + r);
   rows.head_stride = stride(layout.head_dim);
   rows.feature_stride = layout.feature_dim >= 0 ? stride(layout.feature_dim) : 0;
   return rows;
 }
 
-// Query-side tensors (q, out, dout, dq) and key-side tensors (k, v, dk, dv) share `tokens`; lse-like
-// tensors (lse, dlse) use `lse`.
+// Query-side tensors (q, out, dout, dq) and key-side tensors (k, v, dk, dv) share `tokens`;
+// lse-like tensors (lse, dlse) use `lse`.
 SequenceView make_sequence(const CallTensors& t, const RowLayout& tokens, const RowLayout& lse,
                            const SequenceRows& queries, const SequenceRows& keys,
                            Visibility visibility) {
@@ -105,10 +112,13 @@ AttentionProblem shared_problem(const AttentionOptions& o, const detail::Problem
   return p;
 }
 
-// ---- Dense: q [B, Lq, H, D], lse [B, H, Lq] -------------------------------------------------------
+// ---- Dense: q [B, Lq, H, D], lse [B, H, Lq]
+// -------------------------------------------------------
 
-constexpr RowLayout kDenseTokens{.base_dim = 0, .first_token_dim = 1, .head_dim = 2, .feature_dim = 3};
-constexpr RowLayout kDenseLse{.base_dim = 0, .first_token_dim = 2, .head_dim = 1, .feature_dim = -1};
+constexpr RowLayout kDenseTokens{
+    .base_dim = 0, .first_token_dim = 1, .head_dim = 2, .feature_dim = 3};
+constexpr RowLayout kDenseLse{
+    .base_dim = 0, .first_token_dim = 2, .head_dim = 1, .feature_dim = -1};
 
 AttentionProblem dense_problem(const CallTensors& t, const AttentionOptions& o,
                                const detail::ProblemShape& shape) {
@@ -116,16 +126,19 @@ AttentionProblem dense_problem(const CallTensors& t, const AttentionOptions& o,
   p.sequence = [t, &o, &shape](std::int64_t b) {
     return make_sequence(t, kDenseTokens, kDenseLse, {b, 1, {shape.seqlen_q, 1, 1}},
                          {b, 1, {shape.seqlen_k, 1, 1}},
-                         Visibility::band(shape.seqlen_q, shape.seqlen_k, o.causal, o.causal_alignment,
-                                          o.window_left, o.window_right));
+                         Visibility::band(shape.seqlen_q, shape.seqlen_k, o.causal,
+                                          o.causal_alignment, o.window_left, o.window_right));
   };
   return p;
 }
 
-// ---- Varlen: q [total_q, H, D], lse [H, total_q]; sequence b owns rows cu[b] .. cu[b + 1] - 1 ------
+// ---- Varlen: q [total_q, H, D], lse [H, total_q]; sequence b owns rows cu[b] .. cu[b + 1] - 1
+// ------
 
-constexpr RowLayout kPackedTokens{.base_dim = 0, .first_token_dim = 0, .head_dim = 1, .feature_dim = 2};
-constexpr RowLayout kPackedLse{.base_dim = 1, .first_token_dim = 1, .head_dim = 0, .feature_dim = -1};
+constexpr RowLayout kPackedTokens{
+    .base_dim = 0, .first_token_dim = 0, .head_dim = 1, .feature_dim = 2};
+constexpr RowLayout kPackedLse{
+    .base_dim = 1, .first_token_dim = 1, .head_dim = 0, .feature_dim = -1};
 
 // cu_seqlens lives in host memory for the CPU backend.
 std::int64_t cu_seqlen(const TensorView& cu, std::int64_t b) {
@@ -148,16 +161,20 @@ AttentionProblem varlen_problem(const CallTensors& t, const Params& params,
   return p;
 }
 
-// ---- Neighborhood: q [B, X1, (X2, (X3)), H, D], lse [B, H, X1, (X2, (X3))] -------------------------
+// ---- Neighborhood: q [B, X1, (X2, (X3)), H, D], lse [B, H, X1, (X2, (X3))]
+// -------------------------
 
 AttentionProblem neighborhood_problem(const CallTensors& t, const NeighborhoodOptions& na,
-                                      const AttentionOptions& o, const detail::ProblemShape& shape) {
+                                      const AttentionOptions& o,
+                                      const detail::ProblemShape& shape) {
   AttentionProblem p = shared_problem(o, shape);
   const int rank = shape.grid_rank;
-  const RowLayout tokens{.base_dim = 0, .first_token_dim = 1, .head_dim = rank + 1, .feature_dim = rank + 2};
+  const RowLayout tokens{
+      .base_dim = 0, .first_token_dim = 1, .head_dim = rank + 1, .feature_dim = rank + 2};
   const RowLayout lse{.base_dim = 0, .first_token_dim = 2, .head_dim = 1, .feature_dim = -1};
   std::array<std::int64_t, 3> grid{1, 1, 1};
-  for (int r = 0; r < rank; ++r) grid[static_cast<std::size_t>(r)] = shape.grid[static_cast<std::size_t>(r)];
+  for (int r = 0; r < rank; ++r)
+    grid[static_cast<std::size_t>(r)] = shape.grid[static_cast<std::size_t>(r)];
   const Visibility visibility = Visibility::neighborhood(na, rank, grid);
   p.sequence = [t, tokens, lse, rank, grid, visibility](std::int64_t b) {
     return make_sequence(t, tokens, lse, {b, rank, grid}, {b, rank, grid}, visibility);

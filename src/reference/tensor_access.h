@@ -12,9 +12,10 @@
 namespace fmha::reference {
 
 // Rounds x to float with round-to-odd: an inexact result gets its last mantissa bit set. A second
-// rounding of that float to fp16/bf16 (round-to-nearest-even) is then the correctly rounded value of
-// x; rounding x to float with round-to-nearest first could land exactly on a 16-bit tie and break it
-// the wrong way. Needs float to carry at least two more bits than the target, which it does.
+// rounding of that float to fp16/bf16 (round-to-nearest-even) is then the correctly rounded value
+// of x; rounding x to float with round-to-nearest first could land exactly on a 16-bit tie and
+// break it the wrong way. Needs float to carry at least two more bits than the target, which it
+// does.
 inline float round_to_odd_float(double x) {
   float f = static_cast<float>(x);
   if (static_cast<double>(f) == x || std::isnan(x) || std::isinf(f)) return f;
@@ -25,13 +26,16 @@ inline float round_to_odd_float(double x) {
 // Reads element `offset` (in elements, relative to view.data) as a double.
 inline double load(const TensorView& view, std::int64_t offset) {
   switch (view.dtype) {
-    case DType::kFloat32: return static_cast<const float*>(view.data)[offset];
-    case DType::kFloat64: return static_cast<const double*>(view.data)[offset];
+    case DType::kFloat32:
+      return static_cast<const float*>(view.data)[offset];
+    case DType::kFloat64:
+      return static_cast<const double*>(view.data)[offset];
     case DType::kFloat16:
       return numeric::fp16_to_float(static_cast<const std::uint16_t*>(view.data)[offset]);
     case DType::kBFloat16:
       return numeric::bf16_to_float(static_cast<const std::uint16_t*>(view.data)[offset]);
-    case DType::kInt32: return static_cast<const std::int32_t*>(view.data)[offset];
+    case DType::kInt32:
+      return static_cast<const std::int32_t*>(view.data)[offset];
   }
   return std::numeric_limits<double>::quiet_NaN();
 }
@@ -39,13 +43,19 @@ inline double load(const TensorView& view, std::int64_t offset) {
 // Writes `value`, correctly rounded to the view's dtype, at element `offset`.
 inline void store(const TensorView& view, std::int64_t offset, double value) {
   switch (view.dtype) {
-    case DType::kFloat32: static_cast<float*>(view.data)[offset] = static_cast<float>(value); return;
-    case DType::kFloat64: static_cast<double*>(view.data)[offset] = value; return;
+    case DType::kFloat32:
+      static_cast<float*>(view.data)[offset] = static_cast<float>(value);
+      return;
+    case DType::kFloat64:
+      static_cast<double*>(view.data)[offset] = value;
+      return;
     case DType::kFloat16:
-      static_cast<std::uint16_t*>(view.data)[offset] = numeric::float_to_fp16(round_to_odd_float(value));
+      static_cast<std::uint16_t*>(view.data)[offset] =
+          numeric::float_to_fp16(round_to_odd_float(value));
       return;
     case DType::kBFloat16:
-      static_cast<std::uint16_t*>(view.data)[offset] = numeric::float_to_bf16(round_to_odd_float(value));
+      static_cast<std::uint16_t*>(view.data)[offset] =
+          numeric::float_to_bf16(round_to_odd_float(value));
       return;
     case DType::kInt32:
       static_cast<std::int32_t*>(view.data)[offset] = static_cast<std::int32_t>(value);

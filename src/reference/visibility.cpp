@@ -29,7 +29,7 @@ Visibility Visibility::band(std::int64_t len_q, std::int64_t len_k, bool causal,
 }
 
 Visibility Visibility::neighborhood(const NeighborhoodOptions& options, int grid_rank,
-                                   const std::array<std::int64_t, 3>& grid) {
+                                    const std::array<std::int64_t, 3>& grid) {
   Visibility v;
   v.kind_ = Kind::kNeighborhood;
   v.grid_rank_ = grid_rank;
@@ -71,8 +71,8 @@ std::vector<std::int64_t> axis_neighbors(std::int64_t x, std::int64_t length, st
     first = std::max<std::int64_t>(position - kernel + 1, 0);
     last = position;
   } else {
-    // Near a border the window keeps its K positions by shifting inward (kernel * dilation <= length
-    // guarantees group_length >= kernel, so the clamp range is never empty).
+    // Near a border the window keeps its K positions by shifting inward (kernel * dilation <=
+    // length guarantees group_length >= kernel, so the clamp range is never empty).
     first = std::clamp<std::int64_t>(position - kernel / 2, 0, group_length - kernel);
     last = first + kernel - 1;
   }
@@ -99,7 +99,8 @@ void Visibility::neighborhood_keys(std::int64_t query, std::vector<std::int64_t>
   // row-major so the flat indices come out ascending.
   for (const std::int64_t c0 : neighbors[0]) {
     for (const std::int64_t c1 : neighbors[1]) {
-      for (const std::int64_t c2 : neighbors[2]) keys->push_back((c0 * grid_[1] + c1) * grid_[2] + c2);
+      for (const std::int64_t c2 : neighbors[2])
+        keys->push_back((c0 * grid_[1] + c1) * grid_[2] + c2);
     }
   }
 }

@@ -1,5 +1,5 @@
-// Which keys a query sees (SPEC §3, §6): the masks of one sequence, answered as the ascending list of
-// visible key indices of a query. Extra keys are not masked and are not listed here.
+// Which keys a query sees (SPEC §3, §6): the masks of one sequence, answered as the ascending list
+// of visible key indices of a query. Extra keys are not masked and are not listed here.
 #pragma once
 
 #include <array>
