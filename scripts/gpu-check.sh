@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build fmha with the CUDA backend, run the GPU test suite, compute-sanitizer
+# (memcheck, racecheck) over a small part of it, the Python tests on CUDA tensors, and the quick benchmark.
+# Logs go to $OUT (the device tool brings them back); a short table is printed last.
+#
+#   bash scripts/gpu-check.sh                 # everything
+#   STEPS="build cuda-tests" bash scripts/gpu-check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/build-gpu/out}
+mkdir -p "$OUT"
+ARCHS=${FMHA_CUDA_ARCHITECTURES:-90a-real}
+STEPS=${STEPS:-"build cuda-tests sanitizer python bench"}
+SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*"}
+JOBS=$(nproc)
+GTEST_SRC=${GTEST_SRC:-$PWD/.gpu/googletest}
+[ -f /usr/include/gtest/gtest.h ] && GTEST_SRC=""
+
+rows=()
+run_step() {  # name, then the command; records PASS/FAIL, seconds and the log's last summary line
+  local name=$1; shift
+  local start=$(date +%s) status=PASS
+  "$@" >"$OUT/$name.log" 2>&1 || status=FAIL
+  local summary
+  summary=$(grep -E "PASSED|FAILED|passed|failed|ERROR SUMMARY|error" "$OUT/$name.log" | tail -n 1 | cut -c1-90)
+  rows+=("$(printf '%-12s %-5s %5ss  %s' "$name" "$status" "$(( $(date +%s) - start ))" "$summary")")
+  echo "[$name] $status"
+}
+
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+build() {
+  nvidia-smi -L && nvcc --version | tail -n 2
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_ENABLE_CUDA=ON \
+        -DFMHA_CUDA_ARCHITECTURES="$ARCHS" ${GTEST_SRC:+-DFMHA_GTEST_SOURCE_DIR=$GTEST_SRC} &&
+    cmake --build build-gpu -j "$JOBS"
+}
+cuda_tests() { build-gpu/tests/fmha_cuda_tests --gtest_brief=1; }
+sanitizer() {
+  compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
+      --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER" &&
+  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
+      --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER"
+}
+python_tests() {
+  CMAKE_BUILD_PARALLEL_LEVEL=$JOBS python3 -m pip install -q --no-build-isolation --no-deps \
+      -C cmake.define.FMHA_CUDA_ARCHITECTURES="$ARCHS" . &&
+    python3 -m pytest -q -x tests/python -k "cuda" -p no:cacheprovider
+}
+bench() { python3 -m fmha.bench --suite "${BENCH_SUITE:-quick}" --out "$OUT/bench"; }
+
+has build && run_step build build
+has cuda-tests && run_step cuda-tests cuda_tests
+has sanitizer && run_step sanitizer sanitizer
+has python && run_step python python_tests
+has bench && run_step bench bench
+
+echo
+echo "== gpu-check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
+printf '%s\n' "${rows[@]}"
+[ -f "$OUT/bench/summary.txt" ] && { echo; cat "$OUT/bench/summary.txt"; }
+exit 0
