@@ -1,0 +1,61 @@
+"""fmha: exact, memory-efficient fused attention, forward and backward, for PyTorch.
+
+Tensors use the [batch, sequence, heads, head_dim] layout. Models that keep [B, H, L, D] pass
+``q.transpose(1, 2)``: strided views go to the C++ layer as they are, without a copy (any strides,
+including 0 for broadcast batch/sequence/head dims, as long as the last dimension has stride 1;
+an input whose last dimension is not contiguous is copied once). Every function works on CPU
+tensors (the float64-accumulating reference backend, which also takes float64 inputs so gradients
+can be checked by finite differences) and CUDA tensors (run on torch's current stream), supports
+autograd for every tensor input, and compiles under ``torch.compile(fullgraph=True)``.
+
+Example::
+
+    import torch, fmha
+
+    B, H, L, D = 2, 8, 1024, 64
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    # [B, H, L, D] tensors: pass [B, L, H, D] views, get out [B, L, H, D] back.
+    out = fmha.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    out.transpose(1, 2).sum().backward()
+
+    # A bias in any shape that broadcasts to [B, H, Lq, Lk]; its gradient keeps that shape.
+    bias = torch.randn(H, 1, L, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out, lse = fmha.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                              bias=bias, return_lse=True)
+
+    # 2-D neighborhood attention on a 32 x 32 grid, 7 x 7 window.
+    x = torch.randn(B, 32, 32, H, D, device="cuda", dtype=torch.bfloat16)
+    y = fmha.na2d(x, x, x, kernel_size=7)
+
+Errors: invalid arguments raise ValueError (TypeError for dtypes) with the library's message,
+before anything is allocated or computed; a valid call that the backend cannot run raises
+NotImplementedError naming the backend and the feature.
+
+Building: ``pip install .`` builds the C++ library and the extension fmha._C (CUDA backend when
+nvcc is found). For a CPU-only build: ``pip install -C cmake.define.FMHA_ENABLE_CUDA=OFF .``
+(or ``FMHA_ENABLE_CUDA=OFF pip install .``).
+"""
+
+import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
+
+from . import _C
+from ._api import attention, attention_varlen, merge_attentions, na1d, na2d, na3d
+
+__version__ = _C.version()
+
+
+def built_with_cuda() -> bool:
+    """True when the installed extension contains the CUDA backend."""
+    return _C.built_with_cuda()
+
+
+__all__ = [
+    "attention",
+    "attention_varlen",
+    "na1d",
+    "na2d",
+    "na3d",
+    "merge_attentions",
+    "built_with_cuda",
+]

@@ -1,0 +1,259 @@
+"""The public functions of fmha (SPEC §15). They normalise Python-level arguments (tuples, strings,
+ints for every axis), make the last dimension of each input contiguous when it is not, and call
+the custom ops of _attention_ops / _merge_ops, which carry autograd and torch.compile support."""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from . import _attention_ops as _ops
+from ._merge_ops import merge_fwd
+
+_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def _tensor(t, name: str, *, broadcast_last: bool = False) -> Tensor:
+    """t with unit stride on its last dimension (copied once when it has another stride), which is
+    what the C++ layer reads. Every other stride, including 0, goes through untouched.
+    broadcast_last: bias and rel-pos may also broadcast along their last dimension (stride 0)."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"fmha: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] == 1:
+        return t
+    if broadcast_last and t.stride(-1) == 0:
+        return t
+    return t.contiguous()
+
+
+def _optional_tensor(t, name: str, **kwargs) -> Optional[Tensor]:
+    return None if t is None else _tensor(t, name, **kwargs)
+
+
+def _pair(value, name: str, what: str) -> tuple:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"fmha: {name} is {value!r}; accepted: None or a pair {what}")
+    return tuple(value)
+
+
+def _options(
+    scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks, extra_kv,
+    deterministic, allow_tf32,
+) -> _ops.Options:  # fmt: skip
+    if causal_alignment not in _ALIGNMENTS:
+        raise ValueError(
+            f"fmha: causal_alignment is {causal_alignment!r}; accepted: 'top_left', 'bottom_right'"
+        )
+    window_left, window_right = (-1, -1)
+    if window is not None:
+        pair = _pair(window, "window", "(left, right) of ints, each >= 0 or -1 for unbounded")
+        window_left, window_right = (operator.index(x) for x in pair)
+    rel_h = rel_w = extra_k = extra_v = None
+    if rel_pos is not None:
+        rel_h, rel_w = _pair(rel_pos, "rel_pos", "(rel_h, rel_w) of tensors")
+    if extra_kv is not None:
+        extra_k, extra_v = _pair(extra_kv, "extra_kv", "(extra_k, extra_v) of tensors")
+    return _ops.Options(
+        bias=_optional_tensor(bias, "bias", broadcast_last=True),
+        rel_h=_optional_tensor(rel_h, "rel_h", broadcast_last=True),
+        rel_w=_optional_tensor(rel_w, "rel_w", broadcast_last=True),
+        sinks=_optional_tensor(sinks, "sinks"),
+        extra_k=_optional_tensor(extra_k, "extra_k"),
+        extra_v=_optional_tensor(extra_v, "extra_v"),
+        scale=None if scale is None else float(scale),
+        softcap=float(softcap),
+        causal=bool(causal),
+        bottom_right=causal_alignment == "bottom_right",
+        window_left=window_left,
+        window_right=window_right,
+        deterministic=bool(deterministic),
+        allow_tf32=bool(allow_tf32),
+    )
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: Optional[tuple[int, int]] = None,
+    bias: Optional[Tensor] = None,
+    rel_pos: Optional[tuple[Tensor, Tensor]] = None,
+    softcap: float = 0.0,
+    sinks: Optional[Tensor] = None,
+    extra_kv: Optional[tuple[Tensor, Tensor]] = None,
+    return_lse: bool = False,
+    deterministic: bool = False,
+    allow_tf32: bool = False,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    """Exact attention: softmax(scale * q k^T [softcap] + bias + rel-pos, masked) v.
+
+    q [B, Lq, H, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv] (H % Hkv == 0: GQA/MQA without copies).
+    Returns out [B, Lq, H, Dv], and lse [B, H, Lq] (fp32) when return_lse=True; lse is
+    differentiable too.
+
+    scale: default 1/sqrt(D). causal / causal_alignment ('top_left' or 'bottom_right') and
+    window=(left, right) (-1 unbounded) mask keys; both may be given. bias: any shape that
+    broadcasts to [B, H, Lq, Lk] (e.g. [H, Lq, Lk] or [1, H, 1, Lk]), never materialised; its
+    gradient comes back in its own shape. rel_pos=(rel_h [B, H, Lq, Hk], rel_w [B, H, Lq, Wk])
+    with Lk = Hk * Wk (broadcastable likewise). softcap > 0: s = softcap * tanh(s / softcap).
+    sinks [H] fp32: one extra logit per head. extra_kv=(extra_k [B, R, Hkv, D],
+    extra_v [B, R, Hkv, Dv]): keys every query sees, unmasked, unbiased. deterministic: bitwise
+    reproducible results. allow_tf32: fp32 inputs may use TF32 tensor cores (looser accuracy).
+    """
+    o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
+                 extra_kv, deterministic, allow_tf32)  # fmt: skip
+    out, lse = _ops.attention_fwd(_tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *o)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: Optional[tuple[int, int]] = None,
+    bias: Optional[Tensor] = None,
+    rel_pos: Optional[tuple[Tensor, Tensor]] = None,
+    softcap: float = 0.0,
+    sinks: Optional[Tensor] = None,
+    extra_kv: Optional[tuple[Tensor, Tensor]] = None,
+    return_lse: bool = False,
+    deterministic: bool = False,
+    allow_tf32: bool = False,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    """Attention over a packed batch of variable-length sequences.
+
+    q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv]; cu_seqlens_q / cu_seqlens_k
+    [B + 1] int32 on q's device, ascending from 0: sequence b owns rows cu_seqlens[b] ..
+    cu_seqlens[b + 1] - 1 and sees only its own keys; masks use positions inside the sequence.
+    max_seqlen_q / max_seqlen_k are Python ints (the longest sequence). Returns out
+    [total_q, H, Dv] and, with return_lse, lse [H, total_q]. Options as in attention(); bias
+    broadcasts to [B, H, max_seqlen_q, max_seqlen_k]; extra_kv are per sequence [B, R, Hkv, *];
+    rel_pos is refused (a packed batch has no common key grid).
+    """
+    o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
+                 extra_kv, deterministic, allow_tf32)  # fmt: skip
+    out, lse = _ops.attention_varlen_fwd(
+        _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"),
+        _tensor(cu_seqlens_q, "cu_seqlens_q"), _tensor(cu_seqlens_k, "cu_seqlens_k"),
+        operator.index(max_seqlen_q), operator.index(max_seqlen_k), *o,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+def _per_axis(value, num_dims: int, name: str, convert) -> list:
+    """An int/bool for every axis, or one per axis."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != num_dims:
+            raise ValueError(
+                f"fmha: {name} is {tuple(value)!r} with {len(value)} entries; na{num_dims}d "
+                f"accepts one value for all axes or a tuple of {num_dims}"
+            )
+        return [convert(x) for x in value]
+    return [convert(value)] * num_dims
+
+
+def _neighborhood(num_dims, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
+                  return_lse):  # fmt: skip
+    layout_args = (
+        _per_axis(kernel_size, num_dims, "kernel_size", operator.index),
+        _per_axis(dilation, num_dims, "dilation", operator.index),
+        _per_axis(is_causal, num_dims, "is_causal", bool),
+    )
+    o = _options(scale, False, "top_left", None, None, None, 0.0, sinks, extra_kv, False, False)
+    out, lse = _ops.neighborhood_fwd(
+        _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *layout_args, *o
+    )
+    return (out, lse) if return_lse else out
+
+
+_NA_DOC = """Neighborhood attention over a {n}-D token grid (SPEC §6).
+
+    q [B, {grid}, H, D], k [B, {grid}, Hkv, D], v [B, {grid}, Hkv, Dv]. Each query sees the
+    kernel_size keys around it on every axis (the window shifts inward at borders), spaced by
+    dilation; is_causal=True sees only the kernel_size keys up to and including itself on that
+    axis. kernel_size / dilation / is_causal: one value for every axis or a tuple of {n}.
+    scale, extra_kv=(extra_k [B, R, Hkv, D], extra_v [B, R, Hkv, Dv]) and sinks [H] as in
+    attention(). Returns out [B, {grid}, H, Dv] and, with return_lse, lse [B, H, {grid}].
+    """
+
+
+def na1d(
+    q: Tensor, k: Tensor, v: Tensor,
+    kernel_size: Union[int, Sequence[int]],
+    dilation: Union[int, Sequence[int]] = 1,
+    is_causal: Union[bool, Sequence[bool]] = False,
+    *,
+    scale: Optional[float] = None,
+    extra_kv: Optional[tuple[Tensor, Tensor]] = None,
+    sinks: Optional[Tensor] = None,
+    return_lse: bool = False,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    return _neighborhood(1, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
+                         return_lse)  # fmt: skip
+
+
+def na2d(
+    q: Tensor, k: Tensor, v: Tensor,
+    kernel_size: Union[int, Sequence[int]],
+    dilation: Union[int, Sequence[int]] = 1,
+    is_causal: Union[bool, Sequence[bool]] = False,
+    *,
+    scale: Optional[float] = None,
+    extra_kv: Optional[tuple[Tensor, Tensor]] = None,
+    sinks: Optional[Tensor] = None,
+    return_lse: bool = False,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    return _neighborhood(2, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
+                         return_lse)  # fmt: skip
+
+
+def na3d(
+    q: Tensor, k: Tensor, v: Tensor,
+    kernel_size: Union[int, Sequence[int]],
+    dilation: Union[int, Sequence[int]] = 1,
+    is_causal: Union[bool, Sequence[bool]] = False,
+    *,
+    scale: Optional[float] = None,
+    extra_kv: Optional[tuple[Tensor, Tensor]] = None,
+    sinks: Optional[Tensor] = None,
+    return_lse: bool = False,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    return _neighborhood(3, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
+                         return_lse)  # fmt: skip
+
+
+na1d.__doc__ = _NA_DOC.format(n=1, grid="X")
+na2d.__doc__ = _NA_DOC.format(n=2, grid="X1, X2")
+na3d.__doc__ = _NA_DOC.format(n=3, grid="X1, X2, X3")
+
+
+def merge_attentions(outs: Sequence[Tensor], lses: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """Merges attentions of the same queries over disjoint key sets (SPEC §12).
+
+    outs: parts [B, Lq, H, Dv] (all one dtype), lses: their [B, H, Lq] fp32 log-sum-exps, e.g.
+    from attention(..., return_lse=True). Returns (out, lse) of attention over the union of the
+    keys; differentiable in every part. Apply sinks in exactly one part.
+    """
+    if not isinstance(outs, (list, tuple)) or not isinstance(lses, (list, tuple)):
+        raise TypeError(
+            f"fmha: outs and lses must be lists of tensors, got {type(outs).__name__} and "
+            f"{type(lses).__name__}"
+        )
+    out_parts = [_tensor(t, f"outs[{i}]") for i, t in enumerate(outs)]
+    lse_parts = [_tensor(t, f"lses[{i}]") for i, t in enumerate(lses)]
+    return merge_fwd(out_parts, lse_parts)

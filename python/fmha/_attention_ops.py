@@ -1,0 +1,471 @@
+"""torch.library custom ops for dense, varlen and neighborhood attention, forward and backward.
+
+Each layout has a forward op returning (out, lse) and a backward op returning every gradient, both
+opaque to torch.compile (a fake kernel describes their outputs) and joined by register_autograd.
+The ops take tensors exactly as the C++ layer does (SPEC §1), except that `bias` may have any shape
+that broadcasts to [B, H, Lq, Lk] and rel_h / rel_w any shape that broadcasts to [B, H, Lq, *]:
+the ops expand them to 4-D stride-0 views, so nothing is materialised.
+
+Argument order of every op:  q, k, v, <layout arguments>, <options>            (forward)
+                             dout, dlse, q, k, v, out, lse, <layout>, needs, <options>  (backward)
+where <options> are the fields of `Options` in order and `needs` says which optional gradients
+(bias, rel_h, rel_w, sinks, extra_k, extra_v) to compute; gradients not computed come back as
+empty tensors, since a custom op cannot return None.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from . import _C, _bridge
+
+
+class Options(NamedTuple):
+    bias: Optional[Tensor]
+    rel_h: Optional[Tensor]
+    rel_w: Optional[Tensor]
+    sinks: Optional[Tensor]
+    extra_k: Optional[Tensor]
+    extra_v: Optional[Tensor]
+    scale: Optional[float]
+    softcap: float
+    causal: bool
+    bottom_right: bool
+    window_left: int
+    window_right: int
+    deterministic: bool
+    allow_tf32: bool
+
+
+_NUM_OPTIONAL_GRADS = 6  # bias, rel_h, rel_w, sinks, extra_k, extra_v: the first fields of Options
+
+
+# ---- Shapes of each layout ---------------------------------------------------------------------
+# All shape helpers are best effort and never raise: when an input has the wrong rank they return
+# a placeholder, and the C++ check refuses that input with its own message before anything is used.
+
+
+class _Dense:
+    name = "attention"
+    forward_params = _C.AttentionForwardParams
+    backward_params = _C.AttentionBackwardParams
+
+    @staticmethod
+    def lse_shape(q: Tensor, layout_args) -> tuple:  # [B, H, Lq]
+        return (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (0,)
+
+    @staticmethod
+    def score_shape(q: Tensor, k: Tensor, layout_args) -> Optional[tuple]:  # [B, H, Lq, Lk]
+        if q.dim() != 4 or k.dim() != 4:
+            return None
+        return (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+
+    @staticmethod
+    def fill(params, layout_args, planned: bool) -> None:
+        pass
+
+
+class _Varlen:
+    name = "attention_varlen"
+    forward_params = _C.VarlenForwardParams
+    backward_params = _C.VarlenBackwardParams
+
+    @staticmethod
+    def lse_shape(q: Tensor, layout_args) -> tuple:  # [H, total_q]
+        return (q.shape[1], q.shape[0]) if q.dim() == 3 else (0,)
+
+    @staticmethod
+    def score_shape(q: Tensor, k: Tensor, layout_args) -> Optional[tuple]:
+        cu_seqlens_q, _, max_seqlen_q, max_seqlen_k = layout_args
+        if q.dim() != 3 or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+            return None
+        return (cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q, max_seqlen_k)
+
+    @staticmethod
+    def fill(params, layout_args, planned: bool) -> None:
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = layout_args
+        params.cu_seqlens_q = _bridge.view(cu_seqlens_q, "cu_seqlens_q", planned=planned)
+        params.cu_seqlens_k = _bridge.view(cu_seqlens_k, "cu_seqlens_k", planned=planned)
+        params.max_seqlen_q = max_seqlen_q
+        params.max_seqlen_k = max_seqlen_k
+
+
+class _Neighborhood:
+    name = "neighborhood attention"
+    forward_params = _C.NeighborhoodForwardParams
+    backward_params = _C.NeighborhoodBackwardParams
+
+    @staticmethod
+    def lse_shape(q: Tensor, layout_args) -> tuple:  # [B, H, X1, (X2, (X3))]
+        return (q.shape[0], q.shape[-2], *q.shape[1:-2]) if q.dim() >= 3 else (0,)
+
+    @staticmethod
+    def score_shape(q: Tensor, k: Tensor, layout_args) -> Optional[tuple]:
+        if q.dim() < 3 or k.dim() != q.dim():
+            return None  # bias over the flattened grid: [B, H, X1*X2*X3, same for keys]
+        return (q.shape[0], q.shape[-2], math.prod(q.shape[1:-2]), math.prod(k.shape[1:-2]))
+
+    @staticmethod
+    def fill(params, layout_args, planned: bool) -> None:
+        kernel_size, dilation, is_causal = layout_args
+        na = _C.NeighborhoodOptions()
+        na.num_dims = len(kernel_size)
+        # Axes past num_dims keep the neutral values; a length mismatch is reported by C++ through
+        # num_dims against the rank of q.
+        na.kernel_size = (list(kernel_size) + [1, 1, 1])[:3]
+        na.dilation = (list(dilation) + [1, 1, 1])[:3]
+        na.causal = (list(is_causal) + [False, False, False])[:3]
+        params.neighborhood = na
+
+
+# ---- Conversions ---------------------------------------------------------------------------------
+
+
+def _broadcast_to(t: Optional[Tensor], target: Optional[Sequence[int]]) -> Optional[Tensor]:
+    """t as a stride-0 expanded view of shape `target` when t broadcasts to it; otherwise t itself,
+    which the C++ check then refuses with a message naming the shape it received."""
+    if t is None or target is None or t.dim() > len(target):
+        return t
+    padded = (1,) * (len(target) - t.dim()) + tuple(t.shape)
+    if any(s != 1 and s != n for s, n in zip(padded, target)):
+        return t
+    return t[(None,) * (len(target) - t.dim())].expand(*target)
+
+
+def _rel_target(score: Optional[tuple], rel: Optional[Tensor]) -> Optional[tuple]:
+    if score is None or rel is None or rel.dim() == 0:
+        return None
+    return (*score[:3], rel.shape[-1])
+
+
+def _dense(t: Optional[Tensor]) -> Optional[Tensor]:
+    """A gradient flowing in from autograd may be a stride-0 expansion (e.g. from .sum()); the C++
+    layer needs unit stride on the last dimension, so such a tensor is materialised once."""
+    if t is None or t.dim() == 0:
+        return t
+    if t.stride(-1) == 1 and all(s != 0 for s in t.stride()):
+        return t
+    return t.contiguous()
+
+
+def _broadcast_dims_are_size_one(t: Tensor) -> bool:
+    """True unless t has stride 0 on a dimension of size > 1 (an expand()ed tensor)."""
+    return all(st != 0 or sz == 1 for sz, st in zip(t.shape, t.stride()))
+
+
+def _c_options(o: Options, bias, rel_h, rel_w, planned: bool) -> _C.AttentionOptions:
+    c = _C.AttentionOptions()
+    c.scale = o.scale
+    c.softcap = o.softcap
+    c.causal = o.causal
+    c.causal_alignment = (
+        _C.CausalAlignment.bottom_right if o.bottom_right else _C.CausalAlignment.top_left
+    )
+    c.window_left = o.window_left
+    c.window_right = o.window_right
+    c.deterministic = o.deterministic
+    c.allow_tf32 = o.allow_tf32
+    c.bias = _bridge.view(bias, "bias", planned=planned)
+    c.rel_h = _bridge.view(rel_h, "rel_h", planned=planned)
+    c.rel_w = _bridge.view(rel_w, "rel_w", planned=planned)
+    c.sinks = _bridge.view(o.sinks, "sinks", planned=planned)
+    c.extra_k = _bridge.view(o.extra_k, "extra_k", planned=planned)
+    c.extra_v = _bridge.view(o.extra_v, "extra_v", planned=planned)
+    return c
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    # fp32 by contract; fp64 problems get fp64 lse so that finite differences through lse work.
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _out_shape(q: Tensor, v: Tensor) -> tuple:
+    return (*q.shape[:-1], v.shape[-1]) if q.dim() >= 1 and v.dim() >= 1 else (0,)
+
+
+# ---- Forward -------------------------------------------------------------------------------------
+
+
+def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
+    """Checks, allocates (out, lse) and runs one forward call. With fake=True (torch.compile's
+    tracing) only the metadata exists: the check still runs when the shapes are static."""
+    out_shape = _out_shape(q, v)
+    lse_shape = layout.lse_shape(q, layout_args)
+    lse_dtype = _lse_dtype(q)
+    layout_tensors = [a for a in layout_args if isinstance(a, Tensor)]
+    checked = not fake or _bridge.is_static(q, k, v, *layout_tensors, *o[:_NUM_OPTIONAL_GRADS])
+    if checked:
+        score = layout.score_shape(q, k, layout_args)
+        params = layout.forward_params()
+        params.q = _bridge.view(q, "q", planned=fake)
+        params.k = _bridge.view(k, "k", planned=fake)
+        params.v = _bridge.view(v, "v", planned=fake)
+        layout.fill(params, layout_args, fake)
+        params.options = _c_options(
+            o,
+            _broadcast_to(o.bias, score),
+            _broadcast_to(o.rel_h, _rel_target(score, o.rel_h)),
+            _broadcast_to(o.rel_w, _rel_target(score, o.rel_w)),
+            planned=fake,
+        )
+        params.out = _bridge.planned_contiguous(out_shape, q.dtype, q.device, "out")
+        params.lse = _bridge.planned_contiguous(lse_shape, lse_dtype, q.device, "lse")
+        _bridge.check(params)  # refuse before allocating anything
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape, dtype=lse_dtype)
+    if not fake:
+        params.out = _bridge.view(out, "out")
+        params.lse = _bridge.view(lse, "lse")
+        _bridge.run(params, q.device)
+    return out, lse
+
+
+# ---- Backward ------------------------------------------------------------------------------------
+
+
+def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Options, *, fake: bool):
+    """Allocates and computes (dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v).
+    dbias has the bias's own shape: the C++ layer sums over its broadcast dimensions."""
+    need_bias, need_rel_h, need_rel_w, need_sinks, need_extra_k, need_extra_v = (
+        bool(n) and t is not None for n, t in zip(needs, o[:_NUM_OPTIONAL_GRADS])
+    )
+    def empty():  # a gradient not asked for; each its own tensor, as outputs may not alias
+        return q.new_empty(0)
+
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = o.bias.new_empty(o.bias.shape) if need_bias else empty()
+    dsinks = torch.empty_like(o.sinks) if need_sinks else empty()
+    dextra_k = torch.empty_like(o.extra_k) if need_extra_k else empty()
+    dextra_v = torch.empty_like(o.extra_v) if need_extra_v else empty()
+    if fake:
+        drel_h = o.rel_h.new_empty(o.rel_h.shape) if need_rel_h else empty()
+        drel_w = o.rel_w.new_empty(o.rel_w.shape) if need_rel_w else empty()
+        return dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v
+
+    score = layout.score_shape(q, k, layout_args)
+    bias = o.bias
+    if need_bias and not _broadcast_dims_are_size_one(bias):
+        # An expand()ed bias has a distinct gradient per element, so dbias is dense here and the
+        # C++ layer needs a bias with the same (dense) strides; same values, one copy.
+        bias = bias.contiguous()
+    bias = _broadcast_to(bias, score)
+    rel_h = _broadcast_to(o.rel_h, _rel_target(score, o.rel_h))
+    rel_w = _broadcast_to(o.rel_w, _rel_target(score, o.rel_w))
+    # rel-pos gradients are small ([B, H, Lq, Hk]): computed dense, then summed to the input shape.
+    drel_h4 = torch.empty(rel_h.shape, dtype=rel_h.dtype, device=rel_h.device) if need_rel_h else None
+    drel_w4 = torch.empty(rel_w.shape, dtype=rel_w.dtype, device=rel_w.device) if need_rel_w else None
+
+    params = layout.backward_params()
+    params.q = _bridge.view(q, "q")
+    params.k = _bridge.view(k, "k")
+    params.v = _bridge.view(v, "v")
+    layout.fill(params, layout_args, False)
+    params.out = _bridge.view(out, "out")
+    params.lse = _bridge.view(lse, "lse")
+    params.dout = _bridge.view(_dense(dout), "dout")
+    params.dlse = _bridge.view(_dense(dlse), "dlse")
+    params.options = _c_options(o, bias, rel_h, rel_w, planned=False)
+    grads = _C.AttentionGradients()
+    grads.dq = _bridge.view(dq, "dq")
+    grads.dk = _bridge.view(dk, "dk")
+    grads.dv = _bridge.view(dv, "dv")
+    if need_bias:
+        grads.dbias = _bridge.view(_broadcast_to(dbias, score), "dbias")
+    grads.drel_h = _bridge.view(drel_h4, "drel_h")
+    grads.drel_w = _bridge.view(drel_w4, "drel_w")
+    grads.dsinks = _bridge.view(dsinks if need_sinks else None, "dsinks")
+    grads.dextra_k = _bridge.view(dextra_k if need_extra_k else None, "dextra_k")
+    grads.dextra_v = _bridge.view(dextra_v if need_extra_v else None, "dextra_v")
+    params.grads = grads
+    _bridge.run(params, q.device)
+
+    drel_h = drel_h4.sum_to_size(o.rel_h.shape) if need_rel_h else empty()
+    drel_w = drel_w4.sum_to_size(o.rel_w.shape) if need_rel_w else empty()
+    return dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v
+
+
+# ---- Autograd glue shared by the three layouts ---------------------------------------------------
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    # Tensors go through save_for_backward (None where an input is not a tensor); the scalars and
+    # lists stay on ctx.
+    ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in inputs), *output)
+    ctx.non_tensors = [None if isinstance(x, Tensor) else x for x in inputs]
+
+
+def _make_backward(backward_op, num_layout_args: int):
+    first_option = 3 + num_layout_args
+
+    def _backward(ctx, dout, dlse):
+        *saved, out, lse = ctx.saved_tensors
+        inputs = [t if t is not None else x for t, x in zip(saved, ctx.non_tensors)]
+        q, k, v = inputs[:3]
+        layout_args = inputs[3:first_option]
+        options = inputs[first_option:]
+        needs = list(ctx.needs_input_grad[first_option : first_option + _NUM_OPTIONAL_GRADS])
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv, *optional = backward_op(dout, dlse, q, k, v, out, lse, *layout_args, needs, *options)
+        return (
+            dq,
+            dk,
+            dv,
+            *([None] * num_layout_args),
+            *(g if need else None for g, need in zip(optional, needs)),
+            *([None] * (len(options) - _NUM_OPTIONAL_GRADS)),
+        )
+
+    return _backward
+
+
+Grads = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+# ---- Dense ---------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fmha::attention_bwd", mutates_args=())
+def attention_bwd(
+    dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    needs: list[bool],
+    bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
+    extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
+    causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
+    allow_tf32: bool,
+) -> Grads:  # fmt: skip
+    o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
+                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+    return backward(_Dense, dout, dlse, q, k, v, out, lse, (), needs, o, fake=False)
+
+
+@attention_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, needs, *options):
+    return backward(_Dense, dout, dlse, q, k, v, out, lse, (), needs, Options(*options), fake=True)
+
+
+@torch.library.custom_op("fmha::attention_fwd", mutates_args=())
+def attention_fwd(
+    q: Tensor, k: Tensor, v: Tensor,
+    bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
+    extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
+    causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
+    allow_tf32: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
+                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+    return forward(_Dense, q, k, v, (), o, fake=False)
+
+
+@attention_fwd.register_fake
+def _(q, k, v, *options):
+    return forward(_Dense, q, k, v, (), Options(*options), fake=True)
+
+
+attention_fwd.register_autograd(_make_backward(attention_bwd, 0), setup_context=_setup_context)
+
+
+# ---- Varlen --------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fmha::attention_varlen_bwd", mutates_args=())
+def attention_varlen_bwd(
+    dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+    needs: list[bool],
+    bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
+    extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
+    causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
+    allow_tf32: bool,
+) -> Grads:  # fmt: skip
+    o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
+                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+    layout_args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return backward(_Varlen, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False)
+
+
+@attention_varlen_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, needs, *options):
+    layout_args = (cu_q, cu_k, max_q, max_k)
+    o = Options(*options)
+    return backward(_Varlen, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=True)
+
+
+@torch.library.custom_op("fmha::attention_varlen_fwd", mutates_args=())
+def attention_varlen_fwd(
+    q: Tensor, k: Tensor, v: Tensor,
+    cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+    bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
+    extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
+    causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
+    allow_tf32: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
+                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+    layout_args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return forward(_Varlen, q, k, v, layout_args, o, fake=False)
+
+
+@attention_varlen_fwd.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, *options):
+    return forward(_Varlen, q, k, v, (cu_q, cu_k, max_q, max_k), Options(*options), fake=True)
+
+
+attention_varlen_fwd.register_autograd(
+    _make_backward(attention_varlen_bwd, 4), setup_context=_setup_context
+)
+
+
+# ---- Neighborhood --------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fmha::neighborhood_bwd", mutates_args=())
+def neighborhood_bwd(
+    dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    kernel_size: list[int], dilation: list[int], is_causal: list[bool],
+    needs: list[bool],
+    bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
+    extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
+    causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
+    allow_tf32: bool,
+) -> Grads:  # fmt: skip
+    o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
+                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+    layout_args = (kernel_size, dilation, is_causal)
+    return backward(_Neighborhood, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False)
+
+
+@neighborhood_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, kernel_size, dilation, is_causal, needs, *options):
+    layout_args = (kernel_size, dilation, is_causal)
+    o = Options(*options)
+    return backward(_Neighborhood, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=True)
+
+
+@torch.library.custom_op("fmha::neighborhood_fwd", mutates_args=())
+def neighborhood_fwd(
+    q: Tensor, k: Tensor, v: Tensor,
+    kernel_size: list[int], dilation: list[int], is_causal: list[bool],
+    bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
+    extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
+    causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
+    allow_tf32: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
+                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+    return forward(_Neighborhood, q, k, v, (kernel_size, dilation, is_causal), o, fake=False)
+
+
+@neighborhood_fwd.register_fake
+def _(q, k, v, kernel_size, dilation, is_causal, *options):
+    layout_args = (kernel_size, dilation, is_causal)
+    return forward(_Neighborhood, q, k, v, layout_args, Options(*options), fake=True)
+
+
+neighborhood_fwd.register_autograd(
+    _make_backward(neighborhood_bwd, 3), setup_context=_setup_context
+)

@@ -1,0 +1,132 @@
+"""Crossing from torch tensors to the C++ API (fmha._C) and back.
+
+Tensors cross as views: address, dtype, device, shape and strides in elements (fmha::TensorView);
+nothing is copied here. A Status that is not ok becomes a Python exception carrying the C++
+message unchanged (SPEC §14):
+
+    invalid_argument  -> TypeError when the message is about a dtype, ValueError otherwise
+    not_supported     -> NotImplementedError (valid input that this backend cannot run)
+    backend_error     -> RuntimeError
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from . import _C
+
+_DTYPES = {
+    torch.float32: _C.DType.float32,
+    torch.float16: _C.DType.float16,
+    torch.bfloat16: _C.DType.bfloat16,
+    torch.float64: _C.DType.float64,
+    torch.int32: _C.DType.int32,
+}
+_DEVICES = {"cpu": _C.DeviceType.cpu, "cuda": _C.DeviceType.cuda}
+_MAX_RANK = 6
+
+# check() validates without touching memory, so a view that only describes an output still to be
+# allocated (or a fake tensor traced by torch.compile) gets this address: non-null and aligned,
+# never dereferenced.
+_PLANNED_ADDRESS = 1 << 12
+
+
+def raise_for_status(status: _C.Status) -> None:
+    if status.ok:
+        return
+    message = status.message
+    if status.code == _C.StatusCode.invalid_argument:
+        raise (TypeError if "dtype" in message else ValueError)(message)
+    if status.code == _C.StatusCode.not_supported:
+        raise NotImplementedError(message)
+    raise RuntimeError(message)
+
+
+def _dtype_of(dtype: torch.dtype, name: str) -> _C.DType:
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise TypeError(
+            f"fmha: {name} has dtype {dtype}; accepted: float32, float16, bfloat16 "
+            "(float64 on the CPU backend), int32 for cu_seqlens"
+        ) from None
+
+
+def _device_of(device: torch.device, name: str) -> _C.DeviceType:
+    try:
+        return _DEVICES[device.type]
+    except KeyError:
+        raise ValueError(f"fmha: {name} is on device {device}; accepted: cpu, cuda") from None
+
+
+def describe(
+    shape: Sequence[int],
+    stride: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+    name: str,
+    address: int = _PLANNED_ADDRESS,
+) -> _C.TensorView:
+    """A view of a tensor given by its metadata; `address` defaults to the planned placeholder."""
+    if not 1 <= len(shape) <= _MAX_RANK:
+        raise ValueError(
+            f"fmha: {name} has {len(shape)} dimensions; fmha tensors have 1 to {_MAX_RANK}"
+        )
+    return _C.TensorView(
+        address,
+        _dtype_of(dtype, name),
+        _device_of(device, name),
+        device.index or 0,
+        [int(s) for s in shape],
+        [int(s) for s in stride],
+    )
+
+
+def view(t: Optional[torch.Tensor], name: str, *, planned: bool = False) -> _C.TensorView:
+    """The TensorView of `t` (not given when t is None). planned=True describes t without reading
+    its address, for check() on outputs not yet allocated and on fake tensors."""
+    if t is None:
+        return _C.TensorView()
+    address = _PLANNED_ADDRESS if planned else t.data_ptr()
+    return describe(t.shape, t.stride(), t.dtype, t.device, name, address)
+
+
+def planned_contiguous(
+    shape: Sequence[int], dtype: torch.dtype, device: torch.device, name: str
+) -> _C.TensorView:
+    """The view a torch.empty(shape) output will have, before it exists."""
+    stride, running = [], 1
+    for size in reversed(shape):
+        stride.append(running)
+        running *= max(int(size), 1)
+    return describe(shape, stride[::-1], dtype, device, name)
+
+
+def is_static(*tensors: Optional[torch.Tensor]) -> bool:
+    """True when every size and stride is a plain int (not symbolic, as under dynamic shapes), so
+    the C++ check can run on the metadata alone without specialising the traced graph."""
+    for t in tensors:
+        if t is None:
+            continue
+        if t.device.type == "meta":
+            return False
+        if not all(isinstance(s, int) for s in (*t.shape, *t.stride())):
+            return False
+    return True
+
+
+def run(params, device: torch.device) -> None:
+    """Runs params on its device: CPU tensors on the CPU backend; CUDA tensors on torch's current
+    stream of their device, so the work orders with the surrounding torch kernels."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            status = _C.run(params, torch.cuda.current_stream(device).cuda_stream)
+    else:
+        status = _C.run(params, 0)
+    raise_for_status(status)
+
+
+def check(params) -> None:
+    raise_for_status(_C.check(params))

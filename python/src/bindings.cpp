@@ -1,0 +1,244 @@
+// fmha._C: the C++ API (include/fmha/fmha.h) as seen from Python.
+//
+// The layer is deliberately thin: the parameter structs are bound field by field, tensors arrive as
+// TensorView (address + dtype + device + shape + strides, filled in by python/fmha/_bridge.py from
+// torch tensors), and check/run return the library's Status unchanged. Mapping a Status onto a
+// Python exception, allocating outputs and picking the CUDA stream happen in Python, next to torch.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fmha/fmha.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+fmha::TensorView make_view(std::uintptr_t data, fmha::DType dtype, fmha::DeviceType device_type,
+                           int device_index, const std::vector<std::int64_t>& shape,
+                           const std::vector<std::int64_t>& stride) {
+  // Python checks the rank with the argument's name first; this guards direct callers of _C,
+  // since TensorView::strided would otherwise clamp the rank silently.
+  if (shape.size() != stride.size() || shape.empty() ||
+      shape.size() > static_cast<std::size_t>(fmha::kMaxRank)) {
+    throw nb::value_error(("fmha: a tensor view needs 1.." + std::to_string(fmha::kMaxRank) +
+                           " dimensions and one stride per dimension; got " +
+                           std::to_string(shape.size()) + " sizes and " +
+                           std::to_string(stride.size()) + " strides")
+                              .c_str());
+  }
+  return fmha::TensorView::strided(reinterpret_cast<void*>(data), dtype,
+                                   static_cast<int>(shape.size()), shape.data(), stride.data(),
+                                   fmha::Device{device_type, device_index});
+}
+
+// Binds fmha::check and fmha::run for one parameter struct. run releases the GIL: the CPU backend
+// can take a while, and nothing in it touches Python objects.
+template <typename Params>
+void bind_entry_point(nb::module_& m) {
+  m.def("check", [](const Params& p) { return fmha::check(p); }, nb::arg("params"));
+  m.def(
+      "run",
+      [](const Params& p, std::uintptr_t stream) {
+        nb::gil_scoped_release release;
+        return fmha::run(p, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("params"), nb::arg("stream") = 0);
+}
+
+// The fields every shaped backward struct shares.
+template <typename Params, typename Class>
+void bind_backward_fields(Class& c) {
+  c.def_rw("out", &Params::out)
+      .def_rw("lse", &Params::lse)
+      .def_rw("dout", &Params::dout)
+      .def_rw("dlse", &Params::dlse)
+      .def_rw("options", &Params::options)
+      .def_rw("backward_impl", &Params::backward_impl)
+      .def_rw("grads", &Params::grads);
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "fmha C++ API bindings (internal: use the functions of the fmha package)";
+
+  nb::enum_<fmha::DType>(m, "DType")
+      .value("float32", fmha::DType::kFloat32)
+      .value("float16", fmha::DType::kFloat16)
+      .value("bfloat16", fmha::DType::kBFloat16)
+      .value("float64", fmha::DType::kFloat64)
+      .value("int32", fmha::DType::kInt32);
+  nb::enum_<fmha::DeviceType>(m, "DeviceType")
+      .value("cpu", fmha::DeviceType::kCPU)
+      .value("cuda", fmha::DeviceType::kCUDA);
+  nb::enum_<fmha::CausalAlignment>(m, "CausalAlignment")
+      .value("top_left", fmha::CausalAlignment::kTopLeft)
+      .value("bottom_right", fmha::CausalAlignment::kBottomRight);
+  nb::enum_<fmha::BackwardImpl>(m, "BackwardImpl")
+      .value("auto", fmha::BackwardImpl::kAuto)
+      .value("fused", fmha::BackwardImpl::kFused)
+      .value("split", fmha::BackwardImpl::kSplit);
+  nb::enum_<fmha::StatusCode>(m, "StatusCode")
+      .value("ok", fmha::StatusCode::kOk)
+      .value("invalid_argument", fmha::StatusCode::kInvalidArgument)
+      .value("not_supported", fmha::StatusCode::kNotSupported)
+      .value("backend_error", fmha::StatusCode::kBackendError);
+
+  nb::class_<fmha::Status>(m, "Status")
+      .def_prop_ro("ok", &fmha::Status::ok)
+      .def_prop_ro("code", &fmha::Status::code)
+      .def_prop_ro("message", &fmha::Status::message);
+
+  nb::class_<fmha::TensorView>(m, "TensorView")
+      .def(nb::init<>(), "A view that is 'not given' (rank 0).")
+      .def(
+          "__init__",
+          [](fmha::TensorView* self, std::uintptr_t data, fmha::DType dtype,
+             fmha::DeviceType device_type, int device_index, const std::vector<std::int64_t>& shape,
+             const std::vector<std::int64_t>& stride) {
+            new (self) fmha::TensorView(
+                make_view(data, dtype, device_type, device_index, shape, stride));
+          },
+          nb::arg("data"), nb::arg("dtype"), nb::arg("device_type"), nb::arg("device_index"),
+          nb::arg("shape"), nb::arg("stride"))
+      .def_prop_ro("defined", &fmha::TensorView::defined)
+      .def_prop_ro("rank", [](const fmha::TensorView& t) { return t.rank; })
+      .def_prop_ro("shape", [](const fmha::TensorView& t) {
+        return std::vector<std::int64_t>(t.shape.begin(), t.shape.begin() + t.rank);
+      })
+      .def_prop_ro("stride", [](const fmha::TensorView& t) {
+        return std::vector<std::int64_t>(t.stride.begin(), t.stride.begin() + t.rank);
+      });
+
+  nb::class_<fmha::AttentionOptions>(m, "AttentionOptions")
+      .def(nb::init<>())
+      .def_rw("scale", &fmha::AttentionOptions::scale)
+      .def_rw("softcap", &fmha::AttentionOptions::softcap)
+      .def_rw("causal", &fmha::AttentionOptions::causal)
+      .def_rw("causal_alignment", &fmha::AttentionOptions::causal_alignment)
+      .def_rw("window_left", &fmha::AttentionOptions::window_left)
+      .def_rw("window_right", &fmha::AttentionOptions::window_right)
+      .def_rw("bias", &fmha::AttentionOptions::bias)
+      .def_rw("rel_h", &fmha::AttentionOptions::rel_h)
+      .def_rw("rel_w", &fmha::AttentionOptions::rel_w)
+      .def_rw("sinks", &fmha::AttentionOptions::sinks)
+      .def_rw("extra_k", &fmha::AttentionOptions::extra_k)
+      .def_rw("extra_v", &fmha::AttentionOptions::extra_v)
+      .def_rw("deterministic", &fmha::AttentionOptions::deterministic)
+      .def_rw("allow_tf32", &fmha::AttentionOptions::allow_tf32);
+
+  nb::class_<fmha::AttentionGradients>(m, "AttentionGradients")
+      .def(nb::init<>())
+      .def_rw("dq", &fmha::AttentionGradients::dq)
+      .def_rw("dk", &fmha::AttentionGradients::dk)
+      .def_rw("dv", &fmha::AttentionGradients::dv)
+      .def_rw("dbias", &fmha::AttentionGradients::dbias)
+      .def_rw("drel_h", &fmha::AttentionGradients::drel_h)
+      .def_rw("drel_w", &fmha::AttentionGradients::drel_w)
+      .def_rw("dsinks", &fmha::AttentionGradients::dsinks)
+      .def_rw("dextra_k", &fmha::AttentionGradients::dextra_k)
+      .def_rw("dextra_v", &fmha::AttentionGradients::dextra_v);
+
+  nb::class_<fmha::NeighborhoodOptions>(m, "NeighborhoodOptions")
+      .def(nb::init<>())
+      .def_rw("num_dims", &fmha::NeighborhoodOptions::num_dims)
+      .def_rw("kernel_size", &fmha::NeighborhoodOptions::kernel_size)
+      .def_rw("dilation", &fmha::NeighborhoodOptions::dilation)
+      .def_rw("causal", &fmha::NeighborhoodOptions::causal);
+
+  // ---- Dense ------------------------------------------------------------------------------------
+  nb::class_<fmha::AttentionForwardParams>(m, "AttentionForwardParams")
+      .def(nb::init<>())
+      .def_rw("q", &fmha::AttentionForwardParams::q)
+      .def_rw("k", &fmha::AttentionForwardParams::k)
+      .def_rw("v", &fmha::AttentionForwardParams::v)
+      .def_rw("out", &fmha::AttentionForwardParams::out)
+      .def_rw("lse", &fmha::AttentionForwardParams::lse)
+      .def_rw("options", &fmha::AttentionForwardParams::options);
+  auto dense_bwd = nb::class_<fmha::AttentionBackwardParams>(m, "AttentionBackwardParams");
+  dense_bwd.def(nb::init<>())
+      .def_rw("q", &fmha::AttentionBackwardParams::q)
+      .def_rw("k", &fmha::AttentionBackwardParams::k)
+      .def_rw("v", &fmha::AttentionBackwardParams::v);
+  bind_backward_fields<fmha::AttentionBackwardParams>(dense_bwd);
+
+  // ---- Varlen -----------------------------------------------------------------------------------
+  nb::class_<fmha::VarlenForwardParams>(m, "VarlenForwardParams")
+      .def(nb::init<>())
+      .def_rw("q", &fmha::VarlenForwardParams::q)
+      .def_rw("k", &fmha::VarlenForwardParams::k)
+      .def_rw("v", &fmha::VarlenForwardParams::v)
+      .def_rw("cu_seqlens_q", &fmha::VarlenForwardParams::cu_seqlens_q)
+      .def_rw("cu_seqlens_k", &fmha::VarlenForwardParams::cu_seqlens_k)
+      .def_rw("max_seqlen_q", &fmha::VarlenForwardParams::max_seqlen_q)
+      .def_rw("max_seqlen_k", &fmha::VarlenForwardParams::max_seqlen_k)
+      .def_rw("out", &fmha::VarlenForwardParams::out)
+      .def_rw("lse", &fmha::VarlenForwardParams::lse)
+      .def_rw("options", &fmha::VarlenForwardParams::options);
+  auto varlen_bwd = nb::class_<fmha::VarlenBackwardParams>(m, "VarlenBackwardParams");
+  varlen_bwd.def(nb::init<>())
+      .def_rw("q", &fmha::VarlenBackwardParams::q)
+      .def_rw("k", &fmha::VarlenBackwardParams::k)
+      .def_rw("v", &fmha::VarlenBackwardParams::v)
+      .def_rw("cu_seqlens_q", &fmha::VarlenBackwardParams::cu_seqlens_q)
+      .def_rw("cu_seqlens_k", &fmha::VarlenBackwardParams::cu_seqlens_k)
+      .def_rw("max_seqlen_q", &fmha::VarlenBackwardParams::max_seqlen_q)
+      .def_rw("max_seqlen_k", &fmha::VarlenBackwardParams::max_seqlen_k);
+  bind_backward_fields<fmha::VarlenBackwardParams>(varlen_bwd);
+
+  // ---- Neighborhood -----------------------------------------------------------------------------
+  nb::class_<fmha::NeighborhoodForwardParams>(m, "NeighborhoodForwardParams")
+      .def(nb::init<>())
+      .def_rw("q", &fmha::NeighborhoodForwardParams::q)
+      .def_rw("k", &fmha::NeighborhoodForwardParams::k)
+      .def_rw("v", &fmha::NeighborhoodForwardParams::v)
+      .def_rw("out", &fmha::NeighborhoodForwardParams::out)
+      .def_rw("lse", &fmha::NeighborhoodForwardParams::lse)
+      .def_rw("neighborhood", &fmha::NeighborhoodForwardParams::neighborhood)
+      .def_rw("options", &fmha::NeighborhoodForwardParams::options);
+  auto na_bwd = nb::class_<fmha::NeighborhoodBackwardParams>(m, "NeighborhoodBackwardParams");
+  na_bwd.def(nb::init<>())
+      .def_rw("q", &fmha::NeighborhoodBackwardParams::q)
+      .def_rw("k", &fmha::NeighborhoodBackwardParams::k)
+      .def_rw("v", &fmha::NeighborhoodBackwardParams::v)
+      .def_rw("neighborhood", &fmha::NeighborhoodBackwardParams::neighborhood);
+  bind_backward_fields<fmha::NeighborhoodBackwardParams>(na_bwd);
+
+  // ---- Merge ------------------------------------------------------------------------------------
+  nb::class_<fmha::MergeForwardParams>(m, "MergeForwardParams")
+      .def(nb::init<>())
+      .def_rw("outs", &fmha::MergeForwardParams::outs)
+      .def_rw("lses", &fmha::MergeForwardParams::lses)
+      .def_rw("out", &fmha::MergeForwardParams::out)
+      .def_rw("lse", &fmha::MergeForwardParams::lse);
+  nb::class_<fmha::MergeBackwardParams>(m, "MergeBackwardParams")
+      .def(nb::init<>())
+      .def_rw("outs", &fmha::MergeBackwardParams::outs)
+      .def_rw("lses", &fmha::MergeBackwardParams::lses)
+      .def_rw("out", &fmha::MergeBackwardParams::out)
+      .def_rw("lse", &fmha::MergeBackwardParams::lse)
+      .def_rw("dout", &fmha::MergeBackwardParams::dout)
+      .def_rw("dlse", &fmha::MergeBackwardParams::dlse)
+      .def_rw("douts", &fmha::MergeBackwardParams::douts)
+      .def_rw("dlses", &fmha::MergeBackwardParams::dlses);
+
+  bind_entry_point<fmha::AttentionForwardParams>(m);
+  bind_entry_point<fmha::AttentionBackwardParams>(m);
+  bind_entry_point<fmha::VarlenForwardParams>(m);
+  bind_entry_point<fmha::VarlenBackwardParams>(m);
+  bind_entry_point<fmha::NeighborhoodForwardParams>(m);
+  bind_entry_point<fmha::NeighborhoodBackwardParams>(m);
+  bind_entry_point<fmha::MergeForwardParams>(m);
+  bind_entry_point<fmha::MergeBackwardParams>(m);
+
+  m.def("built_with_cuda", &fmha::built_with_cuda,
+        "True when this build contains the CUDA backend.");
+  m.def("version", &fmha::version);
+}
