@@ -1,0 +1,498 @@
+#include "test_case.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "naive/naive_masks.h"
+
+namespace fmha_test {
+namespace {
+
+using fmha::Status;
+
+std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+
+const char* storage_name(Storage s) {
+  switch (s) {
+    case Storage::kContiguous: return "contiguous";
+    case Storage::kPadded: return "padded";
+    case Storage::kHeadsOuter: return "heads-outer";
+    case Storage::kBroadcastBatch: return "broadcast-batch";
+    case Storage::kBroadcastHeads: return "broadcast-heads";
+  }
+  return "?";
+}
+
+// q-like tensors: [B, L, H, X] (dense), [B, X1.., H, X] (NA), [T, H, X] (varlen).
+Layout storage_layout(Storage s, int rank, Kind kind) {
+  Layout layout;
+  const int head_dim = rank - 2;
+  switch (s) {
+    case Storage::kContiguous: break;
+    case Storage::kPadded: layout.pad = 3; break;
+    case Storage::kHeadsOuter:
+      if (kind == Kind::kVarlen) {
+        layout.order = {1, 0, 2};
+      } else {
+        layout.order = {0, head_dim};
+        for (int d = 1; d < head_dim; ++d) layout.order.push_back(d);
+        layout.order.push_back(rank - 1);
+      }
+      break;
+    case Storage::kBroadcastBatch:
+      layout.broadcast.assign(static_cast<std::size_t>(rank), false);
+      layout.broadcast[0] = true;
+      break;
+    case Storage::kBroadcastHeads:
+      layout.broadcast.assign(static_cast<std::size_t>(rank), false);
+      layout.broadcast[static_cast<std::size_t>(head_dim)] = true;
+      break;
+  }
+  return layout;
+}
+
+// Outputs and gradients cannot alias: they take the input's layout without its broadcasts.
+Storage writable(Storage s) {
+  return s == Storage::kBroadcastBatch || s == Storage::kBroadcastHeads ? Storage::kContiguous : s;
+}
+
+DType stats_dtype(DType dtype) { return dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
+
+// Shape of a q-like tensor with `heads` heads and last dim `width`.
+std::vector<std::int64_t> token_shape(const AttentionCase& c, bool keys, std::int64_t heads,
+                                      std::int64_t width) {
+  std::vector<std::int64_t> shape;
+  switch (c.kind) {
+    case Kind::kDense: shape = {c.batch, keys ? c.seqlen_k : c.seqlen_q}; break;
+    case Kind::kVarlen: {
+      const auto& lens = keys ? c.seqlens_k : c.seqlens_q;
+      std::int64_t total = 0;
+      for (auto l : lens) total += l;
+      shape = {total};
+      break;
+    }
+    case Kind::kNeighborhood:
+      shape = {c.batch};
+      for (int r = 0; r < c.neighborhood.num_dims; ++r) shape.push_back(c.grid[r]);
+      break;
+  }
+  shape.push_back(heads);
+  shape.push_back(width);
+  return shape;
+}
+
+std::vector<std::int64_t> lse_shape(const AttentionCase& c) {
+  switch (c.kind) {
+    case Kind::kDense: return {c.batch, c.heads, c.seqlen_q};
+    case Kind::kVarlen: return {c.heads, token_shape(c, false, 1, 1)[0]};
+    case Kind::kNeighborhood: {
+      std::vector<std::int64_t> shape{c.batch, c.heads};
+      for (int r = 0; r < c.neighborhood.num_dims; ++r) shape.push_back(c.grid[r]);
+      return shape;
+    }
+  }
+  return {};
+}
+
+HostTensor bias_like(const AttentionCase& c, DType dtype) {
+  std::vector<std::int64_t> shape{c.num_batches(), c.heads, c.rows_per_batch_q(), c.rows_per_batch_k()};
+  Layout layout;
+  layout.broadcast.assign(4, false);
+  for (std::size_t d = 0; d < 4; ++d)
+    if (c.bias.broadcast[d]) {
+      if (c.bias.zero_stride) layout.broadcast[d] = true;
+      else shape[d] = 1;
+    }
+  return HostTensor(dtype, shape, layout);
+}
+
+// Sums `full` (logical shape `full_shape`) over every dim where `like` broadcasts, and returns it
+// in like's logical shape (zero-stride dims repeat the sum, as the aliased elements would).
+std::vector<double> reduce_like(const std::vector<double>& full, const std::vector<std::int64_t>& full_shape,
+                                const HostTensor& like) {
+  const auto& shape = like.shape();
+  auto canonical = [&](std::vector<std::int64_t> coords) {
+    std::int64_t index = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      if (like.broadcast_dim(static_cast<int>(d))) coords[d] = 0;
+      index = index * shape[d] + coords[d];
+    }
+    return index;
+  };
+  std::vector<double> sums(at(like.numel()), 0.0);
+  for (std::int64_t i = 0; i < product(full_shape); ++i) sums[at(canonical(unravel(i, full_shape)))] += full[at(i)];
+  std::vector<double> result(at(like.numel()));
+  for (std::int64_t i = 0; i < like.numel(); ++i) result[at(i)] = sums[at(canonical(unravel(i, shape)))];
+  return result;
+}
+
+// Expands a possibly size-1-broadcast tensor to `full_shape`.
+std::vector<double> expand(const HostTensor& t, const std::vector<std::int64_t>& full_shape) {
+  std::vector<double> result(at(product(full_shape)));
+  for (std::int64_t i = 0; i < product(full_shape); ++i) {
+    auto coords = unravel(i, full_shape);
+    std::int64_t src = 0;
+    for (std::size_t d = 0; d < coords.size(); ++d) src = src * t.shape()[d] + (t.shape()[d] == 1 ? 0 : coords[d]);
+    result[at(i)] = t.at(src);
+  }
+  return result;
+}
+
+double round_fp16(double x) { return round_to(DType::kFloat16, x); }
+double round_bf16(double x) { return round_to(DType::kBFloat16, x); }
+
+naive::Round naive_rounding(DType dtype) {
+  if (dtype == DType::kFloat16) return round_fp16;
+  if (dtype == DType::kBFloat16) return round_bf16;
+  return naive::exact;
+}
+
+bool low_precision(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
+
+fmha::AttentionOptions options_with_tensors(const AttentionCase& c, CaseTensors& t) {
+  fmha::AttentionOptions o = c.options;
+  o.bias = t.bias.view();
+  o.rel_h = t.rel_h.view();
+  o.rel_w = t.rel_w.view();
+  o.sinks = t.sinks.view();
+  o.extra_k = t.extra_k.view();
+  o.extra_v = t.extra_v.view();
+  return o;
+}
+
+fmha::AttentionGradients gradients(CaseTensors& t) {
+  return {.dq = t.dq.view(), .dk = t.dk.view(), .dv = t.dv.view(), .dbias = t.dbias.view(),
+          .drel_h = t.drel_h.view(), .drel_w = t.drel_w.view(), .dsinks = t.dsinks.view(),
+          .dextra_k = t.dextra_k.view(), .dextra_v = t.dextra_v.view()};
+}
+
+}  // namespace
+
+std::int64_t AttentionCase::num_batches() const {
+  return kind == Kind::kVarlen ? static_cast<std::int64_t>(seqlens_q.size()) : batch;
+}
+
+std::int64_t AttentionCase::rows_per_batch_q() const {
+  if (kind == Kind::kDense) return seqlen_q;
+  if (kind == Kind::kVarlen) return seqlens_q.empty() ? 0 : *std::max_element(seqlens_q.begin(), seqlens_q.end());
+  std::int64_t n = 1;
+  for (int r = 0; r < neighborhood.num_dims; ++r) n *= grid[r];
+  return n;
+}
+
+std::int64_t AttentionCase::rows_per_batch_k() const {
+  if (kind == Kind::kDense) return seqlen_k;
+  if (kind == Kind::kVarlen) return seqlens_k.empty() ? 0 : *std::max_element(seqlens_k.begin(), seqlens_k.end());
+  return rows_per_batch_q();
+}
+
+std::string AttentionCase::describe() const {
+  std::ostringstream s;
+  s << (kind == Kind::kDense ? "dense" : kind == Kind::kVarlen ? "varlen" : "neighborhood") << ' '
+    << dtype_name(dtype) << " B=" << batch << " H=" << heads << " Hkv=" << kv_heads << " D=" << head_dim
+    << " Dv=" << value_dim;
+  if (kind == Kind::kDense) s << " Lq=" << seqlen_q << " Lk=" << seqlen_k;
+  if (kind == Kind::kVarlen) {
+    s << " seqlens_q={";
+    for (auto l : seqlens_q) s << l << ',';
+    s << "} seqlens_k={";
+    for (auto l : seqlens_k) s << l << ',';
+    s << '}';
+  }
+  if (kind == Kind::kNeighborhood) {
+    const auto& n = neighborhood;
+    for (int r = 0; r < n.num_dims; ++r)
+      s << " axis" << r << "{X=" << grid[r] << " K=" << n.kernel_size[r] << " d=" << n.dilation[r]
+        << (n.causal[r] ? " causal" : "") << '}';
+  }
+  const auto& o = options;
+  if (o.scale) s << " scale=" << *o.scale;
+  if (o.softcap > 0) s << " softcap=" << o.softcap;
+  if (o.causal) s << " causal";
+  if (o.causal || o.window_left >= 0 || o.window_right >= 0)
+    s << (o.causal_alignment == fmha::CausalAlignment::kBottomRight ? " bottom_right" : " top_left");
+  if (o.window_left >= 0 || o.window_right >= 0) s << " window=(" << o.window_left << ',' << o.window_right << ')';
+  if (bias.given) {
+    s << " bias(broadcast=";
+    for (bool b : bias.broadcast) s << b;
+    s << (bias.zero_stride ? " stride0)" : " size1)");
+  }
+  if (rel_hk > 0) s << " rel_pos(Hk=" << rel_hk << ')';
+  if (sinks) s << " sinks";
+  if (extra > 0) s << " extra=" << extra;
+  if (dlse) s << " dlse";
+  if (o.deterministic) s << " deterministic";
+  s << " q:" << storage_name(q_storage) << " kv:" << storage_name(kv_storage);
+  return s.str();
+}
+
+CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  CaseTensors t;
+  const DType dt = c.dtype;
+  const int rank = static_cast<int>(token_shape(c, false, 1, 1).size());
+  const Layout q_layout = storage_layout(c.q_storage, rank, c.kind);
+  const Layout kv_layout = storage_layout(c.kv_storage, rank, c.kind);
+  const Layout out_layout = storage_layout(writable(c.q_storage), rank, c.kind);
+  const Layout dkv_layout = storage_layout(writable(c.kv_storage), rank, c.kind);
+
+  t.q = HostTensor(dt, token_shape(c, false, c.heads, c.head_dim), q_layout);
+  t.k = HostTensor(dt, token_shape(c, true, c.kv_heads, c.head_dim), kv_layout);
+  t.v = HostTensor(dt, token_shape(c, true, c.kv_heads, c.value_dim), kv_layout);
+  t.q.fill_uniform(rng, -1.5, 1.5);
+  t.k.fill_uniform(rng, -1.5, 1.5);
+  t.v.fill_uniform(rng, -1, 1);
+  t.out = HostTensor(dt, token_shape(c, false, c.heads, c.value_dim), out_layout);
+  t.lse = HostTensor(stats_dtype(dt), lse_shape(c));
+
+  if (c.kind == Kind::kVarlen) {
+    const auto b = static_cast<std::int64_t>(c.seqlens_q.size());
+    t.cu_seqlens_q = HostTensor(DType::kInt32, {b + 1});
+    t.cu_seqlens_k = HostTensor(DType::kInt32, {b + 1});
+    std::int64_t cq = 0, ck = 0;
+    for (std::int64_t i = 0; i <= b; ++i) {
+      t.cu_seqlens_q.set(i, static_cast<double>(cq));
+      t.cu_seqlens_k.set(i, static_cast<double>(ck));
+      if (i < b) {
+        cq += c.seqlens_q[at(i)];
+        ck += c.seqlens_k[at(i)];
+      }
+    }
+  }
+  if (c.bias.given) {
+    t.bias = bias_like(c, dt);
+    t.bias.fill_uniform(rng, -1, 1);
+  }
+  if (c.rel_hk > 0) {
+    const std::int64_t b = c.num_batches(), lq = c.rows_per_batch_q(), hk = c.rel_hk;
+    const std::int64_t wk = c.rows_per_batch_k() / hk;
+    t.rel_h = HostTensor(dt, {b, c.heads, lq, hk});
+    t.rel_w = HostTensor(dt, {b, c.heads, lq, wk});
+    t.rel_h.fill_uniform(rng, -1, 1);
+    t.rel_w.fill_uniform(rng, -1, 1);
+  }
+  if (c.sinks) {
+    t.sinks = HostTensor(stats_dtype(dt), {c.heads});
+    t.sinks.fill_uniform(rng, -1, 1);
+  }
+  if (c.extra > 0) {
+    t.extra_k = HostTensor(dt, {c.num_batches(), c.extra, c.kv_heads, c.head_dim});
+    t.extra_v = HostTensor(dt, {c.num_batches(), c.extra, c.kv_heads, c.value_dim});
+    t.extra_k.fill_uniform(rng, -1.5, 1.5);
+    t.extra_v.fill_uniform(rng, -1, 1);
+  }
+  if (!c.backward) return t;
+  t.dout = HostTensor(dt, t.out.shape(), out_layout);
+  t.dout.fill_uniform(rng, -1, 1);
+  if (c.dlse) {
+    t.dlse = HostTensor(stats_dtype(dt), t.lse.shape());
+    t.dlse.fill_uniform(rng, -1, 1);
+  }
+  t.dq = HostTensor(dt, t.q.shape(), out_layout);
+  t.dk = HostTensor(dt, t.k.shape(), dkv_layout);
+  t.dv = HostTensor(dt, t.v.shape(), dkv_layout);
+  if (t.bias.defined()) t.dbias = bias_like(c, dt);
+  if (t.rel_h.defined()) {
+    t.drel_h = HostTensor(dt, t.rel_h.shape());
+    t.drel_w = HostTensor(dt, t.rel_w.shape());
+  }
+  if (t.sinks.defined()) t.dsinks = HostTensor(stats_dtype(dt), t.sinks.shape());
+  if (t.extra_k.defined()) {
+    t.dextra_k = HostTensor(dt, t.extra_k.shape());
+    t.dextra_v = HostTensor(dt, t.extra_v.shape());
+  }
+  return t;
+}
+
+Status run_forward(const AttentionCase& c, CaseTensors& t) {
+  t.out.poison();
+  t.lse.poison();
+  const fmha::AttentionOptions o = options_with_tensors(c, t);
+  switch (c.kind) {
+    case Kind::kDense:
+      return fmha::run(fmha::AttentionForwardParams{
+          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .out = t.out.view(), .lse = t.lse.view(),
+          .options = o});
+    case Kind::kVarlen:
+      return fmha::run(fmha::VarlenForwardParams{
+          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .cu_seqlens_q = t.cu_seqlens_q.view(),
+          .cu_seqlens_k = t.cu_seqlens_k.view(), .max_seqlen_q = c.rows_per_batch_q(),
+          .max_seqlen_k = c.rows_per_batch_k(), .out = t.out.view(), .lse = t.lse.view(), .options = o});
+    case Kind::kNeighborhood:
+      return fmha::run(fmha::NeighborhoodForwardParams{
+          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .out = t.out.view(), .lse = t.lse.view(),
+          .neighborhood = c.neighborhood, .options = o});
+  }
+  return Status::invalid_argument("unknown kind");
+}
+
+Status run_backward(const AttentionCase& c, CaseTensors& t) {
+  for (HostTensor* g : {&t.dq, &t.dk, &t.dv, &t.dbias, &t.drel_h, &t.drel_w, &t.dsinks, &t.dextra_k, &t.dextra_v})
+    if (g->defined()) g->poison();
+  const fmha::AttentionOptions o = options_with_tensors(c, t);
+  switch (c.kind) {
+    case Kind::kDense:
+      return fmha::run(fmha::AttentionBackwardParams{
+          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .out = t.out.view(), .lse = t.lse.view(),
+          .dout = t.dout.view(), .dlse = t.dlse.view(), .options = o, .grads = gradients(t)});
+    case Kind::kVarlen:
+      return fmha::run(fmha::VarlenBackwardParams{
+          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .cu_seqlens_q = t.cu_seqlens_q.view(),
+          .cu_seqlens_k = t.cu_seqlens_k.view(), .max_seqlen_q = c.rows_per_batch_q(),
+          .max_seqlen_k = c.rows_per_batch_k(), .out = t.out.view(), .lse = t.lse.view(),
+          .dout = t.dout.view(), .dlse = t.dlse.view(), .options = o, .grads = gradients(t)});
+    case Kind::kNeighborhood:
+      return fmha::run(fmha::NeighborhoodBackwardParams{
+          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .out = t.out.view(), .lse = t.lse.view(),
+          .dout = t.dout.view(), .dlse = t.dlse.view(), .neighborhood = c.neighborhood, .options = o,
+          .grads = gradients(t)});
+  }
+  return Status::invalid_argument("unknown kind");
+}
+
+naive::Problem naive_problem(const AttentionCase& c, const CaseTensors& t) {
+  naive::Problem p;
+  p.heads = c.heads;
+  p.kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  p.value_dim = c.value_dim;
+  p.batch = c.num_batches();
+  p.rows_q = t.q.numel() / (c.heads * c.head_dim);
+  p.rows_k = t.k.numel() / (c.kv_heads * c.head_dim);
+  const std::int64_t nq = c.rows_per_batch_q(), nk = c.rows_per_batch_k();
+  if (c.kind == Kind::kVarlen) {
+    std::int64_t q0 = 0, k0 = 0;
+    for (std::size_t b = 0; b < c.seqlens_q.size(); ++b) {
+      p.segments.push_back({static_cast<std::int64_t>(b), q0, c.seqlens_q[b], k0, c.seqlens_k[b]});
+      q0 += c.seqlens_q[b];
+      k0 += c.seqlens_k[b];
+    }
+  } else {
+    for (std::int64_t b = 0; b < c.batch; ++b) p.segments.push_back({b, b * nq, nq, b * nk, nk});
+  }
+  p.q = t.q.to_double();
+  p.k = t.k.to_double();
+  p.v = t.v.to_double();
+  p.num_extra = c.extra;
+  if (c.extra > 0) {
+    p.extra_k = t.extra_k.to_double();
+    p.extra_v = t.extra_v.to_double();
+  }
+  p.bias_rows = nq;
+  p.bias_cols = nk;
+  if (t.bias.defined()) p.bias = expand(t.bias, {p.batch, c.heads, nq, nk});
+  if (t.rel_h.defined()) {
+    p.rel_h = t.rel_h.to_double();
+    p.rel_w = t.rel_w.to_double();
+    p.rel_hk = t.rel_h.shape()[3];
+    p.rel_wk = t.rel_w.shape()[3];
+  }
+  if (t.sinks.defined()) p.sinks = t.sinks.to_double();
+  // The scale is a float parameter; its default is resolved in float arithmetic, and the oracle uses
+  // that same value (even for fp64 problems, where one ulp of the scale exceeds the tolerance).
+  const float default_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.scale = c.options.scale ? *c.options.scale : default_scale;
+  p.softcap = c.options.softcap;
+  if (c.kind == Kind::kNeighborhood) {
+    naive::NeighborhoodGeometry g;
+    g.rank = c.neighborhood.num_dims;
+    for (int r = 0; r < 3; ++r) {
+      g.grid[r] = c.grid[r];
+      g.kernel[r] = c.neighborhood.kernel_size[r];
+      g.dilation[r] = c.neighborhood.dilation[r];
+      g.causal[r] = c.neighborhood.causal[r];
+    }
+    const std::vector<char> mask = naive::neighborhood_mask(g);
+    p.mask = [mask](const naive::Segment&) { return mask; };
+  } else {
+    const fmha::AttentionOptions o = c.options;
+    p.mask = [o](const naive::Segment& s) {
+      return naive::attention_mask(s.q_len, s.k_len, o.causal,
+                                   o.causal_alignment == fmha::CausalAlignment::kBottomRight,
+                                   o.window_left, o.window_right);
+    };
+  }
+  return p;
+}
+
+namespace {
+
+// Library lse index of naive (row, h).
+std::int64_t lse_index(const AttentionCase& c, std::int64_t rows_q, std::int64_t row, std::int64_t h) {
+  if (c.kind == Kind::kVarlen) return h * rows_q + row;
+  const std::int64_t n = c.rows_per_batch_q();
+  return ((row / n) * c.heads + h) * n + row % n;
+}
+
+}  // namespace
+
+std::vector<double> lse_to_library(const AttentionCase& c, const std::vector<double>& naive_lse) {
+  const std::int64_t rows = static_cast<std::int64_t>(naive_lse.size()) / c.heads;
+  std::vector<double> lib(naive_lse.size());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t h = 0; h < c.heads; ++h) lib[at(lse_index(c, rows, r, h))] = naive_lse[at(r * c.heads + h)];
+  return lib;
+}
+
+std::vector<double> lse_from_library(const AttentionCase& c, const std::vector<double>& lib_lse) {
+  const std::int64_t rows = static_cast<std::int64_t>(lib_lse.size()) / c.heads;
+  std::vector<double> result(lib_lse.size());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t h = 0; h < c.heads; ++h) result[at(r * c.heads + h)] = lib_lse[at(lse_index(c, rows, r, h))];
+  return result;
+}
+
+void check_case(const AttentionCase& c, std::uint64_t seed) {
+  SCOPED_TRACE("case: " + c.describe() + " seed=" + std::to_string(seed));
+  CaseTensors t = make_tensors(c, seed);
+  const Status fs = run_forward(c, t);
+  ASSERT_TRUE(fs.ok()) << "forward refused: " << fs.message();
+
+  const naive::Problem p = naive_problem(c, t);
+  const naive::Forward ref = naive::forward(p, naive::exact);
+  const bool lowp = low_precision(c.dtype);
+  const naive::Round round = naive_rounding(c.dtype);
+  const naive::Forward lowp_ref = lowp ? naive::forward(p, round) : naive::Forward{};
+  auto tol = [&](const std::vector<double>& r, const std::vector<double>& lr) {
+    return tolerance(c.dtype, r, lowp ? lr : r);
+  };
+  // lse is stored in fp32 even for low-precision problems: its floor is fp32's.
+  EXPECT_TRUE(close("out", t.out.to_double(), ref.out, t.out.shape(), tol(ref.out, lowp_ref.out)));
+  const auto ref_lse = lse_to_library(c, ref.lse);
+  const double lse_tol = lowp ? tol(ref_lse, lse_to_library(c, lowp_ref.lse)) : tolerance(t.lse.dtype(), {}, {});
+  EXPECT_TRUE(close("lse", t.lse.to_double(), ref_lse, t.lse.shape(), lse_tol));
+  if (!c.backward) return;
+
+  const Status bs = run_backward(c, t);
+  ASSERT_TRUE(bs.ok()) << "backward refused: " << bs.message();
+  const std::vector<double> dout = t.dout.to_double();
+  const std::vector<double> dlse = t.dlse.defined() ? lse_from_library(c, t.dlse.to_double()) : std::vector<double>{};
+  const naive::Gradients g = naive::backward(p, ref, dout, dlse, naive::exact);
+  const naive::Gradients lg = lowp ? naive::backward(p, lowp_ref, dout, dlse, round) : naive::Gradients{};
+  EXPECT_TRUE(close("dq", t.dq.to_double(), g.dq, t.dq.shape(), tol(g.dq, lg.dq)));
+  EXPECT_TRUE(close("dk", t.dk.to_double(), g.dk, t.dk.shape(), tol(g.dk, lg.dk)));
+  EXPECT_TRUE(close("dv", t.dv.to_double(), g.dv, t.dv.shape(), tol(g.dv, lg.dv)));
+  if (t.dbias.defined()) {
+    const std::vector<std::int64_t> full{p.batch, c.heads, p.bias_rows, p.bias_cols};
+    const auto ref_db = reduce_like(g.dbias, full, t.dbias);
+    const auto lowp_db = lowp ? reduce_like(lg.dbias, full, t.dbias) : ref_db;
+    EXPECT_TRUE(close("dbias", t.dbias.to_double(), ref_db, t.dbias.shape(), tol(ref_db, lowp_db)));
+  }
+  if (t.drel_h.defined()) {
+    EXPECT_TRUE(close("drel_h", t.drel_h.to_double(), g.drel_h, t.drel_h.shape(), tol(g.drel_h, lg.drel_h)));
+    EXPECT_TRUE(close("drel_w", t.drel_w.to_double(), g.drel_w, t.drel_w.shape(), tol(g.drel_w, lg.drel_w)));
+  }
+  if (t.dsinks.defined()) {
+    const double sink_tol = lowp ? tol(g.dsinks, lg.dsinks) : tolerance(t.dsinks.dtype(), {}, {});
+    EXPECT_TRUE(close("dsinks", t.dsinks.to_double(), g.dsinks, t.dsinks.shape(), sink_tol));
+  }
+  if (t.dextra_k.defined()) {
+    EXPECT_TRUE(close("dextra_k", t.dextra_k.to_double(), g.dextra_k, t.dextra_k.shape(),
+                      tol(g.dextra_k, lg.dextra_k)));
+    EXPECT_TRUE(close("dextra_v", t.dextra_v.to_double(), g.dextra_v, t.dextra_v.shape(),
+                      tol(g.dextra_v, lg.dextra_v)));
+  }
+}
+
+}  // namespace fmha_test

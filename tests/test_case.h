@@ -1,0 +1,82 @@
+// One attention problem described by value (AttentionCase), turned into CPU tensors, run through
+// fmha::run forward and backward, and checked against the naive float64 oracle of tests/naive/.
+// Most tests are a few lines that fill an AttentionCase and call check_case().
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fmha/fmha.h"
+#include "naive/naive_problem.h"
+#include "test_util.h"
+
+namespace fmha_test {
+
+enum class Kind { kDense, kVarlen, kNeighborhood };
+
+// Memory layout of q / k / v (and of out / gradients where that makes sense).
+enum class Storage {
+  kContiguous,
+  kPadded,          // rows padded: strides larger than the extents
+  kHeadsOuter,      // stored [B, H, L, D] (varlen [H, T, D]) and viewed as [B, L, H, D]
+  kBroadcastBatch,  // stride 0 on the batch dim (varlen: on the token dim)
+  kBroadcastHeads,  // stride 0 on the head dim
+};
+
+struct BiasSpec {
+  bool given = false;
+  std::array<bool, 4> broadcast{false, false, false, false};  // over [B, H, Lq, Lk]
+  bool zero_stride = false;  // broadcast by stride 0 over the full size (else by a size-1 dim)
+};
+
+struct AttentionCase {
+  Kind kind = Kind::kDense;
+  DType dtype = DType::kFloat32;
+  std::int64_t batch = 1, heads = 2, kv_heads = 1, head_dim = 8, value_dim = 8;
+  std::int64_t seqlen_q = 5, seqlen_k = 5;           // dense
+  std::vector<std::int32_t> seqlens_q, seqlens_k;    // varlen, one entry per sequence
+  fmha::NeighborhoodOptions neighborhood;            // NA (num_dims, kernel, dilation, causal)
+  std::array<std::int64_t, 3> grid{1, 1, 1};         // NA grid sizes (past num_dims ignored)
+  fmha::AttentionOptions options;  // scalar options; the harness fills in the tensor fields
+  BiasSpec bias;
+  std::int64_t rel_hk = 0;  // > 0: rel_h / rel_w over a key grid Hk = rel_hk, Wk = Lk / rel_hk
+  bool sinks = false;
+  std::int64_t extra = 0;   // R extra keys
+  bool dlse = false;        // backward also receives a gradient for lse
+  bool backward = true;
+  Storage q_storage = Storage::kContiguous;
+  Storage kv_storage = Storage::kContiguous;
+
+  std::string describe() const;
+  // Per-batch query / key counts: Lq, max_seqlen_q, or the grid size.
+  std::int64_t rows_per_batch_q() const;
+  std::int64_t rows_per_batch_k() const;
+  std::int64_t num_batches() const;
+};
+
+struct CaseTensors {
+  HostTensor q, k, v, out, lse;
+  HostTensor bias, rel_h, rel_w, sinks, extra_k, extra_v;
+  HostTensor cu_seqlens_q, cu_seqlens_k;
+  HostTensor dout, dlse;
+  HostTensor dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v;
+};
+
+// Allocates and fills every input with seeded random values; outputs stay unwritten.
+CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed);
+// Poison the outputs (resp. gradients) with NaN, then call fmha::run.
+fmha::Status run_forward(const AttentionCase& c, CaseTensors& t);
+fmha::Status run_backward(const AttentionCase& c, CaseTensors& t);
+
+naive::Problem naive_problem(const AttentionCase& c, const CaseTensors& t);
+// Maps the naive lse [rows, H] to the library's lse layout and back.
+std::vector<double> lse_to_library(const AttentionCase& c, const std::vector<double>& naive_lse);
+std::vector<double> lse_from_library(const AttentionCase& c, const std::vector<double>& lib_lse);
+
+// Forward (and backward unless c.backward is false) against the naive oracle, with SPEC §13
+// tolerances; failures are reported through gtest with the case description and seed.
+void check_case(const AttentionCase& c, std::uint64_t seed = 1);
+
+}  // namespace fmha_test
