@@ -1,0 +1,146 @@
+// Dense attention against the naive oracle: sequence lengths, head dims, head counts (GQA / MQA),
+// memory layouts and dtypes. Options (masks, bias, ...) are covered in test_options.cpp.
+#include "test_case.h"
+
+namespace fmha_test {
+namespace {
+
+TEST(Dense, SequenceLengths) {
+  for (std::int64_t lq : {0, 1, 17, 113})
+    for (std::int64_t lk : {0, 1, 17, 113}) {
+      AttentionCase c;
+      c.batch = 2;
+      c.heads = 2;
+      c.kv_heads = 1;
+      c.head_dim = 40;
+      c.value_dim = 24;
+      c.seqlen_q = lq;
+      c.seqlen_k = lk;
+      check_case(c, static_cast<std::uint64_t>(lq * 1000 + lk));
+    }
+}
+
+TEST(Dense, SequenceLengthsCausalBottomRight) {
+  for (std::int64_t lq : {1, 17, 113})
+    for (std::int64_t lk : {1, 17, 113}) {
+      AttentionCase c;
+      c.heads = 2;
+      c.kv_heads = 2;
+      c.seqlen_q = lq;
+      c.seqlen_k = lk;
+      c.options.causal = true;
+      c.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
+      check_case(c, static_cast<std::uint64_t>(lq * 1000 + lk));
+    }
+}
+
+TEST(Dense, HeadDims) {
+  for (std::int64_t d : {1, 8, 40, 72, 80, 256})
+    for (std::int64_t dv : {d, d == 1 ? std::int64_t{8} : d / 2 + 1}) {
+      AttentionCase c;
+      c.head_dim = d;
+      c.value_dim = dv;
+      c.seqlen_q = 17;
+      c.seqlen_k = 23;
+      check_case(c, static_cast<std::uint64_t>(d * 7 + dv));
+    }
+}
+
+TEST(Dense, HeadCountsGqaMqa) {
+  const std::pair<std::int64_t, std::int64_t> heads[] = {{1, 1}, {2, 1}, {2, 2}, {4, 2}, {4, 1},
+                                                        {16, 16}, {16, 4}, {16, 1}};
+  for (auto [h, hkv] : heads) {
+    AttentionCase c;
+    c.batch = 2;
+    c.heads = h;
+    c.kv_heads = hkv;
+    c.seqlen_q = 9;
+    c.seqlen_k = 13;
+    c.options.causal = true;
+    check_case(c, static_cast<std::uint64_t>(h * 100 + hkv));
+  }
+}
+
+TEST(Dense, Layouts) {
+  const Storage storages[] = {Storage::kContiguous, Storage::kPadded, Storage::kHeadsOuter,
+                              Storage::kBroadcastBatch, Storage::kBroadcastHeads};
+  for (Storage qs : storages)
+    for (Storage kvs : storages) {
+      AttentionCase c;
+      c.batch = 2;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.head_dim = 16;
+      c.value_dim = 8;
+      c.seqlen_q = 7;
+      c.seqlen_k = 11;
+      c.q_storage = qs;
+      c.kv_storage = kvs;
+      c.bias.given = true;
+      check_case(c, static_cast<std::uint64_t>(qs) * 10 + static_cast<std::uint64_t>(kvs));
+    }
+}
+
+class DenseDtype : public ::testing::TestWithParam<DType> {};
+
+TEST_P(DenseDtype, PlainAndCausal) {
+  for (bool causal : {false, true}) {
+    AttentionCase c;
+    c.dtype = GetParam();
+    c.batch = 2;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.head_dim = 72;
+    c.value_dim = 40;
+    c.seqlen_q = 33;
+    c.seqlen_k = 47;
+    c.options.causal = causal;
+    c.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
+    c.dlse = true;
+    check_case(c, causal ? 11 : 12);
+  }
+}
+
+TEST_P(DenseDtype, AllOptions) {
+  AttentionCase c;
+  c.dtype = GetParam();
+  c.batch = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 40;
+  c.value_dim = 24;
+  c.seqlen_q = 19;
+  c.seqlen_k = 24;
+  c.options.scale = 0.3f;
+  c.options.softcap = 5.0f;
+  c.options.window_left = 6;
+  c.options.window_right = 2;
+  c.bias = {.given = true, .broadcast = {true, false, false, false}, .zero_stride = true};
+  c.rel_hk = 4;
+  c.sinks = true;
+  c.extra = 3;
+  c.dlse = true;
+  c.q_storage = Storage::kHeadsOuter;
+  c.kv_storage = Storage::kPadded;
+  check_case(c, 21);
+}
+
+TEST_P(DenseDtype, LongHeadDim) {
+  AttentionCase c;
+  c.dtype = GetParam();
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_dim = 256;
+  c.value_dim = 256;
+  c.seqlen_q = 40;
+  c.seqlen_k = 113;
+  c.options.causal = true;
+  check_case(c, 31);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DenseDtype,
+                         ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64),
+                         [](const auto& info) { return dtype_name(info.param); });
+
+}  // namespace
+}  // namespace fmha_test

@@ -1,0 +1,177 @@
+// Finite-difference gradient checks (float64, central differences, tiny shapes) of every
+// differentiable input of dense, varlen and neighborhood attention, through a loss that uses both
+// out and lse: L = sum(out * W) + sum(lse * Wl) (Wl = 0 on rows whose lse is -inf).
+#include <cmath>
+
+#include "test_case.h"
+
+namespace fmha_test {
+namespace {
+
+constexpr double kStep = 1e-5;
+// Central differences in fp64 with kStep: truncation ~kStep^2, cancellation ~1e-16 / kStep.
+constexpr double kTolerance = 1e-6;
+
+double loss(const AttentionCase& c, CaseTensors& t, const std::vector<double>& w_out,
+            const std::vector<double>& w_lse) {
+  const fmha::Status s = run_forward(c, t);
+  EXPECT_TRUE(s.ok()) << s.message();
+  double l = 0;
+  const std::vector<double> out = t.out.to_double();
+  for (std::size_t i = 0; i < out.size(); ++i) l += out[i] * w_out[i];
+  if (!w_lse.empty()) {
+    const std::vector<double> lse = t.lse.to_double();
+    for (std::size_t i = 0; i < lse.size(); ++i)
+      if (std::isfinite(lse[i])) l += lse[i] * w_lse[i];
+  }
+  return l;
+}
+
+// Indices of the distinct storage elements of `t`: broadcast coordinates pinned to 0.
+std::vector<std::int64_t> distinct_elements(const HostTensor& t) {
+  std::vector<std::int64_t> indices;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const auto coords = unravel(i, t.shape());
+    bool canonical = true;
+    for (int d = 0; d < t.rank(); ++d) canonical = canonical && (!t.broadcast_dim(d) || coords[d] == 0);
+    if (canonical) indices.push_back(i);
+  }
+  return indices;
+}
+
+void gradcheck(AttentionCase c, std::uint64_t seed) {
+  c.dtype = DType::kFloat64;
+  SCOPED_TRACE("gradcheck: " + c.describe());
+  CaseTensors t = make_tensors(c, seed);
+  const fmha::Status fs = run_forward(c, t);
+  ASSERT_TRUE(fs.ok()) << fs.message();
+  if (t.dlse.defined()) {  // no gradient can flow into a -inf lse: give those rows weight 0
+    for (std::int64_t i = 0; i < t.lse.numel(); ++i)
+      if (std::isinf(t.lse.at(i))) t.dlse.set(i, 0.0);
+  }
+  const fmha::Status bs = run_backward(c, t);
+  ASSERT_TRUE(bs.ok()) << bs.message();
+  const std::vector<double> w_out = t.dout.to_double();
+  const std::vector<double> w_lse = t.dlse.defined() ? t.dlse.to_double() : std::vector<double>{};
+
+  struct Pair {
+    const char* name;
+    HostTensor* input;
+    const HostTensor* grad;
+  };
+  const Pair pairs[] = {{"q", &t.q, &t.dq},           {"k", &t.k, &t.dk},
+                        {"v", &t.v, &t.dv},           {"bias", &t.bias, &t.dbias},
+                        {"rel_h", &t.rel_h, &t.drel_h}, {"rel_w", &t.rel_w, &t.drel_w},
+                        {"sinks", &t.sinks, &t.dsinks}, {"extra_k", &t.extra_k, &t.dextra_k},
+                        {"extra_v", &t.extra_v, &t.dextra_v}};
+  for (const Pair& pair : pairs) {
+    if (!pair.input->defined()) continue;
+    std::vector<double> numeric, analytic;
+    for (std::int64_t i : distinct_elements(*pair.input)) {
+      const double x = pair.input->at(i);
+      pair.input->set(i, x + kStep);
+      const double up = loss(c, t, w_out, w_lse);
+      pair.input->set(i, x - kStep);
+      const double down = loss(c, t, w_out, w_lse);
+      pair.input->set(i, x);
+      numeric.push_back((up - down) / (2 * kStep));
+      analytic.push_back(pair.grad->at(i));
+    }
+    EXPECT_TRUE(close(std::string("d") + pair.name + " vs finite differences", analytic, numeric,
+                      {static_cast<std::int64_t>(numeric.size())}, kTolerance));
+  }
+}
+
+AttentionCase tiny_dense() {
+  AttentionCase c;
+  c.batch = 2;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_dim = 3;
+  c.value_dim = 2;
+  c.seqlen_q = 3;
+  c.seqlen_k = 4;
+  return c;
+}
+
+TEST(Gradcheck, DenseQkv) {
+  AttentionCase c = tiny_dense();
+  gradcheck(c, 1);
+  c.dlse = true;
+  c.options.causal = true;
+  c.q_storage = Storage::kHeadsOuter;
+  c.kv_storage = Storage::kPadded;
+  gradcheck(c, 2);
+}
+
+TEST(Gradcheck, DenseAllInputsWithDlse) {
+  AttentionCase c = tiny_dense();
+  c.seqlen_q = 5;  // bottom-right causal with Lq > Lk: rows 0 and 1 fully masked
+  c.options.causal = true;
+  c.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
+  c.options.window_left = 2;
+  c.options.softcap = 2.0f;
+  c.options.scale = 0.8f;
+  c.bias = {.given = true, .broadcast = {true, false, true, false}, .zero_stride = true};
+  c.rel_hk = 2;
+  c.sinks = true;
+  c.extra = 2;
+  c.dlse = true;
+  gradcheck(c, 3);
+  c.sinks = false;  // without sinks the masked rows have lse -inf
+  c.bias = {.given = true, .broadcast = {false, true, false, false}, .zero_stride = true};
+  gradcheck(c, 4);
+}
+
+TEST(Gradcheck, DenseBiasBroadcasts) {
+  for (bool zero_stride : {false, true}) {
+    AttentionCase c = tiny_dense();
+    c.bias = {.given = true, .broadcast = {true, true, false, false}, .zero_stride = zero_stride};
+    gradcheck(c, 5);
+    c.bias = {.given = true, .broadcast = {false, false, true, true}, .zero_stride = zero_stride};
+    gradcheck(c, 6);
+  }
+}
+
+TEST(Gradcheck, Varlen) {
+  AttentionCase c;
+  c.kind = Kind::kVarlen;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_dim = 3;
+  c.value_dim = 2;
+  c.seqlens_q = {2, 0, 3};
+  c.seqlens_k = {3, 2, 2};
+  c.options.causal = true;
+  c.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
+  c.bias.given = true;
+  c.sinks = true;
+  c.extra = 1;
+  c.dlse = true;
+  gradcheck(c, 7);
+}
+
+TEST(Gradcheck, Neighborhood) {
+  AttentionCase c;
+  c.kind = Kind::kNeighborhood;
+  c.batch = 1;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_dim = 3;
+  c.value_dim = 2;
+  c.grid = {3, 4, 1};
+  c.neighborhood = {.num_dims = 2, .kernel_size = {2, 3, 1}, .dilation = {1, 1, 1}, .causal = {true, false, false}};
+  c.extra = 1;
+  c.sinks = true;
+  c.dlse = true;
+  gradcheck(c, 8);
+  c.bias = {.given = true, .broadcast = {false, true, false, false}, .zero_stride = true};
+  c.rel_hk = 3;
+  c.options.softcap = 1.5f;
+  c.neighborhood.dilation = {1, 2, 1};
+  c.neighborhood.kernel_size = {3, 2, 1};
+  gradcheck(c, 9);
+}
+
+}  // namespace
+}  // namespace fmha_test
