@@ -1,0 +1,65 @@
+// Checks of single tensor views: the vocabulary validate*.cpp is written in. Every function returns
+// a non-ok Status whose message starts with "fmha: ", names the argument, says what it received and
+// what is accepted (SPEC §14).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "fmha/status.h"
+#include "fmha/tensor.h"
+
+namespace fmha::detail {
+
+// One size of an expected shape with the symbol messages print for it, e.g. {"Lq", 128}.
+struct Dim {
+  const char* name;
+  std::int64_t size;
+};
+using Shape = std::vector<Dim>;
+
+// What a backend does with a tensor decides which strides it may have (never negative).
+enum class Access : std::uint8_t {
+  kInput,           // read; stride 0 broadcasts any dimension except a last one of size > 1
+  kBroadcastInput,  // read; bias and rel-pos: stride 0 may broadcast every dimension
+  kOutput,          // written; no two elements may share memory
+};
+
+// The tensor whose dtype and device every other tensor of a call must share: q (merge: out).
+struct Anchor {
+  const char* name;
+  DType dtype;
+  Device device;
+};
+
+// Present (rank > 0), else "<name> is required ...; <purpose>".
+Status expect_given(const TensorView& t, std::string_view name, std::string_view purpose);
+
+// Given, of rank `rank`, with sizes >= 0 whose product fits in int64. `layout` names the dims, e.g.
+// "[B, Lq, H, D]". Run before reading sizes from a tensor.
+Status expect_rank(const TensorView& t, std::string_view name, int rank, std::string_view layout);
+
+// The anchor: expect_rank, a floating dtype, and float64 only on the CPU.
+Status expect_anchor(const TensorView& t, std::string_view name, int rank, std::string_view layout);
+
+// Full checks, in this order: rank, dtype, device, shape, strides (by access), data pointer.
+// data: the anchor's dtype. stat (lse, dlse, sinks and their gradients): float32, or float64 when
+// the anchor is float64 (so finite differences work). index: int32.
+Status expect_data_tensor(const Anchor& anchor, const TensorView& t, std::string_view name,
+                          const Shape& shape, Access access);
+Status expect_stat_tensor(const Anchor& anchor, const TensorView& t, std::string_view name,
+                          const Shape& shape, Access access);
+Status expect_index_tensor(const Anchor& anchor, const TensorView& t, std::string_view name,
+                           const Shape& shape);
+
+// The gradient of a broadcastable input (dbias): an output that must have stride 0 exactly on the
+// dimensions of size > 1 where `input` has stride 0 (those receive the sum over them, SPEC §4).
+Status expect_broadcast_gradient(const Anchor& anchor, const TensorView& grad,
+                                 std::string_view name, const TensorView& input,
+                                 std::string_view input_name, const Shape& shape);
+
+// Multiplies two sizes >= 0; false on int64 overflow.
+bool checked_mul(std::int64_t a, std::int64_t b, std::int64_t* product);
+
+}  // namespace fmha::detail
