@@ -1,0 +1,169 @@
+"""python -m fmha.bench: time fmha against every attention implementation available here.
+
+  python -m fmha.bench --suite quick                 # ~1 minute, GPU if present, else CPU
+  python -m fmha.bench --suite standard --out DIR    # dense grid, TFLOP/s plots
+  python -m fmha.bench --suite memory                # peak memory of fwd+bwd vs sequence length
+
+Suites: standard, features, na, memory, quick (see cases.py). Results go to
+bench/results/<device-name>/<suite>.{json,md,png} unless --out says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import re
+import shlex
+import sys
+
+import torch
+
+from . import report
+from .cases import DIRECTIONS, SUITES, is_memory_suite, suite_cases
+from .impls import Settings, all_impls
+from .runner import RunSettings, run_suite
+from .timing import Timer, TimerSettings
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.MULTILINE)
+            if found:
+                name = found.group(1)
+    except OSError:
+        pass
+    return f"CPU {name.strip()}".strip()
+
+
+def fmha_version() -> str:
+    try:
+        import fmha
+    except ImportError as e:
+        return f"not importable ({e})"
+    return getattr(fmha, "__version__", "unknown")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m fmha.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", choices=SUITES, default="quick")
+    p.add_argument("--device", choices=("cuda", "cpu"),
+                   default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", help="output folder (default bench/results/<device-name>)")
+    p.add_argument("--impls", help="comma-separated implementations to run "
+                                   "(fmha, sdpa-flash, sdpa-efficient, sdpa-cudnn, sdpa-math, flex, "
+                                   "naive); default all")
+    p.add_argument("--cases", help="regular expression selecting case names")
+    p.add_argument("--directions", default=",".join(DIRECTIONS),
+                   help="comma-separated subset of fwd,bwd,fwd+bwd")
+    p.add_argument("--budget-ms", type=float, help="timed milliseconds per measurement")
+    p.add_argument("--min-reps", type=int)
+    p.add_argument("--max-reps", type=int)
+    p.add_argument("--input-sets", type=int,
+                   help="input sets rotated between runs (default 1 on CUDA, which flushes L2 "
+                        "before every run instead; 2 on CPU)")
+    p.add_argument("--materialize-limit-gib", type=float,
+                   help="largest fp32 score matrix naive / sdpa-math may build "
+                        "(default 1/16 of GPU memory; 0.25 on CPU)")
+    p.add_argument("--flex-cpu", action="store_true", help="also compile FlexAttention on CPU")
+    p.add_argument("--flex-dynamic", choices=("auto", "on", "off"), default="auto",
+                   help="torch.compile(dynamic=...) for flex_attention; auto recompiles "
+                        "dynamically after the first shape change")
+    p.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def build(args):
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("fmha.bench: --device cuda but torch.cuda.is_available() is False")
+    device = "cuda" if cuda else "cpu"
+    if args.materialize_limit_gib is not None:
+        limit = int(args.materialize_limit_gib * 2**30)
+    elif cuda:
+        limit = torch.cuda.get_device_properties(device).total_memory // 16
+    else:
+        limit = 2**28
+    settings = Settings(device=device, materialize_limit_bytes=limit, flex_on_cpu=args.flex_cpu,
+                        flex_dynamic={"auto": None, "on": True, "off": False}[args.flex_dynamic])
+    impls = all_impls(settings)
+    if args.impls:
+        wanted = [s.strip() for s in args.impls.split(",") if s.strip()]
+        unknown = set(wanted) - {i.name for i in impls}
+        if unknown:
+            sys.exit(f"fmha.bench: unknown --impls {sorted(unknown)}; "
+                     f"available: {', '.join(i.name for i in impls)}")
+        impls = [i for i in impls if i.name in wanted]
+    timer_settings = TimerSettings(budget_ms=40.0, min_reps=10, max_reps=100, warmup=2) if cuda \
+        else TimerSettings(budget_ms=100.0, min_reps=5, max_reps=20, warmup=1)
+    for field in ("budget_ms", "min_reps", "max_reps"):
+        if getattr(args, field) is not None:
+            setattr(timer_settings, field, getattr(args, field))
+    run_settings = RunSettings(device=device, check=not args.no_check, seed=args.seed,
+                               input_sets=args.input_sets or (1 if cuda else 2))
+    directions = tuple(d for d in DIRECTIONS if d in args.directions.split(","))
+    cases = []
+    for case in suite_cases(args.suite, device):
+        if args.cases and not re.search(args.cases, case.name):
+            continue
+        kept = tuple(d for d in case.directions if d in directions)
+        if kept:
+            cases.append(dataclasses.replace(case, directions=kept))
+    return device, impls, timer_settings, run_settings, cases
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    device, impls, timer_settings, run_settings, cases = build(args)
+    # Exact fp32 everywhere: the reference and fp32 peers must not silently use TF32.
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    name = device_name(device)
+    out_dir = args.out or os.path.join("bench", "results", report.slug(name))
+    os.makedirs(out_dir, exist_ok=True)
+    memory = is_memory_suite(args.suite)
+    timer = Timer(device, timer_settings)
+    meta = {
+        "suite": args.suite, "device": device, "device_name": name,
+        "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+        "fmha_version": fmha_version(), "python_version": platform.python_version(),
+        "command": "python -m fmha.bench " + " ".join(shlex.quote(a) for a in
+                                                      (sys.argv[1:] if argv is None else argv)),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "timing": (f"{'CUDA events, L2 flushed before every run' if timer.is_cuda else 'perf_counter'}"
+                   f", {timer_settings.warmup} warm-up runs, median and p10-p90 of "
+                   f"{timer_settings.min_reps}..{timer_settings.max_reps} runs filling "
+                   f"{timer_settings.budget_ms:g} ms, {run_settings.input_sets} rotating input "
+                   "set(s), random normal inputs"),
+        "check": ("off" if not run_settings.check else
+                  "norm-wise relative error of out and every gradient against a "
+                  f"{'fp64' if device == 'cpu' else 'fp32'} materialised reference"),
+        "flops": report.FLOP_CONVENTION,
+        "cases": len(cases), "impls": [i.name for i in impls],
+    }
+    print(f"fmha.bench: {args.suite} suite, {len(cases)} cases x {len(impls)} implementations on "
+          f"{name} (torch {torch.__version__}, fmha {meta['fmha_version']})", file=sys.stderr)
+    records = run_suite(cases, impls, run_settings, timer, memory, desc=args.suite)
+    report.add_ratios(records)
+    print(report.format_table(records, memory))
+    base = os.path.join(out_dir, args.suite)
+    report.write_json(base + ".json", meta, records)
+    plots = [] if args.no_plots else report.write_plots(out_dir, args.suite, meta, records, memory)
+    report.write_markdown(base + ".md", meta, records, memory, plots)
+    failed = [r for r in records if r["status"] == "fail" or r.get("check_ok") is False]
+    print(f"\nwrote {base}.json, {base}.md" + "".join(f", {p}" for p in plots))
+    if failed:
+        print(f"{len(failed)} row(s) failed (status fail or check above tolerance)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Results: ratios to the best peer, the console table, JSON, a markdown report and PNG plots."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import OrderedDict
+
+FLOP_CONVENTION = ("FLOPs count visible (query, key) pairs only: forward = 2 * pairs * (D + Dv); "
+                   "backward = 2.5 x forward by convention; fwd+bwd = 3.5 x forward.")
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def add_ratios(records: list) -> None:
+    """Sets vs_best_peer = TFLOP/s / best peer TFLOP/s (same case and direction) on timed rows."""
+    best = {}
+    for r in records:
+        if r["is_peer"] and r["status"] == "ok" and r.get("tflops"):
+            key = (r["case"], r["direction"])
+            if key not in best or r["tflops"] > best[key][0]:
+                best[key] = (r["tflops"], r["impl"])
+    for r in records:
+        key = (r["case"], r["direction"])
+        if r["status"] == "ok" and r.get("tflops") and key in best:
+            r["vs_best_peer"] = r["tflops"] / best[key][0]
+            r["best_peer"] = best[key][1]
+
+
+def _check_text(r: dict) -> str:
+    if r.get("check_error") is None:
+        return "-"
+    text = f"{r['check_error']:.1e}"
+    if r.get("check_ok") is False:
+        text = f"FAIL {text} ({r['check_tensor']})"
+    return text
+
+
+def _row(r: dict, memory: bool) -> list:
+    if r["status"] != "ok":
+        label = "FAIL" if r["status"] == "fail" else "n/a"
+        return [r["case"], r["impl"], r["direction"], f"{label}: {r['reason']}"]
+    if memory:
+        return [r["case"], r["impl"], r["direction"], f"{r['peak_extra_bytes'] / 2**20:.1f}",
+                _check_text(r)]
+    ratio = f"{r['vs_best_peer']:.2f}x" if r.get("vs_best_peer") else "-"
+    return [r["case"], r["impl"], r["direction"], f"{r['median_ms']:.3f}",
+            f"{r['p10_ms']:.3f}-{r['p90_ms']:.3f}", f"{r['tflops']:.3g}", ratio, _check_text(r)]
+
+
+def _headers(memory: bool) -> list:
+    if memory:
+        return ["case", "impl", "dir", "peak extra MiB", "check"]
+    return ["case", "impl", "dir", "median ms", "p10-p90 ms", "TFLOP/s", "vs best peer", "check"]
+
+
+def _collapse(records: list) -> list:
+    """One row "all" for an implementation that is n/a in every direction for the same reason."""
+    out, i = [], 0
+    while i < len(records):
+        r = records[i]
+        j = i
+        while (j + 1 < len(records) and records[j + 1]["case"] == r["case"]
+               and records[j + 1]["impl"] == r["impl"]):
+            j += 1
+        same = records[i:j + 1]
+        if len(same) > 1 and all(x["status"] == r["status"] != "ok" and x["reason"] == r["reason"]
+                                 for x in same):
+            out.append(dict(r, direction="all"))
+        else:
+            out += same
+        i = j + 1
+    return out
+
+
+def format_table(records: list, memory: bool, reason_width: int = 70) -> str:
+    """Fixed-width text table; n/a rows carry their reason in place of the numbers."""
+    headers = _headers(memory)
+    rows = [_row(r, memory) for r in _collapse(records)]
+    widths = [len(h) for h in headers]
+    for row in rows:
+        if len(row) == len(headers):
+            widths = [max(w, len(c)) for w, c in zip(widths, row)]
+        else:
+            widths[:3] = [max(w, len(c)) for w, c in zip(widths[:3], row[:3])]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    previous = None
+    for row in rows:
+        if previous is not None and row[0] != previous:
+            lines.append("")
+        previous = row[0]
+        if len(row) == len(headers):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        else:
+            head = "  ".join(c.ljust(w) for c, w in zip(row[:3], widths[:3]))
+            lines.append(f"{head}  {row[3][:reason_width]}")
+    return "\n".join(lines)
+
+
+def write_json(path: str, meta: dict, records: list) -> None:
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "records": records}, f, indent=1, default=str)
+
+
+def write_markdown(path: str, meta: dict, records: list, memory: bool, plots: list) -> None:
+    lines = [f"# fmha benchmark: {meta['suite']} suite on {meta['device_name']}", ""]
+    for key in ("device_name", "torch_version", "cuda_version", "fmha_version", "command",
+                "date_utc", "timing", "check"):
+        lines.append(f"- **{key.replace('_', ' ')}**: `{meta.get(key)}`" if key == "command"
+                     else f"- **{key.replace('_', ' ')}**: {meta.get(key)}")
+    lines += [f"- **FLOPs**: {FLOP_CONVENTION}", ""]
+    headers = _headers(memory)
+    lines.append("| " + " | ".join(headers) + " |")
+    lines.append("|" + "|".join("---" for _ in headers) + "|")
+    for r in _collapse(records):
+        row = _row(r, memory)
+        if len(row) < len(headers):
+            row = row[:3] + [row[3].replace("|", "/")] + [""] * (len(headers) - 4)
+        lines.append("| " + " | ".join(row) + " |")
+    if plots:
+        lines.append("")
+        lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _series(records: list, value_key: str) -> OrderedDict:
+    """group -> impl -> sorted [(seq_len, value)] over ok records that carry value_key."""
+    groups = OrderedDict()
+    for r in records:
+        if r["status"] != "ok" or r.get(value_key) is None or not r.get("group"):
+            continue
+        groups.setdefault(r["group"], OrderedDict()).setdefault(r["impl"], []).append(
+            (r["seq_len"], r[value_key]))
+    for impls in groups.values():
+        for impl in impls:
+            impls[impl].sort()
+    return groups
+
+
+def write_plots(out_dir: str, suite: str, meta: dict, records: list, memory: bool) -> list:
+    """TFLOP/s (or peak memory) against sequence length, one panel per group, one line per
+    implementation; returns the written paths (none when matplotlib is missing)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    directions = ["fwd+bwd"] if memory else ["fwd", "bwd", "fwd+bwd"]
+    for direction in directions:
+        subset = [r for r in records if r["direction"] == direction]
+        groups = _series(subset, "peak_extra_bytes" if memory else "tflops")
+        groups = OrderedDict((g, s) for g, s in groups.items()
+                             if any(len(points) > 1 for points in s.values()))
+        if not groups:
+            continue
+        cols = min(len(groups), 2)
+        rows = (len(groups) + cols - 1) // cols
+        fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
+        for ax, (group, series) in zip(axes.flat, groups.items()):
+            for impl, points in series.items():
+                xs = [p[0] for p in points]
+                ys = [p[1] / 2**30 if memory else p[1] for p in points]
+                ax.plot(xs, ys, marker="o", linewidth=2.5 if impl == "fmha" else 1.2, label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequence length (tokens)")
+            if memory:
+                ax.set_yscale("log")
+                ax.set_ylabel("peak extra memory, fwd+bwd (GiB)")
+            else:
+                ax.set_ylabel(f"{direction} TFLOP/s (visible entries)")
+            ax.set_title(group)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        for ax in list(axes.flat)[len(groups):]:
+            ax.axis("off")
+        what = "peak memory" if memory else direction
+        fig.suptitle(f"fmha {suite} suite, {what}: {meta['device_name']} "
+                     f"(torch {meta['torch_version']})")
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"{suite}_{'memory' if memory else slug(direction)}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

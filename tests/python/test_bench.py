@@ -1,0 +1,93 @@
+"""Tests of the benchmark machinery (python -m fmha.bench): exact FLOP counts, masks, a tiny run."""
+import json
+import os
+
+import pytest
+import torch
+
+from fmha.bench import cases, flops, masks
+from fmha.bench.__main__ import main
+
+
+def _brute_pairs(case):
+    q = torch.arange(case.Lq)[:, None]
+    k = torch.arange(case.Lk)[None, :]
+    return int(masks.visible(case, q, k).sum())
+
+
+@pytest.mark.parametrize("L,Lk,causal,window", [
+    (1, 1, False, None), (17, 17, True, None), (113, 113, False, (5, 0)), (127, 127, True, (7, 3)),
+    (64, 64, False, (0, 0)), (100, 100, False, (-1, 9)), (239, 239, True, (300, -1)),
+    (40, 57, False, (3, 11)), (57, 40, True, None),
+])
+def test_dense_flops_count_visible_pairs_exactly(L, Lk, causal, window):
+    case = cases.dense("t", B=2, H=3, L=L, Lk=Lk, D=8, causal=causal, window=window)
+    assert flops.visible_pairs(case) == 2 * 3 * _brute_pairs(case)
+    assert flops.forward_flops(case) == 2 * flops.visible_pairs(case) * (8 + 8)
+    assert flops.direction_flops(case, "bwd") == 2.5 * flops.forward_flops(case)
+    assert flops.direction_flops(case, "fwd+bwd") == 3.5 * flops.forward_flops(case)
+
+
+def _spec_axis_neighbors(x, length, kernel, dilation, causal):
+    """SPEC §6 on one axis, scalar and literal: the key coordinates visible to query x."""
+    g, p = x % dilation, x // dilation
+    n = -(-(length - g) // dilation)
+    if causal:
+        ts = range(max(p - kernel + 1, 0), p + 1)
+    else:
+        start = min(max(p - kernel // 2, 0), n - kernel)
+        ts = range(start, start + kernel)
+    return {g + dilation * t for t in ts}
+
+
+@pytest.mark.parametrize("grid,kernel,dilation,causal", [
+    ((33,), (7,), (1,), (False,)), ((33,), (5,), (3,), (False,)), ((30,), (4,), (2,), (True,)),
+    ((9, 11), (3, 5), (2, 1), (False, True)), ((6, 7, 5), (3, 3, 3), (1, 2, 1), (True, False, False)),
+    ((16,), (16,), (1,), (False,)), ((12, 8), (2, 4), (3, 2), (False, False)),
+])
+def test_na_mask_matches_spec_and_flops(grid, kernel, dilation, causal):
+    case = cases.na("t", B=1, H=2, grid=grid, kernel=kernel, dilation=dilation, causal=causal, D=4)
+    L = case.Lq
+    vis = masks.visible(case, torch.arange(L)[:, None], torch.arange(L)[None, :])
+    coords = list(torch.cartesian_prod(*[torch.arange(x) for x in grid]).reshape(L, -1).tolist())
+    for qi in range(0, L, max(1, L // 23)):  # a spread of query tokens, every key
+        allowed = [_spec_axis_neighbors(coords[qi][a], grid[a], kernel[a], dilation[a], causal[a])
+                   for a in range(len(grid))]
+        expected = [all(coords[kj][a] in allowed[a] for a in range(len(grid))) for kj in range(L)]
+        assert vis[qi].tolist() == expected, f"query {coords[qi]}"
+    assert flops.visible_pairs(case) == 2 * int(vis.sum())
+
+
+def test_varlen_flops_sum_over_sequences():
+    case = cases.varlen("t", seqlens=(5, 17, 1, 40), H=2, D=8, causal=True)
+    expected = sum(n * (n + 1) // 2 for n in case.seqlens) * 2
+    assert flops.visible_pairs(case) == expected
+
+
+def test_quick_cpu_run_writes_json_and_markdown(tmp_path):
+    out = tmp_path / "results"
+    rc = main(["--suite", "quick", "--device", "cpu", "--out", str(out), "--impls",
+               "fmha,sdpa-math,naive", "--cases", "^D32 L128$|NA2d", "--budget-ms", "1",
+               "--min-reps", "2", "--max-reps", "2"])
+    data = json.loads((out / "quick.json").read_text())
+    assert data["meta"]["suite"] == "quick" and data["meta"]["device"] == "cpu"
+    records = data["records"]
+    assert {r["impl"] for r in records} == {"fmha", "sdpa-math", "naive"}
+    assert {r["case"] for r in records} == {"D32 L128", "NA2d 12x12 K5x5 D32"}
+    for r in records:
+        assert r["status"] in ("ok", "n/a", "fail")
+        if r["status"] == "ok":
+            assert r["median_ms"] > 0 and r["tflops"] > 0 and r["reps"] == 2
+            assert r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]
+            if r["is_peer"]:  # the peers compute the same function: the checks must pass
+                assert r["check_ok"], r
+    peers_timed = [r for r in records if r["is_peer"] and r["status"] == "ok"]
+    assert len(peers_timed) == 2 * 2 * 3  # 2 peers x 2 cases x 3 directions
+    assert all(r.get("vs_best_peer") for r in peers_timed)
+    assert rc == (1 if any(r["status"] == "fail" or r.get("check_ok") is False
+                           for r in records) else 0)
+    markdown = (out / "quick.md").read_text()
+    assert "torch version" in markdown and "| case | impl | dir |" in markdown
+    assert "D32 L128" in markdown
+    if any(os.path.exists(out / f"quick_{d}.png") for d in ("fwd", "bwd", "fwd-bwd")):
+        assert os.path.getsize(out / "quick_fwd.png") > 0
