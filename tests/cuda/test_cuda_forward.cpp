@@ -1,0 +1,222 @@
+// The CUDA forward (sm80 mma.sync kernel) against the CPU reference: odd shapes, every head-dim
+// bucket, Dv != D, GQA/MQA, strided and unaligned layouts, masks, softcap, sinks, extra keys,
+// bias, rel-pos, varlen, determinism, and the refusals of what it does not cover.
+#include <gtest/gtest.h>
+
+#include "cuda/cuda_forward_case.h"
+
+namespace fmha_cuda_test {
+namespace {
+
+using fmha::CausalAlignment;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device present"
+
+ForwardCase shape_case(DType dtype, std::int64_t lq, std::int64_t lk, std::int64_t d,
+                       std::int64_t dv, std::int64_t h, std::int64_t hkv, std::int64_t b = 1) {
+  ForwardCase c;
+  c.dtype = dtype;
+  c.batch = b;
+  c.seqlen_q = lq;
+  c.seqlen_k = lk;
+  c.head_dim = d;
+  c.value_dim = dv;
+  c.heads = h;
+  c.kv_heads = hkv;
+  return c;
+}
+
+TEST(CudaForward, OddShapesAndHeadDims) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    check_forward(shape_case(dt, 1, 1, 8, 8, 2, 1), 1);
+    check_forward(shape_case(dt, 17, 113, 40, 40, 16, 4), 2);
+    check_forward(shape_case(dt, 113, 17, 72, 72, 8, 1, 2), 3);
+    check_forward(shape_case(dt, 239, 577, 80, 80, 4, 2), 4);
+    check_forward(shape_case(dt, 577, 239, 96, 96, 2, 2), 5);
+    check_forward(shape_case(dt, 113, 239, 200, 200, 2, 1), 6);
+    check_forward(shape_case(dt, 239, 113, 256, 256, 2, 1), 7);
+    check_forward(shape_case(dt, 64, 128, 128, 128, 2, 2, 2), 8);
+  }
+}
+
+TEST(CudaForward, ValueDimDiffersFromHeadDim) {
+  SKIP_WITHOUT_GPU();
+  check_forward(shape_case(DType::kFloat16, 113, 239, 128, 64, 4, 2), 11);
+  check_forward(shape_case(DType::kBFloat16, 239, 113, 64, 128, 4, 1), 12);
+  check_forward(shape_case(DType::kFloat16, 17, 577, 24, 256, 2, 1), 13);
+  check_forward(shape_case(DType::kBFloat16, 33, 65, 160, 40, 2, 2), 14);
+}
+
+// Head dims that are not multiples of 8 take the element-wise load/store path.
+TEST(CudaForward, HeadDimsNotMultipleOf8) {
+  SKIP_WITHOUT_GPU();
+  check_forward(shape_case(DType::kFloat16, 17, 113, 1, 1, 2, 1), 21);
+  check_forward(shape_case(DType::kBFloat16, 113, 17, 3, 5, 2, 1), 22);
+  check_forward(shape_case(DType::kFloat16, 65, 70, 100, 36, 4, 2), 23);
+  check_forward(shape_case(DType::kBFloat16, 40, 41, 255, 129, 2, 1), 24);
+}
+
+TEST(CudaForward, StridedLayouts) {
+  SKIP_WITHOUT_GPU();
+  ForwardCase c = shape_case(DType::kFloat16, 113, 239, 64, 64, 4, 2, 2);
+  c.q_layout.order = {0, 2, 1, 3};  // q stored [B, H, L, D]
+  c.kv_layout.pad = 8;              // padded rows, still 16-byte aligned
+  c.out_layout.pad = 8;
+  check_forward(c, 31);
+  c.kv_layout.pad = 3;  // unaligned rows: element-wise loads
+  c.out_layout.pad = 1;  // unaligned rows: element-wise stores
+  check_forward(c, 32);
+  c.kv_layout = {};
+  c.kv_layout.broadcast = {false, false, true, false};  // one kv head, stride 0, read by all
+  c.dtype = DType::kBFloat16;
+  check_forward(c, 33);
+}
+
+TEST(CudaForward, ScaleAndLseAbsent) {
+  SKIP_WITHOUT_GPU();
+  ForwardCase c = shape_case(DType::kFloat16, 70, 90, 64, 64, 2, 1);
+  c.options.scale = 0.3f;
+  check_forward(c, 41);
+  c.lse = false;
+  check_forward(c, 42);
+}
+
+TEST(CudaForward, CausalBothAlignments) {
+  SKIP_WITHOUT_GPU();
+  for (auto align : {CausalAlignment::kTopLeft, CausalAlignment::kBottomRight})
+    for (auto [lq, lk] : {std::pair<int, int>{113, 239}, {239, 113}, {128, 128}, {1, 577}}) {
+      ForwardCase c = shape_case(DType::kFloat16, lq, lk, 64, 64, 4, 2);
+      c.options.causal = true;
+      c.options.causal_alignment = align;
+      check_forward(c, 51);
+    }
+  ForwardCase c = shape_case(DType::kBFloat16, 577, 577, 128, 128, 2, 1);
+  c.options.causal = true;
+  check_forward(c, 52);
+}
+
+TEST(CudaForward, WindowsAndFullyMaskedRows) {
+  SKIP_WITHOUT_GPU();
+  struct W {
+    std::int64_t left, right;
+    bool causal;
+  };
+  for (auto align : {CausalAlignment::kTopLeft, CausalAlignment::kBottomRight})
+    for (W w : {W{16, 0, false}, W{-1, 5, false}, W{3, 7, true}, W{100, -1, false},
+                W{0, 0, false}}) {
+      ForwardCase c = shape_case(DType::kFloat16, 239, 113, 96, 96, 2, 1);
+      c.options.window_left = w.left;
+      c.options.window_right = w.right;
+      c.options.causal = w.causal;
+      c.options.causal_alignment = align;
+      check_forward(c, 61);  // bottom-right with Lq > Lk leaves the first rows fully masked
+    }
+  // Lk = 0: every row fully masked.
+  check_forward(shape_case(DType::kBFloat16, 17, 0, 64, 64, 2, 1), 62);
+}
+
+TEST(CudaForward, Softcap) {
+  SKIP_WITHOUT_GPU();
+  ForwardCase c = shape_case(DType::kFloat16, 113, 239, 80, 80, 4, 1);
+  c.options.softcap = 5.0f;
+  c.options.scale = 2.0f;  // large scores so that the cap bends them
+  check_forward(c, 71);
+  c.options.causal = true;
+  c.dtype = DType::kBFloat16;
+  check_forward(c, 72);
+}
+
+TEST(CudaForward, SinksAndExtraKeys) {
+  SKIP_WITHOUT_GPU();
+  ForwardCase c = shape_case(DType::kFloat16, 113, 239, 64, 64, 4, 2);
+  c.sinks = true;
+  check_forward(c, 81);
+  c.extra = 5;
+  check_forward(c, 82);
+  c.extra = 70;  // more than one key tile of extra keys
+  c.options.causal = true;
+  c.options.softcap = 8.0f;
+  check_forward(c, 83);
+  // Fully masked rows with sinks: out 0, lse = sink; with extra keys: only those are seen.
+  ForwardCase m = shape_case(DType::kBFloat16, 77, 30, 40, 40, 2, 1);
+  m.options.causal = true;
+  m.options.causal_alignment = CausalAlignment::kBottomRight;
+  m.sinks = true;
+  check_forward(m, 84);
+  m.extra = 3;
+  check_forward(m, 85);
+}
+
+TEST(CudaForward, Bias) {
+  SKIP_WITHOUT_GPU();
+  ForwardCase c = shape_case(DType::kFloat16, 113, 239, 64, 64, 4, 2, 2);
+  c.bias = true;
+  check_forward(c, 91);
+  c.bias_broadcast = {true, false, true, false};  // [1, H, 1, Lk] through stride 0
+  check_forward(c, 92);
+  c.bias_broadcast = {false, true, false, false};
+  c.options.causal = true;
+  c.options.softcap = 10.0f;
+  c.dtype = DType::kBFloat16;
+  check_forward(c, 93);
+}
+
+TEST(CudaForward, RelativePositionSam) {
+  SKIP_WITHOUT_GPU();
+  // SAM-like: a 14 x 14 key grid, D = 80, with and without an additive bias on top.
+  ForwardCase c = shape_case(DType::kFloat16, 196, 196, 80, 80, 2, 2);
+  c.rel_hk = 14;
+  check_forward(c, 101);
+  c.bias = true;
+  c.dtype = DType::kBFloat16;
+  check_forward(c, 102);
+  ForwardCase r = shape_case(DType::kFloat16, 17, 15 * 7, 64, 64, 2, 1);  // Hk 15, Wk 7
+  r.rel_hk = 15;
+  check_forward(r, 103);
+}
+
+TEST(CudaForward, Varlen) {
+  SKIP_WITHOUT_GPU();
+  ForwardCase c = shape_case(DType::kFloat16, 0, 0, 64, 64, 4, 2);
+  c.varlen_q = {17, 0, 113, 64, 1};
+  c.varlen_k = {33, 5, 113, 0, 70};
+  check_forward(c, 111);
+  c.options.causal = true;
+  c.options.causal_alignment = CausalAlignment::kBottomRight;
+  c.bias = true;
+  c.sinks = true;
+  c.extra = 3;
+  c.dtype = DType::kBFloat16;
+  check_forward(c, 112);
+  c.q_layout.order = {1, 0, 2};  // q stored [H, T, D]
+  c.kv_layout.pad = 3;
+  check_forward(c, 113);
+}
+
+TEST(CudaForward, DeterministicRunTwice) {
+  SKIP_WITHOUT_GPU();
+  ForwardCase c = shape_case(DType::kBFloat16, 239, 577, 128, 128, 4, 2);
+  c.options.causal = true;
+  c.options.deterministic = true;
+  c.sinks = true;
+  check_forward(c, 121, /*twice=*/true);
+}
+
+TEST(CudaForward, EmptyQueries) {
+  SKIP_WITHOUT_GPU();
+  const fmha::Status s = run_forward_status(shape_case(DType::kFloat16, 0, 17, 64, 64, 2, 1));
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+TEST(CudaForward, RefusesFloat32WithReason) {
+  SKIP_WITHOUT_GPU();
+  const fmha::Status s = run_forward_status(shape_case(DType::kFloat32, 17, 17, 64, 64, 2, 1));
+  EXPECT_EQ(s.code(), fmha::StatusCode::kNotSupported);
+  EXPECT_NE(s.message().find("CUDA backend has no float32 forward kernel"), std::string::npos)
+      << s.message();
+}
+
+}  // namespace
+}  // namespace fmha_cuda_test
