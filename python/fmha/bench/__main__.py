@@ -153,13 +153,18 @@ def main(argv=None) -> int:
           f"{name} (torch {torch.__version__}, fmha {meta['fmha_version']})", file=sys.stderr)
     records = run_suite(cases, impls, run_settings, timer, memory, desc=args.suite)
     report.add_ratios(records)
+    summary = report.format_summary(records, memory)
     print(report.format_table(records, memory))
     base = os.path.join(out_dir, args.suite)
     report.write_json(base + ".json", meta, records)
+    with open(os.path.join(out_dir, "summary.txt"), "w") as f:
+        f.write(f"fmha.bench {args.suite} on {name}\n{summary}\n")
     plots = [] if args.no_plots else report.write_plots(out_dir, args.suite, meta, records, memory)
     report.write_markdown(base + ".md", meta, records, memory, plots)
     failed = [r for r in records if r["status"] == "fail" or r.get("check_ok") is False]
-    print(f"\nwrote {base}.json, {base}.md" + "".join(f", {p}" for p in plots))
+    print(f"\n== summary: fmha against the best peer ({name})\n{summary}")
+    print(f"\nwrote {base}.json, {base}.md, {out_dir}/summary.txt"
+          + "".join(f", {p}" for p in plots))
     if failed:
         print(f"{len(failed)} row(s) failed (status fail or check above tolerance)")
     return 1 if failed else 0

@@ -100,6 +100,40 @@ def format_table(records: list, memory: bool, reason_width: int = 70) -> str:
     return "\n".join(lines)
 
 
+def format_summary(records: list, memory: bool) -> str:
+    """One line per (case, direction): fmha against the best peer (fastest, or least memory)."""
+    key = "peak_extra_bytes" if memory else "tflops"
+    lines = []
+    width = max([len(r["case"]) for r in records] + [4])
+    unit = "MiB" if memory else "TFLOP/s"
+    ratio_name = "peer/fmha" if memory else "fmha/peer"
+    lines.append(f"{'case'.ljust(width)}  {'dir':<7}  {'fmha ' + unit:<12} "
+                 f"{'best peer ' + unit:<26} {ratio_name:<9}  check")
+    groups = OrderedDict()
+    for r in records:
+        groups.setdefault((r["case"], r["direction"]), []).append(r)
+    for (case, direction), rows in groups.items():
+        ours = next((r for r in rows if not r["is_peer"]), None)
+        peers = [r for r in rows if r["is_peer"] and r["status"] == "ok" and r.get(key)]
+        best = (min if memory else max)(peers, key=lambda r: r[key]) if peers else None
+        scale = 2**20 if memory else 1.0
+
+        def value(r):
+            return f"{r[key] / scale:.3g}" if r is not None and r["status"] == "ok" else "n/a"
+        peer_text = f"{value(best)} {best['impl']}" if best else "n/a"
+        ratio = "-"
+        if best and ours is not None and ours["status"] == "ok":
+            ratio = f"{(best[key] / ours[key]) if memory else (ours[key] / best[key]):.2f}x"
+        status = ""
+        if ours is not None and ours["status"] != "ok":
+            status = f"{'FAIL' if ours['status'] == 'fail' else 'n/a'}: {ours['reason'][:60]}"
+        elif ours is not None:
+            status = _check_text(ours)
+        lines.append(f"{case.ljust(width)}  {direction:<7}  {value(ours):<12} {peer_text:<26} "
+                     f"{ratio:<9}  {status}")
+    return "\n".join(lines)
+
+
 def write_json(path: str, meta: dict, records: list) -> None:
     with open(path, "w") as f:
         json.dump({"meta": meta, "records": records}, f, indent=1, default=str)
