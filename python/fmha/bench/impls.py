@@ -167,6 +167,14 @@ def _check_materialize(case: Case, settings: Settings):
                            f"(limit {settings.materialize_limit_bytes / 2**30:.1f} GiB)")
 
 
+def _dense_bool_mask(case: Case, device, rows_per_chunk: int = 1024) -> torch.Tensor:
+    """[Lq, Lk] visibility, built in row chunks so the int64 index arithmetic stays small."""
+    cols = torch.arange(case.Lk, device=device)[None, :]
+    return torch.cat([masks.visible(case, torch.arange(r0, min(r0 + rows_per_chunk, case.Lq),
+                                                       device=device)[:, None], cols)
+                      for r0 in range(0, case.Lq, rows_per_chunk)])
+
+
 class Sdpa(Impl):
     """torch.nn.functional.scaled_dot_product_attention with one backend forced."""
 
@@ -198,9 +206,7 @@ class Sdpa(Impl):
             if case.Lq * case.Lk > self.settings.mask_limit_elements:
                 raise NotAvailable(f"would materialise a {case.Lq}x{case.Lk} mask "
                                    f"(limit {self.settings.mask_limit_elements} elements)")
-            rows = torch.arange(case.Lq, device=t["q"].device)[:, None]
-            cols = torch.arange(case.Lk, device=t["q"].device)[None, :]
-            bool_mask = masks.visible(case, rows, cols)
+            bool_mask = _dense_bool_mask(case, t["q"].device)
         bias = x.get("bias")  # a fixed bias (no gradient): shared by both input dicts
         if bias is not None and bool_mask is not None:
             bias = bias.masked_fill(~bool_mask, float("-inf"))

@@ -217,7 +217,7 @@ def write_plots(out_dir: str, suite: str, meta: dict, records: list, memory: boo
         fig.suptitle(f"fmha {suite} suite, {what}: {meta['device_name']} "
                      f"(torch {meta['torch_version']})")
         fig.tight_layout()
-        path = os.path.join(out_dir, f"{suite}_{'memory' if memory else slug(direction)}.png")
+        path = os.path.join(out_dir, f"{suite}_{'peak' if memory else slug(direction)}.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
