@@ -7,7 +7,6 @@ from __future__ import annotations
 import operator
 from typing import Optional, Sequence, Union
 
-import torch
 from torch import Tensor
 
 from . import _attention_ops as _ops

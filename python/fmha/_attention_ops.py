@@ -50,7 +50,7 @@ _NUM_OPTIONAL_GRADS = 6  # bias, rel_h, rel_w, sinks, extra_k, extra_v: the firs
 
 
 class _Dense:
-    name = "attention"
+    check_reads_inputs = False
     forward_params = _C.AttentionForwardParams
     backward_params = _C.AttentionBackwardParams
 
@@ -70,7 +70,9 @@ class _Dense:
 
 
 class _Varlen:
-    name = "attention_varlen"
+    # The C++ check reads CPU cu_seqlens values (ascending, within max_seqlen), so it cannot run
+    # on fake tensors: the real kernel checks them.
+    check_reads_inputs = True
     forward_params = _C.VarlenForwardParams
     backward_params = _C.VarlenBackwardParams
 
@@ -95,7 +97,7 @@ class _Varlen:
 
 
 class _Neighborhood:
-    name = "neighborhood attention"
+    check_reads_inputs = False
     forward_params = _C.NeighborhoodForwardParams
     backward_params = _C.NeighborhoodBackwardParams
 
@@ -197,7 +199,10 @@ def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
     lse_shape = layout.lse_shape(q, layout_args)
     lse_dtype = _lse_dtype(q)
     layout_tensors = [a for a in layout_args if isinstance(a, Tensor)]
-    checked = not fake or _bridge.is_static(q, k, v, *layout_tensors, *o[:_NUM_OPTIONAL_GRADS])
+    checked = not fake or (
+        not layout.check_reads_inputs
+        and _bridge.is_static(q, k, v, *layout_tensors, *o[:_NUM_OPTIONAL_GRADS])
+    )
     if checked:
         score = layout.score_shape(q, k, layout_args)
         params = layout.forward_params()
@@ -233,6 +238,7 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
     need_bias, need_rel_h, need_rel_w, need_sinks, need_extra_k, need_extra_v = (
         bool(n) and t is not None for n, t in zip(needs, o[:_NUM_OPTIONAL_GRADS])
     )
+
     def empty():  # a gradient not asked for; each its own tensor, as outputs may not alias
         return q.new_empty(0)
 
@@ -266,8 +272,10 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
     layout.fill(params, layout_args, False)
     params.out = _bridge.view(out, "out")
     params.lse = _bridge.view(lse, "lse")
-    params.dout = _bridge.view(_dense(dout), "dout")
-    params.dlse = _bridge.view(_dense(dlse), "dlse")
+    # Views hold raw addresses: every tensor they describe must stay referenced until run().
+    dout, dlse = _dense(dout), _dense(dlse)
+    params.dout = _bridge.view(dout, "dout")
+    params.dlse = _bridge.view(dlse, "dlse")
     params.options = _c_options(o, bias, rel_h, rel_w, planned=False)
     grads = _C.AttentionGradients()
     grads.dq = _bridge.view(dq, "dq")

@@ -71,8 +71,10 @@ def merge_bwd(
     params.lses = _views(lses, "lses", planned=False)
     params.out = _bridge.view(out, "out")
     params.lse = _bridge.view(lse, "lse")
-    params.dout = _bridge.view(_dense(dout), "dout")
-    params.dlse = _bridge.view(_dense(dlse), "dlse")
+    # Views hold raw addresses: every tensor they describe must stay referenced until run().
+    dout, dlse = _dense(dout), _dense(dlse)
+    params.dout = _bridge.view(dout, "dout")
+    params.dlse = _bridge.view(dlse, "dlse")
     params.douts = _views(douts, "douts", planned=False)
     params.dlses = _views(dlses, "dlses", planned=False)
     _bridge.run(params, out.device)
