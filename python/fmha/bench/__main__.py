@@ -145,7 +145,9 @@ def main(argv=None) -> int:
                    "set(s), random normal inputs"),
         "check": ("off" if not run_settings.check else
                   "norm-wise relative error of out and every gradient against a "
-                  f"{'fp64' if device == 'cpu' else 'fp32'} materialised reference"),
+                  f"{'fp64' if device == 'cpu' else 'fp32'} materialised reference; tolerance "
+                  "fp32 1e-4, fp16/bf16 2 x the naive peer's error + 1e-4 (SPEC §13) or, "
+                  "without naive, 1e-2 / 3e-2"),
         "flops": report.FLOP_CONVENTION,
         "cases": len(cases), "impls": [i.name for i in impls],
     }
@@ -161,12 +163,14 @@ def main(argv=None) -> int:
         f.write(f"fmha.bench {args.suite} on {name}\n{summary}\n")
     plots = [] if args.no_plots else report.write_plots(out_dir, args.suite, meta, records, memory)
     report.write_markdown(base + ".md", meta, records, memory, plots)
-    failed = [r for r in records if r["status"] == "fail" or r.get("check_ok") is False]
+    # The exit status speaks for fmha; a peer over its tolerance is flagged in the table only.
+    failed = [r for r in records if not r["is_peer"]
+              and (r["status"] == "fail" or r.get("check_ok") is False)]
     print(f"\n== summary: fmha against the best peer ({name})\n{summary}")
     print(f"\nwrote {base}.json, {base}.md, {out_dir}/summary.txt"
           + "".join(f", {p}" for p in plots))
     if failed:
-        print(f"{len(failed)} row(s) failed (status fail or check above tolerance)")
+        print(f"{len(failed)} fmha row(s) failed (status fail or check above tolerance)")
     return 1 if failed else 0
 
 

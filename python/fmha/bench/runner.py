@@ -20,9 +20,11 @@ from .reference import grad_names, make_inputs, materialized_attention, relative
 from .timing import Timer
 
 # Largest allowed norm-wise relative error against the fp32 (CUDA) / fp64 (CPU) reference, for the
-# output and every gradient. bf16 / fp16 bounds are a few times the rounding error of a naive
-# same-dtype implementation at these sizes (SPEC §13 states the precise rule the tests apply).
+# output and every gradient. fp16 / bf16 follow SPEC §13 whenever the naive peer ran on the case:
+# 2 x the naive same-dtype error of the same tensor + 1e-4; otherwise (scores too large to
+# materialise) these fixed bounds, a few times that error at the suites' sizes, apply.
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}
+SPEC_FLOOR = 1e-4
 REFERENCE_CHUNK_BYTES = 256 << 20
 
 
@@ -108,13 +110,23 @@ def _record(case: Case, impl: Impl, direction: str, **fields) -> dict:
     return rec
 
 
-def _check(errors: dict, names: list, tol: float):
-    """(worst error, its tensor name, ok) over the named tensors that were compared."""
-    present = [(errors[n], n) for n in names if n in errors]
-    if not present:
-        return None, None, None
-    worst, name = max(present)
-    return worst, name, worst <= tol
+def apply_tolerances(case: Case, records: list) -> None:
+    """Sets check_error / check_tensor / check_tolerance / check_ok on every checked record of a
+    case: the tensor reported is the one closest to (or furthest over) its tolerance."""
+    naive = next((r["check_errors"] for r in records
+                  if r["impl"] == "naive" and r.get("check_errors")), None)
+    for r in records:
+        errors = r.get("check_errors")
+        if not errors:
+            continue
+
+        def tolerance(name):
+            if case.dtype in ("fp16", "bf16") and naive and name in naive:
+                return 2.0 * naive[name] + SPEC_FLOOR
+            return TOLERANCE.get(case.dtype, 1e-2)
+        name = max(errors, key=lambda n: errors[n] / tolerance(n))
+        r.update(check_error=errors[name], check_tensor=name, check_tolerance=tolerance(name),
+                 check_ok=all(errors[n] <= tolerance(n) for n in errors))
 
 
 class CaseRunner:
@@ -175,7 +187,6 @@ class CaseRunner:
 
     def run_impl(self, case: Case, impl: Impl, input_sets: list, ref, memory: bool) -> list:
         directions = case.directions
-        tol = TOLERANCE.get(case.dtype, 1e-2)
 
         def all_na(reason, status="n/a"):
             return [_record(case, impl, d, status=status, reason=reason) for d in directions]
@@ -198,9 +209,7 @@ class CaseRunner:
         for direction in directions:
             names = ["out"] if direction == "fwd" else \
                 ["d" + n for n in grad_names(case)] + (["out"] if direction == "fwd+bwd" else [])
-            err, err_name, ok = _check(errors, names, tol)
-            fields = {"check_error": err, "check_tensor": err_name, "check_ok": ok,
-                      "check_tolerance": tol}
+            fields = {"check_errors": {n: errors[n] for n in names if n in errors}}
             if direction != "fwd" and bwd_error is not None:
                 if _is_oom(bwd_error):
                     status, reason = "n/a", "out of memory"
@@ -266,6 +275,7 @@ class CaseRunner:
             records += self.run_impl(case, impl, input_sets, ref, memory)
             if self.timer.is_cuda:
                 torch.cuda.empty_cache()
+        apply_tolerances(case, records)
         return records
 
 
