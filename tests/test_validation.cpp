@@ -100,6 +100,21 @@ TEST(ValidationDense, BroadcastBiasAndMatchingDbiasPass) {
   expect_valid(p);
 }
 
+TEST(ValidationDense, SizeOneBiasDimensionsBroadcast) {
+  Store s;
+  auto p = dense_backward(s);
+  p.options.bias = s.make(DType::kFloat32, {1, 4, 1, 7});
+  p.grads.dbias = s.make(DType::kFloat32, {1, 4, 1, 7});  // receives the sum over B and Lq
+  expect_valid(p);
+  p.options.rel_h = s.make(DType::kFloat32, {1, 1, 5, 7});
+  p.options.rel_w = s.make(DType::kFloat32, {2, 4, 1, 1});
+  p.grads.drel_h = s.make(DType::kFloat32, {1, 1, 5, 7});
+  expect_valid(p);
+  p.grads.drel_h = s.make(DType::kFloat32, {2, 4, 5, 7});
+  expect_refused(s, p,
+                 "grads.drel_h has shape [2, 4, 5, 7]; expected [B, H, Lq, Hk] = [1, 1, 5, 7]");
+}
+
 TEST(ValidationDense, SizeOneDimensionsMayHaveAnyStride) {
   Store s;
   auto p = dense_forward(s, {.Lq = 1, .D = 1, .Dv = 1});
@@ -313,7 +328,9 @@ TEST(ValidationDense, Bias) {
   Store s;
   auto p = dense_forward(s);
   p.options.bias = s.make(DType::kFloat32, {2, 4, 7, 5});
-  expect_refused(s, p, "options.bias has shape [2, 4, 7, 5]; expected [B, H, Lq, Lk]");
+  expect_refused(s, p,
+                 "options.bias has shape [2, 4, 7, 5]; expected [B, H, Lq, Lk] = [2, 4, 5, 7] "
+                 "(dimension 2, Lq, is 7 but must be 5, or 1 to broadcast)");
   p.options.bias = s.make(DType::kFloat16, {2, 4, 5, 7});
   expect_refused(s, p, "options.bias has dtype float16 but q has float32");
   p.options.bias = s.make(DType::kFloat32, {4, 5, 7});
@@ -446,8 +463,14 @@ TEST(ValidationDenseBackward, DbiasMustBroadcastExactlyWhereBiasDoes) {
   expect_refused(s, p,
                  "grads.dbias has stride 0 on dimension 0 (size 2) where options.bias has "
                  "stride 140");
+  // dbias has the bias's own shape, not merely one that broadcasts to [B, H, Lq, Lk].
   p.grads.dbias = s.make(DType::kFloat32, {1, 4, 5, 7});
-  expect_refused(s, p, "grads.dbias has shape [1, 4, 5, 7]; expected [B, H, Lq, Lk]");
+  expect_refused(s, p,
+                 "grads.dbias has shape [1, 4, 5, 7]; expected [B, H, Lq, Lk] = [2, 4, 5, 7]");
+  p.options.bias = s.make(DType::kFloat32, {1, 4, 5, 7});
+  p.grads.dbias = s.make(DType::kFloat32, {2, 4, 5, 7});
+  expect_refused(s, p,
+                 "grads.dbias has shape [2, 4, 5, 7]; expected [B, H, Lq, Lk] = [1, 4, 5, 7]");
 }
 
 TEST(ValidationDenseBackward, BackwardImplMustBeKnown) {

@@ -257,18 +257,19 @@ Status check_gradients(const Anchor& a, const AttentionGradients& g, const Atten
   FMHA_RETURN_IF_ERROR(expect_input_of(g.dextra_v, "grads.dextra_v", o.extra_v, "options.extra_v"));
 
   if (g.dbias.defined()) {
-    FMHA_RETURN_IF_ERROR(expect_broadcast_gradient(a, g.dbias, "grads.dbias", o.bias,
-                                                   "options.bias", bias_shape(s)));
+    FMHA_RETURN_IF_ERROR(expect_broadcast_gradient(
+        a, g.dbias, "grads.dbias", o.bias, "options.bias", shape_of(o.bias, bias_shape(s))));
   }
-  // rel-pos gradients are plain outputs: a broadcast rel_h gets a full-shape drel_h, which the
-  // caller reduces; only dbias has the sum-over-broadcast contract (SPEC §4).
+  // rel-pos gradients have their input's shape (a size-1 dimension receives the sum over it) but
+  // are plain outputs: for a stride-0 rel_h the caller passes a dense drel_h and reduces it
+  // itself, as the Python layer does. Only dbias must mirror its input's strides (SPEC §4).
   if (g.drel_h.defined()) {
-    FMHA_RETURN_IF_ERROR(
-        expect_data_tensor(a, g.drel_h, "grads.drel_h", rel_h_shape(s), Access::kOutput));
+    FMHA_RETURN_IF_ERROR(expect_data_tensor(a, g.drel_h, "grads.drel_h",
+                                            shape_of(o.rel_h, rel_h_shape(s)), Access::kOutput));
   }
   if (g.drel_w.defined()) {
-    FMHA_RETURN_IF_ERROR(
-        expect_data_tensor(a, g.drel_w, "grads.drel_w", rel_w_shape(s), Access::kOutput));
+    FMHA_RETURN_IF_ERROR(expect_data_tensor(a, g.drel_w, "grads.drel_w",
+                                            shape_of(o.rel_w, rel_w_shape(s)), Access::kOutput));
   }
   if (g.dsinks.defined()) {
     FMHA_RETURN_IF_ERROR(

@@ -75,12 +75,15 @@ Status expect_device(const Anchor& anchor, const TensorView& t, std::string_view
                  to_string(anchor.device), "; every tensor must be on ", anchor.name, "'s device");
 }
 
-Status expect_shape(const TensorView& t, std::string_view name, const Shape& shape) {
+// With `size_one_broadcasts`, a dimension of size 1 also matches (bias and rel-pos broadcast it).
+Status expect_shape(const TensorView& t, std::string_view name, const Shape& shape,
+                    bool size_one_broadcasts) {
   for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (t.shape[d] == shape[d].size) continue;
+    if (t.shape[d] == shape[d].size || (size_one_broadcasts && t.shape[d] == 1)) continue;
     return invalid(name, " has shape ", t.shape_string(), "; expected ", names_string(shape), " = ",
                    sizes_string(shape), " (dimension ", d, ", ", shape[d].name, ", is ", t.shape[d],
-                   " but must be ", shape[d].size, ")");
+                   " but must be ", shape[d].size,
+                   size_one_broadcasts ? ", or 1 to broadcast)" : ")");
   }
   return Status::ok_status();
 }
@@ -166,11 +169,11 @@ Status expect_data_pointer(const TensorView& t, std::string_view name) {
 }
 
 Status expect_tensor(const Anchor& anchor, const TensorView& t, std::string_view name,
-                     const Shape& shape, DTypeRule dtype, Access access) {
+                     const Shape& shape, DTypeRule dtype, Access access, bool size_one_broadcasts) {
   FMHA_RETURN_IF_ERROR(expect_rank(t, name, static_cast<int>(shape.size()), names_string(shape)));
   FMHA_RETURN_IF_ERROR(expect_dtype(anchor, t, name, dtype));
   FMHA_RETURN_IF_ERROR(expect_device(anchor, t, name));
-  FMHA_RETURN_IF_ERROR(expect_shape(t, name, shape));
+  FMHA_RETURN_IF_ERROR(expect_shape(t, name, shape, size_one_broadcasts));
   FMHA_RETURN_IF_ERROR(expect_nonnegative_strides(t, name));
   // Without elements there is nothing to read or write: any layout and pointer will do.
   if (t.numel() == 0) return Status::ok_status();
@@ -181,6 +184,12 @@ Status expect_tensor(const Anchor& anchor, const TensorView& t, std::string_view
 }
 
 }  // namespace
+
+Shape shape_of(const TensorView& t, const Shape& names) {
+  Shape shape = names;
+  for (std::size_t d = 0; d < shape.size(); ++d) shape[d].size = t.shape[d];
+  return shape;
+}
 
 bool checked_mul(std::int64_t a, std::int64_t b, std::int64_t* product) {
   return !__builtin_mul_overflow(a, b, product);
@@ -228,24 +237,26 @@ Status expect_anchor(const TensorView& t, std::string_view name, int rank,
 
 Status expect_data_tensor(const Anchor& anchor, const TensorView& t, std::string_view name,
                           const Shape& shape, Access access) {
-  return expect_tensor(anchor, t, name, shape, DTypeRule::kData, access);
+  return expect_tensor(anchor, t, name, shape, DTypeRule::kData, access,
+                       access == Access::kBroadcastInput);
 }
 
 Status expect_stat_tensor(const Anchor& anchor, const TensorView& t, std::string_view name,
                           const Shape& shape, Access access) {
-  return expect_tensor(anchor, t, name, shape, DTypeRule::kStat, access);
+  return expect_tensor(anchor, t, name, shape, DTypeRule::kStat, access,
+                       access == Access::kBroadcastInput);
 }
 
 Status expect_index_tensor(const Anchor& anchor, const TensorView& t, std::string_view name,
                            const Shape& shape) {
-  return expect_tensor(anchor, t, name, shape, DTypeRule::kIndex, Access::kInput);
+  return expect_tensor(anchor, t, name, shape, DTypeRule::kIndex, Access::kInput, false);
 }
 
 Status expect_broadcast_gradient(const Anchor& anchor, const TensorView& grad,
                                  std::string_view name, const TensorView& input,
                                  std::string_view input_name, const Shape& shape) {
   FMHA_RETURN_IF_ERROR(
-      expect_tensor(anchor, grad, name, shape, DTypeRule::kData, Access::kBroadcastInput));
+      expect_tensor(anchor, grad, name, shape, DTypeRule::kData, Access::kBroadcastInput, false));
   if (grad.numel() == 0) return Status::ok_status();
   std::array<bool, kMaxRank> broadcast{};
   for (int d = 0; d < grad.rank; ++d) {

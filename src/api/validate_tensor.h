@@ -22,7 +22,8 @@ using Shape = std::vector<Dim>;
 // What a backend does with a tensor decides which strides it may have (never negative).
 enum class Access : std::uint8_t {
   kInput,           // read; stride 0 broadcasts any dimension except a last one of size > 1
-  kBroadcastInput,  // read; bias and rel-pos: stride 0 may broadcast every dimension
+  kBroadcastInput,  // read; bias and rel-pos: a dimension of stride 0 or size 1 broadcasts, so
+                    // the shape check also accepts 1 for any expected size
   kOutput,          // written; no two elements may share memory
 };
 
@@ -58,6 +59,10 @@ Status expect_index_tensor(const Anchor& anchor, const TensorView& t, std::strin
 Status expect_broadcast_gradient(const Anchor& anchor, const TensorView& grad,
                                  std::string_view name, const TensorView& input,
                                  std::string_view input_name, const Shape& shape);
+
+// `names` with the sizes of `t` (which has been checked against them): the exact shape the
+// gradient of a broadcastable input must have, e.g. dbias [1, H, 1, Lk] for such a bias.
+Shape shape_of(const TensorView& t, const Shape& names);
 
 // Multiplies two sizes >= 0; false on int64 overflow.
 bool checked_mul(std::int64_t a, std::int64_t b, std::int64_t* product);
