@@ -454,13 +454,14 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
   const bool lowp = low_precision(c.dtype);
   const naive::Round round = naive_rounding(c.dtype);
   const naive::Forward lowp_ref = lowp ? naive::forward(p, round) : naive::Forward{};
-  auto tol = [&](const std::vector<double>& r, const std::vector<double>& lr) {
-    return tolerance(c.dtype, r, lowp ? lr : r);
+  auto tol = [&](const std::vector<double>& r, const std::vector<double>& lr, DType storage) {
+    return tolerance(c.dtype, r, lowp ? lr : r, storage);
   };
+  const DType dt = c.dtype;
   // lse is stored in fp32 even for low-precision problems: its floor is fp32's.
-  EXPECT_TRUE(close("out", t.out.to_double(), ref.out, t.out.shape(), tol(ref.out, lowp_ref.out)));
+  EXPECT_TRUE(close("out", t.out.to_double(), ref.out, t.out.shape(), tol(ref.out, lowp_ref.out, dt)));
   const auto ref_lse = lse_to_library(c, ref.lse);
-  const double lse_tol = lowp ? tol(ref_lse, lse_to_library(c, lowp_ref.lse)) : tolerance(t.lse.dtype(), {}, {});
+  const double lse_tol = tol(ref_lse, lowp ? lse_to_library(c, lowp_ref.lse) : ref_lse, t.lse.dtype());
   EXPECT_TRUE(close("lse", t.lse.to_double(), ref_lse, t.lse.shape(), lse_tol));
   if (!c.backward) return;
 
@@ -470,28 +471,28 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
   const std::vector<double> dlse = t.dlse.defined() ? lse_from_library(c, t.dlse.to_double()) : std::vector<double>{};
   const naive::Gradients g = naive::backward(p, ref, dout, dlse, naive::exact);
   const naive::Gradients lg = lowp ? naive::backward(p, lowp_ref, dout, dlse, round) : naive::Gradients{};
-  EXPECT_TRUE(close("dq", t.dq.to_double(), g.dq, t.dq.shape(), tol(g.dq, lg.dq)));
-  EXPECT_TRUE(close("dk", t.dk.to_double(), g.dk, t.dk.shape(), tol(g.dk, lg.dk)));
-  EXPECT_TRUE(close("dv", t.dv.to_double(), g.dv, t.dv.shape(), tol(g.dv, lg.dv)));
+  EXPECT_TRUE(close("dq", t.dq.to_double(), g.dq, t.dq.shape(), tol(g.dq, lg.dq, dt)));
+  EXPECT_TRUE(close("dk", t.dk.to_double(), g.dk, t.dk.shape(), tol(g.dk, lg.dk, dt)));
+  EXPECT_TRUE(close("dv", t.dv.to_double(), g.dv, t.dv.shape(), tol(g.dv, lg.dv, dt)));
   if (t.dbias.defined()) {
     const std::vector<std::int64_t> full{p.batch, c.heads, p.bias_rows, p.bias_cols};
     const auto ref_db = reduce_like(g.dbias, full, t.dbias);
     const auto lowp_db = lowp ? reduce_like(lg.dbias, full, t.dbias) : ref_db;
-    EXPECT_TRUE(close("dbias", t.dbias.to_double(), ref_db, t.dbias.shape(), tol(ref_db, lowp_db)));
+    EXPECT_TRUE(close("dbias", t.dbias.to_double(), ref_db, t.dbias.shape(), tol(ref_db, lowp_db, dt)));
   }
   if (t.drel_h.defined()) {
-    EXPECT_TRUE(close("drel_h", t.drel_h.to_double(), g.drel_h, t.drel_h.shape(), tol(g.drel_h, lg.drel_h)));
-    EXPECT_TRUE(close("drel_w", t.drel_w.to_double(), g.drel_w, t.drel_w.shape(), tol(g.drel_w, lg.drel_w)));
+    EXPECT_TRUE(close("drel_h", t.drel_h.to_double(), g.drel_h, t.drel_h.shape(), tol(g.drel_h, lg.drel_h, dt)));
+    EXPECT_TRUE(close("drel_w", t.drel_w.to_double(), g.drel_w, t.drel_w.shape(), tol(g.drel_w, lg.drel_w, dt)));
   }
   if (t.dsinks.defined()) {
-    const double sink_tol = lowp ? tol(g.dsinks, lg.dsinks) : tolerance(t.dsinks.dtype(), {}, {});
+    const double sink_tol = tol(g.dsinks, lg.dsinks, t.dsinks.dtype());
     EXPECT_TRUE(close("dsinks", t.dsinks.to_double(), g.dsinks, t.dsinks.shape(), sink_tol));
   }
   if (t.dextra_k.defined()) {
     EXPECT_TRUE(close("dextra_k", t.dextra_k.to_double(), g.dextra_k, t.dextra_k.shape(),
-                      tol(g.dextra_k, lg.dextra_k)));
+                      tol(g.dextra_k, lg.dextra_k, dt)));
     EXPECT_TRUE(close("dextra_v", t.dextra_v.to_double(), g.dextra_v, t.dextra_v.shape(),
-                      tol(g.dextra_v, lg.dextra_v)));
+                      tol(g.dextra_v, lg.dextra_v, dt)));
   }
 }
 

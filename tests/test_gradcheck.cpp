@@ -126,6 +126,7 @@ TEST(Gradcheck, DenseAllInputsWithDlse) {
 TEST(Gradcheck, DenseBiasBroadcasts) {
   for (bool zero_stride : {false, true}) {
     AttentionCase c = tiny_dense();
+    c.dlse = true;  // without it, a bias broadcast over keys has an exactly zero gradient
     c.bias = {.given = true, .broadcast = {true, true, false, false}, .zero_stride = zero_stride};
     gradcheck(c, 5);
     c.bias = {.given = true, .broadcast = {false, false, true, true}, .zero_stride = zero_stride};

@@ -41,7 +41,7 @@ void check_merge_matches_whole(const AttentionCase& c, Split split, int parts, s
   CaseTensors t = make_tensors(c, seed);
   const naive::Problem problem = naive_problem(c, t);
   const naive::Forward ref = naive::forward(problem, naive::exact);
-  const double tol = tolerance(c.dtype, {}, {});
+  const double tol = tolerance(c.dtype);
 
   std::vector<HostTensor> outs, lses, douts, dlses, dqs;
   std::vector<fmha::AttentionOptions> part_options;

@@ -53,6 +53,19 @@ TEST(Options, BiasBroadcasts) {
     }
 }
 
+// A bias (and its gradient) with no element: Lq = 0 or Lk = 0, with and without broadcasting.
+TEST(Options, EmptyBias) {
+  for (auto [lq, lk] : {std::pair<std::int64_t, std::int64_t>{0, 6}, {6, 0}})
+    for (bool broadcast : {false, true}) {
+      AttentionCase c = base_case();
+      c.seqlen_q = lq;
+      c.seqlen_k = lk;
+      c.bias = {.given = true, .broadcast = {broadcast, false, broadcast, broadcast}, .zero_stride = true};
+      c.sinks = true;
+      check_case(c, 20);
+    }
+}
+
 TEST(Options, BiasWithGqaAndLayouts) {
   AttentionCase c = base_case();
   c.heads = 6;

@@ -85,9 +85,13 @@ ErrorStats compare(const std::vector<double>& got, const std::vector<double>& re
                                  const std::vector<double>& ref,
                                  const std::vector<std::int64_t>& shape, double tol);
 
-// The SPEC §13 tolerance for one output: fp64 1e-12, fp32 1e-5, fp16/bf16 2 x the error of the
-// same-dtype naive computation (`lowp_ref`) + 1e-4.
-double tolerance(DType dtype, const std::vector<double>& ref, const std::vector<double>& lowp_ref);
+// The SPEC §13 tolerance for one output of a problem in `dtype`: fp64 1e-12, fp32 1e-5; fp16/bf16
+// 2 x the error of the same-dtype naive computation (`lowp_ref`) + 1e-4, plus the error of storing
+// the exact result in the output's dtype `storage` (the correctly rounded answer must pass even when
+// the naive computation is lucky, e.g. on a one-element reduction).
+double tolerance(DType dtype, const std::vector<double>& ref, const std::vector<double>& lowp_ref,
+                 DType storage);
+inline double tolerance(DType dtype) { return tolerance(dtype, {}, {}, dtype); }
 
 std::string dtype_name(DType dtype);
 
