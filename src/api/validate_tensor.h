@@ -54,8 +54,9 @@ Status expect_stat_tensor(const Anchor& anchor, const TensorView& t, std::string
 Status expect_index_tensor(const Anchor& anchor, const TensorView& t, std::string_view name,
                            const Shape& shape);
 
-// The gradient of a broadcastable input (dbias): an output that must have stride 0 exactly on the
-// dimensions of size > 1 where `input` has stride 0 (those receive the sum over them, SPEC §4).
+// The gradient of a broadcastable input (dbias): exactly `shape`, the input's own (see shape_of),
+// and an output that must have stride 0 exactly on the dimensions of size > 1 where `input` has
+// stride 0. Those dimensions, like the input's size-1 ones, receive the sum over them (SPEC §4).
 Status expect_broadcast_gradient(const Anchor& anchor, const TensorView& grad,
                                  std::string_view name, const TensorView& input,
                                  std::string_view input_name, const Shape& shape);
