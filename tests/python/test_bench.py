@@ -107,3 +107,28 @@ def test_tolerance_follows_spec_rule_when_naive_ran():
     alone = {"impl": "fmha", "check_errors": {"out": 2e-2}}  # no naive: fixed bf16 bound 3e-2
     apply_tolerances(case, [alone])
     assert alone["check_ok"] and alone["check_tolerance"] == 3e-2
+
+
+def test_plots_and_summary_from_synthetic_gpu_records(tmp_path):
+    """The memory plot and summary only get real data on CUDA: exercise them with made-up rows."""
+    pytest.importorskip("matplotlib")
+    from fmha.bench import report
+
+    records = []
+    for impl, is_peer, per_token in (("fmha", False, 1.0), ("sdpa-flash", True, 1.5),
+                                     ("naive", True, None)):
+        for L in (1024, 2048, 4096):
+            r = {"case": f"memory L{L}", "impl": impl, "is_peer": is_peer,
+                 "direction": "fwd+bwd", "group": "B=1 H=16 D=128", "seq_len": L,
+                 "status": "ok" if per_token else "n/a", "reason": "" if per_token else "too big"}
+            if per_token:
+                r["peak_extra_bytes"] = int(per_token * L * 2**20)
+            records.append(r)
+    meta = {"device_name": "Test GPU", "torch_version": torch.__version__}
+    paths = report.write_plots(str(tmp_path), "memory", meta, records, memory=True)
+    assert [os.path.basename(p) for p in paths] == ["memory_peak.png"]
+    assert os.path.getsize(paths[0]) > 0
+    summary = report.format_summary(records, memory=True)
+    assert "1.50x" in summary and "sdpa-flash" in summary
+    table = report.format_table(records, memory=True)
+    assert "n/a: too big" in table
