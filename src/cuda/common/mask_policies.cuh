@@ -7,6 +7,7 @@
 // compile-time flag for them. Window sizes and the alignment are runtime values.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "cuda/common/forward_params.h"
@@ -61,5 +62,20 @@ struct MaskWindow {
     return j < num_keys && j >= d - left && j <= d + right;
   }
 };
+
+// Sets to -inf the scores a mask hides in a warp's m16n8 accumulator tiles: this thread's entries
+// 0, 1 sit on `row`, entries 2, 3 on row + 8; entry 0 of tile t is at column col + 8t. Run only on
+// partial tiles, so the per-element 64-bit comparisons stay off the hot path.
+template <typename Mask, int kTiles>
+__device__ __forceinline__ void hide_invisible(const Mask& mask, float (&s)[kTiles][4],
+                                               std::int64_t row, std::int64_t col) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (!mask.visible(row + (e >= 2 ? 8 : 0), col + t * 8 + (e & 1))) s[t][e] = -INFINITY;
+    }
+  }
+}
 
 }  // namespace fmha::cuda

@@ -4,6 +4,9 @@
 //   ScoreModifiers: s = softcap * tanh(scale * q.k / softcap)    when softcap > 0
 //                   s += bias[b, h, i, j]                        when a bias is given
 //                   s += rel_h[b, h, i, j / Wk] + rel_w[b, h, i, j % Wk]   (SAM, never materialised)
+// Both work on a warp's m16n8 accumulator tiles at once (entries 0, 1 of a thread on `row`, 2, 3 on
+// row + 8, entry 0 of tile t at column col + 8t), so each runtime switch is tested once per tile,
+// outside the element loops.
 // Bias and rel-pos are read straight from global memory at arbitrary int64 strides (0 broadcasts);
 // they apply to the Lk ordinary keys only, never to extra keys.
 #pragma once
@@ -23,9 +26,16 @@ struct ScoreScale {
                                     std::int64_t, std::int64_t) {
     return {p.scale_log2};
   }
-  __device__ float transform(float dot) const { return dot * scale_log2; }
-  __device__ bool has_additive() const { return false; }
-  __device__ float additive_log2(std::int64_t, std::int64_t) const { return 0.0f; }
+  template <int kTiles>
+  __device__ void transform(float (&s)[kTiles][4]) const {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] *= scale_log2;
+    }
+  }
+  template <int kTiles>
+  __device__ void add_bias(float (&)[kTiles][4], std::int64_t, std::int64_t) const {}
 };
 
 template <typename T>
@@ -66,11 +76,36 @@ struct ScoreModifiers {
     return m;
   }
 
-  __device__ float transform(float dot) const {
-    if (softcap_log2 > 0.0f) return softcap_log2 * tanhf(dot * scale_over_softcap);
-    return dot * scale_log2;
+  template <int kTiles>
+  __device__ void transform(float (&s)[kTiles][4]) const {
+    if (softcap_log2 > 0.0f) {
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[t][e] = softcap_log2 * tanhf(s[t][e] * scale_over_softcap);
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[t][e] *= scale_log2;
+      }
+    }
   }
-  __device__ bool has_additive() const { return bias != nullptr || rel_h != nullptr; }
+
+  // Adds bias and rel-pos (ordinary keys only; the caller skips extra keys).
+  template <int kTiles>
+  __device__ void add_bias(float (&s)[kTiles][4], std::int64_t row, std::int64_t col) const {
+    if (bias == nullptr && rel_h == nullptr) return;
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[t][e] += additive_log2(row + (e >= 2 ? 8 : 0), col + t * 8 + (e & 1));
+      }
+    }
+  }
+
   // Bias plus rel-pos of (i, j) in log2 units; 0 outside the Lq x Lk grid (rows or keys of a
   // tile past the end, which are never stored or are masked anyway), so nothing reads past a
   // tensor.

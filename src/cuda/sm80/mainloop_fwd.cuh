@@ -188,33 +188,16 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 
+    scores.transform(s);
+    const std::int64_t first_col = tile.first_key + fragment_col;
     if (!tile.extra) {
-      const bool full = mask.tile_is_full(m0, last_row, tile.first_key, kN);
-      const bool additive = scores.has_additive();
-#pragma unroll
-      for (int t = 0; t < kScoreTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const std::int64_t i = fragment_row + (e >= 2 ? 8 : 0);
-          const std::int64_t j = tile.first_key + t * 8 + fragment_col + (e & 1);
-          float x = scores.transform(s[t][e]);
-          if (additive) x += scores.additive_log2(i, j);
-          if (!full && !mask.visible(i, j)) x = -INFINITY;
-          s[t][e] = x;
-        }
+      scores.add_bias(s, fragment_row, first_col);
+      if (!mask.tile_is_full(m0, last_row, tile.first_key, kN)) {
+        hide_invisible(mask, s, fragment_row, first_col);
       }
-    } else {
-      // Extra keys: visible to every query, no bias or rel-pos; softcap applies.
-      const bool full = tile.valid == kN;
-#pragma unroll
-      for (int t = 0; t < kScoreTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = t * 8 + fragment_col + (e & 1);
-          const float x = scores.transform(s[t][e]);
-          s[t][e] = (full || j < tile.valid) ? x : -INFINITY;
-        }
-      }
+    } else if (tile.valid < kN) {
+      // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
+      hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
     }
     softmax.update(s, o);
 
