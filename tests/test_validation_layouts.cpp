@@ -107,6 +107,12 @@ TEST(ValidationVarlen, OffsetsTensors) {
   p.cu_seqlens_k = {};
   expect_refused(s, p, "cu_seqlens_k is required but not given");
   p = varlen_forward(s);
+  p.cu_seqlens_k.device = Device::cuda(0);
+  expect_refused(s, p, "cu_seqlens_k is on cuda:0 but q is on cpu");
+  p = varlen_forward(s);
+  p.cu_seqlens_q.stride[0] = 2;
+  expect_refused(s, p, "cu_seqlens_q has stride 2 on its last dimension (size 3)");
+  p = varlen_forward(s);
   p.max_seqlen_k = -1;
   expect_refused(s, p, "max_seqlen_k = -1; expected a value >= 0");
 }
@@ -261,6 +267,17 @@ TEST(ValidationNeighborhood, GridAndRank) {
   expect_refused(s, p, "expected [B, H, X1*X2, X1*X2] = [2, 4, 48, 48]");
 }
 
+TEST(ValidationNeighborhood, ExtraKeysAndSinks) {
+  Store s;
+  auto p = na_forward(s);
+  p.options.extra_k = s.make(DType::kFloat32, {2, 4, 2, 8});
+  p.options.extra_v = s.make(DType::kFloat32, {2, 4, 2, 6});
+  p.options.sinks = s.make(DType::kFloat32, {4});
+  expect_valid(p);
+  p.options.extra_v = s.make(DType::kFloat32, {2, 4, 2, 8});
+  expect_refused(s, p, "options.extra_v has shape [2, 4, 2, 8]; expected [B, R, Hkv, Dv]");
+}
+
 TEST(ValidationNeighborhood, SequenceMasksAreRefused) {
   Store s;
   auto p = na_forward(s);
@@ -346,6 +363,17 @@ TEST(ValidationMerge, PartsMustMatchTheMergedOutput) {
   p = merge_forward(s);
   p.out = s.make_strided(DType::kFloat16, {2, 5, 4, 6}, {0, 24, 6, 1}, 120);
   expect_refused(s, p, "out has stride 0 on dimension 0 (size 2); an output cannot broadcast");
+}
+
+TEST(ValidationMerge, Float64IsRefusedOnCuda) {
+  Store s;
+  fmha::MergeForwardParams p;
+  p.out = s.make(DType::kFloat64, {2, 5, 4, 6}, Device::cuda(0));
+  p.lse = s.make(DType::kFloat32, {2, 4, 5}, Device::cuda(0));
+  p.outs = {s.make(DType::kFloat64, {2, 5, 4, 6}, Device::cuda(0))};
+  p.lses = {s.make(DType::kFloat32, {2, 4, 5}, Device::cuda(0))};
+  expect_refused(s, p, "dtype float64 is only supported on CPU tensors; out is float64 on cuda:0",
+                 fmha::StatusCode::kNotSupported);
 }
 
 TEST(ValidationMerge, BackwardNeedsOneGradientPerPart) {
