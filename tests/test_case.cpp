@@ -95,17 +95,30 @@ std::vector<std::int64_t> lse_shape(const AttentionCase& c) {
   return {};
 }
 
-HostTensor bias_like(const AttentionCase& c, DType dtype) {
-  std::vector<std::int64_t> shape{c.num_batches(), c.heads, c.rows_per_batch_q(), c.rows_per_batch_k()};
+// A tensor of logical shape `full` broadcast over the flagged dims, by stride 0 or by size 1.
+HostTensor broadcastable(DType dtype, std::vector<std::int64_t> full, const bool* broadcast, std::size_t count,
+                         bool zero_stride) {
   Layout layout;
-  layout.broadcast.assign(4, false);
-  for (std::size_t d = 0; d < 4; ++d)
-    if (c.bias.broadcast[d]) {
-      if (c.bias.zero_stride) layout.broadcast[d] = true;
-      else shape[d] = 1;
+  layout.broadcast.assign(full.size(), false);
+  for (std::size_t d = 0; d < count; ++d)
+    if (broadcast[d]) {
+      if (zero_stride) layout.broadcast[d] = true;
+      else full[d] = 1;
     }
-  return HostTensor(dtype, shape, layout);
+  return HostTensor(dtype, full, layout);
 }
+
+HostTensor bias_like(const AttentionCase& c, DType dtype) {
+  return broadcastable(dtype, {c.num_batches(), c.heads, c.rows_per_batch_q(), c.rows_per_batch_k()},
+                       c.bias.broadcast.data(), 4, c.bias.zero_stride);
+}
+
+HostTensor rel_like(const AttentionCase& c, DType dtype, std::int64_t width) {
+  return broadcastable(dtype, {c.num_batches(), c.heads, c.rows_per_batch_q(), width}, c.rel_broadcast.data(), 3,
+                       c.rel_zero_stride);
+}
+
+std::int64_t rel_wk(const AttentionCase& c) { return c.rows_per_batch_k() / c.rel_hk; }
 
 // Sums `full` (logical shape `full_shape`) over every dim where `like` broadcasts, and returns it
 // in like's logical shape (zero-stride dims repeat the sum, as the aliased elements would).
@@ -218,7 +231,11 @@ std::string AttentionCase::describe() const {
     for (bool b : bias.broadcast) s << b;
     s << (bias.zero_stride ? " stride0)" : " size1)");
   }
-  if (rel_hk > 0) s << " rel_pos(Hk=" << rel_hk << ')';
+  if (rel_hk > 0) {
+    s << " rel_pos(Hk=" << rel_hk << " broadcast=";
+    for (bool b : rel_broadcast) s << b;
+    s << (rel_zero_stride ? " stride0)" : " size1)");
+  }
   if (sinks) s << " sinks";
   if (extra > 0) s << " extra=" << extra;
   if (dlse) s << " dlse";
@@ -265,10 +282,8 @@ CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed) {
     t.bias.fill_uniform(rng, -1, 1);
   }
   if (c.rel_hk > 0) {
-    const std::int64_t b = c.num_batches(), lq = c.rows_per_batch_q(), hk = c.rel_hk;
-    const std::int64_t wk = c.rows_per_batch_k() / hk;
-    t.rel_h = HostTensor(dt, {b, c.heads, lq, hk});
-    t.rel_w = HostTensor(dt, {b, c.heads, lq, wk});
+    t.rel_h = rel_like(c, dt, c.rel_hk);
+    t.rel_w = rel_like(c, dt, rel_wk(c));
     t.rel_h.fill_uniform(rng, -1, 1);
     t.rel_w.fill_uniform(rng, -1, 1);
   }
@@ -294,8 +309,12 @@ CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed) {
   t.dv = HostTensor(dt, t.v.shape(), dkv_layout);
   if (t.bias.defined()) t.dbias = bias_like(c, dt);
   if (t.rel_h.defined()) {
-    t.drel_h = HostTensor(dt, t.rel_h.shape());
-    t.drel_w = HostTensor(dt, t.rel_w.shape());
+    // Size-1 dims broadcast in the gradient too (it gets the sum over them); an output cannot have
+    // stride 0, so a stride-0 rel-pos gets a full gradient, per logical element like q / k / v.
+    AttentionCase full = c;
+    if (c.rel_zero_stride) full.rel_broadcast = {false, false, false};
+    t.drel_h = rel_like(full, dt, c.rel_hk);
+    t.drel_w = rel_like(full, dt, rel_wk(c));
   }
   if (t.sinks.defined()) t.dsinks = HostTensor(stats_dtype(dt), t.sinks.shape());
   if (t.extra_k.defined()) {
@@ -383,10 +402,10 @@ naive::Problem naive_problem(const AttentionCase& c, const CaseTensors& t) {
   p.bias_cols = nk;
   if (t.bias.defined()) p.bias = expand(t.bias, {p.batch, c.heads, nq, nk});
   if (t.rel_h.defined()) {
-    p.rel_h = t.rel_h.to_double();
-    p.rel_w = t.rel_w.to_double();
-    p.rel_hk = t.rel_h.shape()[3];
-    p.rel_wk = t.rel_w.shape()[3];
+    p.rel_hk = c.rel_hk;
+    p.rel_wk = rel_wk(c);
+    p.rel_h = expand(t.rel_h, {p.batch, c.heads, nq, p.rel_hk});
+    p.rel_w = expand(t.rel_w, {p.batch, c.heads, nq, p.rel_wk});
   }
   if (t.sinks.defined()) p.sinks = t.sinks.to_double();
   // The scale is a float parameter; its default is resolved in float arithmetic, and the oracle uses
@@ -481,8 +500,13 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
     EXPECT_TRUE(close("dbias", t.dbias.to_double(), ref_db, t.dbias.shape(), tol(ref_db, lowp_db, dt)));
   }
   if (t.drel_h.defined()) {
-    EXPECT_TRUE(close("drel_h", t.drel_h.to_double(), g.drel_h, t.drel_h.shape(), tol(g.drel_h, lg.drel_h, dt)));
-    EXPECT_TRUE(close("drel_w", t.drel_w.to_double(), g.drel_w, t.drel_w.shape(), tol(g.drel_w, lg.drel_w, dt)));
+    const std::vector<std::int64_t> full_h{p.batch, c.heads, p.bias_rows, p.rel_hk};
+    const std::vector<std::int64_t> full_w{p.batch, c.heads, p.bias_rows, p.rel_wk};
+    const auto ref_h = reduce_like(g.drel_h, full_h, t.drel_h), ref_w = reduce_like(g.drel_w, full_w, t.drel_w);
+    const auto lowp_h = lowp ? reduce_like(lg.drel_h, full_h, t.drel_h) : ref_h;
+    const auto lowp_w = lowp ? reduce_like(lg.drel_w, full_w, t.drel_w) : ref_w;
+    EXPECT_TRUE(close("drel_h", t.drel_h.to_double(), ref_h, t.drel_h.shape(), tol(ref_h, lowp_h, dt)));
+    EXPECT_TRUE(close("drel_w", t.drel_w.to_double(), ref_w, t.drel_w.shape(), tol(ref_w, lowp_w, dt)));
   }
   if (t.dsinks.defined()) {
     const double sink_tol = tol(g.dsinks, lg.dsinks, t.dsinks.dtype());

@@ -42,6 +42,8 @@ struct AttentionCase {
   fmha::AttentionOptions options;  // scalar options; the harness fills in the tensor fields
   BiasSpec bias;
   std::int64_t rel_hk = 0;  // > 0: rel_h / rel_w over a key grid Hk = rel_hk, Wk = Lk / rel_hk
+  std::array<bool, 3> rel_broadcast{false, false, false};  // rel_h / rel_w broadcast over [B, H, Lq]
+  bool rel_zero_stride = false;                            // by stride 0 (else by size-1 dims)
   bool sinks = false;
   std::int64_t extra = 0;   // R extra keys
   bool dlse = false;        // backward also receives a gradient for lse

@@ -27,16 +27,31 @@ double loss(const AttentionCase& c, CaseTensors& t, const std::vector<double>& w
   return l;
 }
 
-// Indices of the distinct storage elements of `t`: broadcast coordinates pinned to 0.
-std::vector<std::int64_t> distinct_elements(const HostTensor& t) {
-  std::vector<std::int64_t> indices;
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    const auto coords = unravel(i, t.shape());
-    bool canonical = true;
-    for (int d = 0; d < t.rank(); ++d) canonical = canonical && (!t.broadcast_dim(d) || coords[d] == 0);
-    if (canonical) indices.push_back(i);
+// The logical index of the storage element that logical index `i` of `t` reads: broadcast
+// coordinates pinned to 0.
+std::int64_t canonical(const HostTensor& t, std::int64_t i) {
+  auto coords = unravel(i, t.shape());
+  std::int64_t index = 0;
+  for (int d = 0; d < t.rank(); ++d) index = index * t.shape()[d] + (t.broadcast_dim(d) ? 0 : coords[d]);
+  return index;
+}
+
+// Perturbing one stored element of `input` moves every logical element aliasing it, so the finite
+// difference sees the sum of the gradient over those aliases. A gradient that broadcasts where the
+// input does (dbias) already holds that sum, once.
+std::vector<double> gradient_per_stored_element(const HostTensor& input, const HostTensor& grad,
+                                                const std::vector<std::int64_t>& stored) {
+  std::vector<double> per_index(static_cast<std::size_t>(input.numel()), 0.0);
+  for (std::int64_t i = 0; i < input.numel(); ++i) {
+    const auto coords = unravel(i, input.shape());
+    bool counted_already = false;
+    for (int d = 0; d < input.rank(); ++d)
+      counted_already = counted_already || (input.broadcast_dim(d) && grad.broadcast_dim(d) && coords[d] != 0);
+    if (!counted_already) per_index[static_cast<std::size_t>(canonical(input, i))] += grad.at(i);
   }
-  return indices;
+  std::vector<double> result;
+  for (std::int64_t i : stored) result.push_back(per_index[static_cast<std::size_t>(i)]);
+  return result;
 }
 
 void gradcheck(AttentionCase c, std::uint64_t seed) {
@@ -66,8 +81,11 @@ void gradcheck(AttentionCase c, std::uint64_t seed) {
                         {"extra_v", &t.extra_v, &t.dextra_v}};
   for (const Pair& pair : pairs) {
     if (!pair.input->defined()) continue;
-    std::vector<double> numeric, analytic;
-    for (std::int64_t i : distinct_elements(*pair.input)) {
+    std::vector<std::int64_t> stored;
+    for (std::int64_t i = 0; i < pair.input->numel(); ++i)
+      if (canonical(*pair.input, i) == i) stored.push_back(i);
+    std::vector<double> numeric;
+    for (std::int64_t i : stored) {
       const double x = pair.input->at(i);
       pair.input->set(i, x + kStep);
       const double up = loss(c, t, w_out, w_lse);
@@ -75,8 +93,8 @@ void gradcheck(AttentionCase c, std::uint64_t seed) {
       const double down = loss(c, t, w_out, w_lse);
       pair.input->set(i, x);
       numeric.push_back((up - down) / (2 * kStep));
-      analytic.push_back(pair.grad->at(i));
     }
+    const std::vector<double> analytic = gradient_per_stored_element(*pair.input, *pair.grad, stored);
     EXPECT_TRUE(close(std::string("d") + pair.name + " vs finite differences", analytic, numeric,
                       {static_cast<std::int64_t>(numeric.size())}, kTolerance));
   }
@@ -102,6 +120,10 @@ TEST(Gradcheck, DenseQkv) {
   c.q_storage = Storage::kHeadsOuter;
   c.kv_storage = Storage::kPadded;
   gradcheck(c, 2);
+  c.q_storage = Storage::kBroadcastBatch;  // stride-0 inputs, full gradients
+  c.kv_storage = Storage::kBroadcastHeads;
+  c.kv_heads = 2;
+  gradcheck(c, 3);
 }
 
 TEST(Gradcheck, DenseAllInputsWithDlse) {
@@ -120,7 +142,10 @@ TEST(Gradcheck, DenseAllInputsWithDlse) {
   gradcheck(c, 3);
   c.sinks = false;  // without sinks the masked rows have lse -inf
   c.bias = {.given = true, .broadcast = {false, true, false, false}, .zero_stride = true};
+  c.rel_broadcast = {true, false, true};
   gradcheck(c, 4);
+  c.rel_zero_stride = true;
+  gradcheck(c, 5);
 }
 
 TEST(Gradcheck, DenseBiasBroadcasts) {

@@ -89,6 +89,21 @@ TEST(Options, RelativePosition) {
   }
 }
 
+TEST(Options, RelativePositionBroadcasts) {
+  const std::array<bool, 3> patterns[] = {{true, false, false}, {false, true, false}, {true, false, true},
+                                          {true, true, true}};
+  for (const auto& broadcast : patterns)
+    for (bool zero_stride : {false, true}) {
+      AttentionCase c = base_case();
+      c.seqlen_k = 15;
+      c.rel_hk = 3;
+      c.rel_broadcast = broadcast;
+      c.rel_zero_stride = zero_stride;
+      c.options.causal = true;
+      check_case(c, 21);
+    }
+}
+
 TEST(Options, CausalBothAlignments) {
   for (auto align : {fmha::CausalAlignment::kTopLeft, fmha::CausalAlignment::kBottomRight})
     for (auto [lq, lk] : {std::pair<std::int64_t, std::int64_t>{13, 17}, {17, 13}, {16, 16}, {1, 9}, {9, 1}}) {

@@ -93,6 +93,8 @@ AttentionCase random_case(std::uint64_t seed) {
     for (std::int64_t d = 1; d <= lk; ++d)
       if (lk % d == 0) divisors.push_back(d);
     c.rel_hk = divisors[static_cast<std::size_t>(dice.uniform(0, static_cast<std::int64_t>(divisors.size()) - 1))];
+    for (bool& b : c.rel_broadcast) b = dice.chance(0.25);
+    c.rel_zero_stride = dice.chance(0.5);
   }
   c.sinks = dice.chance(0.3);
   if (dice.chance(0.3)) c.extra = dice.uniform(1, 3);

@@ -6,11 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "fmha/tensor.h"
+
+namespace fmha {
+// Readable test names: "Dtypes/DenseDtype.AllOptions/float16  # GetParam() = float16".
+inline void PrintTo(DType dtype, std::ostream* os) { *os << to_string(dtype); }
+}  // namespace fmha
 
 namespace fmha_test {
 
