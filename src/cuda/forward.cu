@@ -67,6 +67,12 @@ bool rows_aligned16(const TensorView& t) {
   return true;
 }
 
+// Element strides of a bias-like tensor ([B, H, Lq, *]): a dimension of size 1 broadcasts like a
+// stride of 0 (validation accepts both), so it reads element 0 whatever the index.
+void broadcast_strides(const TensorView& t, std::int64_t (&strides)[4]) {
+  for (std::size_t d = 0; d < 4; ++d) strides[d] = t.shape[d] == 1 ? 0 : t.stride[d];
+}
+
 // Options shared by dense and varlen: scale, softcap, masks, bias, rel-pos, sinks, extra keys.
 void fill_options(const AttentionOptions& o, const detail::ProblemShape& shape, ForwardParams* p) {
   p->scale_log2 = shape.scale * kLog2e;
@@ -80,15 +86,13 @@ void fill_options(const AttentionOptions& o, const detail::ProblemShape& shape, 
   if (o.causal) p->window_right = 0;  // causal is the window (unbounded, 0); intersect
   if (o.bias.defined()) {
     p->bias = o.bias.data;
-    for (int d = 0; d < 4; ++d) p->bias_stride[d] = o.bias.stride[static_cast<std::size_t>(d)];
+    broadcast_strides(o.bias, p->bias_stride);
   }
   if (o.rel_h.defined()) {
     p->rel_h = o.rel_h.data;
     p->rel_w = o.rel_w.data;
-    for (int d = 0; d < 4; ++d) {
-      p->rel_h_stride[d] = o.rel_h.stride[static_cast<std::size_t>(d)];
-      p->rel_w_stride[d] = o.rel_w.stride[static_cast<std::size_t>(d)];
-    }
+    broadcast_strides(o.rel_h, p->rel_h_stride);
+    broadcast_strides(o.rel_w, p->rel_w_stride);
     p->rel_w_size = shape.rel_w_size;
   }
   if (o.sinks.defined()) {

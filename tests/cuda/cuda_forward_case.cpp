@@ -86,8 +86,12 @@ Tensors make_tensors(const ForwardCase& c, std::mt19937_64& rng) {
   t.v.fill_uniform(rng, -1, 1);
   if (c.bias) {
     Layout layout;
-    layout.broadcast.assign(c.bias_broadcast.begin(), c.bias_broadcast.end());
-    t.bias = HostTensor(c.dtype, {b, h, rows_q(c), rows_k(c)}, layout);
+    std::vector<std::int64_t> shape{b, h, rows_q(c), rows_k(c)};
+    for (std::size_t d = 0; d < 4; ++d) {
+      if (c.bias_broadcast[d] && c.bias_size_one) shape[d] = 1;
+    }
+    if (!c.bias_size_one) layout.broadcast.assign(c.bias_broadcast.begin(), c.bias_broadcast.end());
+    t.bias = HostTensor(c.dtype, shape, layout);
     t.bias.fill_uniform(rng, -2, 2);
   }
   if (c.rel_hk > 0) {
@@ -200,6 +204,21 @@ class DeviceTensors {
   Views views_;
 };
 
+// The bias's values over the full [B, H, Lq, Lk] grid (size-1 dimensions repeated).
+std::vector<double> expand_bias(const HostTensor& bias, const std::vector<std::int64_t>& full) {
+  const std::vector<double> values = bias.to_double();
+  std::vector<double> r(static_cast<std::size_t>(fmha_test::product(full)));
+  for (std::int64_t index = 0; index < static_cast<std::int64_t>(r.size()); ++index) {
+    const std::vector<std::int64_t> at = fmha_test::unravel(index, full);
+    std::int64_t source = 0;
+    for (std::size_t d = 0; d < 4; ++d) {
+      source = source * bias.shape()[d] + (bias.shape()[d] == 1 ? 0 : at[d]);
+    }
+    r[static_cast<std::size_t>(index)] = values[static_cast<std::size_t>(source)];
+  }
+  return r;
+}
+
 double round_fp16(double x) { return fmha_test::round_to(DType::kFloat16, x); }
 double round_bf16(double x) { return fmha_test::round_to(DType::kBFloat16, x); }
 
@@ -231,7 +250,7 @@ naive::Forward naive_low_precision(const ForwardCase& c, const Tensors& t) {
   }
   p.bias_rows = rows_q(c);
   p.bias_cols = rows_k(c);
-  if (c.bias) p.bias = t.bias.to_double();
+  if (c.bias) p.bias = expand_bias(t.bias, {p.batch, c.heads, p.bias_rows, p.bias_cols});
   if (c.rel_hk > 0) {
     p.rel_h = t.rel_h.to_double();
     p.rel_w = t.rel_w.to_double();
@@ -299,7 +318,7 @@ std::string ForwardCase::describe() const {
   if (options.softcap > 0) s << " softcap" << options.softcap;
   if (bias) {
     s << " bias";
-    for (bool x : bias_broadcast) s << (x ? '0' : '.');
+    for (bool x : bias_broadcast) s << (x ? (bias_size_one ? '1' : '0') : '.');
   }
   if (rel_hk > 0) s << " relpos" << rel_hk;
   if (sinks) s << " sinks";
@@ -348,13 +367,14 @@ void check_forward(const ForwardCase& c, std::uint64_t seed, bool twice) {
 
   const naive::Forward lowp = naive_low_precision(c, t);
   const std::vector<double> ref_out = ref.out.to_double();
-  const double out_tol = fmha_test::tolerance(c.dtype, ref_out, lowp.out);
+  const double out_tol = fmha_test::tolerance(c.dtype, ref_out, lowp.out, c.dtype);
   const std::vector<double> got_out = t.out.to_double();
   report("out", c, got_out, ref_out, out_tol);
   EXPECT_TRUE(fmha_test::close("out", got_out, ref_out, t.out.shape(), out_tol));
   if (c.lse) {
     const std::vector<double> ref_lse = ref.lse.to_double();
-    const double lse_tol = fmha_test::tolerance(c.dtype, ref_lse, lse_to_library(c, lowp.lse));
+    const double lse_tol = fmha_test::tolerance(c.dtype, ref_lse, lse_to_library(c, lowp.lse),
+                                                DType::kFloat32);
     const std::vector<double> got_lse = t.lse.to_double();
     report("lse", c, got_lse, ref_lse, lse_tol);
     EXPECT_TRUE(fmha_test::close("lse", got_lse, ref_lse, t.lse.shape(), lse_tol));

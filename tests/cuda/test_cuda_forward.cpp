@@ -156,6 +156,9 @@ TEST(CudaForward, Bias) {
   check_forward(c, 91);
   c.bias_broadcast = {true, false, true, false};  // [1, H, 1, Lk] through stride 0
   check_forward(c, 92);
+  c.bias_size_one = true;  // [1, H, 1, Lk] through size-1 dimensions
+  check_forward(c, 94);
+  c.bias_size_one = false;
   c.bias_broadcast = {false, true, false, false};
   c.options.causal = true;
   c.options.softcap = 10.0f;
@@ -174,6 +177,8 @@ TEST(CudaForward, RelativePositionSam) {
   check_forward(c, 102);
   ForwardCase r = shape_case(DType::kFloat16, 17, 15 * 7, 64, 64, 2, 1);  // Hk 15, Wk 7
   r.rel_hk = 15;
+  r.batch = 2;
+  r.options.causal = true;
   check_forward(r, 103);
 }
 
@@ -193,6 +198,19 @@ TEST(CudaForward, Varlen) {
   c.q_layout.order = {1, 0, 2};  // q stored [H, T, D]
   c.kv_layout.pad = 3;
   check_forward(c, 113);
+}
+
+TEST(CudaForward, LongCausalWithEverything) {
+  SKIP_WITHOUT_GPU();
+  ForwardCase c = shape_case(DType::kBFloat16, 1023, 1023, 80, 80, 2, 1);
+  c.options.causal = true;
+  c.options.window_left = 300;
+  c.options.softcap = 20.0f;
+  c.bias = true;
+  c.bias_broadcast = {true, false, false, false};
+  c.sinks = true;
+  c.extra = 4;
+  check_forward(c, 115);
 }
 
 TEST(CudaForward, DeterministicRunTwice) {
