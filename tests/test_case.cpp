@@ -155,12 +155,6 @@ std::vector<double> expand(const HostTensor& t, const std::vector<std::int64_t>&
 double round_fp16(double x) { return round_to(DType::kFloat16, x); }
 double round_bf16(double x) { return round_to(DType::kBFloat16, x); }
 
-naive::Round naive_rounding(DType dtype) {
-  if (dtype == DType::kFloat16) return round_fp16;
-  if (dtype == DType::kBFloat16) return round_bf16;
-  return naive::exact;
-}
-
 bool low_precision(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
 
 fmha::AttentionOptions options_with_tensors(const AttentionCase& c, CaseTensors& t) {
@@ -181,6 +175,12 @@ fmha::AttentionGradients gradients(CaseTensors& t) {
 }
 
 }  // namespace
+
+naive::Round naive_rounding(DType dtype) {
+  if (dtype == DType::kFloat16) return round_fp16;
+  if (dtype == DType::kBFloat16) return round_bf16;
+  return naive::exact;
+}
 
 std::int64_t AttentionCase::num_batches() const {
   return kind == Kind::kVarlen ? static_cast<std::int64_t>(seqlens_q.size()) : batch;
@@ -479,6 +479,7 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
   const DType dt = c.dtype;
   // lse is stored in fp32 even for low-precision problems: its floor is fp32's.
   EXPECT_TRUE(close("out", t.out.to_double(), ref.out, t.out.shape(), tol(ref.out, lowp_ref.out, dt)));
+  EXPECT_TRUE(t.out.padding_untouched()) << "out: an element outside the view (padding) was written";
   const auto ref_lse = lse_to_library(c, ref.lse);
   const double lse_tol = tol(ref_lse, lowp ? lse_to_library(c, lowp_ref.lse) : ref_lse, t.lse.dtype());
   EXPECT_TRUE(close("lse", t.lse.to_double(), ref_lse, t.lse.shape(), lse_tol));
@@ -490,6 +491,8 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
   const std::vector<double> dlse = t.dlse.defined() ? lse_from_library(c, t.dlse.to_double()) : std::vector<double>{};
   const naive::Gradients g = naive::backward(p, ref, dout, dlse, naive::exact);
   const naive::Gradients lg = lowp ? naive::backward(p, lowp_ref, dout, dlse, round) : naive::Gradients{};
+  for (const auto& [name, grad] : {std::pair{"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}})
+    EXPECT_TRUE(grad->padding_untouched()) << name << ": an element outside the view (padding) was written";
   EXPECT_TRUE(close("dq", t.dq.to_double(), g.dq, t.dq.shape(), tol(g.dq, lg.dq, dt)));
   EXPECT_TRUE(close("dk", t.dk.to_double(), g.dk, t.dk.shape(), tol(g.dk, lg.dk, dt)));
   EXPECT_TRUE(close("dv", t.dv.to_double(), g.dv, t.dv.shape(), tol(g.dv, lg.dv, dt)));

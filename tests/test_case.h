@@ -73,6 +73,9 @@ fmha::Status run_forward(const AttentionCase& c, CaseTensors& t);
 fmha::Status run_backward(const AttentionCase& c, CaseTensors& t);
 
 naive::Problem naive_problem(const AttentionCase& c, const CaseTensors& t);
+// The rounding of the naive same-dtype baseline (SPEC §13): fp16 / bf16, or exact for fp32 / fp64.
+naive::Round naive_rounding(DType dtype);
+
 // Maps the naive lse [rows, H] to the library's lse layout and back.
 std::vector<double> lse_to_library(const AttentionCase& c, const std::vector<double>& naive_lse);
 std::vector<double> lse_from_library(const AttentionCase& c, const std::vector<double>& lib_lse);

@@ -36,12 +36,19 @@ DType stat_dtype(DType d) { return d == DType::kFloat64 ? DType::kFloat64 : DTyp
 
 // Split the keys of `c` into `parts` disjoint sets; sinks and extra keys go to part 0 only.
 void check_merge_matches_whole(const AttentionCase& c, Split split, int parts, std::uint64_t seed) {
-  SCOPED_TRACE("merge of " + std::to_string(parts) + (split == Split::kRanges ? " key ranges: " : " interleaved key sets: ") +
+  SCOPED_TRACE("merge of " + std::to_string(parts) +
+               (split == Split::kRanges ? " key ranges: " : " interleaved key sets: ") +
                c.describe());
   CaseTensors t = make_tensors(c, seed);
   const naive::Problem problem = naive_problem(c, t);
   const naive::Forward ref = naive::forward(problem, naive::exact);
-  const double tol = tolerance(c.dtype);
+  // fp16 / bf16: SPEC §13 against the naive same-dtype computation of the whole attention.
+  const naive::Round round = naive_rounding(c.dtype);
+  const naive::Forward lowp_ref = naive::forward(problem, round);
+  auto tol = [&](const std::vector<double>& r, const std::vector<double>& lr, DType storage) {
+    return tolerance(c.dtype, r, lr, storage);
+  };
+  const DType stat = stat_dtype(c.dtype);
 
   std::vector<HostTensor> outs, lses, douts, dlses, dqs;
   std::vector<fmha::AttentionOptions> part_options;
@@ -73,8 +80,11 @@ void check_merge_matches_whole(const AttentionCase& c, Split split, int parts, s
   const fmha::Status ms = fmha::run(fmha::MergeForwardParams{
       .outs = out_views, .lses = lse_views, .out = t.out.view(), .lse = t.lse.view()});
   ASSERT_TRUE(ms.ok()) << ms.message();
-  EXPECT_TRUE(close("merged out", t.out.to_double(), ref.out, t.out.shape(), tol));
-  EXPECT_TRUE(close("merged lse", t.lse.to_double(), lse_to_library(c, ref.lse), t.lse.shape(), tol));
+  EXPECT_TRUE(close("merged out", t.out.to_double(), ref.out, t.out.shape(),
+                    tol(ref.out, lowp_ref.out, c.dtype)));
+  const auto ref_lse = lse_to_library(c, ref.lse);
+  EXPECT_TRUE(close("merged lse", t.lse.to_double(), ref_lse, t.lse.shape(),
+                    tol(ref_lse, lse_to_library(c, lowp_ref.lse), stat)));
   if (!c.backward) return;
 
   // Backward through the merge, then through each part into strided views of the full gradients.
@@ -120,18 +130,26 @@ void check_merge_matches_whole(const AttentionCase& c, Split split, int parts, s
   }
   const std::vector<double> dlse = t.dlse.defined() ? lse_from_library(c, t.dlse.to_double()) : std::vector<double>{};
   const naive::Gradients ref_g = naive::backward(problem, ref, t.dout.to_double(), dlse, naive::exact);
-  EXPECT_TRUE(close("dq (sum over parts)", dq, ref_g.dq, t.dq.shape(), tol));
-  EXPECT_TRUE(close("dk", t.dk.to_double(), ref_g.dk, t.dk.shape(), tol));
-  EXPECT_TRUE(close("dv", t.dv.to_double(), ref_g.dv, t.dv.shape(), tol));
+  const naive::Gradients lowp_g = naive::backward(problem, lowp_ref, t.dout.to_double(), dlse, round);
+  EXPECT_TRUE(close("dq (sum over parts)", dq, ref_g.dq, t.dq.shape(),
+                    tol(ref_g.dq, lowp_g.dq, c.dtype)));
+  EXPECT_TRUE(close("dk", t.dk.to_double(), ref_g.dk, t.dk.shape(),
+                    tol(ref_g.dk, lowp_g.dk, c.dtype)));
+  EXPECT_TRUE(close("dv", t.dv.to_double(), ref_g.dv, t.dv.shape(),
+                    tol(ref_g.dv, lowp_g.dv, c.dtype)));
   if (t.dbias.defined()) {
-    EXPECT_TRUE(close("dbias", t.dbias.to_double(), ref_g.dbias, t.dbias.shape(), tol));
+    EXPECT_TRUE(close("dbias", t.dbias.to_double(), ref_g.dbias, t.dbias.shape(),
+                      tol(ref_g.dbias, lowp_g.dbias, c.dtype)));
   }
   if (t.dsinks.defined()) {
-    EXPECT_TRUE(close("dsinks", t.dsinks.to_double(), ref_g.dsinks, t.dsinks.shape(), tol));
+    EXPECT_TRUE(close("dsinks", t.dsinks.to_double(), ref_g.dsinks, t.dsinks.shape(),
+                      tol(ref_g.dsinks, lowp_g.dsinks, stat)));
   }
   if (t.dextra_k.defined()) {
-    EXPECT_TRUE(close("dextra_k", t.dextra_k.to_double(), ref_g.dextra_k, t.dextra_k.shape(), tol));
-    EXPECT_TRUE(close("dextra_v", t.dextra_v.to_double(), ref_g.dextra_v, t.dextra_v.shape(), tol));
+    EXPECT_TRUE(close("dextra_k", t.dextra_k.to_double(), ref_g.dextra_k, t.dextra_k.shape(),
+                      tol(ref_g.dextra_k, lowp_g.dextra_k, c.dtype)));
+    EXPECT_TRUE(close("dextra_v", t.dextra_v.to_double(), ref_g.dextra_v, t.dextra_v.shape(),
+                      tol(ref_g.dextra_v, lowp_g.dextra_v, c.dtype)));
   }
 }
 
@@ -173,6 +191,15 @@ TEST(Merge, InterleavedKeySets) {
   check_merge_matches_whole(c, Split::kInterleaved, 3, 5);
   c.dtype = DType::kFloat64;
   check_merge_matches_whole(c, Split::kInterleaved, 2, 6);
+}
+
+TEST(Merge, LowPrecision) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    check_merge_matches_whole(merge_case(dtype), Split::kRanges, 3, 8);
+    AttentionCase c = merge_case(dtype);
+    c.bias.given = false;
+    check_merge_matches_whole(c, Split::kInterleaved, 2, 9);
+  }
 }
 
 TEST(Merge, EmptyPartsContributeNothing) {
@@ -229,7 +256,8 @@ TEST(Merge, BackwardFiniteDifferences) {
   const double step = 1e-6;
   for (int p = 0; p < parts; ++p) {
     const auto pi = static_cast<std::size_t>(p);
-    for (auto [input, grad, name] : {std::tuple{&outs[pi], &douts[pi], "douts"}, std::tuple{&lses[pi], &dlses[pi], "dlses"}}) {
+    for (auto [input, grad, name] :
+         {std::tuple{&outs[pi], &douts[pi], "douts"}, std::tuple{&lses[pi], &dlses[pi], "dlses"}}) {
       std::vector<double> numeric, analytic;
       for (std::int64_t i = 0; i < input->numel(); ++i) {
         const double x = input->at(i);

@@ -145,20 +145,45 @@ void HostTensor::fill_uniform(std::mt19937_64& rng, double lo, double hi) {
   for (std::int64_t i = 0; i < numel(); ++i) set(i, dist(rng));
 }
 
-void HostTensor::poison() {
-  const std::size_t size = fmha::element_size(dtype_);
-  const std::size_t count = bytes_.size() / size;
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  for (std::size_t e = 0; e < count; ++e) {
-    unsigned char* p = bytes_.data() + e * size;
-    switch (dtype_) {
-      case DType::kFloat64: std::memcpy(p, &nan, 8); break;
-      case DType::kFloat32: { const float x = static_cast<float>(nan); std::memcpy(p, &x, 4); break; }
-      case DType::kInt32: { const std::int32_t x = -12345; std::memcpy(p, &x, 4); break; }
-      case DType::kFloat16: { const std::uint16_t x = 0x7e00u; std::memcpy(p, &x, 2); break; }
-      case DType::kBFloat16: { const std::uint16_t x = 0x7fc0u; std::memcpy(p, &x, 2); break; }
+namespace {
+
+// The bytes of one poisoned element: a quiet NaN of the dtype (int32: an implausible count).
+std::vector<unsigned char> poison_pattern(DType dtype) {
+  std::vector<unsigned char> bytes(fmha::element_size(dtype));
+  switch (dtype) {
+    case DType::kFloat64: {
+      const double x = std::numeric_limits<double>::quiet_NaN();
+      std::memcpy(bytes.data(), &x, 8);
+      break;
     }
+    case DType::kFloat32: {
+      const float x = std::numeric_limits<float>::quiet_NaN();
+      std::memcpy(bytes.data(), &x, 4);
+      break;
+    }
+    case DType::kInt32: { const std::int32_t x = -12345; std::memcpy(bytes.data(), &x, 4); break; }
+    case DType::kFloat16: { const std::uint16_t x = 0x7e00u; std::memcpy(bytes.data(), &x, 2); break; }
+    case DType::kBFloat16: { const std::uint16_t x = 0x7fc0u; std::memcpy(bytes.data(), &x, 2); break; }
   }
+  return bytes;
+}
+
+}  // namespace
+
+void HostTensor::poison() {
+  const std::vector<unsigned char> pattern = poison_pattern(dtype_);
+  for (std::size_t at = 0; at + pattern.size() <= bytes_.size(); at += pattern.size())
+    std::memcpy(bytes_.data() + at, pattern.data(), pattern.size());
+}
+
+bool HostTensor::padding_untouched() const {
+  const std::vector<unsigned char> pattern = poison_pattern(dtype_);
+  std::vector<bool> in_view(bytes_.size() / pattern.size(), false);
+  for (std::int64_t i = 0; i < numel(); ++i) in_view[static_cast<std::size_t>(offset_of(i))] = true;
+  for (std::size_t e = 0; e < in_view.size(); ++e)
+    if (!in_view[e] && std::memcmp(bytes_.data() + e * pattern.size(), pattern.data(), pattern.size()) != 0)
+      return false;
+  return true;
 }
 
 ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref, double tol) {

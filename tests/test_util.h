@@ -54,6 +54,9 @@ class HostTensor {
   void fill_uniform(std::mt19937_64& rng, double lo, double hi);
   // Every storage byte pattern set to NaN, so that an element the library forgets to write fails.
   void poison();
+  // After poison() and a run: false when a storage element outside the logical view (padding) was
+  // written, i.e. the library wrote out of bounds.
+  bool padding_untouched() const;
   bool bitwise_equal(const HostTensor& other) const { return bytes_ == other.bytes_; }
   // True when logical dim `dim` is broadcast (size 1 or stride 0).
   bool broadcast_dim(int dim) const;
