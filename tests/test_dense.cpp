@@ -138,6 +138,30 @@ TEST_P(DenseDtype, LongHeadDim) {
   check_case(c, 31);
 }
 
+TEST_P(DenseDtype, LongSequencesAllOptions) {
+  AttentionCase c;
+  c.dtype = GetParam();
+  c.batch = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 80;
+  c.value_dim = 72;
+  c.seqlen_q = 113;
+  c.seqlen_k = 112;
+  c.options.causal = true;
+  c.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
+  c.options.window_left = 30;
+  c.options.softcap = 8.0f;
+  c.bias = {.given = true, .broadcast = {true, false, false, false}, .zero_stride = false};
+  c.rel_hk = 8;  // a 8 x 14 key grid
+  c.sinks = true;
+  c.extra = 4;
+  c.dlse = true;
+  c.q_storage = Storage::kPadded;
+  c.kv_storage = Storage::kHeadsOuter;
+  check_case(c, 41);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, DenseDtype,
                          ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64),
                          [](const auto& info) { return dtype_name(info.param); });

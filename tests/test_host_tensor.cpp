@@ -12,7 +12,8 @@ TEST(HostTensor, LayoutStrides) {
   EXPECT_EQ(padded.stride(), (std::vector<std::int64_t>{21, 7, 1}));
   const HostTensor heads_outer(DType::kFloat32, {2, 5, 3, 4}, {.order = {0, 2, 1, 3}, .pad = 0, .broadcast = {}});
   EXPECT_EQ(heads_outer.stride(), (std::vector<std::int64_t>{60, 4, 20, 1}));
-  const HostTensor broadcast(DType::kFloat32, {2, 5, 3, 4}, {.order = {}, .pad = 0, .broadcast = {true, false, true, false}});
+  const HostTensor broadcast(DType::kFloat32, {2, 5, 3, 4},
+                             {.order = {}, .pad = 0, .broadcast = {true, false, true, false}});
   EXPECT_EQ(broadcast.stride(), (std::vector<std::int64_t>{0, 4, 0, 1}));
 }
 
