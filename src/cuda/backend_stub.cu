@@ -1,5 +1,6 @@
 // Entry points of the CUDA backend for which no kernel has landed yet: each refuses clearly.
-// As kernels land, their entry points move out of this file (the forward lives in forward.cu).
+// As kernels land, their entry points move out of this file (the forward lives in forward.cu,
+// the backward in backward.cu).
 #include "cuda/backend.h"
 
 namespace fmha::cuda {
@@ -10,12 +11,6 @@ Status no_kernel(const char* what) {
 }
 }  // namespace
 
-Status run(const AttentionBackwardParams&, const detail::ProblemShape&, void*) {
-  return no_kernel("attention backward");
-}
-Status run(const VarlenBackwardParams&, const detail::ProblemShape&, void*) {
-  return no_kernel("varlen attention backward");
-}
 Status run(const NeighborhoodForwardParams&, const detail::ProblemShape&, void*) {
   return no_kernel("neighborhood attention forward");
 }

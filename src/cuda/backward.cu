@@ -1,0 +1,336 @@
+// CUDA backend entry points of the backward: dense and varlen attention. Fills BackwardParams
+// from the validated views, picks fused or split, allocates the fp32 workspace stream-ordered
+// (O(L) memory: per-row statistics, plus the dQ accumulator in fused mode) and launches
+//   preprocess (Delta, lse_log2, sink terms) -> dsinks (ordered reduction)
+//   -> fused: dK/dV kernel with dQ atomics, dQ conversion
+//      split: dK/dV kernel, dQ kernel
+// with no device synchronisation.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/backend.h"
+#include "cuda/common/backward_params.h"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/dispatch_bwd.h"
+
+namespace fmha::cuda {
+namespace {
+
+constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
+
+Status cuda_error(const char* what, cudaError_t e) {
+  return Status::backend_error(std::string("fmha: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Makes the tensors' device current for the call and restores the caller's device after it.
+class DeviceGuard {
+ public:
+  Status enter(int device) {
+    cudaError_t e = cudaGetDevice(&previous_);
+    if (e != cudaSuccess) return cuda_error("cudaGetDevice failed", e);
+    if (previous_ != device) {
+      e = cudaSetDevice(device);
+      if (e != cudaSuccess) return cuda_error("cudaSetDevice failed", e);
+      switched_ = true;
+    }
+    return Status::ok_status();
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+Status refuse(const std::string& what) {
+  return Status::not_supported("fmha: the CUDA backward does not support " + what +
+                               " yet; run it on CPU tensors (the reference backend)");
+}
+
+Status check_supported(DType dtype, const AttentionGradients& g) {
+  if (dtype == DType::kFloat32) {
+    return Status::not_supported(
+        "fmha: the CUDA backend has no float32 backward kernel yet (the sm80 kernels run "
+        "float16/bfloat16 on tensor cores); got q of dtype float32");
+  }
+  if (dtype == DType::kFloat64) {
+    return Status::not_supported(
+        "fmha: the CUDA backend does not support float64 (the reference CPU backend does); got q "
+        "of dtype float64");
+  }
+  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+    return Status::not_supported(std::string("fmha: the CUDA backward got q of dtype ") +
+                                 to_string(dtype) + " (supported: float16, bfloat16)");
+  }
+  if (g.dbias.defined()) return refuse("grads.dbias (the bias gradient)");
+  if (g.drel_h.defined() || g.drel_w.defined()) {
+    return refuse("grads.drel_h / grads.drel_w (the relative-position gradients)");
+  }
+  return Status::ok_status();
+}
+
+Status check_device(int device, int* sm_count) {
+  int major = 0, minor = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(sm_count, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
+  if (major < 8) {
+    return Status::not_supported(
+        "fmha: the CUDA backward kernels need compute capability 8.0 or newer (fp16/bf16 "
+        "mma.sync tensor cores); detected GPU: sm_" +
+        std::to_string(major * 10 + minor));
+  }
+  return Status::ok_status();
+}
+
+bool aligned16(const void* ptr) {
+  return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
+}
+
+bool rows_aligned16(const TensorView& t) {
+  if (!aligned16(t.data)) return false;
+  for (int d = 0; d + 1 < t.rank; ++d) {
+    if (t.stride[static_cast<std::size_t>(d)] % 8 != 0) return false;
+  }
+  return true;
+}
+
+// Row strides of a [.., rows, heads, dim] tensor, dense ([B, L, H, *]) or packed ([T, H, *]).
+struct RowStrides {
+  std::int64_t batch, row, head;
+};
+RowStrides row_strides(const TensorView& t, bool varlen) {
+  if (varlen) return {0, t.stride[0], t.stride[1]};
+  return {t.stride[0], t.stride[1], t.stride[2]};
+}
+// Strides of a statistics tensor [B, H, Lq] (varlen [H, total_q]).
+RowStrides stat_strides(const TensorView& t, bool varlen) {
+  if (varlen) return {0, t.stride[1], t.stride[0]};
+  return {t.stride[0], t.stride[2], t.stride[1]};
+}
+
+// The forward part of the parameters: the same scores, masks and extra keys the forward saw.
+void fill_forward(const AttentionOptions& o, const detail::ProblemShape& shape, ForwardParams* p) {
+  p->batch = shape.batch;
+  p->seqlen_q = shape.seqlen_q;
+  p->seqlen_k = shape.seqlen_k;
+  p->heads = static_cast<int>(shape.heads);
+  p->kv_group = static_cast<int>(shape.heads / shape.kv_heads);
+  p->head_dim = static_cast<int>(shape.head_dim);
+  p->value_dim = static_cast<int>(shape.value_dim);
+  p->scale_log2 = shape.scale * kLog2e;
+  if (o.softcap > 0.0f) {
+    p->softcap_log2 = o.softcap * kLog2e;
+    p->scale_over_softcap = shape.scale / o.softcap;
+  }
+  p->bottom_right = o.causal_alignment == CausalAlignment::kBottomRight;
+  p->window_left = o.window_left < 0 ? kUnboundedWindow : o.window_left;
+  p->window_right = o.window_right < 0 ? kUnboundedWindow : o.window_right;
+  if (o.causal) p->window_right = 0;  // causal is the window (unbounded, 0); intersect
+  if (o.bias.defined()) {
+    p->bias = o.bias.data;
+    for (int d = 0; d < 4; ++d) p->bias_stride[d] = o.bias.stride[static_cast<std::size_t>(d)];
+  }
+  if (o.rel_h.defined()) {
+    p->rel_h = o.rel_h.data;
+    p->rel_w = o.rel_w.data;
+    for (int d = 0; d < 4; ++d) {
+      p->rel_h_stride[d] = o.rel_h.stride[static_cast<std::size_t>(d)];
+      p->rel_w_stride[d] = o.rel_w.stride[static_cast<std::size_t>(d)];
+    }
+    p->rel_w_size = shape.rel_w_size;
+  }
+  if (o.sinks.defined()) {
+    p->sinks = static_cast<const float*>(o.sinks.data);
+    p->sinks_stride = o.sinks.stride[0];
+  }
+  if (o.extra_k.defined() && shape.num_extra > 0) {
+    p->extra_k = o.extra_k.data;
+    p->extra_v = o.extra_v.data;
+    p->num_extra = shape.num_extra;
+    p->extra_k_batch_stride = o.extra_k.stride[0];
+    p->extra_k_row_stride = o.extra_k.stride[1];
+    p->extra_k_head_stride = o.extra_k.stride[2];
+    p->extra_v_batch_stride = o.extra_v.stride[0];
+    p->extra_v_row_stride = o.extra_v.stride[1];
+    p->extra_v_head_stride = o.extra_v.stride[2];
+  }
+}
+
+// Everything but the workspace, from the tensors of either entry point.
+template <typename Params>
+BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, bool varlen) {
+  BackwardParams p;
+  ForwardParams& f = p.fwd;
+  fill_forward(a.options, shape, &f);
+  p.scale = shape.scale;
+  f.q = a.q.data;
+  f.k = a.k.data;
+  f.v = a.v.data;
+  f.out = a.out.data;
+  const RowStrides q = row_strides(a.q, varlen), k = row_strides(a.k, varlen);
+  const RowStrides v = row_strides(a.v, varlen), out = row_strides(a.out, varlen);
+  f.q_batch_stride = q.batch, f.q_row_stride = q.row, f.q_head_stride = q.head;
+  f.k_batch_stride = k.batch, f.k_row_stride = k.row, f.k_head_stride = k.head;
+  f.v_batch_stride = v.batch, f.v_row_stride = v.row, f.v_head_stride = v.head;
+  f.out_batch_stride = out.batch, f.out_row_stride = out.row, f.out_head_stride = out.head;
+  const RowStrides lse = stat_strides(a.lse, varlen);
+  f.lse = static_cast<float*>(a.lse.data);  // read only: the forward's lse
+  f.lse_batch_stride = lse.batch, f.lse_row_stride = lse.row, f.lse_head_stride = lse.head;
+
+  p.dout = a.dout.data;
+  const RowStrides dout = row_strides(a.dout, varlen);
+  p.dout_batch_stride = dout.batch, p.dout_row_stride = dout.row, p.dout_head_stride = dout.head;
+  if (a.dlse.defined()) {
+    const RowStrides dlse = stat_strides(a.dlse, varlen);
+    p.dlse = static_cast<const float*>(a.dlse.data);
+    p.dlse_batch_stride = dlse.batch, p.dlse_row_stride = dlse.row;
+    p.dlse_head_stride = dlse.head;
+  }
+  const AttentionGradients& g = a.grads;
+  p.dq = g.dq.data;
+  const RowStrides dq = row_strides(g.dq, varlen), dk = row_strides(g.dk, varlen);
+  const RowStrides dv = row_strides(g.dv, varlen);
+  p.dq_batch_stride = dq.batch, p.dq_row_stride = dq.row, p.dq_head_stride = dq.head;
+  p.dk = g.dk.data;
+  p.dk_batch_stride = dk.batch, p.dk_row_stride = dk.row, p.dk_head_stride = dk.head;
+  p.dv = g.dv.data;
+  p.dv_batch_stride = dv.batch, p.dv_row_stride = dv.row, p.dv_head_stride = dv.head;
+  if (g.dextra_k.defined() && f.num_extra > 0) {
+    p.dextra_k = g.dextra_k.data;
+    p.dextra_k_batch_stride = g.dextra_k.stride[0];
+    p.dextra_k_row_stride = g.dextra_k.stride[1];
+    p.dextra_k_head_stride = g.dextra_k.stride[2];
+  }
+  if (g.dextra_v.defined() && f.num_extra > 0) {
+    p.dextra_v = g.dextra_v.data;
+    p.dextra_v_batch_stride = g.dextra_v.stride[0];
+    p.dextra_v_row_stride = g.dextra_v.stride[1];
+    p.dextra_v_head_stride = g.dextra_v.stride[2];
+  }
+  if (g.dsinks.defined()) {
+    p.dsinks = static_cast<float*>(g.dsinks.data);
+    p.dsinks_stride = g.dsinks.stride[0];
+  }
+
+  const bool dims8 = f.head_dim % 8 == 0 && f.value_dim % 8 == 0;
+  bool loads = dims8 && rows_aligned16(a.q) && rows_aligned16(a.k) && rows_aligned16(a.v) &&
+               rows_aligned16(a.dout);
+  if (f.num_extra > 0) {
+    loads = loads && rows_aligned16(a.options.extra_k) && rows_aligned16(a.options.extra_v);
+  }
+  f.vector_loads = loads;
+  p.num_chunks = backward_num_chunks(p);
+  return p;
+}
+
+// Fused does each product once but adds dQ with atomics inside the dK/dV blocks; split moves dQ
+// into its own kernel (one block per query tile and head, atomic-free) at the price of
+// recomputing S and dP there (7 products instead of 5). The dK/dV grid (key tiles x kv heads x
+// batch x chunks) is the same in both, so split pays off only when that grid is too small to
+// carry the dQ work as well. Measured on an H100 (132 SMs), fp16 (.gpu/bwd bench): fused wins by
+// 14-25% at 128-2048 dK/dV blocks; split wins by 7% at 16 blocks (MQA, 8 heads, L 1024) and by 5%
+// at 256 blocks of a causal GQA group of 8 (L 4096; fused 7.19 ms, split 6.83 ms, the one shape
+// this rule gets wrong). Rule: split when the dK/dV grid fills less than half the SMs.
+// deterministic forces split, whose reductions all run in a fixed order.
+bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl,
+               int sm_count) {
+  if (o.deterministic) return false;
+  if (impl == BackwardImpl::kFused) return true;
+  if (impl == BackwardImpl::kSplit) return false;
+  return 2 * backward_dkdv_blocks(p) >= sm_count;
+}
+
+// Statistics rows are [outer, H, inner]: dense B x Lq, varlen 1 x total_q.
+Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl impl, DType dtype,
+                    int device, std::int64_t outer, std::int64_t inner, bool varlen,
+                    void* stream_ptr) {
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  if (p.fwd.heads > kMaxGridYZ || p.fwd.batch > kMaxGridYZ) {
+    return Status::not_supported(
+        "fmha: the CUDA backward kernels take at most 65535 heads and 65535 batches (one grid "
+        "dimension each); got " +
+        std::to_string(p.fwd.heads) + " heads and " + std::to_string(p.fwd.batch) + " batches");
+  }
+  if (p.fwd.batch == 0 || p.fwd.heads == 0) return Status::ok_status();  // empty gradients
+  DeviceGuard guard;
+  FMHA_RETURN_IF_ERROR(guard.enter(device));
+  int sm_count = 0;
+  FMHA_RETURN_IF_ERROR(check_device(device, &sm_count));
+  const bool fused = use_fused(p, o, impl, sm_count);
+
+  const std::int64_t heads = p.fwd.heads;
+  const std::int64_t stats = outer * heads * inner;
+  const std::int64_t accum = fused ? stats * p.fwd.head_dim : 0;
+  const std::int64_t floats = 2 * stats + (p.dsinks != nullptr ? stats : 0) + accum;
+  float* workspace = nullptr;
+  if (floats > 0) {
+    const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&workspace),
+                                          static_cast<std::size_t>(floats) * sizeof(float), stream);
+    if (e != cudaSuccess) return cuda_error("cudaMallocAsync of the backward workspace failed", e);
+  }
+  p.delta = workspace;
+  p.lse_log2 = workspace + stats;
+  p.stat_batch_stride = varlen ? 0 : heads * inner;
+  p.stat_head_stride = inner;
+  float* next = workspace + 2 * stats;
+  if (p.dsinks != nullptr && p.fwd.sinks != nullptr) {
+    p.sink_term = next;
+    next += stats;
+  }
+  if (fused) {
+    p.dq_accum = next;
+    p.accum_row_stride = p.fwd.head_dim;
+    p.accum_head_stride = inner * p.fwd.head_dim;
+    p.accum_batch_stride = varlen ? 0 : heads * inner * p.fwd.head_dim;
+  }
+
+  Status s = Status::ok_status();
+  auto step = [&](Status next_status) {
+    if (s.ok()) s = next_status;
+  };
+  if (fused && accum > 0) {
+    const cudaError_t e =
+        cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(accum) * sizeof(float), stream);
+    if (e != cudaSuccess) step(cuda_error("cudaMemsetAsync of the dQ accumulator failed", e));
+  }
+  step(launch_backward_preprocess(p, dtype, outer, inner, stream));
+  if (p.dsinks != nullptr) step(launch_backward_dsinks(p, outer, inner, stream));
+  if (s.ok()) step(dispatch_backward_dkdv(p, dtype, stream));
+  if (s.ok()) {
+    step(fused ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
+               : dispatch_backward_dq(p, dtype, stream));
+  }
+  if (workspace != nullptr) {
+    const cudaError_t e = cudaFreeAsync(workspace, stream);
+    if (e != cudaSuccess) step(cuda_error("cudaFreeAsync of the backward workspace failed", e));
+  }
+  return s;
+}
+
+}  // namespace
+
+Status run(const AttentionBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype, a.grads));
+  const BackwardParams p = make_params(a, shape, /*varlen=*/false);
+  return run_backward(p, a.options, a.backward_impl, a.q.dtype, a.q.device.index, shape.batch,
+                      shape.seqlen_q, /*varlen=*/false, stream);
+}
+
+Status run(const VarlenBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype, a.grads));
+  BackwardParams p = make_params(a, shape, /*varlen=*/true);
+  p.fwd.cu_seqlens_q = static_cast<const std::int32_t*>(a.cu_seqlens_q.data);
+  p.fwd.cu_seqlens_k = static_cast<const std::int32_t*>(a.cu_seqlens_k.data);
+  return run_backward(p, a.options, a.backward_impl, a.q.dtype, a.q.device.index, 1, shape.total_q,
+                      /*varlen=*/true, stream);
+}
+
+}  // namespace fmha::cuda

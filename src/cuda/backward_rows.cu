@@ -1,0 +1,147 @@
+// Row-wise kernels around the backward's main kernels: the preprocess (Delta, lse in log2 units,
+// sink terms), the ordered dsinks reduction, and the conversion of the fused dQ accumulator.
+// Rows are addressed as [outer, H, inner] (dense: B x Lq; varlen: 1 x total_q, batch strides 0),
+// so none of them needs cu_seqlens. One warp per row; lanes stride over the head dim.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/tile_primitives.cuh"
+#include "cuda/dispatch_bwd.h"
+
+namespace fmha::cuda {
+namespace {
+
+constexpr int kRowWarps = 8;  // rows per block
+constexpr int kRowThreads = kRowWarps * 32;
+constexpr int kReduceThreads = 256;
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// grid (ceil(inner / kRowWarps), H, outer).
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    backward_preprocess_kernel(const __grid_constant__ BackwardParams p, std::int64_t inner) {
+  const ForwardParams& f = p.fwd;
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const std::int64_t h = blockIdx.y, b = blockIdx.z;
+  if (i >= inner) return;
+  const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                     i * p.dout_row_stride + h * p.dout_head_stride;
+  const auto* out = static_cast<const std::uint16_t*>(f.out) + b * f.out_batch_stride +
+                    i * f.out_row_stride + h * f.out_head_stride;
+  float dot = 0.0f;
+  for (int c = lane; c < f.value_dim; c += 32) {
+    dot += tile::Dtype<T>::to_float(dout[c]) * tile::Dtype<T>::to_float(out[c]);
+  }
+  dot = warp_sum(dot);
+  if (lane != 0) return;
+  if (p.dlse != nullptr) {
+    dot -= p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + i * p.dlse_row_stride];
+  }
+  const float lse = f.lse[b * f.lse_batch_stride + h * f.lse_head_stride + i * f.lse_row_stride];
+  const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + i;
+  // A row with lse = -inf saw nothing (no key, no sink): +inf makes every P of it exactly 0.
+  const bool empty = lse == -INFINITY;
+  p.delta[stat] = dot;
+  p.lse_log2[stat] = empty ? INFINITY : lse * kLog2e;
+  if (p.sink_term != nullptr) {
+    const float p_sink = empty ? 0.0f : expf(f.sinks[h * f.sinks_stride] - lse);
+    p.sink_term[stat] = p_sink * dot;
+  }
+}
+
+// One block per head; a fixed assignment of rows to threads and a fixed tree, so the sum is the
+// same bits on every run.
+__global__ void __launch_bounds__(kReduceThreads)
+    backward_dsinks_kernel(const __grid_constant__ BackwardParams p, std::int64_t outer,
+                           std::int64_t inner) {
+  __shared__ float partial[kReduceThreads];
+  const std::int64_t h = blockIdx.x;
+  float sum = 0.0f;
+  for (std::int64_t n = threadIdx.x; n < outer * inner; n += kReduceThreads) {
+    const std::int64_t b = n / inner, i = n % inner;
+    sum += p.sink_term[b * p.stat_batch_stride + h * p.stat_head_stride + i];
+  }
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int width = kReduceThreads / 2; width > 0; width /= 2) {
+    if (static_cast<int>(threadIdx.x) < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.dsinks[h * p.dsinks_stride] = -partial[0];
+}
+
+// grid (ceil(inner / kRowWarps), H, outer).
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    backward_convert_dq_kernel(const __grid_constant__ BackwardParams p, std::int64_t inner) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const std::int64_t h = blockIdx.y, b = blockIdx.z;
+  if (i >= inner) return;
+  const float* accum =
+      p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride + i * p.accum_row_stride;
+  auto* dq = static_cast<std::uint16_t*>(p.dq) + b * p.dq_batch_stride + i * p.dq_row_stride +
+             h * p.dq_head_stride;
+  for (int c = lane; c < p.fwd.head_dim; c += 32) {
+    dq[c] = tile::Dtype<T>::from_float(accum[c] * p.scale);
+  }
+}
+
+Status launched(const char* name) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return Status::ok_status();
+  return Status::backend_error(std::string("fmha: CUDA ") + name +
+                               " kernel launch failed: " + cudaGetErrorString(e));
+}
+
+dim3 row_grid(const BackwardParams& p, std::int64_t outer, std::int64_t inner) {
+  return dim3(static_cast<unsigned>((inner + kRowWarps - 1) / kRowWarps),
+              static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(outer));
+}
+
+}  // namespace
+
+Status launch_backward_preprocess(const BackwardParams& p, DType dtype, std::int64_t outer,
+                                  std::int64_t inner, cudaStream_t stream) {
+  if (outer == 0 || inner == 0 || p.fwd.heads == 0) return Status::ok_status();
+  const dim3 grid = row_grid(p, outer, inner);
+  if (dtype == DType::kFloat16) {
+    backward_preprocess_kernel<__half><<<grid, kRowThreads, 0, stream>>>(p, inner);
+  } else {
+    backward_preprocess_kernel<__nv_bfloat16><<<grid, kRowThreads, 0, stream>>>(p, inner);
+  }
+  return launched("backward preprocess");
+}
+
+Status launch_backward_dsinks(const BackwardParams& p, std::int64_t outer, std::int64_t inner,
+                              cudaStream_t stream) {
+  if (p.fwd.heads == 0) return Status::ok_status();
+  backward_dsinks_kernel<<<static_cast<unsigned>(p.fwd.heads), kReduceThreads, 0, stream>>>(
+      p, outer, inner);
+  return launched("backward dsinks");
+}
+
+Status launch_backward_convert_dq(const BackwardParams& p, DType dtype, std::int64_t outer,
+                                  std::int64_t inner, cudaStream_t stream) {
+  if (outer == 0 || inner == 0 || p.fwd.heads == 0) return Status::ok_status();
+  const dim3 grid = row_grid(p, outer, inner);
+  if (dtype == DType::kFloat16) {
+    backward_convert_dq_kernel<__half><<<grid, kRowThreads, 0, stream>>>(p, inner);
+  } else {
+    backward_convert_dq_kernel<__nv_bfloat16><<<grid, kRowThreads, 0, stream>>>(p, inner);
+  }
+  return launched("backward dQ conversion");
+}
+
+}  // namespace fmha::cuda

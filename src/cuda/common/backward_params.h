@@ -1,0 +1,57 @@
+// The backward kernels' runtime arguments. The forward's ForwardParams is embedded as is: the
+// backward recomputes the forward's scores, so masks and score modifiers are made from it by the
+// very policies the forward uses. Its lse pointer and strides hold the forward's lse (read only).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/forward_params.h"
+
+namespace fmha::cuda {
+
+struct BackwardParams {
+  ForwardParams fwd;
+  float scale = 1.0f;  // natural-unit scale; the chain rule's last factor of dq and dk
+
+  // dout [B, Lq, H, Dv] (16-bit), dlse [B, H, Lq] fp32 (nullptr when absent). Varlen: batch
+  // strides 0, rows from cu_seqlens, dlse [H, total_q].
+  const void* dout = nullptr;
+  std::int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
+  const float* dlse = nullptr;
+  std::int64_t dlse_batch_stride = 0, dlse_head_stride = 0, dlse_row_stride = 0;
+
+  // Gradients, written in q's dtype with their own strides; dextra_* / dsinks nullptr when not
+  // requested.
+  void* dq = nullptr;
+  std::int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  void* dk = nullptr;
+  std::int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  void* dv = nullptr;
+  std::int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  void* dextra_k = nullptr;
+  std::int64_t dextra_k_batch_stride = 0, dextra_k_row_stride = 0, dextra_k_head_stride = 0;
+  void* dextra_v = nullptr;
+  std::int64_t dextra_v_batch_stride = 0, dextra_v_row_stride = 0, dextra_v_head_stride = 0;
+  float* dsinks = nullptr;
+  std::int64_t dsinks_stride = 0;
+
+  // Workspace (fp32, one allocation per call). Per-row statistics [B, H, Lq] (varlen
+  // [H, total_q]), row stride 1:
+  //   delta     Delta[i] = dot(dout[i], out[i]) - dlse[i]
+  //   lse_log2  lse * log2(e); +inf for rows that must contribute nothing (fully masked rows,
+  //             whose lse is -inf), so that exp2(s - lse_log2) is exactly 0 there
+  //   sink_term P_sink[i] * Delta[i] (only with dsinks)
+  float* delta = nullptr;
+  float* lse_log2 = nullptr;
+  float* sink_term = nullptr;
+  std::int64_t stat_batch_stride = 0, stat_head_stride = 0;
+  // Fused mode: dQ accumulated with fp32 atomics, [B, H, Lq, D] (varlen [H, total_q, D]);
+  // nullptr in split mode (the dQ kernel writes dq directly).
+  float* dq_accum = nullptr;
+  std::int64_t accum_batch_stride = 0, accum_head_stride = 0, accum_row_stride = 0;
+
+  // dK/dV kernel: column chunks of the head dims (tile_sizes_bwd.h), one block each.
+  int num_chunks = 1;
+};
+
+}  // namespace fmha::cuda

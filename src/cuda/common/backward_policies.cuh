@@ -1,0 +1,108 @@
+// What the backward adds to the forward's policies (forward_policies.cuh), as free functions over
+// the same policy types, so that a feature stays one policy for both directions:
+//   query_range(mask, first_key, last_key): the mask's key_range transposed, i.e. the queries that
+//     can see any key of a block (the dK/dV kernel skips every other query tile);
+//   visible_queries / visible_keys: visible(i, j) for one key against a tile of queries (or one
+//     query against a tile of keys) as an interval of tile offsets, computed once per row so that
+//     the per-element test of a partial tile is two int compares;
+//   score_with_grad(scores, dot, &grad): the forward's transform, plus d(score)/d(scale * dot),
+//     the factor the chain rule puts between dS and the q.k product (1 without softcap,
+//     1 - tanh^2 with it).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/forward_policies.cuh"
+
+namespace fmha::cuda {
+
+struct QueryRange {
+  std::int64_t begin, end;  // [begin, end), clipped to [0, num_queries); empty when end <= begin
+};
+
+__device__ inline QueryRange query_range(const MaskNone&, std::int64_t, std::int64_t,
+                                         std::int64_t num_queries) {
+  return {0, num_queries};
+}
+
+// visible iff i + offset - left <= j <= i + offset + right, i.e.
+// j - offset - right <= i <= j - offset + left: the union over keys [first, last] is
+// [first - offset - right, last - offset + left].
+__device__ inline QueryRange query_range(const MaskWindow& m, std::int64_t first_key,
+                                         std::int64_t last_key, std::int64_t num_queries) {
+  const std::int64_t lo = first_key - m.offset - m.right;
+  const std::int64_t hi = last_key - m.offset + m.left + 1;
+  return {lo > 0 ? lo : 0, hi < num_queries ? hi : num_queries};
+}
+
+// Inclusive interval of offsets in a tile; empty when lo > hi.
+struct TileBounds {
+  int lo, hi;
+  __device__ bool contains(int x) const { return x >= lo && x <= hi; }
+};
+
+__device__ inline TileBounds clamp_bounds(std::int64_t lo, std::int64_t hi, int tile) {
+  return {static_cast<int>(lo < 0 ? 0 : (lo > tile ? tile : lo)),
+          static_cast<int>(hi < -1 ? -1 : (hi >= tile ? tile - 1 : hi))};
+}
+
+// Offsets r in [0, tile) for which query first_query + r sees key j.
+__device__ inline TileBounds visible_queries(const MaskNone& m, std::int64_t j, std::int64_t,
+                                             int tile) {
+  return j < m.num_keys ? TileBounds{0, tile - 1} : TileBounds{0, -1};
+}
+__device__ inline TileBounds visible_queries(const MaskWindow& m, std::int64_t j,
+                                             std::int64_t first_query, int tile) {
+  if (j >= m.num_keys) return {0, -1};
+  return clamp_bounds(j - m.offset - m.right - first_query, j - m.offset + m.left - first_query,
+                      tile);
+}
+
+// Offsets c in [0, tile) for which query i sees key first_key + c.
+__device__ inline TileBounds visible_keys(const MaskNone& m, std::int64_t, std::int64_t first_key,
+                                          int tile) {
+  return clamp_bounds(0, m.num_keys - 1 - first_key, tile);
+}
+__device__ inline TileBounds visible_keys(const MaskWindow& m, std::int64_t i,
+                                          std::int64_t first_key, int tile) {
+  const std::int64_t d = i + m.offset;
+  const std::int64_t hi = d + m.right < m.num_keys - 1 ? d + m.right : m.num_keys - 1;
+  return clamp_bounds(d - m.left - first_key, hi - first_key, tile);
+}
+
+__device__ __forceinline__ float score_with_grad(const ScoreScale& s, float dot, float* grad) {
+  *grad = 1.0f;
+  return dot * s.scale_log2;
+}
+
+template <typename T>
+__device__ __forceinline__ float score_with_grad(const ScoreModifiers<T>& s, float dot,
+                                                 float* grad) {
+  if (s.softcap_log2 > 0.0f) {
+    const float t = tanhf(dot * s.scale_over_softcap);  // as the forward's transform computes it
+    *grad = 1.0f - t * t;
+    return s.softcap_log2 * t;
+  }
+  *grad = 1.0f;
+  return dot * s.scale_log2;
+}
+
+// Bias and rel-pos of element (i, j) in log2 units, one element at a time: the dK/dV kernel's
+// tiles are transposed (rows are keys), so the forward's row-major tile helpers do not apply.
+__device__ __forceinline__ bool has_additive(const ScoreScale&) {
+  return false;
+}
+__device__ __forceinline__ float additive_log2(const ScoreScale&, std::int64_t, std::int64_t) {
+  return 0.0f;
+}
+template <typename T>
+__device__ __forceinline__ bool has_additive(const ScoreModifiers<T>& s) {
+  return s.bias != nullptr || s.rel_h != nullptr;
+}
+template <typename T>
+__device__ __forceinline__ float additive_log2(const ScoreModifiers<T>& s, std::int64_t i,
+                                               std::int64_t j) {
+  return s.additive_log2(i, j);
+}
+
+}  // namespace fmha::cuda

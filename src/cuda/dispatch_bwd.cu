@@ -1,0 +1,83 @@
+// The one place where the backward's runtime values become template parameters:
+// dtype -> T, max(D, Dv) -> head-dim bucket. One policy (PolicyGeneral) serves every feature.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "cuda/common/forward_policies.cuh"
+#include "cuda/dispatch_bwd.h"
+#include "cuda/sm80/launch_bwd.h"
+#include "cuda/sm80/tile_sizes_bwd.h"
+
+namespace fmha::cuda {
+namespace {
+
+int max_dim(const BackwardParams& p) {
+  return p.fwd.head_dim > p.fwd.value_dim ? p.fwd.head_dim : p.fwd.value_dim;
+}
+
+Status unsupported_head_dim(const BackwardParams& p) {
+  return Status::not_supported("fmha: head_dim " + std::to_string(p.fwd.head_dim) +
+                               " / value_dim " + std::to_string(p.fwd.value_dim) +
+                               " is not supported by the CUDA backward kernels (sm80; supported: "
+                               "1..256 each)");
+}
+
+template <typename T, bool kDkDv>
+Status launch(const BackwardParams& p, cudaStream_t stream) {
+  using P = PolicyGeneral;
+  switch (sm80::head_dim_bucket(max_dim(p))) {
+#define FMHA_CASE(D)                                              \
+  case D:                                                         \
+    return kDkDv ? sm80::launch_backward_dkdv<T, D, P>(p, stream) \
+                 : sm80::launch_backward_dq<T, D, P>(p, stream);
+    FMHA_CASE(32)
+    FMHA_CASE(64)
+    FMHA_CASE(96)
+    FMHA_CASE(128)
+    FMHA_CASE(160)
+    FMHA_CASE(192)
+    FMHA_CASE(224)
+    FMHA_CASE(256)
+#undef FMHA_CASE
+    default:
+      return unsupported_head_dim(p);
+  }
+}
+
+template <bool kDkDv>
+Status dispatch_dtype(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return launch<__half, kDkDv>(p, stream);
+    case DType::kBFloat16:
+      return launch<__nv_bfloat16, kDkDv>(p, stream);
+    default:
+      return Status::not_supported(std::string("fmha: the CUDA backward kernels got q of dtype ") +
+                                   to_string(dtype) + " (supported: float16, bfloat16)");
+  }
+}
+
+}  // namespace
+
+int backward_num_chunks(const BackwardParams& p) {
+  const int d = max_dim(p);
+  return sm80::bwd_num_chunks(sm80::head_dim_bucket(d), d);
+}
+
+std::int64_t backward_dkdv_blocks(const BackwardParams& p) {
+  const std::int64_t n = sm80::kBwdBlockN;
+  const std::int64_t tiles = (p.fwd.seqlen_k + n - 1) / n + (p.fwd.num_extra + n - 1) / n;
+  return tiles * backward_num_chunks(p) * (p.fwd.heads / p.fwd.kv_group) * p.fwd.batch;
+}
+
+Status dispatch_backward_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+  return dispatch_dtype<true>(p, dtype, stream);
+}
+
+Status dispatch_backward_dq(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+  return dispatch_dtype<false>(p, dtype, stream);
+}
+
+}  // namespace fmha::cuda

@@ -1,0 +1,38 @@
+// Backward dispatch: turns the runtime dtype and head-dim bucket of a filled BackwardParams into
+// compiled kernel variants, and launches the row-wise helper kernels (backward_rows.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/backward_params.h"
+#include "fmha/status.h"
+#include "fmha/tensor.h"
+
+namespace fmha::cuda {
+
+// Column chunks of the dK/dV kernel for this problem (sets nothing; read by the caller).
+int backward_num_chunks(const BackwardParams& p);
+
+// Blocks the fused dK/dV kernel would launch: what the auto rule weighs against the SM count.
+std::int64_t backward_dkdv_blocks(const BackwardParams& p);
+
+// dK/dV, plus the fused dQ atomics when p.dq_accum is set. `dtype` is q's (fp16 or bf16).
+Status dispatch_backward_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream);
+// dQ of the split backward.
+Status dispatch_backward_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);
+
+// Row-wise helpers, over `outer` x `inner` rows of the [outer, H, inner] statistics layout
+// (dense: B x Lq; varlen: 1 x total_q).
+// Delta, lse_log2 and (with p.sink_term) the sink terms.
+Status launch_backward_preprocess(const BackwardParams& p, DType dtype, std::int64_t outer,
+                                  std::int64_t inner, cudaStream_t stream);
+// dsinks[h] = -sum of the sink terms of head h, in a fixed order (deterministic).
+Status launch_backward_dsinks(const BackwardParams& p, std::int64_t outer, std::int64_t inner,
+                              cudaStream_t stream);
+// dq = scale * dq_accum in q's dtype (fused mode).
+Status launch_backward_convert_dq(const BackwardParams& p, DType dtype, std::int64_t outer,
+                                  std::int64_t inner, cudaStream_t stream);
+
+}  // namespace fmha::cuda

@@ -1,0 +1,58 @@
+// Definitions of the sm80 backward launches; included only by the instantiation files.
+#pragma once
+
+#include <string>
+
+#include "cuda/sm80/launch_bwd.h"
+#include "cuda/sm80/mainloop_bwd_dkdv.cuh"
+#include "cuda/sm80/mainloop_bwd_dq.cuh"
+
+namespace fmha::cuda::sm80 {
+
+namespace detail_bwd {
+
+template <typename Kernel>
+Status launch_checked(Kernel* kernel, const char* name, dim3 grid, int smem_bytes,
+                      const BackwardParams& p, cudaStream_t stream) {
+  constexpr int kDefaultSmemLimit = 48 * 1024;  // beyond it a kernel must opt in
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::ok_status();
+  if (smem_bytes > kDefaultSmemLimit) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != cudaSuccess) {
+      return Status::backend_error(std::string("fmha: CUDA ") + name +
+                                   " kernel (sm80) could not get " + std::to_string(smem_bytes) +
+                                   " bytes of shared memory: " + cudaGetErrorString(e));
+    }
+  }
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    return Status::backend_error(std::string("fmha: CUDA ") + name +
+                                 " kernel (sm80) launch failed: " + cudaGetErrorString(e));
+  }
+  return Status::ok_status();
+}
+
+}  // namespace detail_bwd
+
+template <typename T, int kD, typename Policy>
+Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
+  const std::int64_t tiles = (p.fwd.seqlen_k + kBwdBlockN - 1) / kBwdBlockN +
+                             (p.fwd.num_extra + kBwdBlockN - 1) / kBwdBlockN;
+  const dim3 grid(static_cast<unsigned>(tiles * p.num_chunks),
+                  static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
+                  static_cast<unsigned>(p.fwd.batch));
+  return detail_bwd::launch_checked(&backward_dkdv_kernel<T, kD, Policy>, "backward dK/dV", grid,
+                                    bwd_dkdv_smem_bytes(kD), p, stream);
+}
+
+template <typename T, int kD, typename Policy>
+Status launch_backward_dq(const BackwardParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.fwd.seqlen_q + kBlockM - 1) / kBlockM),
+                  static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(p.fwd.batch));
+  return detail_bwd::launch_checked(&backward_dq_kernel<T, kD, Policy>, "backward dQ", grid,
+                                    bwd_dq_smem_bytes(kD), p, stream);
+}
+
+}  // namespace fmha::cuda::sm80

@@ -1,0 +1,361 @@
+// The sm80 dK/dV kernel of the backward (mma.sync / ldmatrix / cp.async; runs on sm80..sm90).
+//
+// One block owns kBwdBlockN keys (or extra keys) of one (batch, kv head) and one column chunk of
+// the head dims. It walks every query head of the kv head's GQA group and, per head, the query
+// tiles that its mask policy lets see those keys, recomputing per tile (warp w owns keys
+// 16w..16w+15, the A operand of every product):
+//   S^T = K Q^T, P^T = exp2(S^T - lse)       (scores through the forward's policy, log2 units)
+//   dP^T = V dO^T, dS^T = P^T (dP^T - Delta) * d(score)/d(scale q.k)
+//   dV += P^T dO,  dK += dS^T Q              (registers; the group's sum stays inside the block)
+// Fused mode (dq_accum given) also stages dS^T in shared memory and adds dQ += dS K to the fp32
+// workspace with atomics; split mode leaves dQ to the dQ kernel.
+//
+// Pipeline: K and V load once. Per tile: wait Q/dO/lse(u); barrier; products; barrier (every
+// warp is done with Q/dO(u), dS^T is visible); issue Q/dO(u+1); dQ products and atomics, which
+// overlap the next tile's loads.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/backward_params.h"
+#include "cuda/common/backward_policies.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm80/mainloop_fwd.cuh"
+#include "cuda/sm80/tile_sizes_bwd.h"
+
+namespace fmha::cuda::sm80 {
+
+template <typename T, int kD, typename Policy>
+__global__ void __launch_bounds__(kThreads)
+    backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
+  constexpr int kN = kBwdBlockN;
+  constexpr int kM = bwd_block_m(kD);
+  constexpr int kC = bwd_chunk(kD);
+  constexpr int kPitch = smem_row(kD);
+  constexpr int kDsPitch = bwd_ds_row(kD);
+  constexpr int kScoreTiles = kM / 8;  // n8 tiles of a warp's 16 keys x kM queries
+  constexpr int kAccTiles = kC / 8;    // n8 tiles of a warp's 16 keys x kC columns
+  // Fused dQ: kM / 16 row blocks of queries, the kC columns split over the warps of a row block.
+  constexpr int kRowBlocks = kM / 16;
+  constexpr int kWarpsPerRowBlock = kWarps / kRowBlocks;
+  constexpr int kDqCols = kC / kWarpsPerRowBlock;
+  constexpr int kDqGroup = kDqCols % 32 == 0 ? 32 : 16;
+  static_assert(kDqCols % kDqGroup == 0 && kDqGroup % 16 == 0, "dQ columns in whole k16 steps");
+  using Mask = typename Policy::Mask;
+  using Scores = typename Policy::template Scores<T>;
+  using Convert = tile::Dtype<T>;
+  const ForwardParams& f = p.fwd;
+
+  extern __shared__ __align__(16) std::uint16_t smem[];
+  std::uint16_t* const smem_q = smem;
+  std::uint16_t* const smem_do = smem_q + kM * kPitch;
+  std::uint16_t* const smem_k = smem_do + kM * kPitch;
+  std::uint16_t* const smem_v = smem_k + kN * kPitch;
+  std::uint16_t* const smem_ds = smem_v + kN * kPitch;
+  float* const smem_lse = reinterpret_cast<float*>(smem_ds + kN * kDsPitch);
+  float* const smem_delta = smem_lse + kM;
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const std::int64_t b = blockIdx.z;
+  const int hk = static_cast<int>(blockIdx.y);
+  const int chunk = static_cast<int>(blockIdx.x) % p.num_chunks;
+  const std::int64_t tile_index = blockIdx.x / p.num_chunks;
+  const int col0 = chunk * kC;
+
+  std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;
+  if (f.cu_seqlens_q != nullptr) {
+    q_start = f.cu_seqlens_q[b];
+    num_queries = f.cu_seqlens_q[b + 1] - q_start;
+    k_start = f.cu_seqlens_k[b];
+    num_keys = f.cu_seqlens_k[b + 1] - k_start;
+  }
+  // Blocks [0, main_tiles) own ordinary keys (varlen: the longest sequence's count), the rest
+  // extra keys.
+  const std::int64_t main_tiles = (f.seqlen_k + kN - 1) / kN;
+  const bool extra = tile_index >= main_tiles;
+  const std::int64_t n0 = (extra ? tile_index - main_tiles : tile_index) * kN;
+  const std::int64_t key_count = extra ? f.num_extra : num_keys;
+  if (n0 >= key_count) return;  // varlen: this sequence has fewer keys than the longest
+  const int valid_keys = static_cast<int>(key_count - n0 < kN ? key_count - n0 : kN);
+
+  const std::uint16_t* k_tile;
+  const std::uint16_t* v_tile;
+  std::int64_t k_row_stride, v_row_stride;
+  if (extra) {
+    k_tile = static_cast<const std::uint16_t*>(f.extra_k) + b * f.extra_k_batch_stride +
+             n0 * f.extra_k_row_stride + hk * f.extra_k_head_stride;
+    v_tile = static_cast<const std::uint16_t*>(f.extra_v) + b * f.extra_v_batch_stride +
+             n0 * f.extra_v_row_stride + hk * f.extra_v_head_stride;
+    k_row_stride = f.extra_k_row_stride;
+    v_row_stride = f.extra_v_row_stride;
+  } else {
+    k_tile = static_cast<const std::uint16_t*>(f.k) + b * f.k_batch_stride +
+             (k_start + n0) * f.k_row_stride + hk * f.k_head_stride;
+    v_tile = static_cast<const std::uint16_t*>(f.v) + b * f.v_batch_stride +
+             (k_start + n0) * f.v_row_stride + hk * f.v_head_stride;
+    k_row_stride = f.k_row_stride;
+    v_row_stride = f.v_row_stride;
+  }
+
+  const Mask mask = Mask::make(f, num_queries, num_keys);
+  // Extra keys are visible to every query; ordinary keys to the mask's transposed range.
+  QueryRange rows_range{0, num_queries};
+  if (!extra) rows_range = query_range(mask, n0, n0 + valid_keys - 1, num_queries);
+  std::int64_t first_m = 0, m_tiles = 0;
+  if (rows_range.end > rows_range.begin) {
+    first_m = rows_range.begin / kM;
+    m_tiles = (rows_range.end + kM - 1) / kM - first_m;
+  }
+  const std::int64_t num_steps = m_tiles * f.kv_group;
+
+  // Step u: query head h0 + u / m_tiles, query tile first_m + u % m_tiles.
+  auto step_head = [&](std::int64_t u) { return hk * f.kv_group + static_cast<int>(u / m_tiles); };
+  auto step_m0 = [&](std::int64_t u) { return (first_m + u % m_tiles) * kM; };
+  auto load_step = [&](std::int64_t u) {
+    const int h = step_head(u);
+    const std::int64_t m0 = step_m0(u);
+    const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
+    const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
+                    (q_start + m0) * f.q_row_stride + h * f.q_head_stride;
+    const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                       (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
+    load_tile_async<kM, kD>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
+    load_tile_async<kM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim, f.vector_loads);
+    const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + m0;
+    for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
+      smem_lse[r] = r < rows ? p.lse_log2[stat + r] : INFINITY;  // rows past the end: P = 0
+      smem_delta[r] = r < rows ? p.delta[stat + r] : 0.0f;
+    }
+  };
+
+  load_tile_async<kN, kD>(smem_k, k_tile, k_row_stride, valid_keys, f.head_dim, f.vector_loads);
+  load_tile_async<kN, kD>(smem_v, v_tile, v_row_stride, valid_keys, f.value_dim, f.vector_loads);
+  if (num_steps > 0) load_step(0);
+  tile::cp_async_commit();
+
+  constexpr std::uint32_t kBytes = 2;
+  // A operands (K, V: this warp's 16 keys): lanes 0-15 rows 0-15 at column 0, 16-31 at column 8.
+  const int a_row = warp * 16 + lane % 16, a_col = (lane / 16) * 8;
+  const std::uint32_t k_a = tile::shared_address(smem_k + a_row * kPitch + a_col);
+  const std::uint32_t v_a = tile::shared_address(smem_v + a_row * kPitch + a_col);
+  // B operands with n = query row (Q, dO as stored): matrices (rows 0-7, k 0-7), (0-7, 8-15),
+  // (8-15, 0-7), (8-15, 8-15).
+  const int bn_row = (lane / 16) * 8 + lane % 8, bn_col = ((lane / 8) % 2) * 8;
+  const std::uint32_t q_bn = tile::shared_address(smem_q + bn_row * kPitch + bn_col);
+  const std::uint32_t do_bn = tile::shared_address(smem_do + bn_row * kPitch + bn_col);
+  // B operands with k = query row (Q, dO transposed by ldmatrix): (k 0-7, n 0-7), (8-15, 0-7),
+  // (0-7, 8-15), (8-15, 8-15).
+  const int bk_row = ((lane / 8) % 2) * 8 + lane % 8, bk_col = (lane / 16) * 8;
+  const std::uint32_t q_bk = tile::shared_address(smem_q + bk_row * kPitch + bk_col + col0);
+  const std::uint32_t do_bk = tile::shared_address(smem_do + bk_row * kPitch + bk_col + col0);
+
+  const int g = lane / 4;         // fragment row (key) within the warp's 16, +8 for e >= 2
+  const int c2 = 2 * (lane % 4);  // fragment column (query) within an n8 tile, +1 for odd e
+  const std::int64_t key_row = n0 + warp * 16 + g;
+
+  float dk[kAccTiles][4], dv[kAccTiles][4];
+#pragma unroll
+  for (int t = 0; t < kAccTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[t][e] = dv[t][e] = 0.0f;
+  }
+
+  for (std::int64_t u = 0; u < num_steps; ++u) {
+    const int h = step_head(u);
+    const std::int64_t m0 = step_m0(u);
+    tile::cp_async_wait<0>();
+    __syncthreads();  // Q/dO/lse(u) visible; the previous step's dQ is done with dS^T
+
+    float s[kScoreTiles][4], dp[kScoreTiles][4];
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk * 16 >= f.head_dim) break;  // zero columns of the bucket
+      std::uint32_t a[4];
+      tile::ldmatrix_x4(a, k_a + kk * 16 * kBytes);
+#pragma unroll
+      for (int np = 0; np < kScoreTiles / 2; ++np) {
+        std::uint32_t bq[4];
+        tile::ldmatrix_x4(bq, q_bn + (np * 16 * kPitch + kk * 16) * kBytes);
+        tile::mma_m16n8k16<T>(s[2 * np], a, bq[0], bq[1]);
+        tile::mma_m16n8k16<T>(s[2 * np + 1], a, bq[2], bq[3]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk * 16 >= f.value_dim) break;
+      std::uint32_t a[4];
+      tile::ldmatrix_x4(a, v_a + kk * 16 * kBytes);
+#pragma unroll
+      for (int np = 0; np < kScoreTiles / 2; ++np) {
+        std::uint32_t bo[4];
+        tile::ldmatrix_x4(bo, do_bn + (np * 16 * kPitch + kk * 16) * kBytes);
+        tile::mma_m16n8k16<T>(dp[2 * np], a, bo[0], bo[1]);
+        tile::mma_m16n8k16<T>(dp[2 * np + 1], a, bo[2], bo[3]);
+      }
+    }
+
+    // P^T in s, dS^T in dp. Rows past Lq and fully masked rows have lse_log2 = +inf: P = 0.
+    const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
+    const bool additive = !extra && has_additive(scores);
+    // Queries of the tile that see each of this thread's two keys (all of them on full tiles).
+    TileBounds seen[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t j = key_row + 8 * half;
+      if (extra) {
+        seen[half] = j - n0 < valid_keys ? TileBounds{0, kM - 1} : TileBounds{0, -1};
+      } else {
+        seen[half] = visible_queries(mask, j, m0, kM);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = t * 8 + c2 + (e & 1);  // query row within the tile
+        float grad;
+        float x = score_with_grad(scores, s[t][e], &grad);
+        if (additive) x += additive_log2(scores, m0 + r, key_row + (e >= 2 ? 8 : 0));
+        const float prob = seen[e >> 1].contains(r) ? exp2f(x - smem_lse[r]) : 0.0f;
+        s[t][e] = prob;
+        dp[t][e] = prob * (dp[t][e] - smem_delta[r]) * grad;
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q over this block's column chunk; the score accumulators of
+    // query columns 16kk..16kk+15 are exactly the A fragment of the k16 step kk.
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk) {
+      const std::uint32_t ap[4] = {Convert::pack(s[2 * kk][0], s[2 * kk][1]),
+                                   Convert::pack(s[2 * kk][2], s[2 * kk][3]),
+                                   Convert::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                   Convert::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const std::uint32_t ads[4] = {Convert::pack(dp[2 * kk][0], dp[2 * kk][1]),
+                                    Convert::pack(dp[2 * kk][2], dp[2 * kk][3]),
+                                    Convert::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                                    Convert::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < kC / 16; ++np) {
+        const int col = col0 + np * 16;
+        if (col < f.value_dim) {
+          std::uint32_t bo[4];
+          tile::ldmatrix_x4_trans(bo, do_bk + (kk * 16 * kPitch + np * 16) * kBytes);
+          tile::mma_m16n8k16<T>(dv[2 * np], ap, bo[0], bo[1]);
+          tile::mma_m16n8k16<T>(dv[2 * np + 1], ap, bo[2], bo[3]);
+        }
+        if (col < f.head_dim) {
+          std::uint32_t bq[4];
+          tile::ldmatrix_x4_trans(bq, q_bk + (kk * 16 * kPitch + np * 16) * kBytes);
+          tile::mma_m16n8k16<T>(dk[2 * np], ads, bq[0], bq[1]);
+          tile::mma_m16n8k16<T>(dk[2 * np + 1], ads, bq[2], bq[3]);
+        }
+      }
+      if (p.dq_accum != nullptr) {
+        // dS^T rows of this warp's keys, query pairs as 32-bit words, for the dQ product.
+        std::uint16_t* ds_row = smem_ds + (warp * 16 + g) * kDsPitch + kk * 16 + c2;
+        *reinterpret_cast<std::uint32_t*>(ds_row) = ads[0];
+        *reinterpret_cast<std::uint32_t*>(ds_row + 8 * kDsPitch) = ads[1];
+        *reinterpret_cast<std::uint32_t*>(ds_row + 8) = ads[2];
+        *reinterpret_cast<std::uint32_t*>(ds_row + 8 * kDsPitch + 8) = ads[3];
+      }
+    }
+
+    __syncthreads();  // every warp is done with Q/dO/lse(u); dS^T(u) visible
+    if (u + 1 < num_steps) load_step(u + 1);
+    tile::cp_async_commit();
+
+    if (p.dq_accum != nullptr) {
+      // dQ[kM x kC] += dS [kM x kN] K [kN x kC]: warp -> (row block, column slice).
+      const int row_block = warp % kRowBlocks;
+      const int slice = col0 + (warp / kRowBlocks) * kDqCols;
+      // A = dS from dS^T ([key][query]) through ldmatrix.trans: matrix i covers keys
+      // 8 * (i / 2).. and queries 8 * (i % 2)..
+      const int mat = lane / 8;
+      const std::uint32_t ds_a = tile::shared_address(
+          smem_ds + ((mat / 2) * 8 + lane % 8) * kDsPitch + row_block * 16 + (mat % 2) * 8);
+      const std::uint32_t k_bk = tile::shared_address(smem_k + bk_row * kPitch + bk_col + slice);
+      float* accum = p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride +
+                     (q_start + m0) * p.accum_row_stride;
+      // 32 columns at a time: a small accumulator next to the live dK/dV ones.
+#pragma unroll
+      for (int group = 0; group < kDqCols / kDqGroup; ++group) {
+        const int group_col = slice + group * kDqGroup;
+        if (group_col >= f.head_dim) break;
+        float acc[kDqGroup / 8][4];
+#pragma unroll
+        for (int t = 0; t < kDqGroup / 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) {
+          std::uint32_t a[4];
+          tile::ldmatrix_x4_trans(a, ds_a + kk * 16 * kDsPitch * kBytes);
+#pragma unroll
+          for (int np = 0; np < kDqGroup / 16; ++np) {
+            if (group_col + np * 16 >= f.head_dim) break;
+            std::uint32_t bk[4];
+            tile::ldmatrix_x4_trans(
+                bk, k_bk + (kk * 16 * kPitch + group * kDqGroup + np * 16) * kBytes);
+            tile::mma_m16n8k16<T>(acc[2 * np], a, bk[0], bk[1]);
+            tile::mma_m16n8k16<T>(acc[2 * np + 1], a, bk[2], bk[3]);
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < kDqGroup / 8; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = row_block * 16 + g + (e >= 2 ? 8 : 0);
+            const int col = group_col + t * 8 + c2 + (e & 1);
+            if (m0 + r < num_queries && col < f.head_dim) {
+              atomicAdd(accum + r * p.accum_row_stride + col, acc[t][e]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  tile::cp_async_wait<0>();  // K/V are still in flight when no query tile saw these keys
+
+  // Epilogue: dK (times the scale, the chain rule's last factor) and dV of this warp's keys.
+  void* const dk_out = extra ? p.dextra_k : p.dk;
+  void* const dv_out = extra ? p.dextra_v : p.dv;
+  const std::int64_t row0 = extra ? n0 : k_start + n0;
+  auto* dk_base = static_cast<std::uint16_t*>(dk_out);
+  auto* dv_base = static_cast<std::uint16_t*>(dv_out);
+  std::int64_t dk_rs, dv_rs;
+  if (extra) {
+    dk_base += b * p.dextra_k_batch_stride + hk * p.dextra_k_head_stride;
+    dv_base += b * p.dextra_v_batch_stride + hk * p.dextra_v_head_stride;
+    dk_rs = p.dextra_k_row_stride;
+    dv_rs = p.dextra_v_row_stride;
+  } else {
+    dk_base += b * p.dk_batch_stride + hk * p.dk_head_stride;
+    dv_base += b * p.dv_batch_stride + hk * p.dv_head_stride;
+    dk_rs = p.dk_row_stride;
+    dv_rs = p.dv_row_stride;
+  }
+#pragma unroll
+  for (int t = 0; t < kAccTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = warp * 16 + g + (e >= 2 ? 8 : 0);
+      const int col = col0 + t * 8 + c2 + (e & 1);
+      if (r >= valid_keys) continue;
+      const std::int64_t row = row0 + r;
+      if (dk_out != nullptr && col < f.head_dim) {
+        dk_base[row * dk_rs + col] = Convert::from_float(dk[t][e] * p.scale);
+      }
+      if (dv_out != nullptr && col < f.value_dim) {
+        dv_base[row * dv_rs + col] = Convert::from_float(dv[t][e]);
+      }
+    }
+  }
+}
+
+}  // namespace fmha::cuda::sm80

@@ -1,0 +1,237 @@
+// The sm80 dQ kernel of the split backward (mma.sync / ldmatrix / cp.async; runs on sm80..sm90).
+//
+// The forward's loop with dS in place of P: one block owns kBlockM query rows of one (batch, head),
+// 16 per warp, walks the key tiles its mask policy leaves visible and then the extra-key tiles,
+// and per tile recomputes
+//   S = Q K^T, P = exp2(S - lse), dP = dO V^T, dS = P (dP - Delta) * d(score)/d(scale q.k)
+//   dQ += dS K                               (registers; no atomics, so deterministic)
+// and writes dq = scale * dQ once. Single-buffered: K(t) and V(t) load together.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/backward_params.h"
+#include "cuda/common/backward_policies.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm80/mainloop_fwd.cuh"
+#include "cuda/sm80/tile_sizes_bwd.h"
+
+namespace fmha::cuda::sm80 {
+
+template <typename T, int kD, typename Policy>
+__global__ void __launch_bounds__(kThreads)
+    backward_dq_kernel(const __grid_constant__ BackwardParams p) {
+  constexpr int kN = block_n(kD);
+  constexpr int kPitch = smem_row(kD);
+  constexpr int kScoreTiles = kN / 8;
+  constexpr int kOutTiles = kD / 8;
+  using Mask = typename Policy::Mask;
+  using Scores = typename Policy::template Scores<T>;
+  using Convert = tile::Dtype<T>;
+  const ForwardParams& f = p.fwd;
+
+  extern __shared__ __align__(16) std::uint16_t smem[];
+  std::uint16_t* const smem_q = smem;
+  std::uint16_t* const smem_do = smem_q + kBlockM * kPitch;
+  std::uint16_t* const smem_k = smem_do + kBlockM * kPitch;
+  std::uint16_t* const smem_v = smem_k + kN * kPitch;
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const std::int64_t b = blockIdx.z;
+  const int h = static_cast<int>(blockIdx.y);
+  const std::int64_t m_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
+
+  std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;
+  if (f.cu_seqlens_q != nullptr) {
+    q_start = f.cu_seqlens_q[b];
+    num_queries = f.cu_seqlens_q[b + 1] - q_start;
+    k_start = f.cu_seqlens_k[b];
+    num_keys = f.cu_seqlens_k[b + 1] - k_start;
+  }
+  const std::int64_t m0 = m_block * kBlockM;
+  if (m0 >= num_queries) return;
+  const int rows = static_cast<int>(num_queries - m0 < kBlockM ? num_queries - m0 : kBlockM);
+  const std::int64_t last_row = m0 + rows - 1;
+  const int hk = h / f.kv_group;
+
+  const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
+                  (q_start + m0) * f.q_row_stride + h * f.q_head_stride;
+  const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                     (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
+  const auto* k = static_cast<const std::uint16_t*>(f.k) + b * f.k_batch_stride +
+                  k_start * f.k_row_stride + hk * f.k_head_stride;
+  const auto* v = static_cast<const std::uint16_t*>(f.v) + b * f.v_batch_stride +
+                  k_start * f.v_row_stride + hk * f.v_head_stride;
+  const auto* extra_k = static_cast<const std::uint16_t*>(f.extra_k) + b * f.extra_k_batch_stride +
+                        hk * f.extra_k_head_stride;
+  const auto* extra_v = static_cast<const std::uint16_t*>(f.extra_v) + b * f.extra_v_batch_stride +
+                        hk * f.extra_v_head_stride;
+
+  const Mask mask = Mask::make(f, num_queries, num_keys);
+  const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
+  const KeyRange range = mask.key_range(m0, last_row);
+  std::int64_t first_tile = 0, main_tiles = 0;
+  if (range.end > range.begin) {
+    first_tile = range.begin / kN;
+    main_tiles = (range.end + kN - 1) / kN - first_tile;
+  }
+  const std::int64_t num_tiles = main_tiles + (f.num_extra + kN - 1) / kN;
+
+  auto key_tile = [&](std::int64_t u) {
+    KeyTile t;
+    t.extra = u >= main_tiles;
+    if (!t.extra) {
+      t.first_key = (first_tile + u) * kN;
+      t.k = k + t.first_key * f.k_row_stride;
+      t.v = v + t.first_key * f.v_row_stride;
+      t.valid = static_cast<int>(num_keys - t.first_key < kN ? num_keys - t.first_key : kN);
+    } else {
+      t.first_key = (u - main_tiles) * kN;
+      t.k = extra_k + t.first_key * f.extra_k_row_stride;
+      t.v = extra_v + t.first_key * f.extra_v_row_stride;
+      t.valid = static_cast<int>(f.num_extra - t.first_key < kN ? f.num_extra - t.first_key : kN);
+    }
+    return t;
+  };
+  auto load_keys = [&](std::int64_t u) {
+    const KeyTile t = key_tile(u);
+    load_tile_async<kN, kD>(smem_k, t.k, t.extra ? f.extra_k_row_stride : f.k_row_stride, t.valid,
+                            f.head_dim, f.vector_loads);
+    load_tile_async<kN, kD>(smem_v, t.v, t.extra ? f.extra_v_row_stride : f.v_row_stride, t.valid,
+                            f.value_dim, f.vector_loads);
+  };
+
+  load_tile_async<kBlockM, kD>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
+  load_tile_async<kBlockM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim, f.vector_loads);
+  if (num_tiles > 0) load_keys(0);
+  tile::cp_async_commit();
+
+  constexpr std::uint32_t kBytes = 2;
+  // A (Q, dO: this warp's 16 rows): lanes 0-15 rows 0-15 at column 0, 16-31 at column 8.
+  const int a_row = warp * 16 + lane % 16, a_col = (lane / 16) * 8;
+  const std::uint32_t q_a = tile::shared_address(smem_q + a_row * kPitch + a_col);
+  const std::uint32_t do_a = tile::shared_address(smem_do + a_row * kPitch + a_col);
+  // B with n = key (K, V as stored) and B with k = key (K through ldmatrix.trans), as in the
+  // forward.
+  const int bn_row = (lane / 16) * 8 + lane % 8, bn_col = ((lane / 8) % 2) * 8;
+  const std::uint32_t k_bn = tile::shared_address(smem_k + bn_row * kPitch + bn_col);
+  const std::uint32_t v_bn = tile::shared_address(smem_v + bn_row * kPitch + bn_col);
+  const int bk_row = ((lane / 8) % 2) * 8 + lane % 8, bk_col = (lane / 16) * 8;
+  const std::uint32_t k_bk = tile::shared_address(smem_k + bk_row * kPitch + bk_col);
+
+  const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;  // +8 for entries 2, 3
+  const int fragment_col = 2 * (lane % 4);
+  // Per-row statistics of the two rows this thread owns (rows past the end: P = 0).
+  float lse_log2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t i = fragment_row + 8 * r;
+    const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + i;
+    lse_log2[r] = i < num_queries ? p.lse_log2[stat] : INFINITY;
+    delta[r] = i < num_queries ? p.delta[stat] : 0.0f;
+  }
+
+  float dq[kOutTiles][4];
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) dq[t][0] = dq[t][1] = dq[t][2] = dq[t][3] = 0.0f;
+
+  for (std::int64_t u = 0; u < num_tiles; ++u) {
+    const KeyTile tile = key_tile(u);
+    tile::cp_async_wait<0>();
+    __syncthreads();  // K(u), V(u) (and Q, dO) visible to all
+
+    float s[kScoreTiles][4], dp[kScoreTiles][4];
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk * 16 >= f.head_dim) break;
+      std::uint32_t a[4];
+      tile::ldmatrix_x4(a, q_a + kk * 16 * kBytes);
+#pragma unroll
+      for (int np = 0; np < kScoreTiles / 2; ++np) {
+        std::uint32_t bk[4];
+        tile::ldmatrix_x4(bk, k_bn + (np * 16 * kPitch + kk * 16) * kBytes);
+        tile::mma_m16n8k16<T>(s[2 * np], a, bk[0], bk[1]);
+        tile::mma_m16n8k16<T>(s[2 * np + 1], a, bk[2], bk[3]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (kk * 16 >= f.value_dim) break;
+      std::uint32_t a[4];
+      tile::ldmatrix_x4(a, do_a + kk * 16 * kBytes);
+#pragma unroll
+      for (int np = 0; np < kScoreTiles / 2; ++np) {
+        std::uint32_t bv[4];
+        tile::ldmatrix_x4(bv, v_bn + (np * 16 * kPitch + kk * 16) * kBytes);
+        tile::mma_m16n8k16<T>(dp[2 * np], a, bv[0], bv[1]);
+        tile::mma_m16n8k16<T>(dp[2 * np + 1], a, bv[2], bv[3]);
+      }
+    }
+
+    const bool additive = !tile.extra && has_additive(scores);
+    // Keys of the tile that each of this thread's two rows sees.
+    TileBounds seen[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      seen[r] = tile.extra ? TileBounds{0, tile.valid - 1}
+                           : visible_keys(mask, fragment_row + 8 * r, tile.first_key, kN);
+    }
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >= 2 ? 1 : 0;
+        const int c = t * 8 + fragment_col + (e & 1);  // key within the tile
+        float grad;
+        float x = score_with_grad(scores, s[t][e], &grad);
+        if (additive) x += additive_log2(scores, fragment_row + 8 * r, tile.first_key + c);
+        const float prob = seen[r].contains(c) ? exp2f(x - lse_log2[r]) : 0.0f;
+        dp[t][e] = prob * (dp[t][e] - delta[r]) * grad;
+      }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      const std::uint32_t a[4] = {Convert::pack(dp[2 * kk][0], dp[2 * kk][1]),
+                                  Convert::pack(dp[2 * kk][2], dp[2 * kk][3]),
+                                  Convert::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                                  Convert::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < kD / 16; ++np) {
+        if (np * 16 >= f.head_dim) break;
+        std::uint32_t bk[4];
+        tile::ldmatrix_x4_trans(bk, k_bk + (kk * 16 * kPitch + np * 16) * kBytes);
+        tile::mma_m16n8k16<T>(dq[2 * np], a, bk[0], bk[1]);
+        tile::mma_m16n8k16<T>(dq[2 * np + 1], a, bk[2], bk[3]);
+      }
+    }
+
+    __syncthreads();  // every warp is done with K(u), V(u)
+    if (u + 1 < num_tiles) load_keys(u + 1);
+    tile::cp_async_commit();
+  }
+  tile::cp_async_wait<0>();  // Q/dO are still in flight when the block had no key tile
+
+  auto* out = static_cast<std::uint16_t*>(p.dq) + b * p.dq_batch_stride +
+              (q_start + m0) * p.dq_row_stride + h * p.dq_head_stride;
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const std::int64_t r = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0);
+      const int col = t * 8 + fragment_col + (e & 1);
+      if (r < rows && col < f.head_dim) {
+        out[r * p.dq_row_stride + col] = Convert::from_float(dq[t][e] * p.scale);
+      }
+    }
+  }
+}
+
+}  // namespace fmha::cuda::sm80

@@ -1,0 +1,59 @@
+// Tile-size choices of the sm80 (mma.sync) backward kernels, one place, each with its reason.
+// Head-dim buckets, the thread count, the shared-memory row padding and the dQ kernel's tiles are
+// the forward's (tile_sizes.h): the dQ kernel is the forward's loop with dS in place of P.
+#pragma once
+
+#include "cuda/sm80/tile_sizes.h"
+
+namespace fmha::cuda::sm80 {
+
+// dK/dV kernel: one block owns kBwdBlockN keys, 16 per warp, and keeps dK and dV of its keys in
+// registers while it walks the query tiles that see them. Each warp is the A operand (rows) of
+// every product that produces its keys' gradients: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
+// dK += dS^T Q, so no cross-warp reduction is needed for dK/dV.
+inline constexpr int kBwdBlockN = kWarps * 16;
+
+// Accumulator columns per block: dK and dV of 16 keys x C columns cost C floats a thread, so C is
+// capped at 128 (128 + 128 registers would spill). Buckets above 128 run as two column chunks in
+// two blocks that both recompute S and dP (2 of the 5 products) and each own half of dK/dV/dQ:
+// about 40% more tensor-core work at D = 256, instead of spills or a shared-memory accumulator.
+inline constexpr int kBwdMaxChunk = 128;
+constexpr int bwd_chunk(int head_dim_bucket) {
+  return head_dim_bucket < kBwdMaxChunk ? head_dim_bucket : kBwdMaxChunk;
+}
+
+// Column chunks (blocks per key tile) of a problem whose larger head dim is `max_dim`.
+constexpr int bwd_num_chunks(int head_dim_bucket, int max_dim) {
+  return (max_dim + bwd_chunk(head_dim_bucket) - 1) / bwd_chunk(head_dim_bucket);
+}
+
+// Query rows per step of the dK/dV kernel. The score tile S^T (16 keys x M queries) costs M / 2
+// registers a thread three times over (P, dP, the softcap factor); 64 rows while the accumulators
+// are small, 32 from bucket 96 on so that 128 + 48 registers stay clear of spills, and 16 at 256 so
+// that Q, dO, K, V and dS tiles fit in the 99 KB that sm86/sm89 allow a block.
+constexpr int bwd_block_m(int head_dim_bucket) {
+  return head_dim_bucket <= 64 ? 64 : (head_dim_bucket < 256 ? 32 : 16);
+}
+
+// dS^T staged for the fused dQ product, [kBwdBlockN keys][M queries], rows padded like the others.
+constexpr int bwd_ds_row(int head_dim_bucket) {
+  return bwd_block_m(head_dim_bucket) + kSmemPad;
+}
+
+// Q, dO (M rows each), K, V (kBwdBlockN rows each), dS^T, and the per-row lse and Delta (floats).
+constexpr int bwd_dkdv_smem_bytes(int head_dim_bucket) {
+  return (2 * bwd_block_m(head_dim_bucket) + 2 * kBwdBlockN) * smem_row(head_dim_bucket) * 2 +
+         kBwdBlockN * bwd_ds_row(head_dim_bucket) * 2 + 2 * bwd_block_m(head_dim_bucket) * 4;
+}
+
+// dQ kernel: Q, dO (kBlockM rows), K, V (block_n rows); single-buffered.
+constexpr int bwd_dq_smem_bytes(int head_dim_bucket) {
+  return (2 * kBlockM + 2 * block_n(head_dim_bucket)) * smem_row(head_dim_bucket) * 2;
+}
+
+static_assert(bwd_dkdv_smem_bytes(kMaxHeadDim) <= 99 * 1024, "sm86/sm89 allow 99 KB per block");
+static_assert(bwd_dkdv_smem_bytes(224) <= 99 * 1024, "sm86/sm89 allow 99 KB per block");
+static_assert(bwd_dq_smem_bytes(kMaxHeadDim) <= 99 * 1024, "sm86/sm89 allow 99 KB per block");
+static_assert(bwd_dq_smem_bytes(128) <= 99 * 1024, "sm86/sm89 allow 99 KB per block");
+
+}  // namespace fmha::cuda::sm80
