@@ -57,7 +57,10 @@ Storage writable(Storage s) {
   return s == Storage::kBroadcastBatch || s == Storage::kBroadcastHeads ? Storage::kContiguous : s;
 }
 
-DType stats_dtype(DType dtype) { return dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
+// lse, dlse, sinks, dsinks: fp32, or fp64 for fp64 problems unless the case asks for fp32.
+DType stats_dtype(const AttentionCase& c) {
+  return c.dtype == DType::kFloat64 && !c.fp32_stats ? DType::kFloat64 : DType::kFloat32;
+}
 
 // Shape of a q-like tensor with `heads` heads and last dim `width`.
 std::vector<std::int64_t> token_shape(const AttentionCase& c, bool keys, std::int64_t heads,
@@ -239,6 +242,7 @@ std::string AttentionCase::describe() const {
   if (sinks) s << " sinks";
   if (extra > 0) s << " extra=" << extra;
   if (dlse) s << " dlse";
+  if (fp32_stats) s << " fp32-stats";
   if (o.deterministic) s << " deterministic";
   s << " q:" << storage_name(q_storage) << " kv:" << storage_name(kv_storage);
   return s.str();
@@ -261,7 +265,7 @@ CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed) {
   t.k.fill_uniform(rng, -1.5, 1.5);
   t.v.fill_uniform(rng, -1, 1);
   t.out = HostTensor(dt, token_shape(c, false, c.heads, c.value_dim), out_layout);
-  t.lse = HostTensor(stats_dtype(dt), lse_shape(c));
+  t.lse = HostTensor(stats_dtype(c), lse_shape(c));
 
   if (c.kind == Kind::kVarlen) {
     const auto b = static_cast<std::int64_t>(c.seqlens_q.size());
@@ -288,7 +292,7 @@ CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed) {
     t.rel_w.fill_uniform(rng, -1, 1);
   }
   if (c.sinks) {
-    t.sinks = HostTensor(stats_dtype(dt), {c.heads});
+    t.sinks = HostTensor(stats_dtype(c), {c.heads});
     t.sinks.fill_uniform(rng, -1, 1);
   }
   if (c.extra > 0) {
@@ -301,7 +305,7 @@ CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed) {
   t.dout = HostTensor(dt, t.out.shape(), out_layout);
   t.dout.fill_uniform(rng, -1, 1);
   if (c.dlse) {
-    t.dlse = HostTensor(stats_dtype(dt), t.lse.shape());
+    t.dlse = HostTensor(stats_dtype(c), t.lse.shape());
     t.dlse.fill_uniform(rng, -1, 1);
   }
   t.dq = HostTensor(dt, t.q.shape(), out_layout);
@@ -316,7 +320,7 @@ CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed) {
     t.drel_h = rel_like(full, dt, c.rel_hk);
     t.drel_w = rel_like(full, dt, rel_wk(c));
   }
-  if (t.sinks.defined()) t.dsinks = HostTensor(stats_dtype(dt), t.sinks.shape());
+  if (t.sinks.defined()) t.dsinks = HostTensor(stats_dtype(c), t.sinks.shape());
   if (t.extra_k.defined()) {
     t.dextra_k = HostTensor(dt, t.extra_k.shape());
     t.dextra_v = HostTensor(dt, t.extra_v.shape());
@@ -476,12 +480,17 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
   auto tol = [&](const std::vector<double>& r, const std::vector<double>& lr, DType storage) {
     return tolerance(c.dtype, r, lowp ? lr : r, storage);
   };
+  // An fp64 problem with fp32 statistics: lse is stored in fp32, and the backward recomputes P from
+  // that rounded lse, so the statistics and every gradient are held to fp32's tolerance.
+  auto stat_tol = [&](const std::vector<double>& r, const std::vector<double>& lr, DType storage) {
+    return c.fp32_stats && c.dtype == DType::kFloat64 ? tolerance(DType::kFloat32) : tol(r, lr, storage);
+  };
   const DType dt = c.dtype;
   // lse is stored in fp32 even for low-precision problems: its floor is fp32's.
   EXPECT_TRUE(close("out", t.out.to_double(), ref.out, t.out.shape(), tol(ref.out, lowp_ref.out, dt)));
   EXPECT_TRUE(t.out.padding_untouched()) << "out: an element outside the view (padding) was written";
   const auto ref_lse = lse_to_library(c, ref.lse);
-  const double lse_tol = tol(ref_lse, lowp ? lse_to_library(c, lowp_ref.lse) : ref_lse, t.lse.dtype());
+  const double lse_tol = stat_tol(ref_lse, lowp ? lse_to_library(c, lowp_ref.lse) : ref_lse, t.lse.dtype());
   EXPECT_TRUE(close("lse", t.lse.to_double(), ref_lse, t.lse.shape(), lse_tol));
   if (!c.backward) return;
 
@@ -493,14 +502,14 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
   const naive::Gradients lg = lowp ? naive::backward(p, lowp_ref, dout, dlse, round) : naive::Gradients{};
   for (const auto& [name, grad] : {std::pair{"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}})
     EXPECT_TRUE(grad->padding_untouched()) << name << ": an element outside the view (padding) was written";
-  EXPECT_TRUE(close("dq", t.dq.to_double(), g.dq, t.dq.shape(), tol(g.dq, lg.dq, dt)));
-  EXPECT_TRUE(close("dk", t.dk.to_double(), g.dk, t.dk.shape(), tol(g.dk, lg.dk, dt)));
-  EXPECT_TRUE(close("dv", t.dv.to_double(), g.dv, t.dv.shape(), tol(g.dv, lg.dv, dt)));
+  EXPECT_TRUE(close("dq", t.dq.to_double(), g.dq, t.dq.shape(), stat_tol(g.dq, lg.dq, dt)));
+  EXPECT_TRUE(close("dk", t.dk.to_double(), g.dk, t.dk.shape(), stat_tol(g.dk, lg.dk, dt)));
+  EXPECT_TRUE(close("dv", t.dv.to_double(), g.dv, t.dv.shape(), stat_tol(g.dv, lg.dv, dt)));
   if (t.dbias.defined()) {
     const std::vector<std::int64_t> full{p.batch, c.heads, p.bias_rows, p.bias_cols};
     const auto ref_db = reduce_like(g.dbias, full, t.dbias);
     const auto lowp_db = lowp ? reduce_like(lg.dbias, full, t.dbias) : ref_db;
-    EXPECT_TRUE(close("dbias", t.dbias.to_double(), ref_db, t.dbias.shape(), tol(ref_db, lowp_db, dt)));
+    EXPECT_TRUE(close("dbias", t.dbias.to_double(), ref_db, t.dbias.shape(), stat_tol(ref_db, lowp_db, dt)));
   }
   if (t.drel_h.defined()) {
     const std::vector<std::int64_t> full_h{p.batch, c.heads, p.bias_rows, p.rel_hk};
@@ -508,18 +517,18 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
     const auto ref_h = reduce_like(g.drel_h, full_h, t.drel_h), ref_w = reduce_like(g.drel_w, full_w, t.drel_w);
     const auto lowp_h = lowp ? reduce_like(lg.drel_h, full_h, t.drel_h) : ref_h;
     const auto lowp_w = lowp ? reduce_like(lg.drel_w, full_w, t.drel_w) : ref_w;
-    EXPECT_TRUE(close("drel_h", t.drel_h.to_double(), ref_h, t.drel_h.shape(), tol(ref_h, lowp_h, dt)));
-    EXPECT_TRUE(close("drel_w", t.drel_w.to_double(), ref_w, t.drel_w.shape(), tol(ref_w, lowp_w, dt)));
+    EXPECT_TRUE(close("drel_h", t.drel_h.to_double(), ref_h, t.drel_h.shape(), stat_tol(ref_h, lowp_h, dt)));
+    EXPECT_TRUE(close("drel_w", t.drel_w.to_double(), ref_w, t.drel_w.shape(), stat_tol(ref_w, lowp_w, dt)));
   }
   if (t.dsinks.defined()) {
-    const double sink_tol = tol(g.dsinks, lg.dsinks, t.dsinks.dtype());
+    const double sink_tol = stat_tol(g.dsinks, lg.dsinks, t.dsinks.dtype());
     EXPECT_TRUE(close("dsinks", t.dsinks.to_double(), g.dsinks, t.dsinks.shape(), sink_tol));
   }
   if (t.dextra_k.defined()) {
     EXPECT_TRUE(close("dextra_k", t.dextra_k.to_double(), g.dextra_k, t.dextra_k.shape(),
-                      tol(g.dextra_k, lg.dextra_k, dt)));
+                      stat_tol(g.dextra_k, lg.dextra_k, dt)));
     EXPECT_TRUE(close("dextra_v", t.dextra_v.to_double(), g.dextra_v, t.dextra_v.shape(),
-                      tol(g.dextra_v, lg.dextra_v, dt)));
+                      stat_tol(g.dextra_v, lg.dextra_v, dt)));
   }
 }
 

@@ -47,6 +47,7 @@ struct AttentionCase {
   bool sinks = false;
   std::int64_t extra = 0;   // R extra keys
   bool dlse = false;        // backward also receives a gradient for lse
+  bool fp32_stats = false;  // fp64 problems: lse / dlse / sinks / dsinks in fp32 (else fp64)
   bool backward = true;
   Storage q_storage = Storage::kContiguous;
   Storage kv_storage = Storage::kContiguous;

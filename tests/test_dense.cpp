@@ -162,6 +162,21 @@ TEST_P(DenseDtype, LongSequencesAllOptions) {
   check_case(c, 41);
 }
 
+// fp64 problems accept lse / dlse / sinks / dsinks in fp32 as well as fp64.
+TEST(Dense, Float64WithFloat32Statistics) {
+  AttentionCase c;
+  c.dtype = DType::kFloat64;
+  c.fp32_stats = true;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.seqlen_q = 17;
+  c.seqlen_k = 23;
+  c.options.causal = true;
+  c.sinks = true;
+  c.dlse = true;
+  check_case(c, 51);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, DenseDtype,
                          ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64),
                          [](const auto& info) { return dtype_name(info.param); });

@@ -99,6 +99,7 @@ AttentionCase random_case(std::uint64_t seed) {
   c.sinks = dice.chance(0.3);
   if (dice.chance(0.3)) c.extra = dice.uniform(1, 3);
   c.dlse = dice.chance(0.5);
+  c.fp32_stats = c.dtype == DType::kFloat64 && dice.chance(0.3);
   // A bias broadcast over keys, or a rel-pos factor of size 1, gets the sum of dS over a whole row:
   // that is exactly zero unless lse has a gradient, and a relative check would compare noise.
   if ((c.bias.given && c.bias.broadcast[3]) || (c.rel_hk > 0 && (c.rel_hk == 1 || c.rel_hk == lk))) c.dlse = true;
