@@ -334,6 +334,11 @@ bool gpu_available() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
+std::size_t free_device_memory() {
+  std::size_t free = 0, total = 0;
+  return cudaMemGetInfo(&free, &total) == cudaSuccess ? free : 0;
+}
+
 fmha::Status run_forward_status(const ForwardCase& c) {
   std::mt19937_64 rng(7);
   Tensors t = make_tensors(c, rng);
@@ -359,9 +364,14 @@ void check_forward(const ForwardCase& c, std::uint64_t seed, bool twice) {
   DeviceTensors dev;
   dev.upload(t);
   if (::testing::Test::HasFatalFailure()) return;
-  const fmha::Status gs = run_views(c, dev.views(), nullptr);
+  // A stream of its own that does not synchronise with the legacy default stream.
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const fmha::Status gs = run_views(c, dev.views(), stream);
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
   ASSERT_TRUE(gs.ok()) << "CUDA forward refused: " << gs.message();
-  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(synced);
   dev.download(t.out, dev.views().out);
   if (c.lse) dev.download(t.lse, dev.views().lse);
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,6 +40,8 @@ struct ForwardCase {
 
 // True when a CUDA device is present; tests GTEST_SKIP otherwise.
 bool gpu_available();
+// Bytes of device memory free now (0 when the query fails).
+std::size_t free_device_memory();
 
 // Runs the case on the GPU and checks out and lse against the CPU reference; with `twice`, also
 // runs it a second time and requires bitwise-identical outputs.

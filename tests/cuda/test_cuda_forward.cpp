@@ -222,6 +222,16 @@ TEST(CudaForward, DeterministicRunTwice) {
   check_forward(c, 121, /*twice=*/true);
 }
 
+// k and v rows 150M elements apart: the last key row starts past 2^31 elements (4.8 GB each).
+TEST(CudaForward, SixtyFourBitOffsets) {
+  SKIP_WITHOUT_GPU();
+  constexpr std::size_t kNeeded = std::size_t{12} << 30;
+  if (free_device_memory() < kNeeded) GTEST_SKIP() << "needs 12 GB of free device memory";
+  ForwardCase c = shape_case(DType::kFloat16, 17, 17, 64, 64, 1, 1);
+  c.kv_layout.pad = 150'000'000;
+  check_forward(c, 131);
+}
+
 TEST(CudaForward, EmptyQueries) {
   SKIP_WITHOUT_GPU();
   const fmha::Status s = run_forward_status(shape_case(DType::kFloat16, 0, 17, 64, 64, 2, 1));

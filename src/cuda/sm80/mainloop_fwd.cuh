@@ -55,6 +55,7 @@ __device__ __forceinline__ void load_tile_async(std::uint16_t* smem, const std::
 struct KeyTile {
   const std::uint16_t* k;
   const std::uint16_t* v;
+  std::int64_t k_row_stride, v_row_stride;
   std::int64_t first_key;  // position of the tile's first key among its own key set
   int valid;               // keys of the tile that exist (the rest is zero-filled)
   bool extra;
@@ -122,11 +123,15 @@ __global__ void __launch_bounds__(kThreads)
     t.extra = u >= main_tiles;
     if (!t.extra) {
       t.first_key = (first_tile + u) * kN;
+      t.k_row_stride = p.k_row_stride;
+      t.v_row_stride = p.v_row_stride;
       t.k = k + t.first_key * p.k_row_stride;
       t.v = v + t.first_key * p.v_row_stride;
       t.valid = static_cast<int>(num_keys - t.first_key < kN ? num_keys - t.first_key : kN);
     } else {
       t.first_key = (u - main_tiles) * kN;
+      t.k_row_stride = p.extra_k_row_stride;
+      t.v_row_stride = p.extra_v_row_stride;
       t.k = extra_k + t.first_key * p.extra_k_row_stride;
       t.v = extra_v + t.first_key * p.extra_v_row_stride;
       t.valid = static_cast<int>(p.num_extra - t.first_key < kN ? p.num_extra - t.first_key : kN);
@@ -137,8 +142,7 @@ __global__ void __launch_bounds__(kThreads)
   load_tile_async<kBlockM, kD>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
   if (num_tiles > 0) {
     const KeyTile t = key_tile(0);
-    load_tile_async<kN, kD>(smem_k, t.k, t.extra ? p.extra_k_row_stride : p.k_row_stride, t.valid,
-                            p.head_dim, p.vector_loads);
+    load_tile_async<kN, kD>(smem_k, t.k, t.k_row_stride, t.valid, p.head_dim, p.vector_loads);
   }
   tile::cp_async_commit();
 
@@ -167,8 +171,8 @@ __global__ void __launch_bounds__(kThreads)
     const KeyTile tile = key_tile(u);
     tile::cp_async_wait<0>();
     __syncthreads();  // K(u) visible to all; every warp is done with V(u - 1)
-    load_tile_async<kN, kD>(smem_v, tile.v, tile.extra ? p.extra_v_row_stride : p.v_row_stride,
-                            tile.valid, p.value_dim, p.vector_loads);
+    load_tile_async<kN, kD>(smem_v, tile.v, tile.v_row_stride, tile.valid, p.value_dim,
+                            p.vector_loads);
     tile::cp_async_commit();
 
     float s[kScoreTiles][4];
@@ -205,9 +209,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // V(u) visible to all; every warp is done with K(u)
     if (u + 1 < num_tiles) {
       const KeyTile next = key_tile(u + 1);
-      load_tile_async<kN, kD>(smem_k, next.k,
-                              next.extra ? p.extra_k_row_stride : p.k_row_stride, next.valid,
-                              p.head_dim, p.vector_loads);
+      load_tile_async<kN, kD>(smem_k, next.k, next.k_row_stride, next.valid, p.head_dim,
+                              p.vector_loads);
     }
     tile::cp_async_commit();
 
