@@ -238,12 +238,15 @@ TEST(CudaForward, EmptyQueries) {
   EXPECT_TRUE(s.ok()) << s.message();
 }
 
-TEST(CudaForward, RefusesFloat32WithReason) {
+TEST(CudaForward, RefusesFloat32AndFloat64WithReason) {
   SKIP_WITHOUT_GPU();
   const fmha::Status s = run_forward_status(shape_case(DType::kFloat32, 17, 17, 64, 64, 2, 1));
   EXPECT_EQ(s.code(), fmha::StatusCode::kNotSupported);
   EXPECT_NE(s.message().find("CUDA backend has no float32 forward kernel"), std::string::npos)
       << s.message();
+  const fmha::Status d = run_forward_status(shape_case(DType::kFloat64, 17, 17, 64, 64, 2, 1));
+  EXPECT_FALSE(d.ok());
+  EXPECT_NE(d.message().find("float64"), std::string::npos) << d.message();
 }
 
 }  // namespace
