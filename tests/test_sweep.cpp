@@ -103,11 +103,15 @@ AttentionCase random_case(std::uint64_t seed) {
   // A bias broadcast over keys, or a rel-pos factor of size 1, gets the sum of dS over a whole row:
   // that is exactly zero unless lse has a gradient, and a relative check would compare noise.
   if ((c.bias.given && c.bias.broadcast[3]) || (c.rel_hk > 0 && (c.rel_hk == 1 || c.rel_hk == lk))) c.dlse = true;
+  // Broadcast storage makes batches or heads identical, which hides mix-ups between them: it gets a
+  // smaller share than the layouts that keep every element distinct.
   const bool varlen = c.kind == Kind::kVarlen;
   auto storage = [&]() {
-    const std::int64_t s = dice.uniform(0, varlen ? 3 : 4);
-    if (varlen && s == 3) return Storage::kBroadcastHeads;  // varlen has no batch dim to broadcast
-    return static_cast<Storage>(s);
+    const Storage s = dice.pick({Storage::kContiguous, Storage::kContiguous, Storage::kPadded, Storage::kPadded,
+                                 Storage::kHeadsOuter, Storage::kHeadsOuter, Storage::kBroadcastBatch,
+                                 Storage::kBroadcastHeads});
+    // varlen has no batch dim: stride 0 on its token dim would make every token identical
+    return varlen && s == Storage::kBroadcastBatch ? Storage::kBroadcastHeads : s;
   };
   c.q_storage = storage();
   c.kv_storage = storage();
