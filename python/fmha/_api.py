@@ -139,7 +139,9 @@ def attention_varlen(
     q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv]; cu_seqlens_q / cu_seqlens_k
     [B + 1] int32 on q's device, ascending from 0: sequence b owns rows cu_seqlens[b] ..
     cu_seqlens[b + 1] - 1 and sees only its own keys; masks use positions inside the sequence.
-    max_seqlen_q / max_seqlen_k are Python ints (the longest sequence). Returns out
+    max_seqlen_q / max_seqlen_k are Python ints (the longest sequence). The offsets are checked
+    on CPU tensors only: checking CUDA ones would need a device synchronisation, so on CUDA they
+    must be valid (ascending, last = total rows, no sequence longer than max_seqlen). Returns out
     [total_q, H, Dv] and, with return_lse, lse [H, total_q]. Options as in attention(); bias
     broadcasts to [B, H, max_seqlen_q, max_seqlen_k]; extra_kv are per sequence [B, R, Hkv, *];
     rel_pos is refused (a packed batch has no common key grid).

@@ -123,9 +123,16 @@ CASES = {
 }  # fmt: skip
 
 
+# The library reads cu_seqlens values only on the CPU: checking CUDA offsets would need a device
+# synchronisation, so CUDA callers own that contract (documented in attention_varlen).
+_CPU_ONLY = {"varlen_offsets_total", "varlen_max_seqlen"}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_arguments_raise_with_the_library_message(case, device, monkeypatch):
+    if device == "cuda" and case in _CPU_ONLY:
+        pytest.skip("cu_seqlens values on CUDA are not read by the library (no device sync)")
     make_call, exception, fragments = CASES[case]
     runs = []
     monkeypatch.setattr(fmha._bridge, "run", lambda *args: runs.append(args))
