@@ -4,7 +4,7 @@ forward-plus-every-gradient comparison of an fmha call against the float64 refer
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 import torch
@@ -26,6 +26,8 @@ DTYPES = {
     "cuda": [torch.float32, torch.bfloat16, torch.float16],
 }
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+# One dtype per device for tests about something other than precision.
+WORKING_DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
 
 
 def case_params(cases, cpu_low_precision_cases):
@@ -111,6 +113,7 @@ def compare(
     inputs: dict[str, torch.Tensor],
     *,
     stat_inputs: tuple = ("sinks",),
+    leaf_views: Optional[dict] = None,
     allow_tf32: bool = False,
     seed: int = 0,
 ) -> None:
@@ -118,13 +121,19 @@ def compare(
 
     inputs: float64 CPU masters by name; run_fmha(**tensors) and run_reference(**tensors) return
     (out, lse). fmha gets them in `dtype` on `device` (stat_inputs such as sinks stay float32 except
-    for float64 runs); the loss is <out, g_out> + <lse, g_lse>, so dlse is exercised as well."""
+    for float64 runs); the loss is <out, g_out> + <lse, g_lse>, so dlse is exercised as well.
+    leaf_views: name -> function making the leaf tensor a view (e.g. a stride-0 expand) of the
+    cast master, so that the leaf itself, not a tensor it came from, has that layout."""
+    leaf_views = leaf_views or {}
 
     def prepared(target_dtype, target_device, stats_dtype):
         tensors = {}
         for name, master in inputs.items():
             cast = stats_dtype if name in stat_inputs else target_dtype
-            tensors[name] = master.detach().to(target_device, cast).requires_grad_(True)
+            leaf = master.detach().to(target_device, cast)
+            if name in leaf_views:
+                leaf = leaf_views[name](leaf).detach()
+            tensors[name] = leaf.requires_grad_(True)
         return tensors
 
     stats_dtype = torch.float64 if dtype == torch.float64 else torch.float32

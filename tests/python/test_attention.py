@@ -8,7 +8,7 @@ import torch
 
 import attention_reference as reference
 import fmha
-from harness import DEVICES, call, case_params, compare, gradcheck, randn
+from harness import DEVICES, WORKING_DTYPE, call, case_params, compare, gradcheck, randn
 
 # name -> (sizes, options). sizes: B, Lq, Lk, H, Hkv, D, Dv. Options use fmha's argument names;
 # bias / rel_pos / sinks / extra_kv give the shapes of those inputs (R for extra keys).
@@ -130,7 +130,7 @@ def test_gradcheck(case):
 @pytest.mark.parametrize("device", DEVICES)
 def test_deterministic_is_bitwise_reproducible(device):
     sizes, options = CASES["everything"]
-    dtype = torch.float32
+    dtype = WORKING_DTYPE[device]
     inputs = {n: t.to(device, dtype).requires_grad_(True) for n, t in make_inputs(sizes, options).items()}
     inputs["sinks"] = inputs["sinks"].detach().float().requires_grad_(True)
     run = fmha_call(options, deterministic=True)
@@ -155,11 +155,12 @@ def test_allow_tf32_meets_its_tolerance(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_return_lse_false_returns_out_only(device):
-    q = torch.randn(1, 4, 2, 8, device=device)
+    q = torch.randn(1, 4, 2, 8, device=device, dtype=WORKING_DTYPE[device])
     out = call(device, fmha.attention, q, q, q)
     assert isinstance(out, torch.Tensor) and out.shape == (1, 4, 2, 8)
     out2, lse = call(device, fmha.attention, q, q, q, return_lse=True)
     assert torch.equal(out, out2) and lse.shape == (1, 2, 4) and lse.dtype == torch.float32
+    assert out.dtype == q.dtype
 
 
 def test_fully_masked_rows_give_zero_out_and_minus_inf_lse():

@@ -8,14 +8,14 @@ import torch
 
 import fmha
 import fmha._attention_ops  # noqa: F401  (registers the ops)
-from harness import DEVICES, call
+from harness import DEVICES, WORKING_DTYPE, call
 
 torch._dynamo.config.cache_size_limit = 64
 
 
-def _inputs(device, *shapes, dtype=torch.float32, seed=0):
+def _inputs(device, *shapes, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=generator, dtype=dtype).to(device).requires_grad_(True)
+    return [torch.randn(s, generator=generator).to(device, WORKING_DTYPE[device]).requires_grad_(True)
             for s in shapes]  # fmt: skip
 
 
@@ -80,7 +80,10 @@ def test_compiles_fullgraph_and_matches_eager(name, device):
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     results = _run_with_grads(compiled, inputs)
     for e, c in zip(eager, results):
-        torch.testing.assert_close(c, e, rtol=0, atol=0)
+        if device == "cpu":
+            torch.testing.assert_close(c, e, rtol=0, atol=0)
+        else:  # the CUDA backward accumulates dq with atomics: equal up to summation order
+            torch.testing.assert_close(c, e)
 
 
 def test_compiles_with_inductor():
