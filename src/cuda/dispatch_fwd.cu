@@ -1,13 +1,12 @@
 // The one place where the forward's runtime values become template parameters:
 // dtype -> T, max(D, Dv) -> head-dim bucket, enabled features -> policy.
-#include "cuda/dispatch_fwd.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <string>
 
 #include "cuda/common/forward_policies.cuh"
+#include "cuda/dispatch_fwd.h"
 #include "cuda/sm80/launch_fwd.h"
 #include "cuda/sm80/tile_sizes.h"
 
@@ -31,14 +30,22 @@ template <typename T>
 Status dispatch_head_dim(const ForwardParams& p, cudaStream_t stream) {
   const int head_dim = p.head_dim > p.value_dim ? p.head_dim : p.value_dim;
   switch (sm80::head_dim_bucket(head_dim)) {
-    case 32: return dispatch_policy<T, 32>(p, stream);
-    case 64: return dispatch_policy<T, 64>(p, stream);
-    case 96: return dispatch_policy<T, 96>(p, stream);
-    case 128: return dispatch_policy<T, 128>(p, stream);
-    case 160: return dispatch_policy<T, 160>(p, stream);
-    case 192: return dispatch_policy<T, 192>(p, stream);
-    case 224: return dispatch_policy<T, 224>(p, stream);
-    case 256: return dispatch_policy<T, 256>(p, stream);
+    case 32:
+      return dispatch_policy<T, 32>(p, stream);
+    case 64:
+      return dispatch_policy<T, 64>(p, stream);
+    case 96:
+      return dispatch_policy<T, 96>(p, stream);
+    case 128:
+      return dispatch_policy<T, 128>(p, stream);
+    case 160:
+      return dispatch_policy<T, 160>(p, stream);
+    case 192:
+      return dispatch_policy<T, 192>(p, stream);
+    case 224:
+      return dispatch_policy<T, 224>(p, stream);
+    case 256:
+      return dispatch_policy<T, 256>(p, stream);
     default:
       return Status::not_supported(
           "fmha: head_dim " + std::to_string(p.head_dim) + " / value_dim " +
@@ -52,7 +59,8 @@ Status dispatch_head_dim(const ForwardParams& p, cudaStream_t stream) {
 Status check_forward_dtype(DType dtype) {
   switch (dtype) {
     case DType::kFloat16:
-    case DType::kBFloat16: return Status::ok_status();
+    case DType::kBFloat16:
+      return Status::ok_status();
     case DType::kFloat32:
       return Status::not_supported(
           "fmha: the CUDA backend has no float32 forward kernel yet (the sm80 kernel runs "
@@ -70,9 +78,12 @@ Status check_forward_dtype(DType dtype) {
 
 Status dispatch_forward(const ForwardParams& p, DType dtype, cudaStream_t stream) {
   switch (dtype) {
-    case DType::kFloat16: return dispatch_head_dim<__half>(p, stream);
-    case DType::kBFloat16: return dispatch_head_dim<__nv_bfloat16>(p, stream);
-    default: return check_forward_dtype(dtype);
+    case DType::kFloat16:
+      return dispatch_head_dim<__half>(p, stream);
+    case DType::kBFloat16:
+      return dispatch_head_dim<__nv_bfloat16>(p, stream);
+    default:
+      return check_forward_dtype(dtype);
   }
 }
 

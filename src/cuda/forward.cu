@@ -45,17 +45,21 @@ class DeviceGuard {
 Status check_device(int device) {
   int major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
   if (major < 8) {
     return Status::not_supported(
         "fmha: the CUDA forward kernel needs compute capability 8.0 or newer (fp16/bf16 mma.sync "
-        "tensor cores); detected GPU: sm_" + std::to_string(major * 10 + minor));
+        "tensor cores); detected GPU: sm_" +
+        std::to_string(major * 10 + minor));
   }
   return Status::ok_status();
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+bool aligned16(const void* ptr) {
+  return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
+}
 
 // 16-byte vector access is possible when the row start of every (batch, row, head) is aligned:
 // the base pointer is, and every stride but the last is a multiple of 8 elements.
@@ -138,8 +142,8 @@ Status launch(const ForwardParams& p, const TensorView& q, void* stream) {
   if (p.heads > kMaxGridYZ || p.batch > kMaxGridYZ) {
     return Status::not_supported(
         "fmha: the CUDA forward kernel takes at most 65535 heads and 65535 batches (one grid "
-        "dimension each); got " + std::to_string(p.heads) + " heads and " +
-        std::to_string(p.batch) + " batches");
+        "dimension each); got " +
+        std::to_string(p.heads) + " heads and " + std::to_string(p.batch) + " batches");
   }
   DeviceGuard guard;
   FMHA_RETURN_IF_ERROR(guard.enter(q.device.index));

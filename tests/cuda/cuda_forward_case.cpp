@@ -25,12 +25,18 @@ struct Views {
   fmha::TensorView q, k, v, out, lse, bias, rel_h, rel_w, sinks, extra_k, extra_v, cu_q, cu_k;
 };
 constexpr std::pair<HostTensor Tensors::*, fmha::TensorView Views::*> kMembers[] = {
-    {&Tensors::q, &Views::q},         {&Tensors::k, &Views::k},
-    {&Tensors::v, &Views::v},         {&Tensors::out, &Views::out},
-    {&Tensors::lse, &Views::lse},     {&Tensors::bias, &Views::bias},
-    {&Tensors::rel_h, &Views::rel_h}, {&Tensors::rel_w, &Views::rel_w},
-    {&Tensors::sinks, &Views::sinks}, {&Tensors::extra_k, &Views::extra_k},
-    {&Tensors::extra_v, &Views::extra_v}, {&Tensors::cu_q, &Views::cu_q},
+    {&Tensors::q, &Views::q},
+    {&Tensors::k, &Views::k},
+    {&Tensors::v, &Views::v},
+    {&Tensors::out, &Views::out},
+    {&Tensors::lse, &Views::lse},
+    {&Tensors::bias, &Views::bias},
+    {&Tensors::rel_h, &Views::rel_h},
+    {&Tensors::rel_w, &Views::rel_w},
+    {&Tensors::sinks, &Views::sinks},
+    {&Tensors::extra_k, &Views::extra_k},
+    {&Tensors::extra_v, &Views::extra_v},
+    {&Tensors::cu_q, &Views::cu_q},
     {&Tensors::cu_k, &Views::cu_k}};
 
 std::int64_t total(const std::vector<std::int32_t>& lengths) {
@@ -47,8 +53,12 @@ std::int64_t longest(const std::vector<std::int32_t>& lengths) {
 std::int64_t num_batches(const ForwardCase& c) {
   return c.varlen() ? static_cast<std::int64_t>(c.varlen_q.size()) : c.batch;
 }
-std::int64_t rows_q(const ForwardCase& c) { return c.varlen() ? longest(c.varlen_q) : c.seqlen_q; }
-std::int64_t rows_k(const ForwardCase& c) { return c.varlen() ? longest(c.varlen_k) : c.seqlen_k; }
+std::int64_t rows_q(const ForwardCase& c) {
+  return c.varlen() ? longest(c.varlen_q) : c.seqlen_q;
+}
+std::int64_t rows_k(const ForwardCase& c) {
+  return c.varlen() ? longest(c.varlen_k) : c.seqlen_k;
+}
 
 HostTensor cu_seqlens(const std::vector<std::int32_t>& lengths) {
   HostTensor t(DType::kInt32, {static_cast<std::int64_t>(lengths.size()) + 1});
@@ -139,14 +149,20 @@ fmha::Status run_views(const ForwardCase& c, const Views& v, void* stream) {
   o.extra_k = v.extra_k;
   o.extra_v = v.extra_v;
   if (c.varlen()) {
-    fmha::VarlenForwardParams p{.q = v.q, .k = v.k, .v = v.v, .cu_seqlens_q = v.cu_q,
-                                .cu_seqlens_k = v.cu_k, .max_seqlen_q = rows_q(c),
-                                .max_seqlen_k = rows_k(c), .out = v.out, .lse = v.lse,
+    fmha::VarlenForwardParams p{.q = v.q,
+                                .k = v.k,
+                                .v = v.v,
+                                .cu_seqlens_q = v.cu_q,
+                                .cu_seqlens_k = v.cu_k,
+                                .max_seqlen_q = rows_q(c),
+                                .max_seqlen_k = rows_k(c),
+                                .out = v.out,
+                                .lse = v.lse,
                                 .options = o};
     return fmha::run(p, stream);
   }
-  fmha::AttentionForwardParams p{.q = v.q, .k = v.k, .v = v.v, .out = v.out, .lse = v.lse,
-                                 .options = o};
+  fmha::AttentionForwardParams p{
+      .q = v.q, .k = v.k, .v = v.v, .out = v.out, .lse = v.lse, .options = o};
   return fmha::run(p, stream);
 }
 
@@ -166,10 +182,10 @@ std::size_t storage_bytes(const fmha::TensorView& v) {
   return static_cast<std::size_t>(elements) * fmha::element_size(v.dtype);
 }
 
-#define CUDA_CHECK(expr)                                                                  \
-  do {                                                                                    \
-    const cudaError_t e_ = (expr);                                                        \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);                \
+#define CUDA_CHECK(expr)                                                   \
+  do {                                                                     \
+    const cudaError_t e_ = (expr);                                         \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
   } while (0)
 
 // Device copies of every defined tensor, with the host's strides.
@@ -219,8 +235,12 @@ std::vector<double> expand_bias(const HostTensor& bias, const std::vector<std::i
   return r;
 }
 
-double round_fp16(double x) { return fmha_test::round_to(DType::kFloat16, x); }
-double round_bf16(double x) { return fmha_test::round_to(DType::kBFloat16, x); }
+double round_fp16(double x) {
+  return fmha_test::round_to(DType::kFloat16, x);
+}
+double round_bf16(double x) {
+  return fmha_test::round_to(DType::kBFloat16, x);
+}
 
 // The naive same-dtype computation (S, P and out rounded to the dtype) of SPEC §13's bound.
 naive::Forward naive_low_precision(const ForwardCase& c, const Tensors& t) {
@@ -291,8 +311,8 @@ std::vector<double> lse_to_library(const ForwardCase& c, const std::vector<doubl
 void report(const char* name, const ForwardCase& c, const std::vector<double>& got,
             const std::vector<double>& ref, double tol) {
   const fmha_test::ErrorStats st = fmha_test::compare(got, ref, tol);
-  std::printf("[ errors ] %-4s rel %.3e  bound %.3e  max_abs %.3e  | %s\n", name, st.rel_error,
-              tol, st.max_abs, c.describe().c_str());
+  std::printf("[ errors ] %-4s rel %.3e  bound %.3e  max_abs %.3e  | %s\n", name, st.rel_error, tol,
+              st.max_abs, c.describe().c_str());
 }
 
 }  // namespace
@@ -383,8 +403,8 @@ void check_forward(const ForwardCase& c, std::uint64_t seed, bool twice) {
   EXPECT_TRUE(fmha_test::close("out", got_out, ref_out, t.out.shape(), out_tol));
   if (c.lse) {
     const std::vector<double> ref_lse = ref.lse.to_double();
-    const double lse_tol = fmha_test::tolerance(c.dtype, ref_lse, lse_to_library(c, lowp.lse),
-                                                DType::kFloat32);
+    const double lse_tol =
+        fmha_test::tolerance(c.dtype, ref_lse, lse_to_library(c, lowp.lse), DType::kFloat32);
     const std::vector<double> got_lse = t.lse.to_double();
     report("lse", c, got_lse, ref_lse, lse_tol);
     EXPECT_TRUE(fmha_test::close("lse", got_lse, ref_lse, t.lse.shape(), lse_tol));

@@ -22,13 +22,13 @@ using fmha_test::Layout;
 struct ForwardCase {
   DType dtype = DType::kFloat16;
   std::int64_t batch = 1, heads = 2, kv_heads = 1, head_dim = 64, value_dim = 64;
-  std::int64_t seqlen_q = 17, seqlen_k = 17;          // dense
-  std::vector<std::int32_t> varlen_q, varlen_k;       // non-empty: a varlen batch of these lengths
-  fmha::AttentionOptions options;                     // scalar options; tensors filled in here
+  std::int64_t seqlen_q = 17, seqlen_k = 17;     // dense
+  std::vector<std::int32_t> varlen_q, varlen_k;  // non-empty: a varlen batch of these lengths
+  fmha::AttentionOptions options;                // scalar options; tensors filled in here
   bool bias = false;
   std::array<bool, 4> bias_broadcast{false, false, false, false};  // broadcast dims of [B,H,Lq,Lk]
   bool bias_size_one = false;  // broadcast dims have size 1 (else: full size, stride 0)
-  std::int64_t rel_hk = 0;  // > 0: rel_h / rel_w over a key grid Hk x (Lk / Hk)
+  std::int64_t rel_hk = 0;     // > 0: rel_h / rel_w over a key grid Hk x (Lk / Hk)
   bool sinks = false;
   std::int64_t extra = 0;  // R extra keys
   bool lse = true;

@@ -65,7 +65,7 @@ TEST(CudaForward, StridedLayouts) {
   c.kv_layout.pad = 8;              // padded rows, still 16-byte aligned
   c.out_layout.pad = 8;
   check_forward(c, 31);
-  c.kv_layout.pad = 3;  // unaligned rows: element-wise loads
+  c.kv_layout.pad = 3;   // unaligned rows: element-wise loads
   c.out_layout.pad = 1;  // unaligned rows: element-wise stores
   check_forward(c, 32);
   c.kv_layout = {};
@@ -104,8 +104,8 @@ TEST(CudaForward, WindowsAndFullyMaskedRows) {
     bool causal;
   };
   for (auto align : {CausalAlignment::kTopLeft, CausalAlignment::kBottomRight})
-    for (W w : {W{16, 0, false}, W{-1, 5, false}, W{3, 7, true}, W{100, -1, false},
-                W{0, 0, false}}) {
+    for (W w :
+         {W{16, 0, false}, W{-1, 5, false}, W{3, 7, true}, W{100, -1, false}, W{0, 0, false}}) {
       ForwardCase c = shape_case(DType::kFloat16, 239, 113, 96, 96, 2, 1);
       c.options.window_left = w.left;
       c.options.window_right = w.right;

@@ -2,7 +2,8 @@
 // CPU reference like the fixed tests.
 //   FMHA_TEST_SWEEP=<n>       number of cases (default 40)
 //   FMHA_TEST_SWEEP_SEED=<s>  seed of the first case (default 5000); case i uses seed s + i, so a
-//                             failing case reruns alone with FMHA_TEST_SWEEP=1 FMHA_TEST_SWEEP_SEED=<seed>.
+//                             failing case reruns alone with FMHA_TEST_SWEEP=1
+//                             FMHA_TEST_SWEEP_SEED=<seed>.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -72,8 +73,8 @@ ForwardCase random_case(std::uint64_t seed) {
   c.sinks = dice.chance(0.3);
   c.extra = dice.chance(0.3) ? dice.uniform(1, 70) : 0;
   c.lse = dice.chance(0.9);
-  if (dice.chance(0.2)) c.q_layout.order = c.varlen() ? std::vector<int>{1, 0, 2}
-                                                      : std::vector<int>{0, 2, 1, 3};
+  if (dice.chance(0.2))
+    c.q_layout.order = c.varlen() ? std::vector<int>{1, 0, 2} : std::vector<int>{0, 2, 1, 3};
   if (dice.chance(0.2)) c.kv_layout.pad = dice.uniform(1, 9);
   if (dice.chance(0.2)) c.out_layout.pad = dice.uniform(1, 9);
   return c;

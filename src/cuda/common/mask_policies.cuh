@@ -42,8 +42,7 @@ struct MaskWindow {
 
   __device__ static MaskWindow make(const ForwardParams& p, std::int64_t num_queries,
                                     std::int64_t num_keys) {
-    return {num_keys, p.bottom_right ? num_keys - num_queries : 0, p.window_left,
-            p.window_right};
+    return {num_keys, p.bottom_right ? num_keys - num_queries : 0, p.window_left, p.window_right};
   }
   // Both bounds grow with i, so the union over the block's rows is [lo(first), hi(last)].
   __device__ KeyRange key_range(std::int64_t first_row, std::int64_t last_row) const {

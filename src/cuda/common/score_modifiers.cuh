@@ -3,7 +3,8 @@
 //   ScoreScale:     s = scale * q.k                              (one multiply)
 //   ScoreModifiers: s = softcap * tanh(scale * q.k / softcap)    when softcap > 0
 //                   s += bias[b, h, i, j]                        when a bias is given
-//                   s += rel_h[b, h, i, j / Wk] + rel_w[b, h, i, j % Wk]   (SAM, never materialised)
+//                   s += rel_h[b, h, i, j / Wk] + rel_w[b, h, i, j % Wk]   (SAM, never
+//                   materialised)
 // Both work on a warp's m16n8 accumulator tiles at once (entries 0, 1 of a thread on `row`, 2, 3 on
 // row + 8, entry 0 of tile t at column col + 8t), so each runtime switch is tested once per tile,
 // outside the element loops.
@@ -56,8 +57,8 @@ struct ScoreModifiers {
     m.softcap_log2 = p.softcap_log2;
     m.scale_over_softcap = p.scale_over_softcap;
     m.bias = p.bias == nullptr ? nullptr
-                               : static_cast<const std::uint16_t*>(p.bias) +
-                                     b * p.bias_stride[0] + h * p.bias_stride[1];
+                               : static_cast<const std::uint16_t*>(p.bias) + b * p.bias_stride[0] +
+                                     h * p.bias_stride[1];
     m.bias_row_stride = p.bias_stride[2];
     m.bias_col_stride = p.bias_stride[3];
     m.rel_h = p.rel_h == nullptr ? nullptr

@@ -96,11 +96,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::ui
 // and the 16 bytes are zero-filled (used for rows and columns past the tensor's end).
 __device__ __forceinline__ void cp_async_16(std::uint32_t shared_dst, const void* global_src,
                                             int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
-               "l"(global_src), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst), "l"(global_src),
+               "r"(src_bytes));
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 
 // Waits until at most `kPending` committed groups of this thread are still in flight.
 template <int kPending>

@@ -2,9 +2,11 @@
 #include "cuda/sm80/launch_fwd.cuh"
 
 namespace fmha::cuda::sm80 {
-#define FMHA_INSTANTIATE(D)                                                                    \
-  template Status launch_forward<__nv_bfloat16, D, PolicyPlain>(const ForwardParams&, cudaStream_t); \
-  template Status launch_forward<__nv_bfloat16, D, PolicyGeneral>(const ForwardParams&, cudaStream_t);
+#define FMHA_INSTANTIATE(D)                                                             \
+  template Status launch_forward<__nv_bfloat16, D, PolicyPlain>(const ForwardParams&,   \
+                                                                cudaStream_t);          \
+  template Status launch_forward<__nv_bfloat16, D, PolicyGeneral>(const ForwardParams&, \
+                                                                  cudaStream_t);
 FMHA_INSTANTIATE(32)
 FMHA_INSTANTIATE(64)
 FMHA_INSTANTIATE(96)

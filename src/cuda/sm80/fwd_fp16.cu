@@ -2,7 +2,7 @@
 #include "cuda/sm80/launch_fwd.cuh"
 
 namespace fmha::cuda::sm80 {
-#define FMHA_INSTANTIATE(D)                                                                    \
+#define FMHA_INSTANTIATE(D)                                                                   \
   template Status launch_forward<__half, D, PolicyPlain>(const ForwardParams&, cudaStream_t); \
   template Status launch_forward<__half, D, PolicyGeneral>(const ForwardParams&, cudaStream_t);
 FMHA_INSTANTIATE(32)

@@ -18,12 +18,13 @@ Status launch_forward(const ForwardParams& p, cudaStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e != cudaSuccess) {
       return Status::backend_error(std::string("fmha: CUDA forward kernel (sm80) could not get ") +
-                                   std::to_string(kSmem) + " bytes of shared memory: " +
-                                   cudaGetErrorString(e));
+                                   std::to_string(kSmem) +
+                                   " bytes of shared memory: " + cudaGetErrorString(e));
     }
   }
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kBlockM - 1) / kBlockM),
-                  static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+  constexpr int kM = block_m(kD);
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kM - 1) / kM), static_cast<unsigned>(p.heads),
+                  static_cast<unsigned>(p.batch));
   kernel<<<grid, kThreads, kSmem, stream>>>(p);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {

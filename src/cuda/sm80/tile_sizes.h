@@ -24,30 +24,39 @@ constexpr int head_dim_bucket(int head_dim) {
   return (head_dim + kHeadDimBucketStep - 1) / kHeadDimBucketStep * kHeadDimBucketStep;
 }
 
-// 4 warps, each owning 16 query rows (one m16 MMA row block): a block covers 64 queries. Fewer
-// rows per block keeps the grid large for short sequences and the per-thread output accumulator
-// at Dv/2 floats (128 at Dv = 256), which fits in registers without spills.
-// Not tried yet: 2 row blocks (32 rows) per warp for D <= 128, FlashAttention-2's layout, which
-// feeds every K/V fragment from ldmatrix to two MMAs and halves K/V traffic per query; it needs
-// about 100 more accumulator registers than this kernel has left at D = 128 today.
+// 4 warps per block. Each warp owns row_blocks(D) blocks of 16 query rows (m16 MMA row blocks):
+// two at small head dims, so that every K/V fragment read by ldmatrix feeds two MMAs and a block
+// loads K/V once for 128 queries (FlashAttention-2's layout); one above, where the output
+// accumulator (Dv/2 floats a thread per row block) leaves no registers for a second.
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = kWarps * 32;
+constexpr int row_blocks(int head_dim_bucket) {
+  return head_dim_bucket <= 64 ? 2 : 1;
+}
+constexpr int block_m(int head_dim_bucket) {
+  return kWarps * 16 * row_blocks(head_dim_bucket);
+}
+// Rows of a block with one row block per warp (the backward's dQ kernel uses this layout).
 inline constexpr int kBlockM = kWarps * 16;
 
 // Keys per tile: 64 up to D = 128; 32 above, where the score tile (kBlockN / 2 floats a thread)
 // would otherwise push the 256-bucket past 255 registers, and where the K/V tiles would push
 // shared memory past what two blocks per SM can share on an A100.
-constexpr int block_n(int head_dim_bucket) { return head_dim_bucket <= 128 ? 64 : 32; }
+constexpr int block_n(int head_dim_bucket) {
+  return head_dim_bucket <= 128 ? 64 : 32;
+}
 
 // Shared-memory rows are padded by 8 elements (16 bytes) so that the 8 row addresses of one
 // ldmatrix land in 8 different 16-byte bank groups (no conflicts) without a swizzle.
 inline constexpr int kSmemPad = 8;
-constexpr int smem_row(int head_dim_bucket) { return head_dim_bucket + kSmemPad; }
+constexpr int smem_row(int head_dim_bucket) {
+  return head_dim_bucket + kSmemPad;
+}
 
 // One Q tile, one K tile and one V tile, 16-bit elements: K of tile t + 1 loads while P.V of
 // tile t runs, V of tile t while Q.K of tile t runs. The output tile reuses Q's rows.
 constexpr int smem_bytes(int head_dim_bucket) {
-  return (kBlockM + 2 * block_n(head_dim_bucket)) * smem_row(head_dim_bucket) * 2;
+  return (block_m(head_dim_bucket) + 2 * block_n(head_dim_bucket)) * smem_row(head_dim_bucket) * 2;
 }
 
 static_assert(smem_bytes(kMaxHeadDim) <= 99 * 1024, "sm86/sm89 allow at most 99 KB per block");
