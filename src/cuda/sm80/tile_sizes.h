@@ -1,12 +1,14 @@
 // Tile-size choices of the sm80 (mma.sync) forward kernel, one place, each with its reason.
 //
 // Measured (nvcc 13.0, -Xptxas -v, sm_80 and sm_90a alike): no variant spills or has a stack
-// frame; registers per thread: plain policy 128 (bucket 32), 168 (64, 160), 162 (96), 230 (128),
-// 234-255 (192-256); general policy 162-223 (32), 168 (64), 235-255 (96-256). So 2 blocks of
-// 4 warps share an SM for most buckets, 3 for the small ones. H100, fp16, B 4 x L 4096 x H 16:
-// 176 TFLOP/s at D = 64, 179 at D = 128 (165 causal), 170 at D = 256; D = 80 (bucket 96, B 16)
-// 181. FlashAttention-2 reaches about twice that on an H100 with 32 rows per warp, which needs
-// the registers trimmed first (see kBlockM below).
+// frame. Registers per thread, plain / general policy: bucket 32 160-168 / 250-255 and 64
+// 242-248 / 253-255 (two row blocks a warp), 96 162 / 249-252, 128 224-228 / 249-255, 160
+// 167-168 / 234-235, 192-256 230-255 / 235-248. So 2 blocks of 4 warps share an SM (3 for the
+// small plain ones). H100, fp16, B 4 x L 4096 x H 16, median of
+// 10: 208 TFLOP/s at D = 64 (184 with one row block a warp), 181 at D = 128 (166 causal),
+// 173 at D = 256; D = 80 (bucket 96, B 16) 181. FlashAttention-2 reaches about 1.8x that on an
+// H100; two row blocks a warp at D = 96 / 128 spill (120 / 432 bytes in the general policy)
+// until the ~130 registers the kernel holds besides its accumulators are trimmed.
 #pragma once
 
 namespace fmha::cuda::sm80 {
@@ -39,7 +41,7 @@ constexpr int block_m(int head_dim_bucket) {
 // Rows of a block with one row block per warp (the backward's dQ kernel uses this layout).
 inline constexpr int kBlockM = kWarps * 16;
 
-// Keys per tile: 64 up to D = 128; 32 above, where the score tile (kBlockN / 2 floats a thread)
+// Keys per tile: 64 up to D = 128; 32 above, where the score tile (block_n / 2 floats a thread)
 // would otherwise push the 256-bucket past 255 registers, and where the K/V tiles would push
 // shared memory past what two blocks per SM can share on an A100.
 constexpr int block_n(int head_dim_bucket) {
