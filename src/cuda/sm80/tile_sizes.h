@@ -4,9 +4,9 @@
 // frame. Registers per thread, plain / general policy: bucket 32 160-168 / 250-255 and 64
 // 242-248 / 253-255 (two row blocks a warp), 96 162 / 249-252, 128 224-228 / 249-255, 160
 // 167-168 / 234-235, 192-256 230-255 / 235-248. So 2 blocks of 4 warps share an SM (3 for the
-// small plain ones). H100, fp16, B 4 x L 4096 x H 16, median of
-// 10: 208 TFLOP/s at D = 64 (184 with one row block a warp), 181 at D = 128 (166 causal),
-// 173 at D = 256; D = 80 (bucket 96, B 16) 181. FlashAttention-2 reaches about 1.8x that on an
+// small plain ones). H100, fp16, B 4 x L 4096 x H 16, median of 10: 208 TFLOP/s at D = 64 (184
+// with one row block a warp), 181 at D = 128 (166 causal), 173 at D = 256; D = 80 (bucket 96,
+// B 16) 181. FlashAttention-2 reaches about 1.8x that on an
 // H100; two row blocks a warp at D = 96 / 128 spill (120 / 432 bytes in the general policy)
 // until the ~130 registers the kernel holds besides its accumulators are trimmed.
 #pragma once
