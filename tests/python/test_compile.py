@@ -13,7 +13,7 @@ from harness import DEVICES, WORKING_DTYPE, call
 torch._dynamo.config.cache_size_limit = 64
 
 
-def _inputs(device, *shapes, seed=0):
+def _inputs(device, *shapes, seed=0):  # sinks among them are cast to float32 where used
     generator = torch.Generator().manual_seed(seed)
     return [torch.randn(s, generator=generator).to(device, WORKING_DTYPE[device]).requires_grad_(True)
             for s in shapes]  # fmt: skip
@@ -22,14 +22,14 @@ def _inputs(device, *shapes, seed=0):
 def _dense(q, k, v, bias, rel_h, rel_w, sinks, extra_k, extra_v):
     out, lse = fmha.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
                               causal_alignment="bottom_right", window=(5, 1), bias=bias,
-                              rel_pos=(rel_h, rel_w), softcap=3.0, sinks=sinks,
+                              rel_pos=(rel_h, rel_w), softcap=3.0, sinks=sinks.float(),
                               extra_kv=(extra_k, extra_v), return_lse=True)  # fmt: skip
     return out.sum(dim=2) * 2, lse
 
 
 def _varlen(q, k, v, bias, sinks):
     cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=q.device)
-    return fmha.attention_varlen(q, k, v, cu, cu, 5, 5, causal=True, bias=bias, sinks=sinks,
+    return fmha.attention_varlen(q, k, v, cu, cu, 5, 5, causal=True, bias=bias, sinks=sinks.float(),
                                  return_lse=True)  # fmt: skip
 
 
@@ -64,6 +64,17 @@ FUNCTIONS = {
 }  # fmt: skip
 
 
+class _Module(torch.nn.Module):
+    """A small module around one fmha function, as a model would use it."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *inputs):
+        return self.fn(*inputs)
+
+
 def _run_with_grads(fn, inputs):
     out, lse = fn(*inputs)
     loss = out.square().sum() + torch.where(torch.isfinite(lse), lse, 0).sum()
@@ -77,7 +88,7 @@ def test_compiles_fullgraph_and_matches_eager(name, device):
     inputs = _inputs(device, *shapes)
     eager = call(device, _run_with_grads, fn, inputs)
     torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(_Module(fn), fullgraph=True, backend="aot_eager")
     results = _run_with_grads(compiled, inputs)
     for e, c in zip(eager, results):
         if device == "cpu":
@@ -92,7 +103,7 @@ def test_compiles_with_inductor():
     inputs = _inputs("cpu", *shapes)
     eager = _run_with_grads(fn, inputs)
     torch._dynamo.reset()
-    results = _run_with_grads(torch.compile(fn, fullgraph=True), inputs)
+    results = _run_with_grads(torch.compile(_Module(fn), fullgraph=True), inputs)
     for e, c in zip(eager, results):
         torch.testing.assert_close(c, e, rtol=1e-6, atol=1e-6)
 
