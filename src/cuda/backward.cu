@@ -1,9 +1,10 @@
 // CUDA backend entry points of the backward: dense and varlen attention. Fills BackwardParams
 // from the validated views, picks fused or split, allocates the fp32 workspace stream-ordered
-// (O(L) memory: per-row statistics, plus the dQ accumulator in fused mode) and launches
+// (O(L) memory: per-row statistics, the dQ accumulator in fused mode; plus, only when requested,
+// fp32 accumulators of dbias's own compact size and of drel_h / drel_w) and launches
 //   preprocess (Delta, lse_log2, sink terms) -> dsinks (ordered reduction)
-//   -> fused: dK/dV kernel with dQ atomics, dQ conversion
-//      split: dK/dV kernel, dQ kernel
+//   -> fused: dK/dV kernel with dQ atomics (and dbias / drel accumulation), conversions
+//      split: dK/dV kernel (and dbias / drel accumulation), conversions, dQ kernel
 // with no device synchronisation.
 #include <cuda_runtime.h>
 
@@ -51,7 +52,7 @@ Status refuse(const std::string& what) {
                                " yet; run it on CPU tensors (the reference backend)");
 }
 
-Status check_supported(DType dtype, const AttentionGradients& g) {
+Status check_supported(DType dtype) {
   if (dtype == DType::kFloat32) {
     return Status::not_supported(
         "fmha: the CUDA backend has no float32 backward kernel yet (the sm80 kernels run "
@@ -65,10 +66,6 @@ Status check_supported(DType dtype, const AttentionGradients& g) {
   if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
     return Status::not_supported(std::string("fmha: the CUDA backward got q of dtype ") +
                                  to_string(dtype) + " (supported: float16, bfloat16)");
-  }
-  if (g.dbias.defined()) return refuse("grads.dbias (the bias gradient)");
-  if (g.drel_h.defined() || g.drel_w.defined()) {
-    return refuse("grads.drel_h / grads.drel_w (the relative-position gradients)");
   }
   return Status::ok_status();
 }
@@ -164,6 +161,50 @@ void fill_forward(const AttentionOptions& o, const detail::ProblemShape& shape, 
   }
 }
 
+// The bias / rel-pos gradients of a call: fp32 accumulators of these compact sizes, converted
+// into the gradients' own strides after the dK/dV kernel.
+struct AdditiveGradients {
+  const TensorView* dbias = nullptr;
+  Extents4 dbias_sizes{{0, 0, 0, 0}};  // size 1 where dbias broadcasts
+  bool dbias_atomic = false;
+  const TensorView* drel_h = nullptr;
+  const TensorView* drel_w = nullptr;
+  Extents4 drel_h_sizes{{0, 0, 0, 0}}, drel_w_sizes{{0, 0, 0, 0}};
+
+  static std::int64_t count(const Extents4& e) { return e.v[0] * e.v[1] * e.v[2] * e.v[3]; }
+  std::int64_t floats() const {
+    return (dbias ? count(dbias_sizes) : 0) + (drel_h ? count(drel_h_sizes) : 0) +
+           (drel_w ? count(drel_w_sizes) : 0);
+  }
+};
+
+AdditiveGradients plan_additive(const AttentionGradients& g, const detail::ProblemShape& shape) {
+  AdditiveGradients a;
+  const std::int64_t problem[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
+  if (g.dbias.defined()) {
+    a.dbias = &g.dbias;
+    for (int d = 0; d < 4; ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      const bool broadcast = g.dbias.shape[u] == 1 || g.dbias.stride[u] == 0;
+      a.dbias_sizes.v[d] = broadcast ? 1 : g.dbias.shape[u];
+      if (broadcast && problem[d] > 1) a.dbias_atomic = true;
+    }
+  }
+  if (g.drel_h.defined()) {
+    a.drel_h = &g.drel_h;
+    a.drel_h_sizes = {{shape.batch, shape.heads, shape.seqlen_q, shape.rel_h_size}};
+  }
+  if (g.drel_w.defined()) {
+    a.drel_w = &g.drel_w;
+    a.drel_w_sizes = {{shape.batch, shape.heads, shape.seqlen_q, shape.rel_w_size}};
+  }
+  return a;
+}
+
+Extents4 strides_of(const TensorView& t) {
+  return {{t.stride[0], t.stride[1], t.stride[2], t.stride[3]}};
+}
+
 // Everything but the workspace, from the tensors of either entry point.
 template <typename Params>
 BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, bool varlen) {
@@ -235,10 +276,10 @@ BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, b
 // into its own kernel (one block per query tile and head, atomic-free) at the price of
 // recomputing S and dP there (7 products instead of 5). The dK/dV grid (key tiles x kv heads x
 // batch x chunks) is the same in both, so split pays off only when that grid is too small to
-// carry the dQ work as well. Measured on an H100 (132 SMs), fp16 (.gpu/bwd bench): fused wins by
-// 14-25% at 128-2048 dK/dV blocks; split wins by 7% at 16 blocks (MQA, 8 heads, L 1024) and by 5%
-// at 256 blocks of a causal GQA group of 8 (L 4096; fused 7.19 ms, split 6.83 ms, the one shape
-// this rule gets wrong). Rule: split when the dK/dV grid fills less than half the SMs.
+// carry the dQ work as well. Measured on an H100 (132 SMs), fp16, two sessions (.gpu/bwd bench):
+// fused wins by 7-25% at 128-2048 dK/dV blocks; split wins by 7-13% at 16 blocks (MQA, 8 heads,
+// L 1024) and by 4-5% at 256 blocks of a causal GQA group of 8 (L 4096), the one measured shape
+// this rule gets wrong. Rule: split when the dK/dV grid fills less than half the SMs.
 // deterministic forces split, whose reductions all run in a fixed order.
 bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl,
                int sm_count) {
@@ -249,15 +290,21 @@ bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl 
 }
 
 // Statistics rows are [outer, H, inner]: dense B x Lq, varlen 1 x total_q.
-Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl impl, DType dtype,
-                    int device, std::int64_t outer, std::int64_t inner, bool varlen,
-                    void* stream_ptr) {
+Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl impl,
+                    const AdditiveGradients& additive, DType dtype, int device, std::int64_t outer,
+                    std::int64_t inner, bool varlen, void* stream_ptr) {
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   if (p.fwd.heads > kMaxGridYZ || p.fwd.batch > kMaxGridYZ) {
     return Status::not_supported(
         "fmha: the CUDA backward kernels take at most 65535 heads and 65535 batches (one grid "
         "dimension each); got " +
         std::to_string(p.fwd.heads) + " heads and " + std::to_string(p.fwd.batch) + " batches");
+  }
+  if (o.deterministic && (additive.dbias_atomic || additive.drel_h || additive.drel_w)) {
+    return refuse(
+        "deterministic=true with grads.dbias over a broadcast bias or with grads.drel_h / "
+        "grads.drel_w (those sums are accumulated with atomics; a full-size bias or "
+        "deterministic=false works)");
   }
   if (p.fwd.batch == 0 || p.fwd.heads == 0) return Status::ok_status();  // empty gradients
   DeviceGuard guard;
@@ -269,7 +316,9 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   const std::int64_t heads = p.fwd.heads;
   const std::int64_t stats = outer * heads * inner;
   const std::int64_t accum = fused ? stats * p.fwd.head_dim : 0;
-  const std::int64_t floats = 2 * stats + (p.dsinks != nullptr ? stats : 0) + accum;
+  const std::int64_t additive_floats = additive.floats();
+  const std::int64_t floats =
+      2 * stats + (p.dsinks != nullptr ? stats : 0) + accum + additive_floats;
   float* workspace = nullptr;
   if (floats > 0) {
     const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&workspace),
@@ -292,6 +341,28 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
     p.accum_batch_stride = varlen ? 0 : heads * inner * p.fwd.head_dim;
   }
 
+  float* const additive_base = next + accum;
+  if (additive.dbias) {
+    p.dbias_accum = additive_base;
+    p.dbias_atomic = additive.dbias_atomic;
+    std::int64_t stride = 1;
+    for (int d = 3; d >= 0; --d) {
+      p.dbias_accum_stride[d] = additive.dbias_sizes.v[d] == 1 ? 0 : stride;
+      stride *= additive.dbias_sizes.v[d];
+    }
+  }
+  float* const drel_h_base =
+      additive_base + (additive.dbias ? AdditiveGradients::count(additive.dbias_sizes) : 0);
+  if (additive.drel_h) p.drel_h_accum = drel_h_base;
+  if (additive.drel_w) {
+    p.drel_w_accum =
+        drel_h_base + (additive.drel_h ? AdditiveGradients::count(additive.drel_h_sizes) : 0);
+  }
+  if (additive.drel_h || additive.drel_w) {
+    p.rel_rows = p.fwd.seqlen_q;
+    p.rel_h_size = additive.drel_h_sizes.v[3];
+  }
+
   Status s = Status::ok_status();
   auto step = [&](Status next_status) {
     if (s.ok()) s = next_status;
@@ -301,9 +372,26 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
         cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(accum) * sizeof(float), stream);
     if (e != cudaSuccess) step(cuda_error("cudaMemsetAsync of the dQ accumulator failed", e));
   }
+  if (additive_floats > 0) {
+    const cudaError_t e = cudaMemsetAsync(
+        additive_base, 0, static_cast<std::size_t>(additive_floats) * sizeof(float), stream);
+    if (e != cudaSuccess) step(cuda_error("cudaMemsetAsync of the bias gradients failed", e));
+  }
   step(launch_backward_preprocess(p, dtype, outer, inner, stream));
   if (p.dsinks != nullptr) step(launch_backward_dsinks(p, outer, inner, stream));
   if (s.ok()) step(dispatch_backward_dkdv(p, dtype, stream));
+  if (s.ok() && additive.dbias) {
+    step(launch_backward_convert_4d(p.dbias_accum, additive.dbias_sizes, additive.dbias->data,
+                                    strides_of(*additive.dbias), dtype, stream));
+  }
+  if (s.ok() && additive.drel_h) {
+    step(launch_backward_convert_4d(p.drel_h_accum, additive.drel_h_sizes, additive.drel_h->data,
+                                    strides_of(*additive.drel_h), dtype, stream));
+  }
+  if (s.ok() && additive.drel_w) {
+    step(launch_backward_convert_4d(p.drel_w_accum, additive.drel_w_sizes, additive.drel_w->data,
+                                    strides_of(*additive.drel_w), dtype, stream));
+  }
   if (s.ok()) {
     step(fused ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
                : dispatch_backward_dq(p, dtype, stream));
@@ -318,19 +406,19 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
 }  // namespace
 
 Status run(const AttentionBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
-  FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype, a.grads));
+  FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype));
   const BackwardParams p = make_params(a, shape, /*varlen=*/false);
-  return run_backward(p, a.options, a.backward_impl, a.q.dtype, a.q.device.index, shape.batch,
-                      shape.seqlen_q, /*varlen=*/false, stream);
+  return run_backward(p, a.options, a.backward_impl, plan_additive(a.grads, shape), a.q.dtype,
+                      a.q.device.index, shape.batch, shape.seqlen_q, /*varlen=*/false, stream);
 }
 
 Status run(const VarlenBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
-  FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype, a.grads));
+  FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype));
   BackwardParams p = make_params(a, shape, /*varlen=*/true);
   p.fwd.cu_seqlens_q = static_cast<const std::int32_t*>(a.cu_seqlens_q.data);
   p.fwd.cu_seqlens_k = static_cast<const std::int32_t*>(a.cu_seqlens_k.data);
-  return run_backward(p, a.options, a.backward_impl, a.q.dtype, a.q.device.index, 1, shape.total_q,
-                      /*varlen=*/true, stream);
+  return run_backward(p, a.options, a.backward_impl, plan_additive(a.grads, shape), a.q.dtype,
+                      a.q.device.index, 1, shape.total_q, /*varlen=*/true, stream);
 }
 
 }  // namespace fmha::cuda

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -98,6 +99,23 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// A compact fp32 accumulator [sizes] -> a 4-D gradient with its own strides, grid-stride.
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    backward_convert_4d_kernel(const float* src, Extents4 sizes, void* dst, Extents4 stride,
+                               std::int64_t count) {
+  auto* out = static_cast<std::uint16_t*>(dst);
+  for (std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kRowThreads + threadIdx.x;
+       n < count; n += static_cast<std::int64_t>(gridDim.x) * kRowThreads) {
+    std::int64_t rest = n, offset = 0;
+    for (int d = 3; d >= 0; --d) {
+      offset += rest % sizes.v[d] * stride.v[d];
+      rest /= sizes.v[d];
+    }
+    out[offset] = tile::Dtype<T>::from_float(src[n]);
+  }
+}
+
 Status launched(const char* name) {
   const cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return Status::ok_status();
@@ -111,6 +129,24 @@ dim3 row_grid(const BackwardParams& p, std::int64_t outer, std::int64_t inner) {
 }
 
 }  // namespace
+
+Status launch_backward_convert_4d(const float* src, const Extents4& sizes, void* dst,
+                                  const Extents4& dst_stride, DType dtype, cudaStream_t stream) {
+  const std::int64_t count = sizes.v[0] * sizes.v[1] * sizes.v[2] * sizes.v[3];
+  if (count == 0) return Status::ok_status();
+  constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride beyond
+  const std::int64_t blocks =
+      std::min<std::int64_t>((count + kRowThreads - 1) / kRowThreads, kMaxBlocks);
+  if (dtype == DType::kFloat16) {
+    backward_convert_4d_kernel<__half><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+        src, sizes, dst, dst_stride, count);
+  } else {
+    backward_convert_4d_kernel<__nv_bfloat16>
+        <<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(src, sizes, dst, dst_stride,
+                                                                    count);
+  }
+  return launched("backward gradient conversion");
+}
 
 Status launch_backward_preprocess(const BackwardParams& p, DType dtype, std::int64_t outer,
                                   std::int64_t inner, cudaStream_t stream) {

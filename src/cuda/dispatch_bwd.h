@@ -31,6 +31,13 @@ Status launch_backward_preprocess(const BackwardParams& p, DType dtype, std::int
 // dsinks[h] = -sum of the sink terms of head h, in a fixed order (deterministic).
 Status launch_backward_dsinks(const BackwardParams& p, std::int64_t outer, std::int64_t inner,
                               cudaStream_t stream);
+struct Extents4 {
+  std::int64_t v[4];
+};
+// A compact row-major fp32 accumulator of `sizes` -> a 16-bit gradient with strides `dst_stride`
+// (dbias, drel_h, drel_w).
+Status launch_backward_convert_4d(const float* src, const Extents4& sizes, void* dst,
+                                  const Extents4& dst_stride, DType dtype, cudaStream_t stream);
 // dq = scale * dq_accum in q's dtype (fused mode).
 Status launch_backward_convert_dq(const BackwardParams& p, DType dtype, std::int64_t outer,
                                   std::int64_t inner, cudaStream_t stream);

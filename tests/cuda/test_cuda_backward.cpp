@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -36,8 +37,12 @@ struct BackwardCase {
   fmha::AttentionOptions options;                // scalar options; tensors filled in here
   bool dlse = true;
   bool sinks = false;
-  std::int64_t extra = 0;  // R extra keys
-  bool bias = false;       // an additive bias without dbias (its gradient is not supported yet)
+  std::int64_t extra = 0;                                          // R extra keys
+  bool bias = false;                                               // an additive bias
+  std::array<bool, 4> bias_broadcast{false, false, false, false};  // stride-0 dims of [B,H,Lq,Lk]
+  bool dbias = false;                                              // request its gradient
+  std::int64_t rel_hk = 0;  // > 0: rel_h / rel_w over a key grid Hk x (Lk / Hk)
+  bool drel = false;        // request drel_h / drel_w
   Layout q_layout, kv_layout, grad_layout;
   std::vector<BackwardImpl> impls{BackwardImpl::kFused, BackwardImpl::kSplit};
 
@@ -77,7 +82,11 @@ std::string BackwardCase::describe() const {
   if (!dlse) s << " no-dlse";
   if (sinks) s << " sinks";
   if (extra > 0) s << " extra" << extra;
-  if (bias) s << " bias";
+  if (bias) {
+    s << (dbias ? " dbias" : " bias");
+    for (bool x : bias_broadcast) s << (x ? '0' : '.');
+  }
+  if (rel_hk > 0) s << (drel ? " drel" : " relpos") << rel_hk;
   if (!q_layout.order.empty() || q_layout.pad) s << " q-strided";
   if (kv_layout.pad || !kv_layout.broadcast.empty()) s << " kv-strided";
   if (grad_layout.pad) s << " grads-padded";
@@ -101,8 +110,8 @@ bool gpu_available() {
 // Every tensor of one problem, host side. Gradients and forward outputs share the names of the
 // library's parameters.
 struct Tensors {
-  HostTensor q, k, v, out, lse, dout, dlse, sinks, extra_k, extra_v, bias, cu_q, cu_k;
-  HostTensor dq, dk, dv, dsinks, dextra_k, dextra_v;
+  HostTensor q, k, v, out, lse, dout, dlse, sinks, extra_k, extra_v, bias, rel_h, rel_w, cu_q, cu_k;
+  HostTensor dq, dk, dv, dsinks, dextra_k, dextra_v, dbias, drel_h, drel_w;
 };
 
 HostTensor cu_seqlens(const std::vector<std::int32_t>& lengths) {
@@ -168,10 +177,24 @@ Tensors make_tensors(const BackwardCase& c, DType dtype, DType stat, std::mt1993
     t.dextra_v = HostTensor(dtype, {b, c.extra, hkv, dv});
   }
   if (c.bias) {
-    t.bias = HostTensor(dtype, {b, h, c.rows_q(), c.rows_k()});
+    Layout layout;
+    layout.broadcast.assign(c.bias_broadcast.begin(), c.bias_broadcast.end());
+    t.bias = HostTensor(dtype, {b, h, c.rows_q(), c.rows_k()}, layout);
     t.bias.fill_uniform(*rng, -2, 2);
+    if (c.dbias) t.dbias = HostTensor(dtype, {b, h, c.rows_q(), c.rows_k()}, layout);
   }
-  for (HostTensor* o : {&t.out, &t.lse, &t.dq, &t.dk, &t.dv, &t.dsinks, &t.dextra_k, &t.dextra_v})
+  if (c.rel_hk > 0) {
+    t.rel_h = HostTensor(dtype, {b, h, c.rows_q(), c.rel_hk});
+    t.rel_w = HostTensor(dtype, {b, h, c.rows_q(), c.rows_k() / c.rel_hk});
+    t.rel_h.fill_uniform(*rng, -1, 1);
+    t.rel_w.fill_uniform(*rng, -1, 1);
+    if (c.drel) {
+      t.drel_h = HostTensor(dtype, t.rel_h.shape());
+      t.drel_w = HostTensor(dtype, t.rel_w.shape());
+    }
+  }
+  for (HostTensor* o : {&t.out, &t.lse, &t.dq, &t.dk, &t.dv, &t.dsinks, &t.dextra_k, &t.dextra_v,
+                        &t.dbias, &t.drel_h, &t.drel_w})
     if (o->defined()) o->poison();
   return t;
 }
@@ -183,8 +206,8 @@ void copy_values(const HostTensor& from, HostTensor* to) {
 
 // The views handed to fmha::run, from host tensors or their device copies.
 struct Views {
-  fmha::TensorView q, k, v, out, lse, dout, dlse, sinks, extra_k, extra_v, bias, cu_q, cu_k;
-  fmha::TensorView dq, dk, dv, dsinks, dextra_k, dextra_v;
+  fmha::TensorView q, k, v, out, lse, dout, dlse, sinks, extra_k, extra_v, bias, rel_h, rel_w;
+  fmha::TensorView cu_q, cu_k, dq, dk, dv, dsinks, dextra_k, dextra_v, dbias, drel_h, drel_w;
 };
 constexpr std::pair<HostTensor Tensors::*, fmha::TensorView Views::*> kMembers[] = {
     {&Tensors::q, &Views::q},
@@ -205,7 +228,12 @@ constexpr std::pair<HostTensor Tensors::*, fmha::TensorView Views::*> kMembers[]
     {&Tensors::dv, &Views::dv},
     {&Tensors::dsinks, &Views::dsinks},
     {&Tensors::dextra_k, &Views::dextra_k},
-    {&Tensors::dextra_v, &Views::dextra_v}};
+    {&Tensors::dextra_v, &Views::dextra_v},
+    {&Tensors::rel_h, &Views::rel_h},
+    {&Tensors::rel_w, &Views::rel_w},
+    {&Tensors::dbias, &Views::dbias},
+    {&Tensors::drel_h, &Views::drel_h},
+    {&Tensors::drel_w, &Views::drel_w}};
 
 Views host_views(Tensors& t) {
   Views v;
@@ -264,6 +292,8 @@ fmha::AttentionOptions options_of(const BackwardCase& c, const Views& v) {
   o.extra_k = v.extra_k;
   o.extra_v = v.extra_v;
   o.bias = v.bias;
+  o.rel_h = v.rel_h;
+  o.rel_w = v.rel_w;
   return o;
 }
 
@@ -292,6 +322,7 @@ fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl im
   fmha::AttentionGradients g;
   g.dq = v.dq, g.dk = v.dk, g.dv = v.dv, g.dsinks = v.dsinks;
   g.dextra_k = v.dextra_k, g.dextra_v = v.dextra_v;
+  g.dbias = v.dbias, g.drel_h = v.drel_h, g.drel_w = v.drel_w;
   if (c.varlen()) {
     fmha::VarlenBackwardParams p{.q = v.q,
                                  .k = v.k,
@@ -366,6 +397,12 @@ naive::Gradients naive_low_precision(const BackwardCase& c, const Tensors& t) {
   p.bias_rows = c.rows_q();
   p.bias_cols = c.rows_k();
   if (c.bias) p.bias = t.bias.to_double();
+  if (c.rel_hk > 0) {
+    p.rel_h = t.rel_h.to_double();
+    p.rel_w = t.rel_w.to_double();
+    p.rel_hk = c.rel_hk;
+    p.rel_wk = c.rows_k() / c.rel_hk;
+  }
   if (c.sinks) p.sinks = t.sinks.to_double();
   p.scale = c.options.scale ? *c.options.scale : 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   p.softcap = c.options.softcap;
@@ -386,7 +423,24 @@ naive::Gradients naive_low_precision(const BackwardCase& c, const Tensors& t) {
         dlse[static_cast<std::size_t>(row * c.heads + h)] =
             lib[static_cast<std::size_t>(stat_index(c, p.rows_q, row, h))];
   }
-  return naive::backward(p, f, t.dout.to_double(), dlse, round);
+  naive::Gradients g = naive::backward(p, f, t.dout.to_double(), dlse, round);
+  if (c.dbias) {
+    // The naive dbias is per element; a broadcast dimension of dbias holds the sum over it.
+    const std::vector<std::int64_t> shape = {p.batch, c.heads, c.rows_q(), c.rows_k()};
+    auto collapsed = [&](std::size_t index) {
+      const std::vector<std::int64_t> at =
+          fmha_test::unravel(static_cast<std::int64_t>(index), shape);
+      std::int64_t flat = 0;
+      for (std::size_t d = 0; d < 4; ++d) {
+        flat = flat * shape[d] + (c.bias_broadcast[d] ? 0 : at[d]);
+      }
+      return static_cast<std::size_t>(flat);
+    };
+    std::vector<double> sums(g.dbias.size(), 0.0);
+    for (std::size_t n = 0; n < g.dbias.size(); ++n) sums[collapsed(n)] += g.dbias[n];
+    for (std::size_t n = 0; n < g.dbias.size(); ++n) g.dbias[n] = round(sums[collapsed(n)]);
+  }
+  return g;
 }
 
 // SPEC §13: 2 x the naive same-dtype error + 1e-4, plus the error of storing the exact result.
@@ -408,8 +462,8 @@ double bound(const std::vector<double>& ref, const std::vector<double>& lowp, DT
          fmha_test::compare(stored, ref, 0).rel_error + floor;
 }
 
-void expect_close(const char* name, const BackwardCase& c, const char* impl,
-                  const HostTensor& got, const HostTensor& ref, const std::vector<double>& lowp) {
+void expect_close(const char* name, const BackwardCase& c, const char* impl, const HostTensor& got,
+                  const HostTensor& ref, const std::vector<double>& lowp) {
   const std::vector<double> g = got.to_double(), r = ref.to_double();
   const double tol = bound(r, lowp, got.dtype(), std::string(name) == "dsinks");
   const fmha_test::ErrorStats st = fmha_test::compare(g, r, tol);
@@ -429,12 +483,14 @@ const char* impl_name(BackwardImpl impl) {
   }
 }
 
-constexpr HostTensor Tensors::*kGradients[] = {&Tensors::dq,       &Tensors::dk,
-                                               &Tensors::dv,       &Tensors::dsinks,
-                                               &Tensors::dextra_k, &Tensors::dextra_v};
-constexpr const char* kGradientNames[] = {"dq", "dk", "dv", "dsinks", "dextra_k", "dextra_v"};
+constexpr HostTensor Tensors::*kGradients[] = {
+    &Tensors::dq,       &Tensors::dk,    &Tensors::dv,     &Tensors::dsinks, &Tensors::dextra_k,
+    &Tensors::dextra_v, &Tensors::dbias, &Tensors::drel_h, &Tensors::drel_w};
+constexpr const char* kGradientNames[] = {"dq",       "dk",    "dv",     "dsinks", "dextra_k",
+                                          "dextra_v", "dbias", "drel_h", "drel_w"};
 constexpr fmha::TensorView Views::*kGradientViews[] = {
-    &Views::dq, &Views::dk, &Views::dv, &Views::dsinks, &Views::dextra_k, &Views::dextra_v};
+    &Views::dq,       &Views::dk,    &Views::dv,     &Views::dsinks, &Views::dextra_k,
+    &Views::dextra_v, &Views::dbias, &Views::drel_h, &Views::drel_w};
 
 // Runs the case's forward and backward on the GPU, once per implementation in c.impls, and checks
 // every gradient; with `twice`, runs each implementation again and requires identical bits.
@@ -448,7 +504,7 @@ void check_backward(const BackwardCase& c, std::uint64_t seed, bool twice = fals
   Tensors ref = make_tensors(c, DType::kFloat64, DType::kFloat64, &unused);
   for (HostTensor Tensors::*m :
        {&Tensors::q, &Tensors::k, &Tensors::v, &Tensors::dout, &Tensors::dlse, &Tensors::extra_k,
-        &Tensors::extra_v, &Tensors::bias})
+        &Tensors::extra_v, &Tensors::bias, &Tensors::rel_h, &Tensors::rel_w})
     copy_values(t.*m, &(ref.*m));
   if (c.sinks) ref.sinks = t.sinks;
   const Views ref_views = host_views(ref);
@@ -458,7 +514,8 @@ void check_backward(const BackwardCase& c, std::uint64_t seed, bool twice = fals
   ASSERT_TRUE(s.ok()) << "CPU reference backward refused: " << s.message();
   const naive::Gradients lowp = naive_low_precision(c, t);
   const std::vector<double>* lowp_of[] = {&lowp.dq,     &lowp.dk,       &lowp.dv,
-                                          &lowp.dsinks, &lowp.dextra_k, &lowp.dextra_v};
+                                          &lowp.dsinks, &lowp.dextra_k, &lowp.dextra_v,
+                                          &lowp.dbias,  &lowp.drel_h,   &lowp.drel_w};
 
   DeviceTensors dev;
   dev.upload(t);
@@ -620,12 +677,37 @@ TEST(CudaBackward, SinksAndExtraKeys) {
   check_backward(m, 85);
 }
 
-TEST(CudaBackward, BiasWithoutItsGradient) {
+TEST(CudaBackward, BiasAndItsGradient) {
   SKIP_WITHOUT_GPU();
   BackwardCase c = shape_case(DType::kFloat16, 113, 239, 64, 64, 4, 2, 2);
   c.bias = true;
   c.options.causal = true;
-  check_backward(c, 91);
+  check_backward(c, 91);  // bias read, no dbias
+  c.dbias = true;
+  check_backward(c, 92);
+  c.bias_broadcast = {true, false, true, false};  // [1, H, 1, Lk]: dbias sums over B and Lq
+  check_backward(c, 93);
+  c.bias_broadcast = {false, true, false, true};  // sums over H and Lk
+  c.options.softcap = 10.0f;
+  c.dtype = DType::kBFloat16;
+  check_backward(c, 94);
+}
+
+TEST(CudaBackward, RelativePositionSam) {
+  SKIP_WITHOUT_GPU();
+  // SAM-like: a 14 x 14 key grid, D = 80, with and without an additive bias on top.
+  BackwardCase c = shape_case(DType::kFloat16, 196, 196, 80, 80, 2, 2);
+  c.rel_hk = 14;
+  c.drel = true;
+  check_backward(c, 101);
+  c.bias = true;
+  c.dbias = true;
+  c.dtype = DType::kBFloat16;
+  check_backward(c, 102);
+  BackwardCase r = shape_case(DType::kFloat16, 17, 15 * 7, 64, 64, 2, 1);  // Hk 15, Wk 7
+  r.rel_hk = 15;
+  r.drel = true;
+  check_backward(r, 103);
 }
 
 TEST(CudaBackward, Varlen) {
@@ -638,6 +720,8 @@ TEST(CudaBackward, Varlen) {
   c.options.causal_alignment = CausalAlignment::kBottomRight;
   c.sinks = true;
   c.extra = 3;
+  c.bias = true;
+  c.dbias = true;
   c.dtype = DType::kBFloat16;
   check_backward(c, 112);
 }
@@ -649,39 +733,28 @@ TEST(CudaBackward, DeterministicRunTwice) {
   c.options.deterministic = true;
   c.sinks = true;
   c.extra = 5;
+  c.bias = true;
+  c.dbias = true;                                         // full size: one contribution per element
   c.impls = {BackwardImpl::kAuto, BackwardImpl::kFused};  // deterministic overrides fused
   check_backward(c, 121, /*twice=*/true);
 }
 
-TEST(CudaBackward, RefusesBiasGradientWithReason) {
+TEST(CudaBackward, RefusesDeterministicBroadcastBiasGradient) {
   SKIP_WITHOUT_GPU();
-  BackwardCase c = shape_case(DType::kFloat16, 17, 17, 64, 64, 2, 1);
+  BackwardCase c = shape_case(DType::kFloat16, 17, 17, 64, 64, 2, 1, 2);
   c.bias = true;
+  c.dbias = true;
+  c.bias_broadcast = {true, false, false, false};
+  c.options.deterministic = true;
   std::mt19937_64 rng(5);
   Tensors t = make_tensors(c, c.dtype, DType::kFloat32, &rng);
-  HostTensor dbias(c.dtype, t.bias.shape());
   DeviceTensors dev;
   dev.upload(t);
-  Tensors extra;
-  extra.bias = dbias;
-  DeviceTensors dev_dbias;
-  dev_dbias.upload(extra);
-  Views v = dev.views();
-  fmha::AttentionOptions o = options_of(c, v);
-  fmha::AttentionBackwardParams p{.q = v.q,
-                                  .k = v.k,
-                                  .v = v.v,
-                                  .out = v.out,
-                                  .lse = v.lse,
-                                  .dout = v.dout,
-                                  .dlse = {},
-                                  .options = o,
-                                  .grads = {}};
-  p.grads.dq = v.dq, p.grads.dk = v.dk, p.grads.dv = v.dv;
-  p.grads.dbias = dev_dbias.views().bias;
-  const fmha::Status s = fmha::run(p, nullptr);
+  if (::testing::Test::HasFatalFailure()) return;
+  const fmha::Status s = run_backward(c, dev.views(), BackwardImpl::kAuto);
   EXPECT_EQ(s.code(), fmha::StatusCode::kNotSupported);
-  EXPECT_NE(s.message().find("CUDA backward does not support grads.dbias"), std::string::npos)
+  EXPECT_NE(s.message().find("CUDA backward does not support deterministic=true with grads.dbias"),
+            std::string::npos)
       << s.message();
 }
 

@@ -50,6 +50,19 @@ struct BackwardParams {
   float* dq_accum = nullptr;
   std::int64_t accum_batch_stride = 0, accum_head_stride = 0, accum_row_stride = 0;
 
+  // Bias and rel-pos gradients, accumulated by the dK/dV kernel from dS (the gradient wrt the
+  // final score) into zeroed fp32 workspace, then converted into the gradients' dtype and strides.
+  // dbias: compact [B, H, Lq, Lk] with size 1 (and stride 0) on the dimensions where dbias
+  // broadcasts; those receive the sum. dbias_atomic: some element gets several contributions
+  // (a broadcast dimension of size > 1), otherwise each element is stored exactly once.
+  float* dbias_accum = nullptr;
+  std::int64_t dbias_accum_stride[4] = {0, 0, 0, 0};
+  bool dbias_atomic = false;
+  // drel_h [B, H, Lq, Hk], drel_w [B, H, Lq, Wk], row-major (Lq: varlen max_seqlen_q), atomics.
+  float* drel_h_accum = nullptr;
+  float* drel_w_accum = nullptr;
+  std::int64_t rel_rows = 0, rel_h_size = 0;
+
   // dK/dV kernel: column chunks of the head dims (tile_sizes_bwd.h), one block each.
   int num_chunks = 1;
 };

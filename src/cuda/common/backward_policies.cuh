@@ -5,6 +5,8 @@
 //   visible_queries / visible_keys: visible(i, j) for one key against a tile of queries (or one
 //     query against a tile of keys) as an interval of tile offsets, computed once per row so that
 //     the per-element test of a partial tile is two int compares;
+//   accumulate_additive_grad(p, b, h, i, j, ds): the gradient hook of the additive modifiers,
+//     dS of element (i, j) into dbias / drel_h / drel_w (SPEC §4, §5);
 //   score_with_grad(scores, dot, &grad): the forward's transform, plus d(score)/d(scale * dot),
 //     the factor the chain rule puts between dS and the q.k product (1 without softcap,
 //     1 - tanh^2 with it).
@@ -12,6 +14,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/backward_params.h"
 #include "cuda/common/forward_policies.cuh"
 
 namespace fmha::cuda {
@@ -103,6 +106,33 @@ template <typename T>
 __device__ __forceinline__ float additive_log2(const ScoreModifiers<T>& s, std::int64_t i,
                                                std::int64_t j) {
   return s.additive_log2(i, j);
+}
+
+__device__ __forceinline__ bool has_additive_grad(const BackwardParams& p) {
+  return p.dbias_accum != nullptr || p.drel_h_accum != nullptr || p.drel_w_accum != nullptr;
+}
+
+// ds is the gradient wrt the final score of element (i, j) of head h, batch b (positions inside
+// the sequence for varlen), in natural units; the caller skips elements with P = 0.
+__device__ __forceinline__ void accumulate_additive_grad(const BackwardParams& p, std::int64_t b,
+                                                         std::int64_t h, std::int64_t i,
+                                                         std::int64_t j, float ds) {
+  if (p.dbias_accum != nullptr) {
+    float* const at = p.dbias_accum + b * p.dbias_accum_stride[0] + h * p.dbias_accum_stride[1] +
+                      i * p.dbias_accum_stride[2] + j * p.dbias_accum_stride[3];
+    if (p.dbias_atomic) {
+      atomicAdd(at, ds);
+    } else {
+      *at = ds;
+    }
+  }
+  if (p.drel_h_accum != nullptr || p.drel_w_accum != nullptr) {
+    const std::int64_t row = (b * p.fwd.heads + h) * p.rel_rows + i;
+    const std::int64_t jh = j / p.fwd.rel_w_size;
+    const std::int64_t jw = j - jh * p.fwd.rel_w_size;
+    if (p.drel_h_accum != nullptr) atomicAdd(p.drel_h_accum + row * p.rel_h_size + jh, ds);
+    if (p.drel_w_accum != nullptr) atomicAdd(p.drel_w_accum + row * p.fwd.rel_w_size + jw, ds);
+  }
 }
 
 }  // namespace fmha::cuda

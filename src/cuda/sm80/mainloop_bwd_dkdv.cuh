@@ -6,6 +6,7 @@
 // 16w..16w+15, the A operand of every product):
 //   S^T = K Q^T, P^T = exp2(S^T - lse)       (scores through the forward's policy, log2 units)
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta) * d(score)/d(scale q.k)
+//   (dS before the last factor, the gradient wrt the final score, also goes to dbias / drel)
 //   dV += P^T dO,  dK += dS^T Q              (registers; the group's sum stays inside the block)
 // Fused mode (dq_accum given) also stages dS^T in shared memory and adds dQ += dS K to the fp32
 // workspace with atomics; split mode leaves dQ to the dQ kernel.
@@ -204,6 +205,7 @@ __global__ void __launch_bounds__(kThreads)
     // P^T in s, dS^T in dp. Rows past Lq and fully masked rows have lse_log2 = +inf: P = 0.
     const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
     const bool additive = !extra && has_additive(scores);
+    const bool additive_grad = !extra && has_additive_grad(p);
     // Queries of the tile that see each of this thread's two keys (all of them on full tiles).
     TileBounds seen[2];
 #pragma unroll
@@ -224,8 +226,12 @@ __global__ void __launch_bounds__(kThreads)
         float x = score_with_grad(scores, s[t][e], &grad);
         if (additive) x += additive_log2(scores, m0 + r, key_row + (e >= 2 ? 8 : 0));
         const float prob = seen[e >> 1].contains(r) ? exp2f(x - smem_lse[r]) : 0.0f;
+        const float ds = prob * (dp[t][e] - smem_delta[r]);  // wrt the final score
+        if (additive_grad && prob != 0.0f) {
+          accumulate_additive_grad(p, b, h, m0 + r, key_row + (e >= 2 ? 8 : 0), ds);
+        }
         s[t][e] = prob;
-        dp[t][e] = prob * (dp[t][e] - smem_delta[r]) * grad;
+        dp[t][e] = ds * grad;
       }
     }
 
