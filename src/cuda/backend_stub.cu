@@ -1,6 +1,6 @@
 // Entry points of the CUDA backend for which no kernel has landed yet: each refuses clearly.
 // As kernels land, their entry points move out of this file (the forward lives in forward.cu,
-// the backward in backward.cu).
+// the backward in backward.cu, merging in merge.cu).
 #include "cuda/backend.h"
 
 namespace fmha::cuda {
@@ -17,7 +17,5 @@ Status run(const NeighborhoodForwardParams&, const detail::ProblemShape&, void*)
 Status run(const NeighborhoodBackwardParams&, const detail::ProblemShape&, void*) {
   return no_kernel("neighborhood attention backward");
 }
-Status run(const MergeForwardParams&, void*) { return no_kernel("merge forward"); }
-Status run(const MergeBackwardParams&, void*) { return no_kernel("merge backward"); }
 
 }  // namespace fmha::cuda

@@ -1,0 +1,86 @@
+// Device copies of host test tensors with the host's strides: upload, download, and the views fmha
+// receives. Header-only, for the CUDA tests that do not go through cuda_forward_case.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "test_util.h"
+
+namespace fmha_cuda_test {
+
+// Bytes spanned by a strided view (its storage, as HostTensor allocates it).
+inline std::size_t storage_bytes(const fmha::TensorView& v) {
+  std::int64_t elements = 1;
+  for (int d = 0; d < v.rank; ++d) {
+    const auto dim = static_cast<std::size_t>(d);
+    if (v.shape[dim] == 0) return 0;
+    elements += (v.shape[dim] - 1) * v.stride[dim];
+  }
+  return static_cast<std::size_t>(elements) * fmha::element_size(v.dtype);
+}
+
+// Owns the device buffers; every copy keeps the host tensor's strides, so padding, permuted and
+// broadcast layouts reach the kernels unchanged.
+class DeviceCopies {
+ public:
+  DeviceCopies() = default;
+  DeviceCopies(const DeviceCopies&) = delete;
+  DeviceCopies& operator=(const DeviceCopies&) = delete;
+  ~DeviceCopies() {
+    for (void* p : allocations_) cudaFree(p);
+  }
+
+  // The device view of `h` (rank 0 when h is not defined); gtest failure when CUDA fails.
+  fmha::TensorView upload(fmha_test::HostTensor& h) {
+    if (!h.defined()) return {};
+    fmha::TensorView v = h.view();
+    const std::size_t bytes = storage_bytes(v);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 16));
+    EXPECT_EQ(e, cudaSuccess) << "cudaMalloc: " << cudaGetErrorString(e);
+    if (e != cudaSuccess) return {};
+    allocations_.push_back(p);
+    if (bytes > 0) {
+      const cudaError_t c = cudaMemcpy(p, v.data, bytes, cudaMemcpyHostToDevice);
+      EXPECT_EQ(c, cudaSuccess) << "cudaMemcpy: " << cudaGetErrorString(c);
+    }
+    v.data = p;
+    v.device = fmha::Device::cuda(0);
+    return v;
+  }
+
+  // Copies the storage of device view `v` back into `h` (which it was uploaded from).
+  static void download(fmha_test::HostTensor& h, const fmha::TensorView& v) {
+    const std::size_t bytes = storage_bytes(v);
+    if (bytes == 0) return;
+    const cudaError_t e = cudaMemcpy(h.view().data, v.data, bytes, cudaMemcpyDeviceToHost);
+    EXPECT_EQ(e, cudaSuccess) << "cudaMemcpy: " << cudaGetErrorString(e);
+  }
+
+ private:
+  std::vector<void*> allocations_;
+};
+
+// A stream of its own that does not synchronise with the legacy default stream.
+class TestStream {
+ public:
+  TestStream() { cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+  ~TestStream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  void* get() const { return stream_; }
+  cudaError_t sync() const { return cudaStreamSynchronize(stream_); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace fmha_cuda_test
