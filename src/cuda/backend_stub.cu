@@ -1,6 +1,7 @@
 // Entry points of the CUDA backend for which no kernel has landed yet: each refuses clearly.
 // As kernels land, their entry points move out of this file (the forward lives in forward.cu,
-// the backward in backward.cu, merging in merge.cu).
+// the backward in backward.cu, the neighborhood forward in neighborhood.cu, merging in
+// merge.cu).
 #include "cuda/backend.h"
 
 namespace fmha::cuda {
@@ -11,9 +12,6 @@ Status no_kernel(const char* what) {
 }
 }  // namespace
 
-Status run(const NeighborhoodForwardParams&, const detail::ProblemShape&, void*) {
-  return no_kernel("neighborhood attention forward");
-}
 Status run(const NeighborhoodBackwardParams&, const detail::ProblemShape&, void*) {
   return no_kernel("neighborhood attention backward");
 }

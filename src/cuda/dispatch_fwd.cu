@@ -1,5 +1,5 @@
 // The one place where the forward's runtime values become template parameters:
-// dtype -> T, max(D, Dv) -> head-dim bucket, enabled features -> policy.
+// dtype -> T, max(D, Dv) -> head-dim bucket, layout and enabled features -> policy.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,6 +22,7 @@ bool needs_general_policy(const ForwardParams& p) {
 
 template <typename T, int kD>
 Status dispatch_policy(const ForwardParams& p, cudaStream_t stream) {
+  if (p.neighborhood.rank > 0) return sm80::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
   if (needs_general_policy(p)) return sm80::launch_forward<T, kD, PolicyGeneral>(p, stream);
   return sm80::launch_forward<T, kD, PolicyPlain>(p, stream);
 }

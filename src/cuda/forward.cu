@@ -1,5 +1,6 @@
 // CUDA backend entry points of the forward: dense and varlen attention. Fills ForwardParams from
-// the validated tensor views and hands it to the dispatch; no device synchronisation.
+// the validated tensor views and hands it to the dispatch; no device synchronisation. The filling
+// helpers are shared with the neighborhood entry point (neighborhood.cu) through forward_setup.h.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include "cuda/common/forward_params.h"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/dispatch_fwd.h"
+#include "cuda/forward_setup.h"
 
 namespace fmha::cuda {
 namespace {
@@ -77,8 +79,12 @@ void broadcast_strides(const TensorView& t, std::int64_t (&strides)[4]) {
   for (std::size_t d = 0; d < 4; ++d) strides[d] = t.shape[d] == 1 ? 0 : t.stride[d];
 }
 
-// Options shared by dense and varlen: scale, softcap, masks, bias, rel-pos, sinks, extra keys.
-void fill_options(const AttentionOptions& o, const detail::ProblemShape& shape, ForwardParams* p) {
+}  // namespace
+
+// Options shared by dense, varlen and neighborhood: scale, softcap, masks, bias, rel-pos, sinks,
+// extra keys.
+void fill_forward_options(const AttentionOptions& o, const detail::ProblemShape& shape,
+                          ForwardParams* p) {
   p->scale_log2 = shape.scale * kLog2e;
   if (o.softcap > 0.0f) {
     p->softcap_log2 = o.softcap * kLog2e;
@@ -116,7 +122,7 @@ void fill_options(const AttentionOptions& o, const detail::ProblemShape& shape, 
   }
 }
 
-void fill_sizes(const detail::ProblemShape& shape, ForwardParams* p) {
+void fill_forward_sizes(const detail::ProblemShape& shape, ForwardParams* p) {
   p->batch = shape.batch;
   p->seqlen_q = shape.seqlen_q;
   p->seqlen_k = shape.seqlen_k;
@@ -126,8 +132,8 @@ void fill_sizes(const detail::ProblemShape& shape, ForwardParams* p) {
   p->value_dim = static_cast<int>(shape.value_dim);
 }
 
-void fill_alignment(const TensorView& q, const TensorView& k, const TensorView& v,
-                    const TensorView& out, const AttentionOptions& o, ForwardParams* p) {
+void fill_forward_alignment(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const AttentionOptions& o, ForwardParams* p) {
   const bool dims8 = p->head_dim % 8 == 0 && p->value_dim % 8 == 0;
   bool loads = dims8 && rows_aligned16(q) && rows_aligned16(k) && rows_aligned16(v);
   if (p->num_extra > 0) loads = loads && rows_aligned16(o.extra_k) && rows_aligned16(o.extra_v);
@@ -135,8 +141,8 @@ void fill_alignment(const TensorView& q, const TensorView& k, const TensorView& 
   p->vector_stores = p->value_dim % 8 == 0 && rows_aligned16(out);
 }
 
-// Common tail of both entry points: device, grid limits, launch.
-Status launch(const ForwardParams& p, const TensorView& q, void* stream) {
+// Common tail of every forward entry point: device, grid limits, launch.
+Status launch_forward_kernel(const ForwardParams& p, const TensorView& q, void* stream) {
   FMHA_RETURN_IF_ERROR(check_forward_dtype(q.dtype));
   if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::ok_status();  // empty out
   if (p.heads > kMaxGridYZ || p.batch > kMaxGridYZ) {
@@ -151,11 +157,9 @@ Status launch(const ForwardParams& p, const TensorView& q, void* stream) {
   return dispatch_forward(p, q.dtype, static_cast<cudaStream_t>(stream));
 }
 
-}  // namespace
-
 Status run(const AttentionForwardParams& a, const detail::ProblemShape& shape, void* stream) {
   ForwardParams p;
-  fill_sizes(shape, &p);
+  fill_forward_sizes(shape, &p);
   p.q = a.q.data;
   p.k = a.k.data;
   p.v = a.v.data;
@@ -171,14 +175,14 @@ Status run(const AttentionForwardParams& a, const detail::ProblemShape& shape, v
     p.lse_head_stride = a.lse.stride[1];
     p.lse_row_stride = a.lse.stride[2];
   }
-  fill_options(a.options, shape, &p);
-  fill_alignment(a.q, a.k, a.v, a.out, a.options, &p);
-  return launch(p, a.q, stream);
+  fill_forward_options(a.options, shape, &p);
+  fill_forward_alignment(a.q, a.k, a.v, a.out, a.options, &p);
+  return launch_forward_kernel(p, a.q, stream);
 }
 
 Status run(const VarlenForwardParams& a, const detail::ProblemShape& shape, void* stream) {
   ForwardParams p;
-  fill_sizes(shape, &p);
+  fill_forward_sizes(shape, &p);
   p.q = a.q.data;
   p.k = a.k.data;
   p.v = a.v.data;
@@ -195,9 +199,9 @@ Status run(const VarlenForwardParams& a, const detail::ProblemShape& shape, void
   }
   p.cu_seqlens_q = static_cast<const std::int32_t*>(a.cu_seqlens_q.data);
   p.cu_seqlens_k = static_cast<const std::int32_t*>(a.cu_seqlens_k.data);
-  fill_options(a.options, shape, &p);
-  fill_alignment(a.q, a.k, a.v, a.out, a.options, &p);
-  return launch(p, a.q, stream);
+  fill_forward_options(a.options, shape, &p);
+  fill_forward_alignment(a.q, a.k, a.v, a.out, a.options, &p);
+  return launch_forward_kernel(p, a.q, stream);
 }
 
 }  // namespace fmha::cuda

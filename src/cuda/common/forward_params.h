@@ -11,6 +11,17 @@ namespace fmha::cuda {
 // position to it cannot overflow int64.
 inline constexpr std::int64_t kUnboundedWindow = std::int64_t{1} << 60;
 
+// Neighborhood attention (SPEC §6): the row-major token grid with its per-axis kernel size,
+// dilation and causality. 32-bit, because the host refuses grids of 2^31 tokens or more: the
+// per-element visibility test then stays in 32-bit integer arithmetic.
+struct NeighborhoodGrid {
+  int rank = 0;             // 1..3; 0 for every other layout
+  int size[3] = {1, 1, 1};  // X_r; axes past rank hold 1
+  int kernel[3] = {1, 1, 1};
+  int dilation[3] = {1, 1, 1};
+  bool causal[3] = {false, false, false};
+};
+
 struct ForwardParams {
   // q [B, Lq, H, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv], out [B, Lq, H, Dv] (16-bit elements).
   // Varlen: batch strides are 0 and rows start at cu_seqlens[b].
@@ -76,6 +87,10 @@ struct ForwardParams {
   std::int64_t num_extra = 0;
   std::int64_t extra_k_batch_stride = 0, extra_k_row_stride = 0, extra_k_head_stride = 0;
   std::int64_t extra_v_batch_stride = 0, extra_v_row_stride = 0, extra_v_head_stride = 0;
+
+  // Neighborhood attention over the flattened grid (rows and keys are token indices); rank 0
+  // otherwise.
+  NeighborhoodGrid neighborhood;
 };
 
 }  // namespace fmha::cuda

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cuda/common/mask_policies.cuh"
+#include "cuda/common/neighborhood_mask.cuh"
 #include "cuda/common/score_modifiers.cuh"
 
 namespace fmha::cuda {
@@ -17,6 +18,14 @@ struct PolicyPlain {
 
 struct PolicyGeneral {
   using Mask = MaskWindow;
+  template <typename T>
+  using Scores = ScoreModifiers<T>;
+};
+
+// Neighborhood attention: its own mask, every score modifier (softcap, bias and rel-pos over the
+// flattened grid); sinks and extra keys run as in every policy.
+struct PolicyNeighborhood {
+  using Mask = MaskNeighborhood;
   template <typename T>
   using Scores = ScoreModifiers<T>;
 };

@@ -1,0 +1,23 @@
+// Filling ForwardParams from validated views, shared by the forward entry points (forward.cu:
+// dense and varlen; neighborhood.cu). Defined in forward.cu.
+#pragma once
+
+#include "api/problem.h"
+#include "cuda/common/forward_params.h"
+#include "fmha/params.h"
+#include "fmha/status.h"
+
+namespace fmha::cuda {
+
+// Sizes: batch, Lq, Lk, heads, the GQA group, D, Dv.
+void fill_forward_sizes(const detail::ProblemShape& shape, ForwardParams* p);
+// Scale, softcap, causal / window, bias, rel-pos, sinks, extra keys.
+void fill_forward_options(const AttentionOptions& o, const detail::ProblemShape& shape,
+                          ForwardParams* p);
+// Whether tiles load and store with 16-byte vectors (call after fill_forward_options).
+void fill_forward_alignment(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const AttentionOptions& o, ForwardParams* p);
+// Dtype and grid-limit checks, the device guard, then the dispatch; asynchronous on `stream`.
+Status launch_forward_kernel(const ForwardParams& p, const TensorView& q, void* stream);
+
+}  // namespace fmha::cuda
