@@ -4,7 +4,8 @@ Each layout has a forward op returning (out, lse) and a backward op returning ev
 opaque to torch.compile (a fake kernel describes their outputs) and joined by register_autograd.
 The ops take tensors exactly as the C++ layer does (SPEC §1), except that `bias` may have any shape
 that broadcasts to [B, H, Lq, Lk] and rel_h / rel_w any shape that broadcasts to [B, H, Lq, *]:
-the ops expand them to 4-D stride-0 views, so nothing is materialised.
+the ops view them as 4-D with leading size-1 dimensions, which the C++ layer broadcasts, so
+nothing is materialised and their gradients come back in their own shapes.
 
 Argument order of every op:  q, k, v, <layout arguments>, <options>            (forward)
                              dout, dlse, q, k, v, out, lse, <layout>, needs, <options>  (backward)
@@ -15,8 +16,7 @@ empty tensors, since a custom op cannot return None.
 
 from __future__ import annotations
 
-import math
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -59,12 +59,6 @@ class _Dense:
         return (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (0,)
 
     @staticmethod
-    def score_shape(q: Tensor, k: Tensor, layout_args) -> Optional[tuple]:  # [B, H, Lq, Lk]
-        if q.dim() != 4 or k.dim() != 4:
-            return None
-        return (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
-
-    @staticmethod
     def fill(params, layout_args, planned: bool) -> None:
         pass
 
@@ -79,13 +73,6 @@ class _Varlen:
     @staticmethod
     def lse_shape(q: Tensor, layout_args) -> tuple:  # [H, total_q]
         return (q.shape[1], q.shape[0]) if q.dim() == 3 else (0,)
-
-    @staticmethod
-    def score_shape(q: Tensor, k: Tensor, layout_args) -> Optional[tuple]:
-        cu_seqlens_q, _, max_seqlen_q, max_seqlen_k = layout_args
-        if q.dim() != 3 or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
-            return None
-        return (cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q, max_seqlen_k)
 
     @staticmethod
     def fill(params, layout_args, planned: bool) -> None:
@@ -106,12 +93,6 @@ class _Neighborhood:
         return (q.shape[0], q.shape[-2], *q.shape[1:-2]) if q.dim() >= 3 else (0,)
 
     @staticmethod
-    def score_shape(q: Tensor, k: Tensor, layout_args) -> Optional[tuple]:
-        if q.dim() < 3 or k.dim() != q.dim():
-            return None  # bias over the flattened grid: [B, H, X1*X2*X3, same for keys]
-        return (q.shape[0], q.shape[-2], math.prod(q.shape[1:-2]), math.prod(k.shape[1:-2]))
-
-    @staticmethod
     def fill(params, layout_args, planned: bool) -> None:
         kernel_size, dilation, is_causal = layout_args
         na = _C.NeighborhoodOptions()
@@ -127,21 +108,13 @@ class _Neighborhood:
 # ---- Conversions ---------------------------------------------------------------------------------
 
 
-def _broadcast_to(t: Optional[Tensor], target: Optional[Sequence[int]]) -> Optional[Tensor]:
-    """t as a stride-0 expanded view of shape `target` when t broadcasts to it; otherwise t itself,
-    which the C++ check then refuses with a message naming the shape it received."""
-    if t is None or target is None or t.dim() > len(target):
+def _as_4d(t: Optional[Tensor]) -> Optional[Tensor]:
+    """bias / rel-pos with leading size-1 dimensions up to rank 4 (a view, as torch broadcasting
+    aligns shapes on the right): the C++ layer broadcasts every dimension of size 1 itself and
+    gives their gradients the input's own shape, summed over those dimensions."""
+    if t is None or t.dim() >= 4:
         return t
-    padded = (1,) * (len(target) - t.dim()) + tuple(t.shape)
-    if any(s != 1 and s != n for s, n in zip(padded, target)):
-        return t
-    return t[(None,) * (len(target) - t.dim())].expand(*target)
-
-
-def _rel_target(score: Optional[tuple], rel: Optional[Tensor]) -> Optional[tuple]:
-    if score is None or rel is None or rel.dim() == 0:
-        return None
-    return (*score[:3], rel.shape[-1])
+    return t[(None,) * (4 - t.dim())]
 
 
 def _dense(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -204,18 +177,13 @@ def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
         and _bridge.is_static(q, k, v, *layout_tensors, *o[:_NUM_OPTIONAL_GRADS])
     )
     if checked:
-        score = layout.score_shape(q, k, layout_args)
         params = layout.forward_params()
         params.q = _bridge.view(q, "q", planned=fake)
         params.k = _bridge.view(k, "k", planned=fake)
         params.v = _bridge.view(v, "v", planned=fake)
         layout.fill(params, layout_args, fake)
         params.options = _c_options(
-            o,
-            _broadcast_to(o.bias, score),
-            _broadcast_to(o.rel_h, _rel_target(score, o.rel_h)),
-            _broadcast_to(o.rel_w, _rel_target(score, o.rel_w)),
-            planned=fake,
+            o, _as_4d(o.bias), _as_4d(o.rel_h), _as_4d(o.rel_w), planned=fake
         )
         params.out = _bridge.planned_contiguous(out_shape, q.dtype, q.device, "out")
         params.lse = _bridge.planned_contiguous(lse_shape, lse_dtype, q.device, "lse")
@@ -247,24 +215,18 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
     dsinks = torch.empty_like(o.sinks) if need_sinks else empty()
     dextra_k = torch.empty_like(o.extra_k) if need_extra_k else empty()
     dextra_v = torch.empty_like(o.extra_v) if need_extra_v else empty()
+    # rel-pos gradients are plain dense outputs of their input's shape, even for an expand()ed
+    # rel_h: it has a distinct gradient per element.
+    drel_h = o.rel_h.new_empty(o.rel_h.shape) if need_rel_h else empty()
+    drel_w = o.rel_w.new_empty(o.rel_w.shape) if need_rel_w else empty()
     if fake:
-        drel_h = o.rel_h.new_empty(o.rel_h.shape) if need_rel_h else empty()
-        drel_w = o.rel_w.new_empty(o.rel_w.shape) if need_rel_w else empty()
         return dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v
 
-    score = layout.score_shape(q, k, layout_args)
     bias = o.bias
     if need_bias and not _broadcast_dims_are_size_one(bias):
         # An expand()ed bias has a distinct gradient per element, so dbias is dense here and the
         # C++ layer needs a bias with the same (dense) strides; same values, one copy.
         bias = bias.contiguous()
-    bias = _broadcast_to(bias, score)
-    rel_h = _broadcast_to(o.rel_h, _rel_target(score, o.rel_h))
-    rel_w = _broadcast_to(o.rel_w, _rel_target(score, o.rel_w))
-    # rel-pos gradients are small ([B, H, Lq, Hk]): computed dense, then summed to the input shape.
-    drel_h4 = torch.empty(rel_h.shape, dtype=rel_h.dtype, device=rel_h.device) if need_rel_h else None
-    drel_w4 = torch.empty(rel_w.shape, dtype=rel_w.dtype, device=rel_w.device) if need_rel_w else None
-
     params = layout.backward_params()
     params.q = _bridge.view(q, "q")
     params.k = _bridge.view(k, "k")
@@ -276,23 +238,19 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
     dout, dlse = _dense(dout), _dense(dlse)
     params.dout = _bridge.view(dout, "dout")
     params.dlse = _bridge.view(dlse, "dlse")
-    params.options = _c_options(o, bias, rel_h, rel_w, planned=False)
+    params.options = _c_options(o, _as_4d(bias), _as_4d(o.rel_h), _as_4d(o.rel_w), planned=False)
     grads = _C.AttentionGradients()
     grads.dq = _bridge.view(dq, "dq")
     grads.dk = _bridge.view(dk, "dk")
     grads.dv = _bridge.view(dv, "dv")
-    if need_bias:
-        grads.dbias = _bridge.view(_broadcast_to(dbias, score), "dbias")
-    grads.drel_h = _bridge.view(drel_h4, "drel_h")
-    grads.drel_w = _bridge.view(drel_w4, "drel_w")
+    grads.dbias = _bridge.view(_as_4d(dbias) if need_bias else None, "dbias")
+    grads.drel_h = _bridge.view(_as_4d(drel_h) if need_rel_h else None, "drel_h")
+    grads.drel_w = _bridge.view(_as_4d(drel_w) if need_rel_w else None, "drel_w")
     grads.dsinks = _bridge.view(dsinks if need_sinks else None, "dsinks")
     grads.dextra_k = _bridge.view(dextra_k if need_extra_k else None, "dextra_k")
     grads.dextra_v = _bridge.view(dextra_v if need_extra_v else None, "dextra_v")
     params.grads = grads
     _bridge.run(params, q.device)
-
-    drel_h = drel_h4.sum_to_size(o.rel_h.shape) if need_rel_h else empty()
-    drel_w = drel_w4.sum_to_size(o.rel_w.shape) if need_rel_w else empty()
     return dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v
 
 

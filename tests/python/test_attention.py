@@ -3,6 +3,9 @@ gradcheck of the float64 CPU backend; deterministic mode; TF32."""
 
 from __future__ import annotations
 
+import os
+import random
+
 import pytest
 import torch
 
@@ -110,6 +113,49 @@ def test_matches_reference(case, device, dtype):
     compare(device, dtype, fmha_call(options), reference_call(options), make_inputs(sizes, options))
 
 
+# A seeded random sweep over sizes and option combinations; FMHA_TEST_SWEEP raises the count and
+# FMHA_TEST_SWEEP_SEED moves it.
+_SWEEP_COUNT = int(os.environ.get("FMHA_TEST_SWEEP", "12"))
+_SWEEP_SEED = int(os.environ.get("FMHA_TEST_SWEEP_SEED", "0"))
+
+
+def _random_case(index):
+    rng = random.Random(_SWEEP_SEED * 100003 + index)
+    hkv = rng.choice([1, 2, 3])
+    h = hkv * rng.choice([1, 2])
+    lq, lk = rng.randint(0, 19), rng.randint(1, 19)
+    sizes = (rng.randint(1, 2), lq, lk, h, hkv, rng.choice([1, 5, 8, 16, 24]), rng.choice([3, 8, 16]))
+    options = {}
+    if rng.random() < 0.5:
+        options["causal"] = True
+    if rng.random() < 0.5:
+        options["causal_alignment"] = "bottom_right"
+    if rng.random() < 0.4:
+        options["window"] = (rng.randint(-1, 6), rng.randint(-1, 6))
+    if rng.random() < 0.3:
+        options["scale"] = rng.uniform(0.1, 1.5)
+    if rng.random() < 0.3:
+        options["softcap"] = rng.uniform(1.0, 8.0)
+    if rng.random() < 0.4:
+        options["bias"] = rng.choice(["B,H,Lq,Lk", "H,Lq,Lk", "1,H,1,Lk", "Lq,Lk", "B,1,Lq,1"])
+    if rng.random() < 0.3 and lk in (4, 6, 8, 9, 12, 15, 16, 18):
+        hk = next(d for d in (3, 4, 2) if lk % d == 0)
+        options["rel_pos"] = (f"B,H,Lq,{hk}", f"H,Lq,{lk // hk}")
+    if rng.random() < 0.3:
+        options["sinks"] = True
+    if rng.random() < 0.3:
+        options["extra_kv"] = rng.randint(1, 3)
+    return sizes, options
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index", range(_SWEEP_COUNT))
+def test_random_sweep(index, device):
+    sizes, options = _random_case(index)
+    compare(device, WORKING_DTYPE[device], fmha_call(options), reference_call(options),
+            make_inputs(sizes, options, seed=index))  # fmt: skip
+
+
 # gradcheck (finite differences, float64, CPU backend): tiny sizes, every tensor input, both outputs.
 GRADCHECK_CASES = ["gqa_lq_ne_lk_dv_ne_d", "causal_bottom_right_masked_rows", "window_and_causal",
                    "softcap", "bias_heads", "bias_key_row", "rel_pos_broadcast", "sinks", "extra_kv",
@@ -172,3 +218,31 @@ def test_fully_masked_rows_give_zero_out_and_minus_inf_lse():
     (dq,) = torch.autograd.grad(out.sum(), [q])
     assert torch.equal(dq[0, :3], torch.zeros_like(dq[0, :3]))
     assert torch.isfinite(dq).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
+def test_cuda_runs_on_the_current_stream(monkeypatch):
+    import fmha._bridge
+
+    streams = []
+
+    class RecordingC:
+        def __getattr__(self, name):
+            return getattr(fmha._C, name)
+
+        @staticmethod
+        def run(params, stream):
+            streams.append(stream)
+            return fmha._C.run(params, stream)
+
+    monkeypatch.setattr(fmha._bridge, "_C", RecordingC())
+    q = torch.randn(2, 64, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    expected = call("cuda", fmha.attention, q, q, q, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fmha.attention(q, q, q, causal=True)
+        out.float().sum().backward()
+    torch.cuda.synchronize()
+    assert streams[-2:] == [side.cuda_stream, side.cuda_stream]  # forward and backward
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)

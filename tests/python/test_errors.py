@@ -43,7 +43,7 @@ CASES = {
         ["D = 300", "1..256"]),
     "bias_not_broadcastable": (
         lambda dev: fmha.attention(*_qkv(dev), bias=torch.randn(3, 5, 6, device=dev)), ValueError,
-        ["fmha: options.bias", "[3, 5, 6]"]),
+        ["fmha: options.bias has shape [1, 3, 5, 6]", "H, is 3 but must be 4"]),
     "bias_dtype": (
         lambda dev: fmha.attention(*_qkv(dev), bias=torch.randn(4, 5, 6, device=dev).double()),
         TypeError, ["options.bias has dtype float64"]),
