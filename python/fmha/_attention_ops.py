@@ -16,6 +16,7 @@ empty tensors, since a custom op cannot return None.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -59,6 +60,10 @@ class _Dense:
         return (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (0,)
 
     @staticmethod
+    def score_rows(q: Tensor) -> Optional[tuple]:  # [B, H, Lq] of the scores rel-pos adds to
+        return (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else None
+
+    @staticmethod
     def fill(params, layout_args, planned: bool) -> None:
         pass
 
@@ -73,6 +78,10 @@ class _Varlen:
     @staticmethod
     def lse_shape(q: Tensor, layout_args) -> tuple:  # [H, total_q]
         return (q.shape[1], q.shape[0]) if q.dim() == 3 else (0,)
+
+    @staticmethod
+    def score_rows(q: Tensor) -> Optional[tuple]:
+        return None  # rel-pos is refused for packed batches
 
     @staticmethod
     def fill(params, layout_args, planned: bool) -> None:
@@ -91,6 +100,10 @@ class _Neighborhood:
     @staticmethod
     def lse_shape(q: Tensor, layout_args) -> tuple:  # [B, H, X1, (X2, (X3))]
         return (q.shape[0], q.shape[-2], *q.shape[1:-2]) if q.dim() >= 3 else (0,)
+
+    @staticmethod
+    def score_rows(q: Tensor) -> Optional[tuple]:  # rows over the flattened grid
+        return (q.shape[0], q.shape[-2], math.prod(q.shape[1:-2])) if q.dim() >= 3 else None
 
     @staticmethod
     def fill(params, layout_args, planned: bool) -> None:
@@ -115,6 +128,22 @@ def _as_4d(t: Optional[Tensor]) -> Optional[Tensor]:
     if t is None or t.dim() >= 4:
         return t
     return t[(None,) * (4 - t.dim())]
+
+
+def _rel_pos_for_backward(rel: Optional[Tensor], rows: Optional[tuple], needed: bool):
+    """(rel view for C++, gradient buffer for C++, gradient to return) of one rel-pos input.
+    A rel-pos broadcast over B, H or Lq gets its gradient computed dense at the full
+    [B, H, Lq, X] shape (small: X is Hk or Wk) and summed here, which every backend supports;
+    the C++ layer then reads the input as a stride-0 expansion of the same shape."""
+    if rel is None or not needed:
+        return _as_4d(rel), None, None
+    rel4 = _as_4d(rel)
+    if rows is None or tuple(rel4.shape[:3]) == tuple(rows):
+        grad = rel.new_empty(rel.shape)
+        return rel4, _as_4d(grad), grad
+    full = (*rows, rel4.shape[-1])
+    grad_full = rel.new_empty(full)
+    return rel4.expand(full), grad_full, grad_full
 
 
 def _dense(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -144,9 +173,9 @@ def _c_options(o: Options, bias, rel_h, rel_w, planned: bool) -> _C.AttentionOpt
     c.window_right = o.window_right
     c.deterministic = o.deterministic
     c.allow_tf32 = o.allow_tf32
-    c.bias = _bridge.view(bias, "bias", planned=planned)
-    c.rel_h = _bridge.view(rel_h, "rel_h", planned=planned)
-    c.rel_w = _bridge.view(rel_w, "rel_w", planned=planned)
+    c.bias = _bridge.view(bias, "bias", planned=planned, broadcast=True)
+    c.rel_h = _bridge.view(rel_h, "rel_h", planned=planned, broadcast=True)
+    c.rel_w = _bridge.view(rel_w, "rel_w", planned=planned, broadcast=True)
     c.sinks = _bridge.view(o.sinks, "sinks", planned=planned)
     c.extra_k = _bridge.view(o.extra_k, "extra_k", planned=planned)
     c.extra_v = _bridge.view(o.extra_v, "extra_v", planned=planned)
@@ -215,8 +244,8 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
     dsinks = torch.empty_like(o.sinks) if need_sinks else empty()
     dextra_k = torch.empty_like(o.extra_k) if need_extra_k else empty()
     dextra_v = torch.empty_like(o.extra_v) if need_extra_v else empty()
-    # rel-pos gradients are plain dense outputs of their input's shape, even for an expand()ed
-    # rel_h: it has a distinct gradient per element.
+    # rel-pos gradients are dense, even for an expand()ed rel_h: it has a distinct gradient per
+    # element.
     drel_h = o.rel_h.new_empty(o.rel_h.shape) if need_rel_h else empty()
     drel_w = o.rel_w.new_empty(o.rel_w.shape) if need_rel_w else empty()
     if fake:
@@ -238,19 +267,26 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
     dout, dlse = _dense(dout), _dense(dlse)
     params.dout = _bridge.view(dout, "dout")
     params.dlse = _bridge.view(dlse, "dlse")
-    params.options = _c_options(o, _as_4d(bias), _as_4d(o.rel_h), _as_4d(o.rel_w), planned=False)
+    rows = layout.score_rows(q)
+    rel_h, drel_h_buffer, drel_h_full = _rel_pos_for_backward(o.rel_h, rows, need_rel_h)
+    rel_w, drel_w_buffer, drel_w_full = _rel_pos_for_backward(o.rel_w, rows, need_rel_w)
+    params.options = _c_options(o, _as_4d(bias), rel_h, rel_w, planned=False)
     grads = _C.AttentionGradients()
     grads.dq = _bridge.view(dq, "dq")
     grads.dk = _bridge.view(dk, "dk")
     grads.dv = _bridge.view(dv, "dv")
-    grads.dbias = _bridge.view(_as_4d(dbias) if need_bias else None, "dbias")
-    grads.drel_h = _bridge.view(_as_4d(drel_h) if need_rel_h else None, "drel_h")
-    grads.drel_w = _bridge.view(_as_4d(drel_w) if need_rel_w else None, "drel_w")
+    grads.dbias = _bridge.view(_as_4d(dbias) if need_bias else None, "dbias", broadcast=True)
+    grads.drel_h = _bridge.view(drel_h_buffer, "drel_h")
+    grads.drel_w = _bridge.view(drel_w_buffer, "drel_w")
     grads.dsinks = _bridge.view(dsinks if need_sinks else None, "dsinks")
     grads.dextra_k = _bridge.view(dextra_k if need_extra_k else None, "dextra_k")
     grads.dextra_v = _bridge.view(dextra_v if need_extra_v else None, "dextra_v")
     params.grads = grads
     _bridge.run(params, q.device)
+    if need_rel_h:
+        drel_h = drel_h_full.sum_to_size(o.rel_h.shape)
+    if need_rel_w:
+        drel_w = drel_w_full.sum_to_size(o.rel_w.shape)
     return dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v
 
 

@@ -84,13 +84,20 @@ def describe(
     )
 
 
-def view(t: Optional[torch.Tensor], name: str, *, planned: bool = False) -> _C.TensorView:
+def view(
+    t: Optional[torch.Tensor], name: str, *, planned: bool = False, broadcast: bool = False
+) -> _C.TensorView:
     """The TensorView of `t` (not given when t is None). planned=True describes t without reading
-    its address, for check() on outputs not yet allocated and on fake tensors."""
+    its address, for check() on outputs not yet allocated and on fake tensors. broadcast=True
+    (bias, rel-pos and their gradients) gives dimensions of size 1 stride 0: the same elements,
+    spelled the way every backend reads as broadcast."""
     if t is None:
         return _C.TensorView()
     address = _PLANNED_ADDRESS if planned else t.data_ptr()
-    return describe(t.shape, t.stride(), t.dtype, t.device, name, address)
+    stride = t.stride()
+    if broadcast:
+        stride = [0 if size == 1 else st for size, st in zip(t.shape, stride)]
+    return describe(t.shape, stride, t.dtype, t.device, name, address)
 
 
 def planned_contiguous(
