@@ -42,16 +42,16 @@ python_install() {
   FMHA_CUDA_ARCHITECTURES="$ARCHS" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
     python3 -m pip install -q --no-build-isolation --no-deps .
 }
-cuda_tests() { build-gpu/tests/fmha_cuda_tests --gtest_brief=1; }
+cuda_tests() { timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests --gtest_brief=1; }
 sanitizer() {
-  compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
+  timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER" &&
-  compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
+  timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER"
 }
 python_tests() {
   wait "$PIP_PID" || { echo "pip install failed:"; cat "$OUT/pip-install.log"; return 1; }
-  python3 -m pytest -q tests/python -k "cuda" -p no:cacheprovider
+  timeout "${PYTEST_SECONDS:-600}" python3 -m pytest -q tests/python -k "${PYTEST_FILTER:-cuda}" -p no:cacheprovider
 }
 bench() {
   timeout "${BENCH_SECONDS:-240}" python3 -m fmha.bench --suite "${BENCH_SUITE:-quick}" \

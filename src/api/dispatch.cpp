@@ -10,11 +10,13 @@
 namespace fmha {
 namespace {
 
+#if !FMHA_WITH_CUDA
 Status cuda_unavailable() {
   return Status::not_supported(
       "fmha: the tensors are on a CUDA device but this build of fmha has no CUDA backend "
       "(configure with -DFMHA_ENABLE_CUDA=ON)");
 }
+#endif
 
 // Runs a validated shaped problem (dense, varlen, neighborhood) on its device's backend.
 template <typename Params>

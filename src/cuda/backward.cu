@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cuda/backend.h"
+#include "cuda/forward_setup.h"
 #include "cuda/common/backward_params.h"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/dispatch_bwd.h"
@@ -113,52 +114,11 @@ RowStrides stat_strides(const TensorView& t, bool varlen) {
   return {t.stride[0], t.stride[2], t.stride[1]};
 }
 
-// The forward part of the parameters: the same scores, masks and extra keys the forward saw.
+// The forward part of the parameters: the same sizes, scores, masks and extra keys the forward
+// saw, filled by the forward's own setup (size-1 bias / rel-pos dimensions broadcast there).
 void fill_forward(const AttentionOptions& o, const detail::ProblemShape& shape, ForwardParams* p) {
-  p->batch = shape.batch;
-  p->seqlen_q = shape.seqlen_q;
-  p->seqlen_k = shape.seqlen_k;
-  p->heads = static_cast<int>(shape.heads);
-  p->kv_group = static_cast<int>(shape.heads / shape.kv_heads);
-  p->head_dim = static_cast<int>(shape.head_dim);
-  p->value_dim = static_cast<int>(shape.value_dim);
-  p->scale_log2 = shape.scale * kLog2e;
-  if (o.softcap > 0.0f) {
-    p->softcap_log2 = o.softcap * kLog2e;
-    p->scale_over_softcap = shape.scale / o.softcap;
-  }
-  p->bottom_right = o.causal_alignment == CausalAlignment::kBottomRight;
-  p->window_left = o.window_left < 0 ? kUnboundedWindow : o.window_left;
-  p->window_right = o.window_right < 0 ? kUnboundedWindow : o.window_right;
-  if (o.causal) p->window_right = 0;  // causal is the window (unbounded, 0); intersect
-  if (o.bias.defined()) {
-    p->bias = o.bias.data;
-    for (int d = 0; d < 4; ++d) p->bias_stride[d] = o.bias.stride[static_cast<std::size_t>(d)];
-  }
-  if (o.rel_h.defined()) {
-    p->rel_h = o.rel_h.data;
-    p->rel_w = o.rel_w.data;
-    for (int d = 0; d < 4; ++d) {
-      p->rel_h_stride[d] = o.rel_h.stride[static_cast<std::size_t>(d)];
-      p->rel_w_stride[d] = o.rel_w.stride[static_cast<std::size_t>(d)];
-    }
-    p->rel_w_size = shape.rel_w_size;
-  }
-  if (o.sinks.defined()) {
-    p->sinks = static_cast<const float*>(o.sinks.data);
-    p->sinks_stride = o.sinks.stride[0];
-  }
-  if (o.extra_k.defined() && shape.num_extra > 0) {
-    p->extra_k = o.extra_k.data;
-    p->extra_v = o.extra_v.data;
-    p->num_extra = shape.num_extra;
-    p->extra_k_batch_stride = o.extra_k.stride[0];
-    p->extra_k_row_stride = o.extra_k.stride[1];
-    p->extra_k_head_stride = o.extra_k.stride[2];
-    p->extra_v_batch_stride = o.extra_v.stride[0];
-    p->extra_v_row_stride = o.extra_v.stride[1];
-    p->extra_v_head_stride = o.extra_v.stride[2];
-  }
+  fill_forward_sizes(shape, p);
+  fill_forward_options(o, shape, p);
 }
 
 // The bias / rel-pos gradients of a call: fp32 accumulators of these compact sizes, converted
@@ -299,6 +259,20 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
         "fmha: the CUDA backward kernels take at most 65535 heads and 65535 batches (one grid "
         "dimension each); got " +
         std::to_string(p.fwd.heads) + " heads and " + std::to_string(p.fwd.batch) + " batches");
+  }
+  // drel_h / drel_w accumulate at the full [B, H, Lq, Hk|Wk] size; a gradient that broadcasts
+  // (size 1 where the problem is larger) would need the sum the dbias path does.
+  for (const TensorView* drel : {additive.drel_h, additive.drel_w}) {
+    if (drel == nullptr) continue;
+    const std::int64_t problem[3] = {p.fwd.batch, p.fwd.heads, p.fwd.seqlen_q};
+    for (int d = 0; d < 3; ++d) {
+      if (drel->shape[static_cast<std::size_t>(d)] == 1 && problem[d] > 1) {
+        return Status::not_supported(
+            "fmha: the CUDA backward cannot yet sum grads.drel_h / grads.drel_w over a broadcast "
+            "(size-1) dimension of rel_h / rel_w (dimension " + std::to_string(d) + "); pass "
+            "rel_pos expanded to [B, H, Lq, *] and sum its gradient");
+      }
+    }
   }
   if (o.deterministic && (additive.dbias_atomic || additive.drel_h || additive.drel_w)) {
     return refuse(
