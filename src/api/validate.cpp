@@ -223,14 +223,20 @@ void count_tokens(ProblemShape* s) {
   s->total_k = s->batch * s->seqlen_k;
 }
 
+// What forward and backward check alike: the layout, q/k/v, the options.
+template <typename Params>
+Status validate_inputs(const Params& p, const Anchor& a, ProblemShape* s) {
+  FMHA_RETURN_IF_ERROR(resolve(p, s));
+  FMHA_RETURN_IF_ERROR(check_qkv(a, p.q, p.k, p.v, *s));
+  count_tokens(s);
+  return check_options(a, p.options, s);
+}
+
 template <typename Params>
 Status validate_forward(const Params& p, ProblemShape* shape) {
   ProblemShape s;
-  FMHA_RETURN_IF_ERROR(resolve(p, &s));
   const Anchor a = anchor_of(p.q);
-  FMHA_RETURN_IF_ERROR(check_qkv(a, p.q, p.k, p.v, s));
-  count_tokens(&s);
-  FMHA_RETURN_IF_ERROR(check_options(a, p.options, &s));
+  FMHA_RETURN_IF_ERROR(validate_inputs(p, a, &s));
   FMHA_RETURN_IF_ERROR(check_forward_outputs(a, p.out, p.lse, s));
   *shape = s;
   return Status::ok_status();
@@ -239,11 +245,8 @@ Status validate_forward(const Params& p, ProblemShape* shape) {
 template <typename Params>
 Status validate_backward(const Params& p, ProblemShape* shape) {
   ProblemShape s;
-  FMHA_RETURN_IF_ERROR(resolve(p, &s));
   const Anchor a = anchor_of(p.q);
-  FMHA_RETURN_IF_ERROR(check_qkv(a, p.q, p.k, p.v, s));
-  count_tokens(&s);
-  FMHA_RETURN_IF_ERROR(check_options(a, p.options, &s));
+  FMHA_RETURN_IF_ERROR(validate_inputs(p, a, &s));
   FMHA_RETURN_IF_ERROR(check_backward_inputs(a, p.out, p.lse, p.dout, p.dlse, s));
   FMHA_RETURN_IF_ERROR(check_gradients(a, p.grads, p.options, s));
   FMHA_RETURN_IF_ERROR(check_backward_impl(p.backward_impl));
