@@ -11,7 +11,7 @@ RESULTS=${OUT:-$PWD/build-gpu}
 OUT=$RESULTS/gpu-check  # every log and the benchmark output; packed into one archive at the end
 mkdir -p "$OUT"
 ARCHS=${FMHA_CUDA_ARCHITECTURES:-90a-real}
-STEPS=${STEPS:-"build cuda-tests sanitizer python bench"}
+STEPS=${STEPS:-"build cuda-tests sm80-tests sanitizer python bench"}
 SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*"}
 JOBS=$(nproc)
 GTEST_SRC=${GTEST_SRC:-$PWD/.gpu/googletest}
@@ -43,27 +43,39 @@ python_install() {
     python3 -m pip install -q --no-build-isolation --no-deps .
 }
 cuda_tests() { timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests --gtest_brief=1; }
+# On Hopper the dense forward runs the sm90 kernels; run its tests again on the sm80 kernels.
+sm80_tests() {
+  FMHA_CUDA_KERNELS=sm80 timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests \
+      --gtest_brief=1 --gtest_filter="CudaForward*"
+}
 sanitizer() {
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER" &&
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER"
 }
+PIP_STATUS=""
+pip_ready() {  # waits for the background install once; later calls reuse its status
+  [ -z "$PIP_STATUS" ] && { wait "$PIP_PID"; PIP_STATUS=$?; }
+  [ "$PIP_STATUS" = 0 ] || { echo "pip install failed:"; cat "$OUT/pip-install.log"; return 1; }
+}
 python_tests() {
-  wait "$PIP_PID" || { echo "pip install failed:"; cat "$OUT/pip-install.log"; return 1; }
+  pip_ready || return 1
   timeout "${PYTEST_SECONDS:-600}" python3 -m pytest -q tests/python -k "${PYTEST_FILTER:-cuda}" -p no:cacheprovider
 }
 bench() {
+  pip_ready || return 1
   timeout "${BENCH_SECONDS:-240}" python3 -m fmha.bench --suite "${BENCH_SUITE:-quick}" \
       --out "$OUT/bench" ${BENCH_ARGS:-}
 }
 
-if has python; then
+if has python || has bench; then
   python_install >"$OUT/pip-install.log" 2>&1 &
   PIP_PID=$!
 fi
 has build && run_step build build
 has cuda-tests && run_step cuda-tests cuda_tests
+has sm80-tests && run_step sm80-tests sm80_tests
 has sanitizer && run_step sanitizer sanitizer
 has python && run_step python python_tests
 has bench && run_step bench bench

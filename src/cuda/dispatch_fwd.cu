@@ -3,12 +3,17 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/dispatch_fwd.h"
 #include "cuda/sm80/launch_fwd.h"
 #include "cuda/sm80/tile_sizes.h"
+#if FMHA_WITH_SM90
+#include "cuda/sm90/launch_fwd.h"
+#endif
 
 namespace fmha::cuda {
 namespace {
@@ -20,33 +25,42 @@ bool needs_general_policy(const ForwardParams& p) {
          p.softcap_log2 > 0.0f || p.bias != nullptr || p.rel_h != nullptr;
 }
 
+// Neighborhood attention runs on the sm80 kernel on every arch for now.
 template <typename T, int kD>
-Status dispatch_policy(const ForwardParams& p, cudaStream_t stream) {
+Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
   if (p.neighborhood.rank > 0) return sm80::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
+#if FMHA_WITH_SM90
+  if (use_sm90_kernels(arch)) {
+    if (needs_general_policy(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
+    return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);
+  }
+#else
+  (void)arch;
+#endif
   if (needs_general_policy(p)) return sm80::launch_forward<T, kD, PolicyGeneral>(p, stream);
   return sm80::launch_forward<T, kD, PolicyPlain>(p, stream);
 }
 
 template <typename T>
-Status dispatch_head_dim(const ForwardParams& p, cudaStream_t stream) {
+Status dispatch_head_dim(const ForwardParams& p, int arch, cudaStream_t stream) {
   const int head_dim = p.head_dim > p.value_dim ? p.head_dim : p.value_dim;
   switch (sm80::head_dim_bucket(head_dim)) {
     case 32:
-      return dispatch_policy<T, 32>(p, stream);
+      return dispatch_policy<T, 32>(p, arch, stream);
     case 64:
-      return dispatch_policy<T, 64>(p, stream);
+      return dispatch_policy<T, 64>(p, arch, stream);
     case 96:
-      return dispatch_policy<T, 96>(p, stream);
+      return dispatch_policy<T, 96>(p, arch, stream);
     case 128:
-      return dispatch_policy<T, 128>(p, stream);
+      return dispatch_policy<T, 128>(p, arch, stream);
     case 160:
-      return dispatch_policy<T, 160>(p, stream);
+      return dispatch_policy<T, 160>(p, arch, stream);
     case 192:
-      return dispatch_policy<T, 192>(p, stream);
+      return dispatch_policy<T, 192>(p, arch, stream);
     case 224:
-      return dispatch_policy<T, 224>(p, stream);
+      return dispatch_policy<T, 224>(p, arch, stream);
     case 256:
-      return dispatch_policy<T, 256>(p, stream);
+      return dispatch_policy<T, 256>(p, arch, stream);
     default:
       return Status::not_supported(
           "fmha: head_dim " + std::to_string(p.head_dim) + " / value_dim " +
@@ -77,12 +91,26 @@ Status check_forward_dtype(DType dtype) {
   }
 }
 
-Status dispatch_forward(const ForwardParams& p, DType dtype, cudaStream_t stream) {
+bool use_sm90_kernels(int arch) {
+#if FMHA_WITH_SM90
+  // Read once: FMHA_CUDA_KERNELS=sm80 runs the mma.sync kernels on Hopper too (tests, benchmarks).
+  static const bool forced_sm80 = [] {
+    const char* value = std::getenv("FMHA_CUDA_KERNELS");
+    return value != nullptr && std::strcmp(value, "sm80") == 0;
+  }();
+  return arch == 90 && !forced_sm80;
+#else
+  (void)arch;
+  return false;
+#endif
+}
+
+Status dispatch_forward(const ForwardParams& p, DType dtype, int arch, cudaStream_t stream) {
   switch (dtype) {
     case DType::kFloat16:
-      return dispatch_head_dim<__half>(p, stream);
+      return dispatch_head_dim<__half>(p, arch, stream);
     case DType::kBFloat16:
-      return dispatch_head_dim<__nv_bfloat16>(p, stream);
+      return dispatch_head_dim<__nv_bfloat16>(p, arch, stream);
     default:
       return check_forward_dtype(dtype);
   }

@@ -43,8 +43,9 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
-// The sm80 kernel uses bf16/fp16 mma.sync, which needs compute capability 8.0.
-Status check_device(int device) {
+// The sm80 kernel uses bf16/fp16 mma.sync, which needs compute capability 8.0. *arch gets the
+// device's compute capability as major * 10 + minor (the dispatch picks the kernel generation).
+Status check_device(int device, int* arch) {
   int major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (e == cudaSuccess)
@@ -56,6 +57,7 @@ Status check_device(int device) {
         "tensor cores); detected GPU: sm_" +
         std::to_string(major * 10 + minor));
   }
+  *arch = major * 10 + minor;
   return Status::ok_status();
 }
 
@@ -153,8 +155,9 @@ Status launch_forward_kernel(const ForwardParams& p, const TensorView& q, void* 
   }
   DeviceGuard guard;
   FMHA_RETURN_IF_ERROR(guard.enter(q.device.index));
-  FMHA_RETURN_IF_ERROR(check_device(q.device.index));
-  return dispatch_forward(p, q.dtype, static_cast<cudaStream_t>(stream));
+  int arch = 0;
+  FMHA_RETURN_IF_ERROR(check_device(q.device.index, &arch));
+  return dispatch_forward(p, q.dtype, arch, static_cast<cudaStream_t>(stream));
 }
 
 Status run(const AttentionForwardParams& a, const detail::ProblemShape& shape, void* stream) {

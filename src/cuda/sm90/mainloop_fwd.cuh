@@ -1,0 +1,312 @@
+// The sm90 forward kernel (wgmma / cp.async; sm_90a only).
+//
+// One block computes kBlockM = 128 query rows of one (batch, head): two warpgroups of 64 rows. It
+// walks the key tiles that its mask policy leaves visible, then the extra-key tiles, with the
+// same policies, online softmax and epilogue contract as the sm80 kernel: scores come out of the
+// wgmma accumulators in the m16n8 fragment layout that the policies already work on.
+//
+// Per key tile u (K and V in kStages = 2 shared-memory stages, tile u + 1 in flight meanwhile):
+//   S = Q K(u)^T       wgmma, A = Q and B = K from shared memory (K-major)
+//   scores, mask, online softmax on S in registers
+//   O += P V(u)        wgmma, A = P from registers, B = V from shared memory (MN-major)
+//   barrier; issue the loads of tile u + 2 into the stage just freed.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/forward_params.h"
+#include "cuda/common/forward_policies.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/tile_sizes.h"
+#include "cuda/sm90/wgmma.cuh"
+#include "cuda/sm90/wgmma_ops.cuh"
+
+namespace fmha::cuda::sm90 {
+
+// Copies a [kRows, kD] tile of 16-bit elements (rows `row_stride` apart) into the swizzled layout
+// at shared address `dst`, zero-filling rows >= valid_rows and columns >= cols (no garbage, maybe
+// NaN, may meet a zero probability or a zero q column in a product).
+template <int kRows, int kD>
+__device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* gmem,
+                                                std::int64_t row_stride, int valid_rows, int cols,
+                                                bool vector_loads) {
+  using Tile = SwizzledTile<kRows, kD>;
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  if (vector_loads) {
+    static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over threads");
+#pragma unroll
+    for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
+      const int index = it * kThreads + static_cast<int>(threadIdx.x);
+      const int r = index / kChunks;
+      const int c = index % kChunks;
+      const bool inside = r < valid_rows && c * 8 < cols;
+      const std::uint16_t* src = inside ? gmem + r * row_stride + c * 8 : gmem;
+      tile::cp_async_16(dst + Tile::chunk_offset(r, c), src, inside ? 16 : 0);
+    }
+  } else {
+    // Unaligned rows or head dims: element loads (ordered by the pipeline's barriers).
+    for (int index = static_cast<int>(threadIdx.x); index < kRows * kD; index += kThreads) {
+      const int r = index / kD;
+      const int c = index % kD;
+      const std::uint16_t x = (r < valid_rows && c < cols) ? gmem[r * row_stride + c] : 0;
+      const std::uint32_t at = dst + Tile::chunk_offset(r, c / 8) + (c % 8) * 2;
+      asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"(x) : "memory");
+    }
+  }
+}
+
+// Where the keys of tile u come from: the tiles of ordinary keys the mask leaves, then the
+// tiles of extra keys.
+struct KeySource {
+  const std::uint16_t* k;
+  const std::uint16_t* v;
+  std::int64_t k_row_stride, v_row_stride;
+  std::int64_t first_key;  // position of the tile's first key among its own key set
+  int valid;               // keys of the tile that exist (the rest is zero-filled)
+  bool extra;
+};
+
+// S = Q K^T over kSteps k16 steps of the head dim; Q's rows [q_first_row, +64) of the warpgroup.
+template <typename T, int kSteps, typename QTile, typename KTile, int kTiles>
+__device__ __forceinline__ void qk_product(float (&s)[kTiles][4], std::uint32_t smem_q,
+                                           int q_first_row, std::uint32_t smem_k) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    Wgmma<T, kTiles * 8>::template ss<0>(s, QTile::k_major(smem_q, q_first_row, kk),
+                                         KTile::k_major(smem_k, 0, kk), kk > 0);
+  }
+}
+
+template <int kD>
+constexpr int smem_bytes() {
+  constexpr int kN = block_n(kD);
+  // + 1024: the dynamic shared-memory base is rounded up to the swizzle period.
+  return SwizzledTile<kBlockM, kD>::kBytes + 2 * kStages * SwizzledTile<kN, kD>::kBytes + 1024;
+}
+
+template <typename T, int kD, typename Policy>
+__global__ void __launch_bounds__(kThreads, 1)
+    forward_kernel(const __grid_constant__ ForwardParams p) {
+  constexpr int kM = kBlockM;
+  constexpr int kN = block_n(kD);
+  constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a warp's 16 x kN scores
+  constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a warp's 16 x kD output
+  using QTile = SwizzledTile<kM, kD>;
+  using KVTile = SwizzledTile<kN, kD>;
+  using Mask = typename Policy::Mask;
+  using Scores = typename Policy::template Scores<T>;
+  using Convert = tile::Dtype<T>;
+
+  extern __shared__ __align__(16) std::uint8_t smem_raw[];
+  const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
+  std::uint8_t* const smem_q_ptr = smem_raw + (smem_q - tile::shared_address(smem_raw));
+  auto smem_k = [&](int stage) { return smem_q + QTile::kBytes + stage * KVTile::kBytes; };
+  auto smem_v = [&](int stage) {
+    return smem_q + QTile::kBytes + (kStages + stage) * KVTile::kBytes;
+  };
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int warp = static_cast<int>(threadIdx.x) / 32;  // 16 rows each, in block order
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const std::int64_t b = blockIdx.z;
+  const int h = static_cast<int>(blockIdx.y);
+  // Last row blocks first: under a causal mask they have the most key tiles.
+  const std::int64_t m_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
+
+  std::int64_t q_start = 0, k_start = 0, num_queries = p.seqlen_q, num_keys = p.seqlen_k;
+  if (p.cu_seqlens_q != nullptr) {
+    q_start = p.cu_seqlens_q[b];
+    num_queries = p.cu_seqlens_q[b + 1] - q_start;
+    k_start = p.cu_seqlens_k[b];
+    num_keys = p.cu_seqlens_k[b + 1] - k_start;
+  }
+  const std::int64_t m0 = m_block * kM;
+  if (m0 >= num_queries) return;  // varlen: this sequence is shorter than the longest
+  const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
+  const std::int64_t last_row = m0 + rows - 1;
+  const int hk = h / p.kv_group;
+
+  const auto* q = static_cast<const std::uint16_t*>(p.q) + b * p.q_batch_stride +
+                  (q_start + m0) * p.q_row_stride + h * p.q_head_stride;
+  const auto* k = static_cast<const std::uint16_t*>(p.k) + b * p.k_batch_stride +
+                  k_start * p.k_row_stride + hk * p.k_head_stride;
+  const auto* v = static_cast<const std::uint16_t*>(p.v) + b * p.v_batch_stride +
+                  k_start * p.v_row_stride + hk * p.v_head_stride;
+  const auto* extra_k = static_cast<const std::uint16_t*>(p.extra_k) + b * p.extra_k_batch_stride +
+                        hk * p.extra_k_head_stride;
+  const auto* extra_v = static_cast<const std::uint16_t*>(p.extra_v) + b * p.extra_v_batch_stride +
+                        hk * p.extra_v_head_stride;
+
+  const Mask mask = Mask::make(p, num_queries, num_keys);
+  const Scores scores = Scores::make(p, b, h, num_queries, num_keys);
+  const KeyRange range = mask.key_range(m0, last_row);
+  std::int64_t first_tile = 0, main_tiles = 0;
+  if (range.end > range.begin) {
+    first_tile = range.begin / kN;
+    main_tiles = (range.end + kN - 1) / kN - first_tile;
+  }
+  const std::int64_t num_tiles = main_tiles + (p.num_extra + kN - 1) / kN;
+
+  auto key_source = [&](std::int64_t u) {
+    KeySource t;
+    t.extra = u >= main_tiles;
+    if (!t.extra) {
+      t.first_key = (first_tile + u) * kN;
+      t.k_row_stride = p.k_row_stride;
+      t.v_row_stride = p.v_row_stride;
+      t.k = k + t.first_key * p.k_row_stride;
+      t.v = v + t.first_key * p.v_row_stride;
+      t.valid = static_cast<int>(num_keys - t.first_key < kN ? num_keys - t.first_key : kN);
+    } else {
+      t.first_key = (u - main_tiles) * kN;
+      t.k_row_stride = p.extra_k_row_stride;
+      t.v_row_stride = p.extra_v_row_stride;
+      t.k = extra_k + t.first_key * p.extra_k_row_stride;
+      t.v = extra_v + t.first_key * p.extra_v_row_stride;
+      t.valid = static_cast<int>(p.num_extra - t.first_key < kN ? p.num_extra - t.first_key : kN);
+    }
+    return t;
+  };
+  auto load_keys = [&](std::int64_t u, int stage) {
+    const KeySource t = key_source(u);
+    load_tile_async<kN, kD>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
+                            p.vector_loads);
+    load_tile_async<kN, kD>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
+                            p.vector_loads);
+  };
+
+  // Commit groups: {Q, tile 0}, {tile 1}, then one per iteration (maybe empty), so that before
+  // tile u is used exactly one later group may still be in flight.
+  load_tile_async<kM, kD>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
+  if (num_tiles > 0) load_keys(0, 0);
+  tile::cp_async_commit();
+  if (num_tiles > 1) load_keys(1, 1);
+  tile::cp_async_commit();
+
+  // Row of accumulator entries 0, 1 (+8 for entries 2, 3).
+  const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
+  const int fragment_col = 2 * (lane % 4);  // +1 for entries 1, 3
+  const int q_first_row = warpgroup * 64;
+
+  const bool skip_last_step = p.head_dim <= kD - 16;
+  float o[kOutTiles][4];
+  float s[kScoreTiles][4];
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kScoreTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+  OnlineSoftmax softmax;
+  softmax.init();
+
+  for (std::int64_t u = 0; u < num_tiles; ++u) {
+    const int stage = static_cast<int>(u % kStages);
+    const KeySource tile = key_source(u);
+    tile::cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();  // Q and tile u visible to every warpgroup and to the tensor cores
+
+    // S = Q K^T over the head dim, 16 columns a step. A last step that would hold zero columns
+    // only is skipped (D = 80 in bucket 96); the two step counts are two straight runs of wgmma,
+    // since a branch between them would make the compiler serialise the products.
+    wgmma_fence();
+    if (skip_last_step) {
+      qk_product<T, kD / 16 - 1, QTile, KVTile>(s, smem_q, q_first_row, smem_k(stage));
+    } else {
+      qk_product<T, kD / 16, QTile, KVTile>(s, smem_q, q_first_row, smem_k(stage));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(s);
+
+    const std::int64_t first_col = tile.first_key + fragment_col;
+    const bool full =
+        tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
+    scores.transform(s);
+    if (!tile.extra) {
+      scores.add_bias(s, fragment_row, first_col);
+      if (!full) hide_invisible(mask, s, fragment_row, first_col);
+    } else if (!full) {
+      // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
+      hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
+    }
+    softmax.update(s, o);
+
+    // O += P V: the score accumulators of key columns 16kk..16kk+15 are exactly the A fragment.
+    std::uint32_t a[kN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      a[kk][0] = Convert::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[kk][1] = Convert::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[kk][2] = Convert::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[kk][3] = Convert::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    fence_accumulators(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      Wgmma<T, kD>::template rs<1>(o, a[kk], KVTile::mn_major(smem_v(stage), kk), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(o);
+
+    __syncthreads();  // every warpgroup is done with this stage
+    if (u + kStages < num_tiles) load_keys(u + kStages, stage);
+    tile::cp_async_commit();
+  }
+
+  // Epilogue. Q's copy must have landed before its rows are reused for the output (it is still
+  // in flight when the block had no key tile at all). Each warp stages its own 16 rows in its own
+  // rows of Q's tile (only its warpgroup's products ever read them, and those are done).
+  tile::cp_async_wait<0>();
+  __syncwarp();
+  const float sink_log2 = p.sinks != nullptr ? p.sinks[h * p.sinks_stride] * kLog2e : -INFINITY;
+  float factor[2], lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) factor[r] = softmax.finish_row(r, sink_log2, &lse[r]);
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + lane / 4 + 8 * r;
+      const std::uint32_t packed =
+          Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_q + QTile::chunk_offset(row, t) +
+                                                     fragment_col * 2),
+                   "r"(packed)
+                   : "memory");
+    }
+  }
+  if (p.lse != nullptr && lane % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::int64_t i = fragment_row + 8 * r;
+      if (i < num_queries) {
+        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + i) * p.lse_row_stride] =
+            lse[r];
+      }
+    }
+  }
+  __syncwarp();
+
+  const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
+  auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
+              (q_start + m0 + warp * 16) * p.out_row_stride + h * p.out_head_stride;
+  constexpr int kChunks = kD / 8;
+  for (int index = lane; index < 16 * kChunks; index += 32) {
+    const int r = index / kChunks;
+    const int c = index % kChunks;
+    if (r >= warp_rows || c * 8 >= p.value_dim) continue;
+    const std::uint8_t* staged = smem_q_ptr + QTile::chunk_offset(warp * 16 + r, c);
+    if (p.vector_stores) {
+      *reinterpret_cast<uint4*>(out + r * p.out_row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(staged);
+    } else {
+      const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
+      for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e) out[r * p.out_row_stride + c * 8 + e] = x[e];
+    }
+  }
+}
+
+}  // namespace fmha::cuda::sm90
