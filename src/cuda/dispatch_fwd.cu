@@ -19,10 +19,15 @@ namespace fmha::cuda {
 namespace {
 
 // Plain attention (no causal/window mask, softcap, bias or rel-pos) takes the lean variant; sinks
-// and extra keys are runtime features of both.
+// and extra keys are runtime features of every policy.
+bool needs_score_modifiers(const ForwardParams& p) {
+  return p.softcap_log2 > 0.0f || p.bias != nullptr || p.rel_h != nullptr;
+}
+bool needs_mask(const ForwardParams& p) {
+  return p.window_left != kUnboundedWindow || p.window_right != kUnboundedWindow;
+}
 bool needs_general_policy(const ForwardParams& p) {
-  return p.window_left != kUnboundedWindow || p.window_right != kUnboundedWindow ||
-         p.softcap_log2 > 0.0f || p.bias != nullptr || p.rel_h != nullptr;
+  return needs_mask(p) || needs_score_modifiers(p);
 }
 
 // Neighborhood attention runs on the sm80 kernel on every arch for now.
@@ -31,7 +36,8 @@ Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
   if (p.neighborhood.rank > 0) return sm80::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
 #if FMHA_WITH_SM90
   if (use_sm90_kernels(arch)) {
-    if (needs_general_policy(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
+    if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
+    if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
     return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);
   }
 #else

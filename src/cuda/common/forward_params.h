@@ -76,6 +76,10 @@ struct ForwardParams {
   std::int64_t rel_h_stride[4] = {0, 0, 0, 0};
   std::int64_t rel_w_stride[4] = {0, 0, 0, 0};
   std::int64_t rel_w_size = 1;  // Wk: key j sits at (j / Wk, j % Wk)
+  // Row pitch (16-bit elements) of the rel_h | rel_w rows a kernel stages in shared memory for its
+  // block of queries; 0 when they are read from global memory (kernels that do not stage, rows
+  // too long for the shared memory left, or 2^31 keys or more).
+  int rel_staged_pitch = 0;
 
   // Sinks [H] fp32; nullptr when absent.
   const float* sinks = nullptr;

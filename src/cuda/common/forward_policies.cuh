@@ -16,6 +16,14 @@ struct PolicyPlain {
   using Scores = ScoreScale;
 };
 
+// Causal and windows without score modifiers: the general policy's mask with the plain policy's
+// scores, so the most common masked case does not pay the modifiers' registers.
+struct PolicyWindow {
+  using Mask = MaskWindow;
+  template <typename T>
+  using Scores = ScoreScale;
+};
+
 struct PolicyGeneral {
   using Mask = MaskWindow;
   template <typename T>

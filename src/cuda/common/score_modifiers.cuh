@@ -37,6 +37,7 @@ struct ScoreScale {
   }
   template <int kTiles>
   __device__ void add_bias(float (&)[kTiles][4], std::int64_t, std::int64_t) const {}
+  __device__ void stage_rel_pos(std::uint16_t*, std::int64_t, int) {}
 };
 
 template <typename T>
@@ -49,6 +50,10 @@ struct ScoreModifiers {
   std::int64_t rel_h_row_stride, rel_h_col_stride, rel_w_row_stride, rel_w_col_stride;
   std::int64_t rel_w_size;
   std::int64_t num_queries, num_keys;
+  // Rel-pos rows of the block's queries in shared memory (stage_rel_pos), or nullptr.
+  const std::uint16_t* rel_staged;
+  std::int64_t rel_staged_first_row;
+  int rel_staged_pitch, rel_h_size;
 
   __device__ static ScoreModifiers make(const ForwardParams& p, std::int64_t b, std::int64_t h,
                                         std::int64_t num_queries, std::int64_t num_keys) {
@@ -74,7 +79,34 @@ struct ScoreModifiers {
     m.rel_w_size = p.rel_w_size;
     m.num_queries = num_queries;
     m.num_keys = num_keys;
+    m.rel_staged = nullptr;
+    m.rel_staged_first_row = 0;
+    m.rel_staged_pitch = p.rel_staged_pitch;
+    m.rel_h_size = static_cast<int>((num_keys + p.rel_w_size - 1) / p.rel_w_size);
     return m;
+  }
+
+  // Copies the rel_h | rel_w rows of queries [first_row, first_row + rows) to `smem` (row pitch
+  // rel_staged_pitch), zeros for rows past the sequence, when the launch sized shared memory for
+  // it; add_bias then reads them there. Every thread of the block calls it; the caller's next
+  // barrier publishes the rows.
+  __device__ void stage_rel_pos(std::uint16_t* smem, std::int64_t first_row, int rows) {
+    if (rel_h == nullptr || rel_staged_pitch == 0) return;
+    const int width = rel_h_size + static_cast<int>(rel_w_size);
+    for (int index = static_cast<int>(threadIdx.x); index < rows * width;
+         index += static_cast<int>(blockDim.x)) {
+      const int r = index / width;
+      const int c = index % width;
+      const std::int64_t i = first_row + r;
+      std::uint16_t x = 0;
+      if (i < num_queries) {
+        x = c < rel_h_size ? rel_h[i * rel_h_row_stride + c * rel_h_col_stride]
+                           : rel_w[i * rel_w_row_stride + (c - rel_h_size) * rel_w_col_stride];
+      }
+      smem[r * rel_staged_pitch + c] = x;
+    }
+    rel_staged = smem;
+    rel_staged_first_row = first_row;
   }
 
   template <int kTiles>
@@ -98,12 +130,58 @@ struct ScoreModifiers {
   template <int kTiles>
   __device__ void add_bias(float (&s)[kTiles][4], std::int64_t row, std::int64_t col) const {
     if (bias == nullptr && rel_h == nullptr) return;
+    if (rel_staged != nullptr) {
+      add_staged_rel_pos(s, row, col);
+      if (bias == nullptr) return;
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const std::int64_t i = row + (e >= 2 ? 8 : 0), j = col + t * 8 + (e & 1);
+          if (i < num_queries && j < num_keys) {
+            s[t][e] += tile::Dtype<T>::to_float(bias[i * bias_row_stride + j * bias_col_stride]) *
+                       kLog2e;
+          }
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         s[t][e] += additive_log2(row + (e >= 2 ? 8 : 0), col + t * 8 + (e & 1));
       }
+    }
+  }
+
+  // Rel-pos from the staged rows: key column j = col + 8t + e sits at grid position (jh, jw),
+  // walked incrementally (no division per element); both of this thread's rows share it. Keys
+  // past the sequence get nothing (they are masked); rows past it read the staged zeros.
+  template <int kTiles>
+  __device__ void add_staged_rel_pos(float (&s)[kTiles][4], std::int64_t row,
+                                     std::int64_t col) const {
+    const int width = static_cast<int>(rel_w_size);
+    const std::uint16_t* row0 = rel_staged + (row - rel_staged_first_row) * rel_staged_pitch;
+    const std::uint16_t* row8 = row0 + 8 * rel_staged_pitch;
+    const int first = static_cast<int>(col);
+    int jh = first / width;
+    int jw = first - jh * width;
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int h = jh, w = jw + e;
+        if (w >= width) w -= width, ++h;
+        if (first + t * 8 + e < num_keys) {
+          s[t][e] += (tile::Dtype<T>::to_float(row0[h]) +
+                      tile::Dtype<T>::to_float(row0[rel_h_size + w])) * kLog2e;
+          s[t][2 + e] += (tile::Dtype<T>::to_float(row8[h]) +
+                          tile::Dtype<T>::to_float(row8[rel_h_size + w])) * kLog2e;
+        }
+      }
+      jw += 8;
+      while (jw >= width) jw -= width, ++jh;
     }
   }
 

@@ -1,6 +1,7 @@
 // Definition of sm90::launch_forward; included only by the instantiation files.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "cuda/sm90/launch_fwd.h"
@@ -8,19 +9,50 @@
 
 namespace fmha::cuda::sm90 {
 
+namespace detail {
+
+// Shared memory a block may opt into on the current device.
+inline int max_block_smem() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    return 0;
+  }
+  return bytes;
+}
+
+// Pitch of the staged rel_h | rel_w rows: an even count of 16-bit elements whose byte stride is 4
+// modulo 128, so that the 8 rows a warp reads at once fall in 8 different banks.
+inline int rel_staged_pitch(std::int64_t width) {
+  return static_cast<int>((width + 63) / 64 * 64 + 2);
+}
+
+}  // namespace detail
+
 template <typename T, int kD, typename Policy>
-Status launch_forward(const ForwardParams& p, cudaStream_t stream) {
-  constexpr int kSmem = smem_bytes<kD>();
+Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
+  ForwardParams p = params;
+  int smem = tile_smem_bytes<kD>() + kSmemAlignSlack;
+  // SAM-style rel-pos: stage the block's rel_h | rel_w rows in shared memory when they fit.
+  if (p.rel_h != nullptr && p.cu_seqlens_q == nullptr && p.seqlen_k < (std::int64_t{1} << 31)) {
+    const std::int64_t width = (p.seqlen_k + p.rel_w_size - 1) / p.rel_w_size + p.rel_w_size;
+    const std::int64_t staged = std::int64_t{kBlockM} * detail::rel_staged_pitch(width) * 2;
+    if (smem + staged <= detail::max_block_smem()) {
+      p.rel_staged_pitch = detail::rel_staged_pitch(width);
+      smem += static_cast<int>(staged);
+    }
+  }
   auto* kernel = &forward_kernel<T, kD, Policy>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA forward kernel (sm90) could not get ") +
-                                 std::to_string(kSmem) +
+                                 std::to_string(smem) +
                                  " bytes of shared memory: " + cudaGetErrorString(e));
   }
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + kBlockM - 1) / kBlockM),
                   static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-  kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA forward kernel (sm90) launch failed: ") +

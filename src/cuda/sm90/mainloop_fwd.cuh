@@ -5,11 +5,11 @@
 // same policies, online softmax and epilogue contract as the sm80 kernel: scores come out of the
 // wgmma accumulators in the m16n8 fragment layout that the policies already work on.
 //
-// Per key tile u (K and V in kStages = 2 shared-memory stages, tile u + 1 in flight meanwhile):
+// Per key tile u (K and V in kv_stages(D) shared-memory stages, tile_sizes.h):
+//   wait for tile u; barrier; issue the loads of tile u + stages - 1 into the stage freed
 //   S = Q K(u)^T       wgmma, A = Q and B = K from shared memory (K-major)
 //   scores, mask, online softmax on S in registers
 //   O += P V(u)        wgmma, A = P from registers, B = V from shared memory (MN-major)
-//   barrier; issue the loads of tile u + 2 into the stage just freed.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,25 @@ __device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::ui
                                                 bool vector_loads) {
   using Tile = SwizzledTile<kRows, kD>;
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's chunks, when whole
+  if constexpr (kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0) {
+    if (vector_loads) {
+      // Each thread copies one column chunk of rows r0, r0 + kRowStep, ...: a whole number of
+      // 8-row swizzle periods apart, so every destination is one offset plus a multiple of the
+      // period (few registers, no per-chunk swizzle arithmetic).
+      const int c = static_cast<int>(threadIdx.x) % kChunks;
+      const int r0 = static_cast<int>(threadIdx.x) / kChunks;
+      const std::uint32_t first = dst + Tile::chunk_offset(r0, c);
+#pragma unroll
+      for (int it = 0; it < kRows / kRowStep; ++it) {
+        const int r = r0 + it * kRowStep;
+        const bool inside = r < valid_rows && c * 8 < cols;
+        const std::uint16_t* src = inside ? gmem + r * row_stride + c * 8 : gmem;
+        tile::cp_async_16(first + it * kRowStep * Tile::kSwizzleBytes, src, inside ? 16 : 0);
+      }
+      return;
+    }
+  }
   if (vector_loads) {
     static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over threads");
 #pragma unroll
@@ -78,18 +97,21 @@ __device__ __forceinline__ void qk_product(float (&s)[kTiles][4], std::uint32_t 
   }
 }
 
+// Shared memory of Q and the K/V stages; the staged rel-pos rows (if any) follow.
 template <int kD>
-constexpr int smem_bytes() {
-  constexpr int kN = block_n(kD);
-  // + 1024: the dynamic shared-memory base is rounded up to the swizzle period.
-  return SwizzledTile<kBlockM, kD>::kBytes + 2 * kStages * SwizzledTile<kN, kD>::kBytes + 1024;
+constexpr int tile_smem_bytes() {
+  return SwizzledTile<kBlockM, kD>::kBytes +
+         2 * kv_stages(kD) * SwizzledTile<block_n(kD), kD>::kBytes;
 }
+// + 1024: the dynamic shared-memory base is rounded up to the swizzle period.
+inline constexpr int kSmemAlignSlack = 1024;
 
 template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kM = kBlockM;
   constexpr int kN = block_n(kD);
+  constexpr int kStages = kv_stages(kD);
   constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a warp's 16 x kN scores
   constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a warp's 16 x kD output
   using QTile = SwizzledTile<kM, kD>;
@@ -139,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         hk * p.extra_v_head_stride;
 
   const Mask mask = Mask::make(p, num_queries, num_keys);
-  const Scores scores = Scores::make(p, b, h, num_queries, num_keys);
+  Scores scores = Scores::make(p, b, h, num_queries, num_keys);
   const KeyRange range = mask.key_range(m0, last_row);
   std::int64_t first_tile = 0, main_tiles = 0;
   if (range.end > range.begin) {
@@ -176,13 +198,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                             p.vector_loads);
   };
 
-  // Commit groups: {Q, tile 0}, {tile 1}, then one per iteration (maybe empty), so that before
-  // tile u is used exactly one later group may still be in flight.
+  // Commit groups: {Q, tile 0}, {tile 1}, .., {tile stages - 2}, then one per iteration (maybe
+  // empty), so that when tile u is needed exactly stages - 2 later groups may still be in flight.
   load_tile_async<kM, kD>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
-  if (num_tiles > 0) load_keys(0, 0);
-  tile::cp_async_commit();
-  if (num_tiles > 1) load_keys(1, 1);
-  tile::cp_async_commit();
+  scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + tile_smem_bytes<kD>()), m0,
+                       kM);
+#pragma unroll
+  for (int u = 0; u < kStages - 1; ++u) {
+    if (u < num_tiles) load_keys(u, u);
+    tile::cp_async_commit();
+  }
 
   // Row of accumulator entries 0, 1 (+8 for entries 2, 3).
   const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
@@ -202,9 +227,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (std::int64_t u = 0; u < num_tiles; ++u) {
     const int stage = static_cast<int>(u % kStages);
     const KeySource tile = key_source(u);
-    tile::cp_async_wait<1>();
+    tile::cp_async_wait<kStages - 2>();
     fence_proxy_async();
-    __syncthreads();  // Q and tile u visible to every warpgroup and to the tensor cores
+    __syncthreads();  // Q and tile u visible to all; every warp is done with iteration u - 1
+    if (u + kStages - 1 < num_tiles) {
+      load_keys(u + kStages - 1, static_cast<int>((u + kStages - 1) % kStages));
+    }
+    tile::cp_async_commit();
 
     // S = Q K^T over the head dim, 16 columns a step. A last step that would hold zero columns
     // only is skipped (D = 80 in bucket 96); the two step counts are two straight runs of wgmma,
@@ -251,9 +280,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_accumulators(o);
 
-    __syncthreads();  // every warpgroup is done with this stage
-    if (u + kStages < num_tiles) load_keys(u + kStages, stage);
-    tile::cp_async_commit();
   }
 
   // Epilogue. Q's copy must have landed before its rows are reused for the output (it is still

@@ -16,7 +16,12 @@ constexpr int block_n(int head_dim_bucket) {
   return head_dim_bucket <= 128 ? 128 : 64;
 }
 
-// K/V stages in flight: tile u + 1 lands while tile u is multiplied.
-inline constexpr int kStages = 2;
+// K/V stages: tiles u + 1 .. u + stages - 1 are in flight while tile u is multiplied. Three where
+// Q plus three K/V stages fit in the 227 KB a block may have (up to D = 224), two at D = 256. One
+// barrier per tile suffices: the stage that tile u + stages - 1 overwrites was last read in
+// iteration u - 1, which every warp has left once it passes iteration u's barrier.
+constexpr int kv_stages(int head_dim_bucket) {
+  return head_dim_bucket < 256 ? 3 : 2;
+}
 
 }  // namespace fmha::cuda::sm90
