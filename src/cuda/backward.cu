@@ -1,4 +1,5 @@
-// CUDA backend entry points of the backward: dense and varlen attention. Fills BackwardParams
+// CUDA backend entry points of the backward: dense and varlen attention, and the dense backward
+// that neighborhood attention runs on its flattened grid (backward_setup.h). Fills BackwardParams
 // from the validated views, picks fused or split, allocates the fp32 workspace stream-ordered
 // (O(L) memory: per-row statistics, the dQ accumulator in fused mode; plus, only when requested,
 // fp32 accumulators of dbias's own compact size and of drel_h / drel_w) and launches
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "cuda/backend.h"
+#include "cuda/backward_setup.h"
 #include "cuda/forward_setup.h"
 #include "cuda/common/backward_params.h"
 #include "cuda/common/online_softmax.cuh"
@@ -379,11 +381,17 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
 
 }  // namespace
 
-Status run(const AttentionBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
+Status run_dense_backward(const AttentionBackwardParams& a, const detail::ProblemShape& shape,
+                          const NeighborhoodGrid& grid, void* stream) {
   FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype));
-  const BackwardParams p = make_params(a, shape, /*varlen=*/false);
+  BackwardParams p = make_params(a, shape, /*varlen=*/false);
+  p.fwd.neighborhood = grid;
   return run_backward(p, a.options, a.backward_impl, plan_additive(a.grads, shape), a.q.dtype,
                       a.q.device.index, shape.batch, shape.seqlen_q, /*varlen=*/false, stream);
+}
+
+Status run(const AttentionBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  return run_dense_backward(a, shape, NeighborhoodGrid{}, stream);
 }
 
 Status run(const VarlenBackwardParams& a, const detail::ProblemShape& shape, void* stream) {

@@ -1,5 +1,7 @@
 // The one place where the backward's runtime values become template parameters:
-// dtype -> T, max(D, Dv) -> head-dim bucket. One policy (PolicyGeneral) serves every feature.
+// dtype -> T, max(D, Dv) -> head-dim bucket, layout -> policy. One policy (PolicyGeneral) serves
+// every feature of dense and varlen attention; neighborhood attention has its own mask
+// (PolicyNeighborhood).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -24,9 +26,8 @@ Status unsupported_head_dim(const BackwardParams& p) {
                                "1..256 each)");
 }
 
-template <typename T, bool kDkDv>
-Status launch(const BackwardParams& p, cudaStream_t stream) {
-  using P = PolicyGeneral;
+template <typename T, bool kDkDv, typename P>
+Status launch_policy(const BackwardParams& p, cudaStream_t stream) {
   switch (sm80::head_dim_bucket(max_dim(p))) {
 #define FMHA_CASE(D)                                              \
   case D:                                                         \
@@ -44,6 +45,12 @@ Status launch(const BackwardParams& p, cudaStream_t stream) {
     default:
       return unsupported_head_dim(p);
   }
+}
+
+template <typename T, bool kDkDv>
+Status launch(const BackwardParams& p, cudaStream_t stream) {
+  if (p.fwd.neighborhood.rank > 0) return launch_policy<T, kDkDv, PolicyNeighborhood>(p, stream);
+  return launch_policy<T, kDkDv, PolicyGeneral>(p, stream);
 }
 
 template <bool kDkDv>

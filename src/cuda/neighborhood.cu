@@ -2,12 +2,14 @@
 // flattened row-major, so NA runs as the forward kernel with the neighborhood mask policy
 // (cuda/common/neighborhood_mask.cuh): q [B, X1, (X2, (X3)), H, D] becomes [B, N, H, D] with one
 // token stride, lse [B, H, X...] becomes [B, H, N], and bias / rel-pos already index the flattened
-// grid. The backward has no CUDA kernel yet (backend_stub.cu refuses it).
+// grid. The backward flattens the same way and runs the dense backward with the same mask policy
+// (backward_setup.h).
 #include <cstdint>
 #include <limits>
 #include <string>
 
 #include "cuda/backend.h"
+#include "cuda/backward_setup.h"
 #include "cuda/common/forward_params.h"
 #include "cuda/dispatch_fwd.h"
 #include "cuda/forward_setup.h"
@@ -65,18 +67,57 @@ Status expect_token_stride(const TensorView& t, const char* name, int first_axis
       ": make it contiguous over its grid axes, or run on CPU tensors");
 }
 
+// `t` with its grid axes (dims first_axis .. first_axis + rank - 1) merged into one token dim of
+// the collapsed token stride: q [B, X..., H, D] -> [B, N, H, D], lse [B, H, X...] -> [B, H, N].
+// Views not given stay not given.
+Status flatten_grid(const TensorView& t, const char* name, int first_axis, int rank,
+                    TensorView* flat) {
+  *flat = t;
+  if (!t.defined()) return Status::ok_status();
+  std::int64_t stride = 0;
+  FMHA_RETURN_IF_ERROR(expect_token_stride(t, name, first_axis, rank, &stride));
+  std::int64_t tokens = 1;
+  for (int r = 0; r < rank; ++r) tokens *= t.shape[static_cast<std::size_t>(first_axis + r)];
+  flat->rank = t.rank - rank + 1;
+  flat->shape[static_cast<std::size_t>(first_axis)] = tokens;
+  flat->stride[static_cast<std::size_t>(first_axis)] = stride;
+  for (int d = first_axis + 1; d < flat->rank; ++d) {
+    const auto from = static_cast<std::size_t>(d + rank - 1), to = static_cast<std::size_t>(d);
+    flat->shape[to] = t.shape[from];
+    flat->stride[to] = t.stride[from];
+  }
+  return Status::ok_status();
+}
+
+NeighborhoodGrid grid_of(const NeighborhoodOptions& na, const detail::ProblemShape& shape) {
+  NeighborhoodGrid g;
+  g.rank = shape.grid_rank;
+  for (int r = 0; r < shape.grid_rank; ++r) {
+    const auto axis = static_cast<std::size_t>(r);
+    // Validation bounds each size by the token count and K * d by the size: all fit in int.
+    g.size[r] = static_cast<int>(shape.grid[axis]);
+    g.kernel[r] = static_cast<int>(na.kernel_size[axis]);
+    g.dilation[r] = static_cast<int>(na.dilation[axis]);
+    g.causal[r] = na.causal[axis];
+  }
+  return g;
+}
+
+Status check_token_count(const detail::ProblemShape& shape) {
+  if (shape.seqlen_q <= kMaxTokens) return Status::ok_status();
+  return Status::not_supported(
+      "fmha: the CUDA neighborhood attention kernels take grids of at most " +
+      std::to_string(kMaxTokens) + " tokens (32-bit token indices); got " +
+      std::to_string(shape.seqlen_q) + " tokens");
+}
+
 }  // namespace
 
 Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape, void* stream) {
   FMHA_RETURN_IF_ERROR(check_forward_dtype(a.q.dtype));
   const int rank = shape.grid_rank;
   if (shape.seqlen_q == 0 || shape.batch == 0 || shape.heads == 0) return Status::ok_status();
-  if (shape.seqlen_q > kMaxTokens) {
-    return Status::not_supported(
-        "fmha: the CUDA neighborhood attention kernel takes grids of at most " +
-        std::to_string(kMaxTokens) + " tokens (32-bit token indices); got " +
-        std::to_string(shape.seqlen_q) + " tokens");
-  }
+  FMHA_RETURN_IF_ERROR(check_token_count(shape));
   ForwardParams p;
   fill_forward_sizes(shape, &p);
   p.q = a.q.data;
@@ -99,18 +140,31 @@ Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape
     p.lse_batch_stride = a.lse.stride[0];
     p.lse_head_stride = a.lse.stride[1];
   }
-  p.neighborhood.rank = rank;
-  for (int r = 0; r < rank; ++r) {
-    const auto axis = static_cast<std::size_t>(r);
-    // Validation bounds each size by the token count and K * d by the size: all fit in int.
-    p.neighborhood.size[r] = static_cast<int>(shape.grid[axis]);
-    p.neighborhood.kernel[r] = static_cast<int>(a.neighborhood.kernel_size[axis]);
-    p.neighborhood.dilation[r] = static_cast<int>(a.neighborhood.dilation[axis]);
-    p.neighborhood.causal[r] = a.neighborhood.causal[axis];
-  }
+  p.neighborhood = grid_of(a.neighborhood, shape);
   fill_forward_options(a.options, shape, &p);
   fill_forward_alignment(a.q, a.k, a.v, a.out, a.options, &p);
   return launch_forward_kernel(p, a.q, stream);
+}
+
+// The backward is the dense backward on the flattened views, with the grid's mask policy.
+Status run(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  FMHA_RETURN_IF_ERROR(check_token_count(shape));
+  const int rank = shape.grid_rank;
+  AttentionBackwardParams dense;
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.q, "q", 1, rank, &dense.q));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.k, "k", 1, rank, &dense.k));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.v, "v", 1, rank, &dense.v));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.out, "out", 1, rank, &dense.out));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.dout, "dout", 1, rank, &dense.dout));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.lse, "lse", 2, rank, &dense.lse));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.dlse, "dlse", 2, rank, &dense.dlse));
+  dense.options = a.options;
+  dense.backward_impl = a.backward_impl;
+  dense.grads = a.grads;  // bias, rel-pos and extra-key gradients are not grid-shaped
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dq, "grads.dq", 1, rank, &dense.grads.dq));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dk, "grads.dk", 1, rank, &dense.grads.dk));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dv, "grads.dv", 1, rank, &dense.grads.dv));
+  return run_dense_backward(dense, shape, grid_of(a.neighborhood, shape), stream);
 }
 
 }  // namespace fmha::cuda

@@ -1,7 +1,9 @@
 // The CUDA neighborhood mask policy (src/cuda/common/neighborhood_mask.cuh) checked on the host,
 // no GPU needed: for many grids and every block of consecutive query rows, key_range() must cover
 // every key a row sees, tile_is_full() may claim only tiles every row sees entirely, and visible()
-// must equal the SPEC §6 mask of the naive oracle (tests/naive), which is written from the formula.
+// must equal the SPEC §6 mask of the naive oracle (tests/naive), which is written from the formula;
+// for the backward, column_window() must give exactly the queries that see a key and
+// query_range() must cover them for every block of consecutive keys.
 #include <cuda_runtime.h>  // defines __host__ / __device__ for the host compiler
 #include <gtest/gtest.h>
 
@@ -62,6 +64,36 @@ void check_geometry(const Geometry& geo) {
     }
     for (int j = 0; j < tokens; ++j) {  // rows past the end see nothing
       EXPECT_FALSE(policy.visible(tokens + i % 8, j));
+    }
+  }
+  // The backward's transposed geometry: the queries that see key j are exactly the rows for
+  // which visible(i, j) holds, and query_range() covers them for every block of keys.
+  for (int j = 0; j < tokens + 8; ++j) {
+    const fmha::cuda::neighborhood::RowWindow column = policy.column_window(j);
+    for (int i = 0; i < tokens; ++i) {
+      const bool expected = j < tokens && sees(i, j);
+      const bool got =
+          fmha::cuda::neighborhood::window_sees(grid, column, fmha::cuda::neighborhood::coords_of(grid, i));
+      if (got != expected && ++wrong <= 5) {
+        ADD_FAILURE() << "column_window(" << j << ") says query " << i << (got ? " sees" : " does not see")
+                      << " it";
+      }
+    }
+  }
+  for (int block : {1, 7, 16, 32, 64}) {
+    for (int first = 0; first < tokens; first += block) {
+      const int last = first + block - 1 < tokens ? first + block - 1 : tokens - 1;
+      const fmha::cuda::KeyRange range = policy.query_range(first, last);
+      EXPECT_GE(range.begin, 0);
+      EXPECT_LE(range.end, tokens);
+      for (int j = first; j <= last; ++j) {
+        for (int i = 0; i < tokens; ++i) {
+          if (sees(i, j) && (i < range.begin || i >= range.end) && ++wrong <= 5) {
+            ADD_FAILURE() << "keys [" << first << ", " << last << "] query range [" << range.begin
+                          << ", " << range.end << ") misses query " << i << " of key " << j;
+          }
+        }
+      }
     }
   }
   // Blocks of consecutive rows (sizes of the kernel's block_m and others) and tiles of 64 / 32 /

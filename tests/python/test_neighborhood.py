@@ -1,5 +1,6 @@
 """fmha.na1d / na2d / na3d: kernel size, dilation, per-axis causality, extra keys and sinks,
-forward and gradients against the float64 reference built from SPEC §6; gradcheck."""
+forward and gradients against the float64 reference built from SPEC §6 (CPU and CUDA, the CUDA
+backward required to run); gradcheck."""
 
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ CASES = {
     "2d_extra_kv_sinks": ((4, 5), (3, 3), 1, False, {"extra_kv": 2, "sinks": True, "scale": 0.6}),
     "3d": ((3, 4, 5), (3, 2, 3), (1, 2, 1), False, {}),
     "3d_causal_mixed": ((4, 3, 5), 3, 1, (False, True, True), {"extra_kv": 1}),
+    "2d_dilation_not_dividing": ((9, 11), (3, 4), (2, 2), (False, True), {}),
+    "2d_kernel_is_grid": ((5, 7), (5, 7), 1, False, {"sinks": True}),
 }
+
+# Cases whose forward and backward must run on the CUDA backend (no refusal, no skip): every grid
+# rank, dilation, per-axis causality, extra keys, sinks, GQA.
+CUDA_BACKWARD_CASES = ["1d_causal_dilated", "2d_per_axis", "2d_extra_kv_sinks", "3d",
+                       "3d_causal_mixed", "2d_dilation_not_dividing", "2d_kernel_is_grid"]
 
 
 def _per_axis(value, n):
@@ -72,6 +80,23 @@ def test_matches_reference(case, device, dtype):
     grid, kernel_size, dilation, is_causal, extras = CASES[case]
     run_fmha, run_reference = runners(grid, kernel_size, dilation, is_causal, extras)
     compare(device, dtype, run_fmha, run_reference, make_inputs(grid, extras))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("case", CUDA_BACKWARD_CASES)
+def test_cuda_backward(case, dtype):
+    """The CUDA backend runs the NA backward (a refusal fails here instead of skipping), with GQA,
+    and every gradient matches the float64 reference within SPEC §13."""
+    grid, kernel_size, dilation, is_causal, extras = CASES[case]
+    run_fmha, run_reference = runners(grid, kernel_size, dilation, is_causal, extras)
+    inputs = make_inputs(grid, extras, h=4, hkv=2, d=32, dv=24, seed=3)
+    leaves = {name: x.detach().to("cuda", torch.float32 if name == "sinks" else dtype).requires_grad_(True)
+              for name, x in inputs.items()}  # fmt: skip
+    out, lse = run_fmha(**leaves)
+    (out.float().sum() + torch.where(torch.isfinite(lse), lse, 0).sum()).backward()
+    assert all(x.grad is not None for x in leaves.values())
+    compare("cuda", dtype, run_fmha, run_reference, inputs)
 
 
 @pytest.mark.parametrize("case", ["1d_causal_dilated", "2d_extra_kv_sinks", "3d_causal_mixed"])

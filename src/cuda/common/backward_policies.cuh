@@ -3,8 +3,9 @@
 //   query_range(mask, first_key, last_key): the mask's key_range transposed, i.e. the queries that
 //     can see any key of a block (the dK/dV kernel skips every other query tile);
 //   visible_queries / visible_keys: visible(i, j) for one key against a tile of queries (or one
-//     query against a tile of keys) as an interval of tile offsets, computed once per row so that
-//     the per-element test of a partial tile is two int compares;
+//     query against a tile of keys), computed once per row, with contains(offset): an interval of
+//     tile offsets for causal / window masks (two int compares per element), one token's per-axis
+//     window for neighborhood masks;
 //   accumulate_additive_grad(p, b, h, i, j, ds): the gradient hook of the additive modifiers,
 //     dS of element (i, j) into dbias / drel_h / drel_w (SPEC §4, §5);
 //   score_with_grad(scores, dot, &grad): the forward's transform, plus d(score)/d(scale * dot),
@@ -38,10 +39,18 @@ __device__ inline QueryRange query_range(const MaskWindow& m, std::int64_t first
   return {lo > 0 ? lo : 0, hi < num_queries ? hi : num_queries};
 }
 
+__device__ inline QueryRange query_range(const MaskNeighborhood& m, std::int64_t first_key,
+                                         std::int64_t last_key, std::int64_t) {
+  const KeyRange r = m.query_range(first_key, last_key);
+  return {r.begin, r.end};
+}
+
 // Inclusive interval of offsets in a tile; empty when lo > hi.
 struct TileBounds {
   int lo, hi;
   __device__ bool contains(int x) const { return x >= lo && x <= hi; }
+  // Offsets 0 .. count - 1 (extra keys: every query sees each one that exists).
+  __device__ static TileBounds prefix(int count) { return {0, count - 1}; }
 };
 
 __device__ inline TileBounds clamp_bounds(std::int64_t lo, std::int64_t hi, int tile) {
@@ -71,6 +80,35 @@ __device__ inline TileBounds visible_keys(const MaskWindow& m, std::int64_t i,
   const std::int64_t d = i + m.offset;
   const std::int64_t hi = d + m.right < m.num_keys - 1 ? d + m.right : m.num_keys - 1;
   return clamp_bounds(d - m.left - first_key, hi - first_key, tile);
+}
+
+// Neighborhood masks: the visible offsets of a tile of consecutive tokens are no interval (grid
+// rows, dilation groups), so the answer keeps one token's per-axis window and tests each offset's
+// coordinates against it.
+struct NeighborhoodTileTest {
+  const NeighborhoodGrid* grid;
+  neighborhood::RowWindow window;
+  int first;       // token of offset 0
+  int num_tokens;  // offsets reaching past the grid see nothing
+  int prefix_end;  // offsets below it are visible regardless (extra keys); 0 otherwise
+  __device__ bool contains(int x) const {
+    if (x < prefix_end) return true;
+    const int token = first + x;
+    return token < num_tokens &&
+           neighborhood::window_sees(*grid, window, neighborhood::coords_of(*grid, token));
+  }
+  __device__ static NeighborhoodTileTest prefix(int count) {
+    return {nullptr, neighborhood::empty_window(), 0, 0, count};
+  }
+};
+__device__ inline NeighborhoodTileTest visible_queries(const MaskNeighborhood& m, std::int64_t j,
+                                                       std::int64_t first_query, int) {
+  return {m.grid, m.column_window(j), static_cast<int>(first_query), static_cast<int>(m.num_tokens),
+          0};
+}
+__device__ inline NeighborhoodTileTest visible_keys(const MaskNeighborhood& m, std::int64_t i,
+                                                    std::int64_t first_key, int) {
+  return {m.grid, m.row_window(i), static_cast<int>(first_key), static_cast<int>(m.num_tokens), 0};
 }
 
 __device__ __forceinline__ float score_with_grad(const ScoreScale& s, float dot, float* grad) {

@@ -54,6 +54,28 @@ __host__ __device__ __forceinline__ AxisWindow axis_window(const NeighborhoodGri
   return {group + d * first, group + d * last};
 }
 
+// SPEC §6 read the other way, for the backward: the query coordinates on axis r whose window holds
+// key coordinate y (same dilation group, positions first .. last). Both window bounds grow with the
+// query position p, so these form an interval. Non-causal: the window ends at or after position t
+// of y iff p >= t - K + 1 + K/2 (or always, when t < K, the window then starting at 0), and starts
+// at or before t iff p <= t + K/2 (or always, when t >= n - K, the window never starting past
+// n - K). Causal: max(p - K + 1, 0) <= t <= p iff t <= p <= t + K - 1.
+__host__ __device__ __forceinline__ AxisWindow axis_window_transposed(const NeighborhoodGrid& g,
+                                                                      int r, int y) {
+  const int d = g.dilation[r], k = g.kernel[r];
+  const int group = y % d, t = y / d;
+  const int n = (g.size[r] - group + d - 1) / d;
+  int first, last;
+  if (g.causal[r]) {
+    first = t;
+    last = min_int(t + k - 1, n - 1);
+  } else {
+    first = t >= k ? t - k + 1 + k / 2 : 0;
+    last = t >= n - k ? n - 1 : min_int(t + k / 2, n - 1);
+  }
+  return {group + d * first, group + d * last};
+}
+
 // Row-major coordinates of token `token` (axis 2 innermost).
 struct Coords {
   int x[3];
@@ -75,6 +97,14 @@ __host__ __device__ __forceinline__ RowWindow row_window(const NeighborhoodGrid&
   const Coords c = coords_of(g, query);
   RowWindow w;
   for (int r = 0; r < 3; ++r) w.axis[r] = axis_window(g, r, c.x[r]);
+  return w;
+}
+
+// The queries that see one key, axis by axis (a RowWindow over query coordinates).
+__host__ __device__ __forceinline__ RowWindow column_window(const NeighborhoodGrid& g, int key) {
+  const Coords c = coords_of(g, key);
+  RowWindow w;
+  for (int r = 0; r < 3; ++r) w.axis[r] = axis_window_transposed(g, r, c.x[r]);
   return w;
 }
 
@@ -147,6 +177,48 @@ struct MaskNeighborhood {
       span = inner;
     }
     return {begin, end};
+  }
+
+  // The backward's transposed question: the queries that see a key of [first_key, last_key], as
+  // one flattened range, from per-axis bounds like key_range()'s. The keys' coordinates span
+  // [ymin, ymax] per axis; the lowest query coordinate seeing one of them is at least
+  // d * first(ymin / d) (first does not depend on the group length and grows with t), the highest
+  // at most (d - 1) + d * last(ymax / d) with last bounded over both group lengths.
+  __host__ __device__ KeyRange query_range(std::int64_t first_key, std::int64_t last_key) const {
+    const NeighborhoodGrid& g = *grid;
+    const int first = static_cast<int>(first_key);
+    const int last = static_cast<int>(last_key < num_tokens ? last_key : num_tokens - 1);
+    if (first > last) return {0, 0};
+    int span = static_cast<int>(num_tokens);
+    int begin = 0, end = 1;
+    for (int r = 0; r < 3; ++r) {
+      const int size = g.size[r], inner = span / size;
+      const bool same_outer = first / span == last / span;
+      const int ymin = same_outer ? first / inner % size : 0;
+      const int ymax = same_outer ? last / inner % size : size - 1;
+      const int d = g.dilation[r], k = g.kernel[r];
+      const int tmin = ymin / d, tmax = ymax / d;
+      const int shortest = size / d, longest = (size + d - 1) / d;
+      int pmin, pmax;
+      if (g.causal[r]) {
+        pmin = tmin;
+        pmax = neighborhood::min_int(tmax + k - 1, longest - 1);
+      } else {
+        pmin = tmin >= k ? tmin - k + 1 + k / 2 : 0;
+        pmax =
+            tmax >= shortest - k ? longest - 1 : neighborhood::min_int(tmax + k / 2, longest - 1);
+      }
+      begin += d * pmin * inner;
+      end += neighborhood::min_int(d - 1 + d * pmax, size - 1) * inner;
+      span = inner;
+    }
+    return {begin, end};
+  }
+
+  // The queries that see key j, axis by axis; nothing for keys past the last token.
+  __host__ __device__ neighborhood::RowWindow column_window(std::int64_t j) const {
+    return j < num_tokens ? neighborhood::column_window(*grid, static_cast<int>(j))
+                          : neighborhood::empty_window();
   }
 
   // Provably full only on a 1-D grid without dilation (axis 0 carries it): there both window

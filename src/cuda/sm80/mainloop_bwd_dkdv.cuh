@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kDqGroup = kDqCols % 32 == 0 ? 32 : 16;
   static_assert(kDqCols % kDqGroup == 0 && kDqGroup % 16 == 0, "dQ columns in whole k16 steps");
   using Mask = typename Policy::Mask;
+  using QueryTest = decltype(visible_queries(Mask{}, std::int64_t{}, std::int64_t{}, 0));
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
   const ForwardParams& f = p.fwd;
@@ -206,13 +207,13 @@ __global__ void __launch_bounds__(kThreads)
     const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
     const bool additive = !extra && has_additive(scores);
     const bool additive_grad = !extra && has_additive_grad(p);
-    // Queries of the tile that see each of this thread's two keys (all of them on full tiles).
-    TileBounds seen[2];
+    // Queries of the tile that see each of this thread's two keys (all of them for an extra key).
+    QueryTest seen[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const std::int64_t j = key_row + 8 * half;
       if (extra) {
-        seen[half] = j - n0 < valid_keys ? TileBounds{0, kM - 1} : TileBounds{0, -1};
+        seen[half] = j - n0 < valid_keys ? QueryTest::prefix(kM) : QueryTest::prefix(0);
       } else {
         seen[half] = visible_queries(mask, j, m0, kM);
       }

@@ -27,6 +27,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kScoreTiles = kN / 8;
   constexpr int kOutTiles = kD / 8;
   using Mask = typename Policy::Mask;
+  using KeyTest = decltype(visible_keys(Mask{}, std::int64_t{}, std::int64_t{}, 0));
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
   const ForwardParams& f = p.fwd;
@@ -177,10 +178,10 @@ __global__ void __launch_bounds__(kThreads)
 
     const bool additive = !tile.extra && has_additive(scores);
     // Keys of the tile that each of this thread's two rows sees.
-    TileBounds seen[2];
+    KeyTest seen[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      seen[r] = tile.extra ? TileBounds{0, tile.valid - 1}
+      seen[r] = tile.extra ? KeyTest::prefix(tile.valid)
                            : visible_keys(mask, fragment_row + 8 * r, tile.first_key, kN);
     }
 #pragma unroll

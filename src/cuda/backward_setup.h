@@ -1,0 +1,18 @@
+// The backward's entry into its kernels for a layout that is dense attention underneath:
+// neighborhood attention (neighborhood.cu) flattens its grid into one token dimension and runs
+// the dense backward with its grid's mask policy. Defined in backward.cu.
+#pragma once
+
+#include "api/problem.h"
+#include "cuda/common/forward_params.h"
+#include "fmha/params.h"
+#include "fmha/status.h"
+
+namespace fmha::cuda {
+
+// The dense backward of `a` (q [B, L, H, D], lse [B, H, L], ...) under the neighborhood mask of
+// `grid` (rank 0: no neighborhood mask, plain dense attention).
+Status run_dense_backward(const AttentionBackwardParams& a, const detail::ProblemShape& shape,
+                          const NeighborhoodGrid& grid, void* stream);
+
+}  // namespace fmha::cuda
