@@ -43,17 +43,17 @@ struct ScoreScale {
 template <typename T>
 struct ScoreModifiers {
   float scale_log2, softcap_log2, scale_over_softcap;
-  const std::uint16_t* bias;  // already offset to (b, h); nullptr when absent
-  std::int64_t bias_row_stride, bias_col_stride;
+  const std::uint16_t* bias;   // already offset to (b, h); nullptr when absent
   const std::uint16_t* rel_h;  // already offset to (b, h); nullptr when absent
   const std::uint16_t* rel_w;
-  std::int64_t rel_h_row_stride, rel_h_col_stride, rel_w_row_stride, rel_w_col_stride;
-  std::int64_t rel_w_size;
+  // Strides, Wk and the staging pitch are read in place from the kernel's parameters (constant
+  // memory) rather than copied: cold values that would otherwise hold ~20 registers.
+  const ForwardParams* params;
   std::int64_t num_queries, num_keys;
   // Rel-pos rows of the block's queries in shared memory (stage_rel_pos), or nullptr.
   const std::uint16_t* rel_staged;
   std::int64_t rel_staged_first_row;
-  int rel_staged_pitch, rel_h_size;
+  int rel_h_size;
 
   __device__ static ScoreModifiers make(const ForwardParams& p, std::int64_t b, std::int64_t h,
                                         std::int64_t num_queries, std::int64_t num_keys) {
@@ -64,46 +64,41 @@ struct ScoreModifiers {
     m.bias = p.bias == nullptr ? nullptr
                                : static_cast<const std::uint16_t*>(p.bias) + b * p.bias_stride[0] +
                                      h * p.bias_stride[1];
-    m.bias_row_stride = p.bias_stride[2];
-    m.bias_col_stride = p.bias_stride[3];
     m.rel_h = p.rel_h == nullptr ? nullptr
                                  : static_cast<const std::uint16_t*>(p.rel_h) +
                                        b * p.rel_h_stride[0] + h * p.rel_h_stride[1];
     m.rel_w = p.rel_w == nullptr ? nullptr
                                  : static_cast<const std::uint16_t*>(p.rel_w) +
                                        b * p.rel_w_stride[0] + h * p.rel_w_stride[1];
-    m.rel_h_row_stride = p.rel_h_stride[2];
-    m.rel_h_col_stride = p.rel_h_stride[3];
-    m.rel_w_row_stride = p.rel_w_stride[2];
-    m.rel_w_col_stride = p.rel_w_stride[3];
-    m.rel_w_size = p.rel_w_size;
+    m.params = &p;
     m.num_queries = num_queries;
     m.num_keys = num_keys;
     m.rel_staged = nullptr;
     m.rel_staged_first_row = 0;
-    m.rel_staged_pitch = p.rel_staged_pitch;
     m.rel_h_size = static_cast<int>((num_keys + p.rel_w_size - 1) / p.rel_w_size);
     return m;
   }
 
   // Copies the rel_h | rel_w rows of queries [first_row, first_row + rows) to `smem` (row pitch
-  // rel_staged_pitch), zeros for rows past the sequence, when the launch sized shared memory for
-  // it; add_bias then reads them there. Every thread of the block calls it; the caller's next
-  // barrier publishes the rows.
+  // rel_staged_pitch; rel_w starts at an even element), zeros for rows past the sequence, when the
+  // launch sized shared memory for it; add_bias then reads them there. Every thread of the block
+  // calls it; the caller's next barrier publishes the rows.
   __device__ void stage_rel_pos(std::uint16_t* smem, std::int64_t first_row, int rows) {
-    if (rel_h == nullptr || rel_staged_pitch == 0) return;
-    const int width = rel_h_size + static_cast<int>(rel_w_size);
+    if (rel_h == nullptr || params->rel_staged_pitch == 0) return;
+    const int rel_w_offset = (rel_h_size + 1) & ~1;  // even, for 32-bit pair loads
+    const int width = rel_w_offset + static_cast<int>(params->rel_w_size);
     for (int index = static_cast<int>(threadIdx.x); index < rows * width;
          index += static_cast<int>(blockDim.x)) {
       const int r = index / width;
       const int c = index % width;
       const std::int64_t i = first_row + r;
       std::uint16_t x = 0;
-      if (i < num_queries) {
-        x = c < rel_h_size ? rel_h[i * rel_h_row_stride + c * rel_h_col_stride]
-                           : rel_w[i * rel_w_row_stride + (c - rel_h_size) * rel_w_col_stride];
+      if (i < num_queries && c < rel_h_size) {
+        x = rel_h[i * params->rel_h_stride[2] + c * params->rel_h_stride[3]];
+      } else if (i < num_queries && c >= rel_w_offset) {
+        x = rel_w[i * params->rel_w_stride[2] + (c - rel_w_offset) * params->rel_w_stride[3]];
       }
-      smem[r * rel_staged_pitch + c] = x;
+      smem[r * params->rel_staged_pitch + c] = x;
     }
     rel_staged = smem;
     rel_staged_first_row = first_row;
@@ -139,7 +134,8 @@ struct ScoreModifiers {
         for (int e = 0; e < 4; ++e) {
           const std::int64_t i = row + (e >= 2 ? 8 : 0), j = col + t * 8 + (e & 1);
           if (i < num_queries && j < num_keys) {
-            s[t][e] += tile::Dtype<T>::to_float(bias[i * bias_row_stride + j * bias_col_stride]) *
+            s[t][e] += tile::Dtype<T>::to_float(
+                           bias[i * params->bias_stride[2] + j * params->bias_stride[3]]) *
                        kLog2e;
           }
         }
@@ -155,18 +151,43 @@ struct ScoreModifiers {
     }
   }
 
-  // Rel-pos from the staged rows: key column j = col + 8t + e sits at grid position (jh, jw),
-  // walked incrementally (no division per element); both of this thread's rows share it. Keys
-  // past the sequence get nothing (they are masked); rows past it read the staged zeros.
+  // Rel-pos from the staged rows (rel_h padded to an even count, then rel_w): key column
+  // j = col + 8t + e sits at grid position (jh, jw), walked incrementally (no division per
+  // element); both of this thread's rows share it. col is even (tiles start at even keys), so
+  // with an even Wk the pair (j, j + 1) never wraps and rel_w comes as one 32-bit load. Keys past
+  // the sequence get nothing (they are masked); rows past it read the staged zeros.
   template <int kTiles>
   __device__ void add_staged_rel_pos(float (&s)[kTiles][4], std::int64_t row,
                                      std::int64_t col) const {
-    const int width = static_cast<int>(rel_w_size);
-    const std::uint16_t* row0 = rel_staged + (row - rel_staged_first_row) * rel_staged_pitch;
-    const std::uint16_t* row8 = row0 + 8 * rel_staged_pitch;
+    using Convert = tile::Dtype<T>;
+    const int width = static_cast<int>(params->rel_w_size);
+    const int rel_w_offset = (rel_h_size + 1) & ~1;
+    const std::uint16_t* row0 =
+        rel_staged + (row - rel_staged_first_row) * params->rel_staged_pitch;
+    const std::uint16_t* row8 = row0 + 8 * params->rel_staged_pitch;
     const int first = static_cast<int>(col);
     int jh = first / width;
     int jw = first - jh * width;
+    if (width % 2 == 0) {
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        if (first + t * 8 < num_keys) {
+          const float h0 = Convert::to_float(row0[jh]);
+          const float h8 = Convert::to_float(row8[jh]);
+          const std::uint32_t w0 =
+              *reinterpret_cast<const std::uint32_t*>(row0 + rel_w_offset + jw);
+          const std::uint32_t w8 =
+              *reinterpret_cast<const std::uint32_t*>(row8 + rel_w_offset + jw);
+          s[t][0] += (h0 + Convert::to_float(static_cast<std::uint16_t>(w0))) * kLog2e;
+          s[t][1] += (h0 + Convert::to_float(static_cast<std::uint16_t>(w0 >> 16))) * kLog2e;
+          s[t][2] += (h8 + Convert::to_float(static_cast<std::uint16_t>(w8))) * kLog2e;
+          s[t][3] += (h8 + Convert::to_float(static_cast<std::uint16_t>(w8 >> 16))) * kLog2e;
+        }
+        jw += 8;
+        while (jw >= width) jw -= width, ++jh;
+      }
+      return;
+    }
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
@@ -174,10 +195,10 @@ struct ScoreModifiers {
         int h = jh, w = jw + e;
         if (w >= width) w -= width, ++h;
         if (first + t * 8 + e < num_keys) {
-          s[t][e] += (tile::Dtype<T>::to_float(row0[h]) +
-                      tile::Dtype<T>::to_float(row0[rel_h_size + w])) * kLog2e;
-          s[t][2 + e] += (tile::Dtype<T>::to_float(row8[h]) +
-                          tile::Dtype<T>::to_float(row8[rel_h_size + w])) * kLog2e;
+          s[t][e] +=
+              (Convert::to_float(row0[h]) + Convert::to_float(row0[rel_w_offset + w])) * kLog2e;
+          s[t][2 + e] +=
+              (Convert::to_float(row8[h]) + Convert::to_float(row8[rel_w_offset + w])) * kLog2e;
         }
       }
       jw += 8;
@@ -192,13 +213,16 @@ struct ScoreModifiers {
     if (i >= num_queries || j >= num_keys) return 0.0f;
     float add = 0.0f;
     if (bias != nullptr) {
-      add += tile::Dtype<T>::to_float(bias[i * bias_row_stride + j * bias_col_stride]);
+      add +=
+          tile::Dtype<T>::to_float(bias[i * params->bias_stride[2] + j * params->bias_stride[3]]);
     }
     if (rel_h != nullptr) {
-      const std::int64_t jh = j / rel_w_size;
-      const std::int64_t jw = j - jh * rel_w_size;
-      add += tile::Dtype<T>::to_float(rel_h[i * rel_h_row_stride + jh * rel_h_col_stride]) +
-             tile::Dtype<T>::to_float(rel_w[i * rel_w_row_stride + jw * rel_w_col_stride]);
+      const std::int64_t jh = j / params->rel_w_size;
+      const std::int64_t jw = j - jh * params->rel_w_size;
+      add += tile::Dtype<T>::to_float(
+                 rel_h[i * params->rel_h_stride[2] + jh * params->rel_h_stride[3]]) +
+             tile::Dtype<T>::to_float(
+                 rel_w[i * params->rel_w_stride[2] + jw * params->rel_w_stride[3]]);
     }
     return add * kLog2e;
   }

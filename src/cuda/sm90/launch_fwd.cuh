@@ -22,10 +22,11 @@ inline int max_block_smem() {
   return bytes;
 }
 
-// Pitch of the staged rel_h | rel_w rows: an even count of 16-bit elements whose byte stride is 4
-// modulo 128, so that the 8 rows a warp reads at once fall in 8 different banks.
-inline int rel_staged_pitch(std::int64_t width) {
-  return static_cast<int>((width + 63) / 64 * 64 + 2);
+// Pitch of the staged rel_h | rel_w rows (rel_h padded to an even count): a byte stride of 16
+// modulo 128, so that the 8 rows x 4 pair loads of a warp's fragment fall in 32 different banks.
+inline int rel_staged_pitch(std::int64_t rel_h_size, std::int64_t rel_w_size) {
+  const std::int64_t width = (rel_h_size + 1) / 2 * 2 + rel_w_size;
+  return static_cast<int>((width + 63) / 64 * 64 + 8);
 }
 
 }  // namespace detail
@@ -36,10 +37,11 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   int smem = tile_smem_bytes<kD>() + kSmemAlignSlack;
   // SAM-style rel-pos: stage the block's rel_h | rel_w rows in shared memory when they fit.
   if (p.rel_h != nullptr && p.cu_seqlens_q == nullptr && p.seqlen_k < (std::int64_t{1} << 31)) {
-    const std::int64_t width = (p.seqlen_k + p.rel_w_size - 1) / p.rel_w_size + p.rel_w_size;
-    const std::int64_t staged = std::int64_t{kBlockM} * detail::rel_staged_pitch(width) * 2;
+    const int pitch =
+        detail::rel_staged_pitch((p.seqlen_k + p.rel_w_size - 1) / p.rel_w_size, p.rel_w_size);
+    const std::int64_t staged = std::int64_t{block_m(kD)} * pitch * 2;
     if (smem + staged <= detail::max_block_smem()) {
-      p.rel_staged_pitch = detail::rel_staged_pitch(width);
+      p.rel_staged_pitch = pitch;
       smem += static_cast<int>(staged);
     }
   }
@@ -50,9 +52,10 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
                                  std::to_string(smem) +
                                  " bytes of shared memory: " + cudaGetErrorString(e));
   }
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kBlockM - 1) / kBlockM),
-                  static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  constexpr int kM = block_m(kD);
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kM - 1) / kM), static_cast<unsigned>(p.heads),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, threads(kD), smem, stream>>>(p);
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA forward kernel (sm90) launch failed: ") +

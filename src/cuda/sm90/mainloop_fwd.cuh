@@ -1,6 +1,6 @@
 // The sm90 forward kernel (wgmma / cp.async; sm_90a only).
 //
-// One block computes kBlockM = 128 query rows of one (batch, head): two warpgroups of 64 rows. It
+// One block computes block_m(D) query rows of one (batch, head): warpgroups of 64 rows each. It
 // walks the key tiles that its mask policy leaves visible, then the extra-key tiles, with the
 // same policies, online softmax and epilogue contract as the sm80 kernel: scores come out of the
 // wgmma accumulators in the m16n8 fragment layout that the policies already work on.
@@ -27,12 +27,12 @@ namespace fmha::cuda::sm90 {
 // Copies a [kRows, kD] tile of 16-bit elements (rows `row_stride` apart) into the swizzled layout
 // at shared address `dst`, zero-filling rows >= valid_rows and columns >= cols (no garbage, maybe
 // NaN, may meet a zero probability or a zero q column in a product).
-template <int kRows, int kD>
+template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* gmem,
                                                 std::int64_t row_stride, int valid_rows, int cols,
                                                 bool vector_loads) {
   using Tile = SwizzledTile<kRows, kD>;
-  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  constexpr int kChunks = kD / 8;               // 16-byte chunks per row
   constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's chunks, when whole
   if constexpr (kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0) {
     if (vector_loads) {
@@ -53,10 +53,10 @@ __device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::ui
     }
   }
   if (vector_loads) {
-    static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over threads");
 #pragma unroll
-    for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
+    for (int it = 0; it < (kRows * kChunks + kThreads - 1) / kThreads; ++it) {
       const int index = it * kThreads + static_cast<int>(threadIdx.x);
+      if ((kRows * kChunks) % kThreads != 0 && index >= kRows * kChunks) break;
       const int r = index / kChunks;
       const int c = index % kChunks;
       const bool inside = r < valid_rows && c * 8 < cols;
@@ -100,16 +100,17 @@ __device__ __forceinline__ void qk_product(float (&s)[kTiles][4], std::uint32_t 
 // Shared memory of Q and the K/V stages; the staged rel-pos rows (if any) follow.
 template <int kD>
 constexpr int tile_smem_bytes() {
-  return SwizzledTile<kBlockM, kD>::kBytes +
+  return SwizzledTile<block_m(kD), kD>::kBytes +
          2 * kv_stages(kD) * SwizzledTile<block_n(kD), kD>::kBytes;
 }
 // + 1024: the dynamic shared-memory base is rounded up to the swizzle period.
 inline constexpr int kSmemAlignSlack = 1024;
 
 template <typename T, int kD, typename Policy>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(threads(kD), 1)
     forward_kernel(const __grid_constant__ ForwardParams p) {
-  constexpr int kM = kBlockM;
+  constexpr int kM = block_m(kD);
+  constexpr int kThreads = threads(kD);
   constexpr int kN = block_n(kD);
   constexpr int kStages = kv_stages(kD);
   constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a warp's 16 x kN scores
@@ -192,15 +193,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto load_keys = [&](std::int64_t u, int stage) {
     const KeySource t = key_source(u);
-    load_tile_async<kN, kD>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
-                            p.vector_loads);
-    load_tile_async<kN, kD>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
-                            p.vector_loads);
+    load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
+                                      p.vector_loads);
+    load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
+                                      p.vector_loads);
   };
 
   // Commit groups: {Q, tile 0}, {tile 1}, .., {tile stages - 2}, then one per iteration (maybe
   // empty), so that when tile u is needed exactly stages - 2 later groups may still be in flight.
-  load_tile_async<kM, kD>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
+  load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
   scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + tile_smem_bytes<kD>()), m0,
                        kM);
 #pragma unroll
@@ -279,7 +280,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(o);
-
   }
 
   // Epilogue. Q's copy must have landed before its rows are reused for the output (it is still
@@ -330,7 +330,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<const uint4*>(staged);
     } else {
       const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
-      for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e) out[r * p.out_row_stride + c * 8 + e] = x[e];
+      for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e)
+        out[r * p.out_row_stride + c * 8 + e] = x[e];
     }
   }
 }

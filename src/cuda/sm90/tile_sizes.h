@@ -4,14 +4,23 @@
 
 namespace fmha::cuda::sm90 {
 
-// Two warpgroups of 4 warps; each owns 64 query rows (one m64 wgmma row block), so a block holds
-// 128 queries and loads each K/V tile once for all of them.
-inline constexpr int kWarpGroups = 2;
-inline constexpr int kThreads = kWarpGroups * 128;
-inline constexpr int kBlockM = kWarpGroups * 64;
+// Warpgroups of 4 warps, each owning 64 query rows (one m64 wgmma row block); a block loads each
+// K/V tile once for all of them, and while one warpgroup runs its softmax the other keeps the
+// tensor cores busy. Measured on an H100 (bf16, D 64, 16k tokens): three warpgroups (192 rows,
+// 96-key tiles, 168 registers) gain 3-9% from L 8192 on but lose 10-20% below L 4096 and under
+// causal masks (larger blocks: fewer of them, more masked work on the diagonal), so two.
+constexpr int warp_groups(int) {
+  return 2;
+}
+constexpr int threads(int head_dim_bucket) {
+  return warp_groups(head_dim_bucket) * 128;
+}
+constexpr int block_m(int head_dim_bucket) {
+  return warp_groups(head_dim_bucket) * 64;
+}
 
-// Keys per tile: 128 up to D = 128 (the score tile costs kN / 2 floats a thread, 64, next to the
-// D / 2 of the output); 64 above, where the output accumulator alone takes up to 128.
+// Keys per tile: the score tile costs kN / 2 floats a thread next to the D / 2 of the output.
+// 128 up to D = 128; 64 above, where the output accumulator alone takes up to 128.
 constexpr int block_n(int head_dim_bucket) {
   return head_dim_bucket <= 128 ? 128 : 64;
 }
