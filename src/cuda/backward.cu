@@ -14,10 +14,10 @@
 
 #include "cuda/backend.h"
 #include "cuda/backward_setup.h"
-#include "cuda/forward_setup.h"
 #include "cuda/common/backward_params.h"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/dispatch_bwd.h"
+#include "cuda/forward_setup.h"
 
 namespace fmha::cuda {
 namespace {
@@ -73,7 +73,7 @@ Status check_supported(DType dtype) {
   return Status::ok_status();
 }
 
-Status check_device(int device, int* sm_count) {
+Status check_device(int device, int* sm_count, int* arch) {
   int major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (e == cudaSuccess)
@@ -87,6 +87,7 @@ Status check_device(int device, int* sm_count) {
         "mma.sync tensor cores); detected GPU: sm_" +
         std::to_string(major * 10 + minor));
   }
+  *arch = major * 10 + minor;
   return Status::ok_status();
 }
 
@@ -243,11 +244,14 @@ BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, b
 // L 1024) and by 4-5% at 256 blocks of a causal GQA group of 8 (L 4096), the one measured shape
 // this rule gets wrong. Rule: split when the dK/dV grid fills less than half the SMs.
 // deterministic forces split, whose reductions all run in a fixed order.
-bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl,
-               int sm_count) {
+// On Hopper the split structure runs the sm90 kernels (use_sm90_backward), whose products all
+// keep their accumulators in registers: auto takes them whenever they apply.
+bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl, int sm_count,
+               bool sm90) {
   if (o.deterministic) return false;
   if (impl == BackwardImpl::kFused) return true;
   if (impl == BackwardImpl::kSplit) return false;
+  if (sm90) return false;
   return 2 * backward_dkdv_blocks(p) >= sm_count;
 }
 
@@ -271,7 +275,9 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
       if (drel->shape[static_cast<std::size_t>(d)] == 1 && problem[d] > 1) {
         return Status::not_supported(
             "fmha: the CUDA backward cannot yet sum grads.drel_h / grads.drel_w over a broadcast "
-            "(size-1) dimension of rel_h / rel_w (dimension " + std::to_string(d) + "); pass "
+            "(size-1) dimension of rel_h / rel_w (dimension " +
+            std::to_string(d) +
+            "); pass "
             "rel_pos expanded to [B, H, Lq, *] and sum its gradient");
       }
     }
@@ -285,9 +291,11 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   if (p.fwd.batch == 0 || p.fwd.heads == 0) return Status::ok_status();  // empty gradients
   DeviceGuard guard;
   FMHA_RETURN_IF_ERROR(guard.enter(device));
-  int sm_count = 0;
-  FMHA_RETURN_IF_ERROR(check_device(device, &sm_count));
-  const bool fused = use_fused(p, o, impl, sm_count);
+  int sm_count = 0, arch = 0;
+  FMHA_RETURN_IF_ERROR(check_device(device, &sm_count, &arch));
+  const bool sm90_eligible = use_sm90_backward(p, arch);
+  const bool fused = use_fused(p, o, impl, sm_count, sm90_eligible);
+  const bool sm90 = sm90_eligible && !fused;
 
   const std::int64_t heads = p.fwd.heads;
   const std::int64_t stats = outer * heads * inner;
@@ -355,7 +363,10 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   }
   step(launch_backward_preprocess(p, dtype, outer, inner, stream));
   if (p.dsinks != nullptr) step(launch_backward_dsinks(p, outer, inner, stream));
-  if (s.ok()) step(dispatch_backward_dkdv(p, dtype, stream));
+  if (s.ok()) {
+    step(sm90 ? dispatch_backward_sm90_dkdv(p, dtype, stream)
+              : dispatch_backward_dkdv(p, dtype, stream));
+  }
   if (s.ok() && additive.dbias) {
     step(launch_backward_convert_4d(p.dbias_accum, additive.dbias_sizes, additive.dbias->data,
                                     strides_of(*additive.dbias), dtype, stream));
@@ -369,8 +380,9 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
                                     strides_of(*additive.drel_w), dtype, stream));
   }
   if (s.ok()) {
-    step(fused ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
-               : dispatch_backward_dq(p, dtype, stream));
+    step(fused  ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
+         : sm90 ? dispatch_backward_sm90_dq(p, dtype, stream)
+                : dispatch_backward_dq(p, dtype, stream));
   }
   if (workspace != nullptr) {
     const cudaError_t e = cudaFreeAsync(workspace, stream);

@@ -9,8 +9,13 @@
 
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/dispatch_bwd.h"
+#include "cuda/dispatch_fwd.h"
 #include "cuda/sm80/launch_bwd.h"
 #include "cuda/sm80/tile_sizes_bwd.h"
+#if FMHA_WITH_SM90
+#include "cuda/sm90/launch_bwd.h"
+#include "cuda/sm90/tile_sizes_bwd.h"
+#endif
 
 namespace fmha::cuda {
 namespace {
@@ -66,7 +71,73 @@ Status dispatch_dtype(const BackwardParams& p, DType dtype, cudaStream_t stream)
   }
 }
 
+#if FMHA_WITH_SM90
+template <typename T, bool kDkDv, typename P>
+Status launch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
+  switch (sm80::head_dim_bucket(max_dim(p))) {
+#define FMHA_CASE(D)                                              \
+  case D:                                                         \
+    return kDkDv ? sm90::launch_backward_dkdv<T, D, P>(p, stream) \
+                 : sm90::launch_backward_dq<T, D, P>(p, stream);
+    FMHA_CASE(32)
+    FMHA_CASE(64)
+    FMHA_CASE(96)
+    FMHA_CASE(128)
+#undef FMHA_CASE
+    default:
+      return unsupported_head_dim(p);
+  }
+}
+
+template <bool kDkDv>
+Status dispatch_sm90(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+  const bool masked =
+      p.fwd.window_left != kUnboundedWindow || p.fwd.window_right != kUnboundedWindow;
+  switch (dtype) {
+    case DType::kFloat16:
+      return masked ? launch_sm90_policy<__half, kDkDv, PolicyWindow>(p, stream)
+                    : launch_sm90_policy<__half, kDkDv, PolicyPlain>(p, stream);
+    case DType::kBFloat16:
+      return masked ? launch_sm90_policy<__nv_bfloat16, kDkDv, PolicyWindow>(p, stream)
+                    : launch_sm90_policy<__nv_bfloat16, kDkDv, PolicyPlain>(p, stream);
+    default:
+      return Status::not_supported(std::string("fmha: the CUDA backward kernels got q of dtype ") +
+                                   to_string(dtype) + " (supported: float16, bfloat16)");
+  }
+}
+#endif
+
 }  // namespace
+
+bool use_sm90_backward(const BackwardParams& p, int arch) {
+#if FMHA_WITH_SM90
+  const ForwardParams& f = p.fwd;
+  return use_sm90_kernels(arch) && f.neighborhood.rank == 0 && max_dim(p) <= sm90::kBwdMaxHeadDim &&
+         f.softcap_log2 == 0.0f && f.bias == nullptr && f.rel_h == nullptr && f.num_extra == 0;
+#else
+  (void)p;
+  (void)arch;
+  return false;
+#endif
+}
+
+Status dispatch_backward_sm90_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+#if FMHA_WITH_SM90
+  return dispatch_sm90<true>(p, dtype, stream);
+#else
+  (void)p, (void)dtype, (void)stream;
+  return Status::not_supported("fmha: this build has no sm90 backward kernels");
+#endif
+}
+
+Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+#if FMHA_WITH_SM90
+  return dispatch_sm90<false>(p, dtype, stream);
+#else
+  (void)p, (void)dtype, (void)stream;
+  return Status::not_supported("fmha: this build has no sm90 backward kernels");
+#endif
+}
 
 int backward_num_chunks(const BackwardParams& p) {
   const int d = max_dim(p);

@@ -23,6 +23,15 @@ Status dispatch_backward_dkdv(const BackwardParams& p, DType dtype, cudaStream_t
 // dQ of the split backward.
 Status dispatch_backward_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);
 
+// Whether the sm90 split backward (dK/dV and dQ kernels on wgmma, sm90/) takes this problem on a
+// device of compute capability `arch` (major * 10 + minor): dense or varlen attention with no mask
+// or a causal/window mask, D and Dv up to 128, no softcap, bias, rel-pos or extra keys (sinks and
+// GQA run). Everything else runs the sm80 kernels.
+bool use_sm90_backward(const BackwardParams& p, int arch);
+// The sm90 dK/dV kernel (no dQ work) and the sm90 dQ kernel; only when use_sm90_backward.
+Status dispatch_backward_sm90_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream);
+Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);
+
 // Row-wise helpers, over `outer` x `inner` rows of the [outer, H, inner] statistics layout
 // (dense: B x Lq; varlen: 1 x total_q).
 // Delta, lse_log2 and (with p.sink_term) the sink terms.

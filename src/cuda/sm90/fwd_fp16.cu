@@ -1,10 +1,11 @@
-// sm90 forward instantiations, fp16: every head-dim bucket, the dense policies (plain, window, general).
+// sm90 forward instantiations, fp16: every head-dim bucket, the dense policies (plain, window,
+// general).
 #include "cuda/sm90/launch_fwd.cuh"
 
 namespace fmha::cuda::sm90 {
-#define FMHA_INSTANTIATE(D)                                                                  \
-  template Status launch_forward<__half, D, PolicyPlain>(const ForwardParams&, cudaStream_t);   \
-  template Status launch_forward<__half, D, PolicyWindow>(const ForwardParams&, cudaStream_t);    \
+#define FMHA_INSTANTIATE(D)                                                                    \
+  template Status launch_forward<__half, D, PolicyPlain>(const ForwardParams&, cudaStream_t);  \
+  template Status launch_forward<__half, D, PolicyWindow>(const ForwardParams&, cudaStream_t); \
   template Status launch_forward<__half, D, PolicyGeneral>(const ForwardParams&, cudaStream_t);
 FMHA_INSTANTIATE(32)
 FMHA_INSTANTIATE(64)

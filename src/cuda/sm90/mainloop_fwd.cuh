@@ -19,61 +19,11 @@
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/tile_sizes.h"
+#include "cuda/sm90/tiles.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "cuda/sm90/wgmma_ops.cuh"
 
 namespace fmha::cuda::sm90 {
-
-// Copies a [kRows, kD] tile of 16-bit elements (rows `row_stride` apart) into the swizzled layout
-// at shared address `dst`, zero-filling rows >= valid_rows and columns >= cols (no garbage, maybe
-// NaN, may meet a zero probability or a zero q column in a product).
-template <int kRows, int kD, int kThreads>
-__device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* gmem,
-                                                std::int64_t row_stride, int valid_rows, int cols,
-                                                bool vector_loads) {
-  using Tile = SwizzledTile<kRows, kD>;
-  constexpr int kChunks = kD / 8;               // 16-byte chunks per row
-  constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's chunks, when whole
-  if constexpr (kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0) {
-    if (vector_loads) {
-      // Each thread copies one column chunk of rows r0, r0 + kRowStep, ...: a whole number of
-      // 8-row swizzle periods apart, so every destination is one offset plus a multiple of the
-      // period (few registers, no per-chunk swizzle arithmetic).
-      const int c = static_cast<int>(threadIdx.x) % kChunks;
-      const int r0 = static_cast<int>(threadIdx.x) / kChunks;
-      const std::uint32_t first = dst + Tile::chunk_offset(r0, c);
-#pragma unroll
-      for (int it = 0; it < kRows / kRowStep; ++it) {
-        const int r = r0 + it * kRowStep;
-        const bool inside = r < valid_rows && c * 8 < cols;
-        const std::uint16_t* src = inside ? gmem + r * row_stride + c * 8 : gmem;
-        tile::cp_async_16(first + it * kRowStep * Tile::kSwizzleBytes, src, inside ? 16 : 0);
-      }
-      return;
-    }
-  }
-  if (vector_loads) {
-#pragma unroll
-    for (int it = 0; it < (kRows * kChunks + kThreads - 1) / kThreads; ++it) {
-      const int index = it * kThreads + static_cast<int>(threadIdx.x);
-      if ((kRows * kChunks) % kThreads != 0 && index >= kRows * kChunks) break;
-      const int r = index / kChunks;
-      const int c = index % kChunks;
-      const bool inside = r < valid_rows && c * 8 < cols;
-      const std::uint16_t* src = inside ? gmem + r * row_stride + c * 8 : gmem;
-      tile::cp_async_16(dst + Tile::chunk_offset(r, c), src, inside ? 16 : 0);
-    }
-  } else {
-    // Unaligned rows or head dims: element loads (ordered by the pipeline's barriers).
-    for (int index = static_cast<int>(threadIdx.x); index < kRows * kD; index += kThreads) {
-      const int r = index / kD;
-      const int c = index % kD;
-      const std::uint16_t x = (r < valid_rows && c < cols) ? gmem[r * row_stride + c] : 0;
-      const std::uint32_t at = dst + Tile::chunk_offset(r, c / 8) + (c % 8) * 2;
-      asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"(x) : "memory");
-    }
-  }
-}
 
 // Where the keys of tile u come from: the tiles of ordinary keys the mask leaves, then the
 // tiles of extra keys.
@@ -85,17 +35,6 @@ struct KeySource {
   int valid;               // keys of the tile that exist (the rest is zero-filled)
   bool extra;
 };
-
-// S = Q K^T over kSteps k16 steps of the head dim; Q's rows [q_first_row, +64) of the warpgroup.
-template <typename T, int kSteps, typename QTile, typename KTile, int kTiles>
-__device__ __forceinline__ void qk_product(float (&s)[kTiles][4], std::uint32_t smem_q,
-                                           int q_first_row, std::uint32_t smem_k) {
-#pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk) {
-    Wgmma<T, kTiles * 8>::template ss<0>(s, QTile::k_major(smem_q, q_first_row, kk),
-                                         KTile::k_major(smem_k, 0, kk), kk > 0);
-  }
-}
 
 // Shared memory of Q and the K/V stages; the staged rel-pos rows (if any) follow.
 template <int kD>
@@ -215,7 +154,6 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const int fragment_col = 2 * (lane % 4);  // +1 for entries 1, 3
   const int q_first_row = warpgroup * 64;
 
-  const bool skip_last_step = p.head_dim <= kD - 16;
   float o[kOutTiles][4];
   float s[kScoreTiles][4];
 #pragma unroll
@@ -236,15 +174,9 @@ __global__ void __launch_bounds__(threads(kD), 1)
     }
     tile::cp_async_commit();
 
-    // S = Q K^T over the head dim, 16 columns a step. A last step that would hold zero columns
-    // only is skipped (D = 80 in bucket 96); the two step counts are two straight runs of wgmma,
-    // since a branch between them would make the compiler serialise the products.
+    // S = Q K^T over the head dim.
     wgmma_fence();
-    if (skip_last_step) {
-      qk_product<T, kD / 16 - 1, QTile, KVTile>(s, smem_q, q_first_row, smem_k(stage));
-    } else {
-      qk_product<T, kD / 16, QTile, KVTile>(s, smem_q, q_first_row, smem_k(stage));
-    }
+    ss_product_dim<T, kD, QTile, KVTile>(s, smem_q, q_first_row, smem_k(stage), p.head_dim);
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(s);
@@ -262,21 +194,12 @@ __global__ void __launch_bounds__(threads(kD), 1)
     }
     softmax.update(s, o);
 
-    // O += P V: the score accumulators of key columns 16kk..16kk+15 are exactly the A fragment.
+    // O += P V.
     std::uint32_t a[kN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      a[kk][0] = Convert::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[kk][1] = Convert::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[kk][2] = Convert::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[kk][3] = Convert::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    pack_fragments<T>(s, a);
     fence_accumulators(o);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      Wgmma<T, kD>::template rs<1>(o, a[kk], KVTile::mn_major(smem_v(stage), kk), 1);
-    }
+    rs_product<T, kN / 16, KVTile>(o, a, smem_v(stage));
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(o);

@@ -1,0 +1,52 @@
+// Definitions of the sm90 backward launches; included only by the instantiation files.
+#pragma once
+
+#include <string>
+
+#include "cuda/sm90/launch_bwd.h"
+#include "cuda/sm90/mainloop_bwd_dkdv.cuh"
+#include "cuda/sm90/mainloop_bwd_dq.cuh"
+
+namespace fmha::cuda::sm90 {
+namespace detail {
+
+template <typename Kernel>
+Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardParams& p,
+                         cudaStream_t stream, const char* name) {
+  if (grid.x == 0) return Status::ok_status();  // no keys (dK/dV are empty) or no queries
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) {
+    return Status::backend_error(std::string("fmha: CUDA backward ") + name +
+                                 " kernel (sm90) could not get " + std::to_string(smem) +
+                                 " bytes of shared memory: " + cudaGetErrorString(e));
+  }
+  kernel<<<grid, kBwdThreads, smem, stream>>>(p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    return Status::backend_error(std::string("fmha: CUDA backward ") + name +
+                                 " kernel (sm90) launch failed: " + cudaGetErrorString(e));
+  }
+  return Status::ok_status();
+}
+
+}  // namespace detail
+
+template <typename T, int kD, typename Policy>
+Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock),
+                  static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
+                  static_cast<unsigned>(p.fwd.batch));
+  return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy>, grid,
+                                   bwd_dkdv_smem_bytes<kD>(), p, stream, "dK/dV");
+}
+
+template <typename T, int kD, typename Policy>
+Status launch_backward_dq(const BackwardParams& p, cudaStream_t stream) {
+  const dim3 grid(
+      static_cast<unsigned>((p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock),
+      static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(p.fwd.batch));
+  return detail::launch_bwd_kernel(&backward_dq_kernel<T, kD, Policy>, grid,
+                                   bwd_dq_smem_bytes<kD>(), p, stream, "dQ");
+}
+
+}  // namespace fmha::cuda::sm90

@@ -1,0 +1,242 @@
+// The sm90 dK/dV kernel of the split backward (wgmma / cp.async; sm_90a only).
+//
+// One block owns kBwdKeysPerBlock keys of one (batch, kv head), 64 per warpgroup, and walks every
+// query head of the kv head's GQA group and, per head, the query tiles its mask policy lets see
+// those keys (the sum over the group stays in the block's registers: K/V are never expanded).
+// Per query tile (rows of every product are this warpgroup's keys):
+//   S^T = K Q^T, dP^T = V dO^T          (wgmma, all operands K-major in shared memory)
+//   P^T = exp2(scale * S^T - lse), dS^T = P^T (dP^T - Delta)   (column statistics in shared memory)
+//   dV += P^T dO, dK += dS^T Q          (wgmma, P^T / dS^T from registers, dO / Q MN-major)
+// and writes dv and dk = scale * dK once. One barrier per tile; the Q/dO/statistics of tile
+// u + stages - 1 load behind it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/backward_params.h"
+#include "cuda/common/backward_policies.cuh"
+#include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/tile_sizes_bwd.h"
+#include "cuda/sm90/tiles.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace fmha::cuda::sm90 {
+
+template <int kD>
+constexpr int bwd_dkdv_smem_bytes() {
+  return 2 * SwizzledTile<kBwdKeysPerBlock, kD>::kBytes +
+         kBwdStages *
+             (2 * SwizzledTile<kBwdQueriesPerTile, kD>::kBytes + 2 * kBwdQueriesPerTile * 4) +
+         1024;
+}
+
+// Sets to -inf the scores of transposed tiles (rows = keys, columns = queries) that the mask
+// hides or whose query is past the sequence: entries 0, 1 on key `key`, 2, 3 on key + 8; entry 0
+// of tile t on query `query` + 8t.
+template <typename Mask, int kTiles>
+__device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, float (&s)[kTiles][4],
+                                                          std::int64_t key, std::int64_t query,
+                                                          std::int64_t num_queries) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const std::int64_t i = query + t * 8 + (e & 1);
+      if (i >= num_queries || !mask.visible(i, key + (e >= 2 ? 8 : 0))) s[t][e] = -INFINITY;
+    }
+  }
+}
+
+template <typename T, int kD, typename Policy>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
+  constexpr int kN = kBwdKeysPerBlock;
+  constexpr int kM = kBwdQueriesPerTile;
+  constexpr int kStages = kBwdStages;
+  constexpr int kScoreTiles = kM / 8;
+  constexpr int kOutTiles = kD / 8;
+  using KTile = SwizzledTile<kN, kD>;
+  using QTile = SwizzledTile<kM, kD>;
+  using Mask = typename Policy::Mask;
+  using Scores = typename Policy::template Scores<T>;
+  using Convert = tile::Dtype<T>;
+  const ForwardParams& f = p.fwd;
+
+  extern __shared__ __align__(16) std::uint8_t smem_raw[];
+  const std::uint32_t smem_k = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
+  std::uint8_t* const smem_k_ptr = smem_raw + (smem_k - tile::shared_address(smem_raw));
+  const std::uint32_t smem_v = smem_k + KTile::kBytes;
+  auto smem_q = [&](int stage) { return smem_v + KTile::kBytes + stage * QTile::kBytes; };
+  auto smem_do = [&](int stage) {
+    return smem_v + KTile::kBytes + (kStages + stage) * QTile::kBytes;
+  };
+  const std::uint32_t smem_stats = smem_v + KTile::kBytes + 2 * kStages * QTile::kBytes;
+  auto smem_lse = [&](int stage) { return smem_stats + stage * kM * 4; };
+  auto smem_delta = [&](int stage) { return smem_stats + (kStages + stage) * kM * 4; };
+  const float* const stats_ptr = reinterpret_cast<const float*>(smem_k_ptr + (smem_stats - smem_k));
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const std::int64_t b = blockIdx.z;
+  const int hk = static_cast<int>(blockIdx.y);
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kN;
+
+  std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;
+  if (f.cu_seqlens_q != nullptr) {
+    q_start = f.cu_seqlens_q[b];
+    num_queries = f.cu_seqlens_q[b + 1] - q_start;
+    k_start = f.cu_seqlens_k[b];
+    num_keys = f.cu_seqlens_k[b + 1] - k_start;
+  }
+  if (n0 >= num_keys) return;  // varlen: this sequence has fewer keys than the longest
+  const int valid_keys = static_cast<int>(num_keys - n0 < kN ? num_keys - n0 : kN);
+
+  const auto* k_tile = static_cast<const std::uint16_t*>(f.k) + b * f.k_batch_stride +
+                       (k_start + n0) * f.k_row_stride + hk * f.k_head_stride;
+  const auto* v_tile = static_cast<const std::uint16_t*>(f.v) + b * f.v_batch_stride +
+                       (k_start + n0) * f.v_row_stride + hk * f.v_head_stride;
+
+  const Mask mask = Mask::make(f, num_queries, num_keys);
+  const Scores scores = Scores::make(f, b, hk * f.kv_group, num_queries, num_keys);
+  const QueryRange rows_range = query_range(mask, n0, n0 + valid_keys - 1, num_queries);
+  std::int64_t first_m = 0, m_tiles = 0;
+  if (rows_range.end > rows_range.begin) {
+    first_m = rows_range.begin / kM;
+    m_tiles = (rows_range.end + kM - 1) / kM - first_m;
+  }
+  const std::int64_t num_steps = m_tiles * f.kv_group;
+
+  // Step u: query head hk * group + u / m_tiles, query tile first_m + u % m_tiles.
+  auto step_head = [&](std::int64_t u) { return hk * f.kv_group + static_cast<int>(u / m_tiles); };
+  auto step_m0 = [&](std::int64_t u) { return (first_m + u % m_tiles) * kM; };
+  auto load_step = [&](std::int64_t u, int stage) {
+    const int h = step_head(u);
+    const std::int64_t m0 = step_m0(u);
+    const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
+    const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
+                    (q_start + m0) * f.q_row_stride + h * f.q_head_stride;
+    const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                       (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
+    load_tile_async<kM, kD, kBwdThreads>(smem_q(stage), q, f.q_row_stride, rows, f.head_dim,
+                                         f.vector_loads);
+    load_tile_async<kM, kD, kBwdThreads>(smem_do(stage), dout, p.dout_row_stride, rows, f.value_dim,
+                                         f.vector_loads);
+    const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + m0;
+    load_floats_async(smem_lse(stage), p.lse_log2 + stat, kM, rows, 0);
+    load_floats_async(smem_delta(stage), p.delta + stat, kM, rows, kM);
+  };
+
+  load_tile_async<kN, kD, kBwdThreads>(smem_k, k_tile, f.k_row_stride, valid_keys, f.head_dim,
+                                       f.vector_loads);
+  load_tile_async<kN, kD, kBwdThreads>(smem_v, v_tile, f.v_row_stride, valid_keys, f.value_dim,
+                                       f.vector_loads);
+#pragma unroll
+  for (int u = 0; u < kStages - 1; ++u) {
+    if (u < num_steps) load_step(u, u);
+    tile::cp_async_commit();
+  }
+
+  // This thread's keys (rows of S^T): key_row and key_row + 8; its query columns 2c, 2c + 1 of
+  // every 8-column tile.
+  const std::int64_t key_row = n0 + warp * 16 + lane / 4;
+  const int fragment_col = 2 * (lane % 4);
+  const int first_key_row = warpgroup * 64;
+  const std::int64_t warpgroup_first_key = n0 + first_key_row;
+
+  float dk[kOutTiles][4], dv[kOutTiles][4];
+  float s[kScoreTiles][4], dp[kScoreTiles][4];
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) {
+    dk[t][0] = dk[t][1] = dk[t][2] = dk[t][3] = 0.0f;
+    dv[t][0] = dv[t][1] = dv[t][2] = dv[t][3] = 0.0f;
+  }
+#pragma unroll
+  for (int t = 0; t < kScoreTiles; ++t) {
+    s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+    dp[t][0] = dp[t][1] = dp[t][2] = dp[t][3] = 0.0f;
+  }
+
+  for (std::int64_t u = 0; u < num_steps; ++u) {
+    const int stage = static_cast<int>(u % kStages);
+    const std::int64_t m0 = step_m0(u);
+    tile::cp_async_wait<kStages - 2>();
+    fence_proxy_async();
+    __syncthreads();
+    if (u + kStages - 1 < num_steps) {
+      load_step(u + kStages - 1, static_cast<int>((u + kStages - 1) % kStages));
+    }
+    tile::cp_async_commit();
+
+    wgmma_fence();
+    ss_product_dim<T, kD, KTile, QTile>(s, smem_k, first_key_row, smem_q(stage), f.head_dim);
+    ss_product_dim<T, kD, KTile, QTile>(dp, smem_v, first_key_row, smem_do(stage), f.value_dim);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(s);
+    fence_accumulators(dp);
+
+    scores.transform(s);
+    const bool full =
+        m0 + kM <= num_queries && mask.tile_is_full(m0, m0 + kM - 1, warpgroup_first_key, 64);
+    if (!full) hide_invisible_transposed(mask, s, key_row, m0 + fragment_col, num_queries);
+    const float* lse = stats_ptr + stage * kM;
+    const float* delta = stats_ptr + (kStages + stage) * kM;
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) {
+      const float2 l = *reinterpret_cast<const float2*>(lse + t * 8 + fragment_col);
+      const float2 d = *reinterpret_cast<const float2*>(delta + t * 8 + fragment_col);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float prob = exp2f(s[t][e] - ((e & 1) ? l.y : l.x));
+        dp[t][e] = prob * (dp[t][e] - ((e & 1) ? d.y : d.x));  // dS^T
+        s[t][e] = prob;                                        // P^T
+      }
+    }
+
+    std::uint32_t pa[kM / 16][4], da[kM / 16][4];
+    pack_fragments<T>(s, pa);
+    pack_fragments<T>(dp, da);
+    fence_accumulators(dv);
+    fence_accumulators(dk);
+    wgmma_fence();
+    rs_product<T, kM / 16, QTile>(dv, pa, smem_do(stage));
+    rs_product<T, kM / 16, QTile>(dk, da, smem_q(stage));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(dv);
+    fence_accumulators(dk);
+  }
+
+  // Epilogue: dk = scale * dK and dv staged in this warp's own rows of the K and V tiles (every
+  // product reading them is done after the barrier), then stored 16 bytes at a time.
+  tile::cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + lane / 4 + 8 * r;
+      const std::uint32_t offset = KTile::chunk_offset(row, t) + fragment_col * 2;
+      const std::uint32_t k_packed =
+          Convert::pack(dk[t][2 * r] * p.scale, dk[t][2 * r + 1] * p.scale);
+      const std::uint32_t v_packed = Convert::pack(dv[t][2 * r], dv[t][2 * r + 1]);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_k + offset), "r"(k_packed) : "memory");
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_v + offset), "r"(v_packed) : "memory");
+    }
+  }
+  __syncwarp();
+  const int warp_keys = valid_keys - warp * 16;
+  const std::int64_t key = k_start + n0 + warp * 16;
+  store_tile_rows<kD>(smem_k_ptr, KTile{}, warp * 16, warp_keys,
+                      static_cast<std::uint16_t*>(p.dk) + b * p.dk_batch_stride +
+                          key * p.dk_row_stride + hk * p.dk_head_stride,
+                      p.dk_row_stride, f.head_dim, lane);
+  store_tile_rows<kD>(smem_k_ptr + KTile::kBytes, KTile{}, warp * 16, warp_keys,
+                      static_cast<std::uint16_t*>(p.dv) + b * p.dv_batch_stride +
+                          key * p.dv_row_stride + hk * p.dv_head_stride,
+                      p.dv_row_stride, f.value_dim, lane);
+}
+
+}  // namespace fmha::cuda::sm90

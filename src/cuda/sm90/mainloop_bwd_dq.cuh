@@ -1,0 +1,199 @@
+// The sm90 dQ kernel of the split backward (wgmma / cp.async; sm_90a only).
+//
+// One block owns kBwdQueriesPerBlock query rows of one (batch, head), 64 per warpgroup, and walks
+// the key tiles its mask policy leaves visible, recomputing per tile:
+//   S = Q K^T, dP = dO V^T            (wgmma, all operands K-major in shared memory)
+//   P = exp2(scale * S - lse), dS = P (dP - Delta)   (row statistics in registers)
+//   dQ += dS K                        (wgmma, dS from registers, K MN-major)
+// and writes dq = scale * dQ once. Pipeline as the forward's: one barrier per tile, the loads of
+// tile u + stages - 1 issued right after it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/backward_params.h"
+#include "cuda/common/forward_policies.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/tile_sizes_bwd.h"
+#include "cuda/sm90/tiles.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace fmha::cuda::sm90 {
+
+template <int kD>
+constexpr int bwd_dq_smem_bytes() {
+  return 2 * SwizzledTile<kBwdQueriesPerBlock, kD>::kBytes +
+         2 * kBwdStages * SwizzledTile<kBwdKeysPerTile, kD>::kBytes + 1024;
+}
+
+template <typename T, int kD, typename Policy>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    backward_dq_kernel(const __grid_constant__ BackwardParams p) {
+  constexpr int kM = kBwdQueriesPerBlock;
+  constexpr int kN = kBwdKeysPerTile;
+  constexpr int kStages = kBwdStages;
+  constexpr int kScoreTiles = kN / 8;
+  constexpr int kOutTiles = kD / 8;
+  using QTile = SwizzledTile<kM, kD>;
+  using KVTile = SwizzledTile<kN, kD>;
+  using Mask = typename Policy::Mask;
+  using Scores = typename Policy::template Scores<T>;
+  using Convert = tile::Dtype<T>;
+  const ForwardParams& f = p.fwd;
+
+  extern __shared__ __align__(16) std::uint8_t smem_raw[];
+  const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
+  std::uint8_t* const smem_q_ptr = smem_raw + (smem_q - tile::shared_address(smem_raw));
+  const std::uint32_t smem_do = smem_q + QTile::kBytes;
+  auto smem_k = [&](int stage) { return smem_do + QTile::kBytes + stage * KVTile::kBytes; };
+  auto smem_v = [&](int stage) {
+    return smem_do + QTile::kBytes + (kStages + stage) * KVTile::kBytes;
+  };
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const std::int64_t b = blockIdx.z;
+  const int h = static_cast<int>(blockIdx.y);
+  const std::int64_t m_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
+
+  std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;
+  if (f.cu_seqlens_q != nullptr) {
+    q_start = f.cu_seqlens_q[b];
+    num_queries = f.cu_seqlens_q[b + 1] - q_start;
+    k_start = f.cu_seqlens_k[b];
+    num_keys = f.cu_seqlens_k[b + 1] - k_start;
+  }
+  const std::int64_t m0 = m_block * kM;
+  if (m0 >= num_queries) return;
+  const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
+  const std::int64_t last_row = m0 + rows - 1;
+  const int hk = h / f.kv_group;
+
+  const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
+                  (q_start + m0) * f.q_row_stride + h * f.q_head_stride;
+  const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                     (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
+  const auto* k = static_cast<const std::uint16_t*>(f.k) + b * f.k_batch_stride +
+                  k_start * f.k_row_stride + hk * f.k_head_stride;
+  const auto* v = static_cast<const std::uint16_t*>(f.v) + b * f.v_batch_stride +
+                  k_start * f.v_row_stride + hk * f.v_head_stride;
+
+  const Mask mask = Mask::make(f, num_queries, num_keys);
+  const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
+  const KeyRange range = mask.key_range(m0, last_row);
+  std::int64_t first_tile = 0, num_tiles = 0;
+  if (range.end > range.begin) {
+    first_tile = range.begin / kN;
+    num_tiles = (range.end + kN - 1) / kN - first_tile;
+  }
+  auto load_keys = [&](std::int64_t u, int stage) {
+    const std::int64_t first_key = (first_tile + u) * kN;
+    const int valid = static_cast<int>(num_keys - first_key < kN ? num_keys - first_key : kN);
+    load_tile_async<kN, kD, kBwdThreads>(smem_k(stage), k + first_key * f.k_row_stride,
+                                         f.k_row_stride, valid, f.head_dim, f.vector_loads);
+    load_tile_async<kN, kD, kBwdThreads>(smem_v(stage), v + first_key * f.v_row_stride,
+                                         f.v_row_stride, valid, f.value_dim, f.vector_loads);
+  };
+
+  load_tile_async<kM, kD, kBwdThreads>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
+  load_tile_async<kM, kD, kBwdThreads>(smem_do, dout, p.dout_row_stride, rows, f.value_dim,
+                                       f.vector_loads);
+#pragma unroll
+  for (int u = 0; u < kStages - 1; ++u) {
+    if (u < num_tiles) load_keys(u, u);
+    tile::cp_async_commit();
+  }
+
+  // This thread's two rows: their statistics live in registers for the whole walk.
+  const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
+  const int fragment_col = 2 * (lane % 4);
+  const int first_row = warpgroup * 64;
+  float lse_log2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t i = fragment_row + 8 * r;
+    const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + i;
+    lse_log2[r] = i < num_queries ? p.lse_log2[stat] : INFINITY;  // past the end: P = 0
+    delta[r] = i < num_queries ? p.delta[stat] : 0.0f;
+  }
+
+  float dq[kOutTiles][4];
+  float s[kScoreTiles][4], dp[kScoreTiles][4];
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) dq[t][0] = dq[t][1] = dq[t][2] = dq[t][3] = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kScoreTiles; ++t) {
+    s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+    dp[t][0] = dp[t][1] = dp[t][2] = dp[t][3] = 0.0f;
+  }
+
+  for (std::int64_t u = 0; u < num_tiles; ++u) {
+    const int stage = static_cast<int>(u % kStages);
+    const std::int64_t first_key = (first_tile + u) * kN;
+    tile::cp_async_wait<kStages - 2>();
+    fence_proxy_async();
+    __syncthreads();
+    if (u + kStages - 1 < num_tiles) {
+      load_keys(u + kStages - 1, static_cast<int>((u + kStages - 1) % kStages));
+    }
+    tile::cp_async_commit();
+
+    wgmma_fence();
+    ss_product_dim<T, kD, QTile, KVTile>(s, smem_q, first_row, smem_k(stage), f.head_dim);
+    ss_product_dim<T, kD, QTile, KVTile>(dp, smem_do, first_row, smem_v(stage), f.value_dim);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(s);
+    fence_accumulators(dp);
+
+    scores.transform(s);
+    if (!mask.tile_is_full(m0, last_row, first_key, kN)) {
+      hide_invisible(mask, s, fragment_row, first_key + fragment_col);
+    }
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float prob = exp2f(s[t][e] - lse_log2[e / 2]);
+        s[t][e] = prob * (dp[t][e] - delta[e / 2]);  // dS, the gradient wrt scale * q.k
+      }
+    }
+
+    std::uint32_t a[kN / 16][4];
+    pack_fragments<T>(s, a);
+    fence_accumulators(dq);
+    wgmma_fence();
+    rs_product<T, kN / 16, KVTile>(dq, a, smem_k(stage));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(dq);
+  }
+
+  // Epilogue: dq = scale * dQ, staged in this warp's own rows of Q's tile (read only by this
+  // warpgroup's finished products), then stored 16 bytes at a time.
+  tile::cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + lane / 4 + 8 * r;
+      const std::uint32_t packed =
+          Convert::pack(dq[t][2 * r] * p.scale, dq[t][2 * r + 1] * p.scale);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_q + QTile::chunk_offset(row, t) +
+                                                     fragment_col * 2),
+                   "r"(packed)
+                   : "memory");
+    }
+  }
+  __syncwarp();
+  store_tile_rows<kD>(smem_q_ptr, QTile{}, warp * 16, rows - warp * 16,
+                      static_cast<std::uint16_t*>(p.dq) + b * p.dq_batch_stride +
+                          (q_start + m0 + warp * 16) * p.dq_row_stride + h * p.dq_head_stride,
+                      p.dq_row_stride, f.head_dim, lane);
+}
+
+}  // namespace fmha::cuda::sm90

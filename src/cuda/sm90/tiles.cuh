@@ -1,0 +1,153 @@
+// Tile building blocks shared by the sm90 kernels: asynchronous copies of 16-bit tiles into the
+// swizzled layouts of wgmma.cuh, and the shared-memory x shared-memory products over a head dim.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/wgmma.cuh"
+#include "cuda/sm90/wgmma_ops.cuh"
+
+namespace fmha::cuda::sm90 {
+
+// Copies a [kRows, kD] tile of 16-bit elements (rows `row_stride` apart) into the swizzled layout
+// at shared address `dst`, zero-filling rows >= valid_rows and columns >= cols (no garbage, maybe
+// NaN, may meet a zero probability or a zero q column in a product).
+template <int kRows, int kD, int kThreads>
+__device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* gmem,
+                                                std::int64_t row_stride, int valid_rows, int cols,
+                                                bool vector_loads) {
+  using Tile = SwizzledTile<kRows, kD>;
+  constexpr int kChunks = kD / 8;               // 16-byte chunks per row
+  constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's chunks, when whole
+  if constexpr (kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0) {
+    if (vector_loads) {
+      // Each thread copies one column chunk of rows r0, r0 + kRowStep, ...: a whole number of
+      // 8-row swizzle periods apart, so every destination is one offset plus a multiple of the
+      // period (few registers, no per-chunk swizzle arithmetic).
+      const int c = static_cast<int>(threadIdx.x) % kChunks;
+      const int r0 = static_cast<int>(threadIdx.x) / kChunks;
+      const std::uint32_t first = dst + Tile::chunk_offset(r0, c);
+#pragma unroll
+      for (int it = 0; it < kRows / kRowStep; ++it) {
+        const int r = r0 + it * kRowStep;
+        const bool inside = r < valid_rows && c * 8 < cols;
+        const std::uint16_t* src = inside ? gmem + r * row_stride + c * 8 : gmem;
+        tile::cp_async_16(first + it * kRowStep * Tile::kSwizzleBytes, src, inside ? 16 : 0);
+      }
+      return;
+    }
+  }
+  if (vector_loads) {
+#pragma unroll
+    for (int it = 0; it < (kRows * kChunks + kThreads - 1) / kThreads; ++it) {
+      const int index = it * kThreads + static_cast<int>(threadIdx.x);
+      if ((kRows * kChunks) % kThreads != 0 && index >= kRows * kChunks) break;
+      const int r = index / kChunks;
+      const int c = index % kChunks;
+      const bool inside = r < valid_rows && c * 8 < cols;
+      const std::uint16_t* src = inside ? gmem + r * row_stride + c * 8 : gmem;
+      tile::cp_async_16(dst + Tile::chunk_offset(r, c), src, inside ? 16 : 0);
+    }
+  } else {
+    // Unaligned rows or head dims: element loads (ordered by the pipeline's barriers).
+    for (int index = static_cast<int>(threadIdx.x); index < kRows * kD; index += kThreads) {
+      const int r = index / kD;
+      const int c = index % kD;
+      const std::uint16_t x = (r < valid_rows && c < cols) ? gmem[r * row_stride + c] : 0;
+      const std::uint32_t at = dst + Tile::chunk_offset(r, c / 8) + (c % 8) * 2;
+      asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"(x) : "memory");
+    }
+  }
+}
+
+// Copies `count` fp32 values (a row statistic of a query tile) to shared address `dst` with
+// 4-byte asynchronous copies, zero-filling entries >= valid. Threads [first_thread, +count) work.
+__device__ __forceinline__ void load_floats_async(std::uint32_t dst, const float* src, int count,
+                                                  int valid, int first_thread) {
+  const int i = static_cast<int>(threadIdx.x) - first_thread;
+  if (i >= 0 && i < count) {
+    const bool inside = i < valid;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * i),
+                 "l"(inside ? src + i : src), "r"(inside ? 4 : 0));
+  }
+}
+
+// acc = A B^T over kSteps k16 steps, both operands K-major in shared memory: A's rows
+// [a_first_row, +64) (the warpgroup's), all of B's rows (N = 8 * kTiles). Steps past the head
+// dim would hold zero columns only; callers pick kSteps so that a branch never splits the run.
+template <typename T, int kSteps, typename ATile, typename BTile, int kTiles>
+__device__ __forceinline__ void ss_product(float (&acc)[kTiles][4], std::uint32_t smem_a,
+                                           int a_first_row, std::uint32_t smem_b) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    Wgmma<T, kTiles * 8>::template ss<0>(acc, ATile::k_major(smem_a, a_first_row, kk),
+                                         BTile::k_major(smem_b, 0, kk), kk > 0);
+  }
+}
+
+// The same over the head dim `dim` of a bucket kD: the last step is skipped when it would hold
+// zero columns only (D = 80 in bucket 96), as two straight runs of wgmma.
+template <typename T, int kD, typename ATile, typename BTile, int kTiles>
+__device__ __forceinline__ void ss_product_dim(float (&acc)[kTiles][4], std::uint32_t smem_a,
+                                               int a_first_row, std::uint32_t smem_b, int dim) {
+  if (dim <= kD - 16) {
+    ss_product<T, kD / 16 - 1, ATile, BTile>(acc, smem_a, a_first_row, smem_b);
+  } else {
+    ss_product<T, kD / 16, ATile, BTile>(acc, smem_a, a_first_row, smem_b);
+  }
+}
+
+// acc += A B over kSteps k16 steps: A from registers (fragments of 16 k-columns each), B in
+// shared memory MN-major (rows = k). N = 8 * kTiles.
+template <typename T, int kSteps, typename BTile, int kTiles>
+__device__ __forceinline__ void rs_product(float (&acc)[kTiles][4],
+                                           const std::uint32_t (&a)[kSteps][4],
+                                           std::uint32_t smem_b) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    Wgmma<T, kTiles * 8>::template rs<1>(acc, a[kk], BTile::mn_major(smem_b, kk), 1);
+  }
+}
+
+// Packs fp32 accumulator tiles (m16n8 C layout) into the A fragments of the next product: the
+// accumulators of columns 16kk..16kk+15 are exactly A fragment kk.
+template <typename T, int kTiles>
+__device__ __forceinline__ void pack_fragments(const float (&c)[kTiles][4],
+                                               std::uint32_t (&a)[kTiles / 2][4]) {
+  using Convert = tile::Dtype<T>;
+#pragma unroll
+  for (int kk = 0; kk < kTiles / 2; ++kk) {
+    a[kk][0] = Convert::pack(c[2 * kk][0], c[2 * kk][1]);
+    a[kk][1] = Convert::pack(c[2 * kk][2], c[2 * kk][3]);
+    a[kk][2] = Convert::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[kk][3] = Convert::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+// Stores 16 staged rows of a swizzled tile (rows [first_row, first_row + 16) of `tile` in shared
+// memory at `smem`) to global rows `row_stride` apart, rows < valid_rows and columns < cols only;
+// 16-byte stores when the destination allows them. One warp; `lane` its lane.
+template <int kD, typename Tile>
+__device__ __forceinline__ void store_tile_rows(const std::uint8_t* smem, Tile, int first_row,
+                                                int valid_rows, std::uint16_t* gmem,
+                                                std::int64_t row_stride, int cols, int lane) {
+  constexpr int kChunks = kD / 8;
+  const bool vector =
+      cols % 8 == 0 && row_stride % 8 == 0 && reinterpret_cast<std::uintptr_t>(gmem) % 16 == 0;
+  for (int index = lane; index < 16 * kChunks; index += 32) {
+    const int r = index / kChunks;
+    const int c = index % kChunks;
+    if (r >= valid_rows || c * 8 >= cols) continue;
+    const std::uint8_t* staged = smem + Tile::chunk_offset(first_row + r, c);
+    std::uint16_t* dst = gmem + r * row_stride + c * 8;
+    if (vector) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(staged);
+    } else {
+      const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
+      for (int e = 0; e < 8 && c * 8 + e < cols; ++e) dst[e] = x[e];
+    }
+  }
+}
+
+}  // namespace fmha::cuda::sm90
