@@ -1,12 +1,13 @@
 // The CUDA neighborhood mask policy (src/cuda/common/neighborhood_mask.cuh) checked on the host,
-// no GPU needed: for many grids and every block of consecutive query rows, key_range() must cover
-// every key a row sees, tile_is_full() may claim only tiles every row sees entirely, and visible()
-// must equal the SPEC §6 mask of the naive oracle (tests/naive), which is written from the formula;
-// for the backward, column_window() must give exactly the queries that see a key and
-// query_range() must cover them for every block of consecutive keys.
+// no GPU needed, against the SPEC §6 mask of the naive oracle (tests/naive), which is written from
+// the formula. Forward (multi-dimensional token tiles): every token is a query row of one block,
+// a block's key boxes hold each key its rows see once, the group-major window test equals the
+// mask, boxes claimed full are. Backward (flattened order): visible() and column_window() equal
+// the mask, key_range() / query_range() cover every key / query of a block of consecutive tokens.
 #include <cuda_runtime.h>  // defines __host__ / __device__ for the host compiler
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -72,11 +73,11 @@ void check_geometry(const Geometry& geo) {
     const fmha::cuda::neighborhood::RowWindow column = policy.column_window(j);
     for (int i = 0; i < tokens; ++i) {
       const bool expected = j < tokens && sees(i, j);
-      const bool got =
-          fmha::cuda::neighborhood::window_sees(grid, column, fmha::cuda::neighborhood::coords_of(grid, i));
+      const bool got = fmha::cuda::neighborhood::window_sees(
+          grid, column, fmha::cuda::neighborhood::coords_of(grid, i));
       if (got != expected && ++wrong <= 5) {
-        ADD_FAILURE() << "column_window(" << j << ") says query " << i << (got ? " sees" : " does not see")
-                      << " it";
+        ADD_FAILURE() << "column_window(" << j << ") says query " << i
+                      << (got ? " sees" : " does not see") << " it";
       }
     }
   }
@@ -96,8 +97,82 @@ void check_geometry(const Geometry& geo) {
       }
     }
   }
-  // Blocks of consecutive rows (sizes of the kernel's block_m and others) and tiles of 64 / 32 /
-  // 8 keys: the range must hold every visible key; a full tile must be entirely visible.
+  // Multi-dimensional token tiles (the forward): every token is a query row of exactly one block;
+  // a block's key boxes hold every key its rows see, each once; the group-major window test
+  // equals visibility; a box claimed full is seen whole by every row.
+  namespace nb = fmha::cuda::neighborhood;
+  for (int rows : {64, 128}) {
+    for (int keys : {32, 64}) {
+      std::vector<int> owner(static_cast<std::size_t>(tokens), 0);
+      const int blocks = nb::num_query_boxes(grid, rows);
+      for (int block = 0; block < blocks; ++block) {
+        const nb::BlockTiles bt = nb::block_tiles(grid, block, rows, keys);
+        std::vector<int> key_seen(static_cast<std::size_t>(tokens), 0);
+        std::vector<std::array<int, 3>> key_pos(static_cast<std::size_t>(tokens));
+        for (int u = 0; u < bt.num_key_tiles; ++u) {
+          int origin[3];
+          nb::key_box_origin(bt, u, origin);
+          for (int c = 0; c < keys; ++c) {
+            int yp[3];
+            const int j = nb::box_token(grid, bt.key_shape, origin, c, yp);
+            if (j < 0) continue;
+            ++key_seen[static_cast<std::size_t>(j)];
+            key_pos[static_cast<std::size_t>(j)] = {yp[0], yp[1], yp[2]};
+          }
+        }
+        for (int j = 0; j < tokens; ++j) {
+          if (key_seen[static_cast<std::size_t>(j)] > 1 && ++wrong <= 5) {
+            ADD_FAILURE() << "block " << block << " holds key " << j << " twice";
+          }
+        }
+        for (int r = 0; r < rows; ++r) {
+          int yp[3];
+          const int i = nb::box_token(grid, bt.query_shape, bt.query_origin, r, yp);
+          if (i < 0) continue;
+          ++owner[static_cast<std::size_t>(i)];
+          for (int j = 0; j < tokens; ++j) {
+            const auto& kp = key_pos[static_cast<std::size_t>(j)];
+            bool test = key_seen[static_cast<std::size_t>(j)] > 0;
+            for (int a = 0; a < 3; ++a) {
+              const nb::AxisWindow w = nb::group_major_window(grid, a, yp[a]);
+              test = test && kp[a] >= w.lo && kp[a] <= w.hi;
+            }
+            if (test != sees(i, j) && ++wrong <= 5) {
+              ADD_FAILURE() << "block " << block << " row " << i << " key " << j
+                            << (key_seen[static_cast<std::size_t>(j)] ? "" : " (not in a key box)")
+                            << ": tiled test " << test << ", mask " << sees(i, j);
+            }
+          }
+        }
+        for (int u = 0; u < bt.num_key_tiles; ++u) {
+          if (!nb::key_box_is_full(grid, bt, u, keys)) continue;
+          int origin[3];
+          nb::key_box_origin(bt, u, origin);
+          for (int r = 0; r < rows; ++r) {
+            int yq[3];
+            const int i = nb::box_token(grid, bt.query_shape, bt.query_origin, r, yq);
+            if (i < 0) continue;  // rows past the box: computed, never stored
+            for (int c = 0; c < keys; ++c) {
+              int yk[3];
+              const int j = nb::box_token(grid, bt.key_shape, origin, c, yk);
+              if (c >= bt.key_shape[0] * bt.key_shape[1] * bt.key_shape[2]) continue;
+              if ((i < 0 || j < 0 || !sees(i, j)) && ++wrong <= 5) {
+                ADD_FAILURE() << "block " << block << " key box " << u << " claimed full but row "
+                              << i << " / key " << j << " fails";
+              }
+            }
+          }
+        }
+      }
+      for (int i = 0; i < tokens; ++i) {
+        if (owner[static_cast<std::size_t>(i)] != 1 && ++wrong <= 5) {
+          ADD_FAILURE() << "token " << i << " is a query row of "
+                        << owner[static_cast<std::size_t>(i)] << " blocks (rows " << rows << ")";
+        }
+      }
+    }
+  }
+  // Blocks of consecutive rows (the backward's dQ kernel): the range must hold every visible key.
   for (int block : {1, 5, 16, 64, 128}) {
     for (int first = 0; first < tokens; first += block) {
       const int last = first + block - 1 < tokens ? first + block - 1 : tokens - 1;
@@ -109,19 +184,6 @@ void check_geometry(const Geometry& geo) {
           if (sees(i, j) && (j < range.begin || j >= range.end) && ++wrong <= 5) {
             ADD_FAILURE() << "rows [" << first << ", " << last << "] key range [" << range.begin
                           << ", " << range.end << ") misses key " << j << " of row " << i;
-          }
-        }
-      }
-      for (int tile : {8, 32, 64}) {
-        for (int key = 0; key < tokens; key += tile) {
-          if (!policy.tile_is_full(first, last, key, tile)) continue;
-          for (int i = first; i <= last; ++i) {
-            for (int j = key; j < key + tile; ++j) {
-              if ((j >= tokens || !sees(i, j)) && ++wrong <= 5) {
-                ADD_FAILURE() << "rows [" << first << ", " << last << "] tile at " << key
-                              << " claimed full but row " << i << " does not see key " << j;
-              }
-            }
           }
         }
       }

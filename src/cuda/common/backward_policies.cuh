@@ -128,24 +128,6 @@ __device__ __forceinline__ float score_with_grad(const ScoreModifiers<T>& s, flo
   return dot * s.scale_log2;
 }
 
-// Bias and rel-pos of element (i, j) in log2 units, one element at a time: the dK/dV kernel's
-// tiles are transposed (rows are keys), so the forward's row-major tile helpers do not apply.
-__device__ __forceinline__ bool has_additive(const ScoreScale&) {
-  return false;
-}
-__device__ __forceinline__ float additive_log2(const ScoreScale&, std::int64_t, std::int64_t) {
-  return 0.0f;
-}
-template <typename T>
-__device__ __forceinline__ bool has_additive(const ScoreModifiers<T>& s) {
-  return s.bias != nullptr || s.rel_h != nullptr;
-}
-template <typename T>
-__device__ __forceinline__ float additive_log2(const ScoreModifiers<T>& s, std::int64_t i,
-                                               std::int64_t j) {
-  return s.additive_log2(i, j);
-}
-
 __device__ __forceinline__ bool has_additive_grad(const BackwardParams& p) {
   return p.dbias_accum != nullptr || p.drel_h_accum != nullptr || p.drel_w_accum != nullptr;
 }

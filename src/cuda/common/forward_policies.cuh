@@ -38,4 +38,23 @@ struct PolicyNeighborhood {
   using Scores = ScoreModifiers<T>;
 };
 
+// Bias and rel-pos of element (i, j) in log2 units, one element at a time, for tiles that are not
+// row-major ranges of the sequence: the backward dK/dV kernel's (rows are keys) and the
+// neighborhood forward's (rows and keys gathered from a grid box).
+__device__ __forceinline__ bool has_additive(const ScoreScale&) {
+  return false;
+}
+__device__ __forceinline__ float additive_log2(const ScoreScale&, std::int64_t, std::int64_t) {
+  return 0.0f;
+}
+template <typename T>
+__device__ __forceinline__ bool has_additive(const ScoreModifiers<T>& s) {
+  return s.bias != nullptr || s.rel_h != nullptr;
+}
+template <typename T>
+__device__ __forceinline__ float additive_log2(const ScoreModifiers<T>& s, std::int64_t i,
+                                               std::int64_t j) {
+  return s.additive_log2(i, j);
+}
+
 }  // namespace fmha::cuda

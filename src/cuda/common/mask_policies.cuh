@@ -1,10 +1,13 @@
-// Mask policies. A policy answers three questions for a block of query rows [first_row,
-// last_row]:
+// Mask policies. A policy whose rows and keys are ranges of the sequence (kTokenTiles false)
+// answers three questions for a block of query rows [first_row, last_row]:
 //   key_range(): the keys that any of those rows can see (tiles outside it are skipped),
 //   tile_is_full(): whether every row sees every key of a tile (the hot loop then runs unmasked),
 //   visible(i, j): the per-element answer, used only on partial tiles.
 // Ragged tails (keys past Lk) are partial tiles of every policy, so no policy needs a
-// compile-time flag for them. Window sizes and the alignment are runtime values.
+// compile-time flag for them. Window sizes and the alignment are runtime values. A policy with
+// kTokenTiles true (neighborhood_mask.cuh) instead gathers a block's rows and each key tile's
+// keys by token; the kernels resolve the flag at compile time, so the range policies keep their
+// code.
 #pragma once
 
 #include <cmath>
@@ -20,6 +23,7 @@ struct KeyRange {
 
 // Every key of the sequence is visible.
 struct MaskNone {
+  static constexpr bool kTokenTiles = false;  // rows and keys are ranges of the sequence
   std::int64_t num_keys;
 
   __device__ static MaskNone make(const ForwardParams&, std::int64_t, std::int64_t num_keys) {
@@ -36,6 +40,7 @@ struct MaskNone {
 // Causal and sliding windows (SPEC §3): d(i) - left <= j <= d(i) + right with d(i) = i + offset.
 // Causal is the window (unbounded, 0); the host folds both into one (left, right) pair.
 struct MaskWindow {
+  static constexpr bool kTokenTiles = false;
   std::int64_t num_keys;
   std::int64_t offset;  // 0 (top-left) or Lk - Lq (bottom-right)
   std::int64_t left, right;

@@ -1,13 +1,14 @@
-// Neighborhood attention (SPEC §6) as a mask policy of the forward mainloop.
+// Neighborhood attention (SPEC §6) as a mask policy.
 //
-// This first NA kernel tiles flattened rows: a block takes block_m consecutive tokens of the
-// row-major grid and walks one flattened key range that covers every key any of them sees (from
-// per-axis bounds of the rows' coordinates). That is exact but, on 2-D and 3-D grids, visits many
-// partially visible and even empty key tiles; multi-dimensional query tiles (issue 5) come next and
-// reuse the per-axis geometry below.
+// The forward tiles the token grid in multi-dimensional boxes (the "token tiles" below): a block's
+// queries are a box of the grid, its keys the boxes of the region those queries see, gathered by
+// token, so a block visits no key tile that lies outside every neighborhood and tests the rest
+// with a few compares per element (or not at all, on boxes every query sees whole). The backward
+// still walks the flattened row-major order: per-axis bounds of a block of consecutive tokens give
+// the keys (dQ kernel) or queries (dK/dV kernel) to visit, and per-token windows the exact test.
 //
-// Grids have fewer than 2^31 tokens (the host refuses larger ones), so the per-element test is
-// 32-bit integer arithmetic. Axes past the grid's rank have size 1, kernel 1 and dilation 1: every
+// Grids have fewer than 2^31 tokens (the host refuses larger ones), so the geometry is 32-bit
+// integer arithmetic. Axes past the grid's rank have size 1, kernel 1 and dilation 1: every
 // axis test passes on them, so the code always runs the three axes instead of branching on rank.
 // The geometry is __host__ __device__ so that host tests can check it against the SPEC formula.
 #pragma once
@@ -127,9 +128,196 @@ __host__ __device__ __forceinline__ RowWindow empty_window() {
   return w;
 }
 
+// ---- Multi-dimensional token tiles (the forward) ----------------------------------------------
+// A block's queries are a box of the grid and its key tiles are boxes of the key region those
+// queries see, so a query tile needs few keys and no key tile lies outside every neighborhood.
+// Boxes live in group-major coordinates: on an axis with dilation d and L = ceil(X / d) positions
+// per group, coordinate y = g + d * p (group g, position p) maps to y' = g * L + p. A window is
+// then one interval [g * L + first, g * L + last] of y', a box of consecutive y' holds neighbours,
+// and keys of other groups fall outside every window: the per-element test is two compares an axis.
+// y' with p >= n_g (groups shorter than L, when d does not divide X) are holes: no token.
+
+__host__ __device__ __forceinline__ int group_positions(const NeighborhoodGrid& g, int r) {
+  return (g.size[r] + g.dilation[r] - 1) / g.dilation[r];  // L
+}
+// Group-major extent of axis r: d * L (>= X; the excess are holes).
+__host__ __device__ __forceinline__ int group_major_extent(const NeighborhoodGrid& g, int r) {
+  return g.dilation[r] * group_positions(g, r);
+}
+// The grid coordinate of group-major y', or -1 for a hole.
+__host__ __device__ __forceinline__ int grid_coordinate(const NeighborhoodGrid& g, int r, int yp) {
+  const int positions = group_positions(g, r);
+  const int y = yp / positions + g.dilation[r] * (yp % positions);
+  return y < g.size[r] ? y : -1;
+}
+// The window of group-major y' (a hole takes its group's last position, which keeps both bounds
+// non-decreasing in y'), as group-major bounds.
+__host__ __device__ __forceinline__ AxisWindow group_major_window(const NeighborhoodGrid& g, int r,
+                                                                  int yp) {
+  const int d = g.dilation[r], k = g.kernel[r], positions = group_positions(g, r);
+  const int group = yp / positions;
+  const int n = (g.size[r] - group + d - 1) / d;  // >= k (K * d <= X is validated)
+  const int p = min_int(yp % positions, n - 1);
+  int first, last;
+  if (g.causal[r]) {
+    first = max_int(p - k + 1, 0);
+    last = p;
+  } else {
+    first = min_int(max_int(p - k / 2, 0), n - k);
+    last = first + k - 1;
+  }
+  return {group * positions + first, group * positions + last};
+}
+
+__host__ __device__ __forceinline__ int pow2_ceil(int x) {
+  int p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+// Query box of `rows` (a power of two) tokens: powers of two per axis, grown in turn from the
+// innermost axis while an axis still has room, so boxes stay about square (a square of side s sees
+// (s + K - 1)^2 keys, a row of s^2 tokens K x (s^2 + K - 1)). Smaller than `rows` only when the
+// whole grid fits.
+__host__ __device__ __forceinline__ void query_box_shape(const NeighborhoodGrid& g, int rows,
+                                                         int (&shape)[3]) {
+  int cap[3], product = 1;
+  for (int r = 0; r < 3; ++r) {
+    shape[r] = 1;
+    cap[r] = pow2_ceil(group_major_extent(g, r));
+  }
+  for (bool grew = true; grew && product < rows;) {
+    grew = false;
+    for (int r = 2; r >= 0; --r) {
+      if (product < rows && 2 * shape[r] <= cap[r]) {
+        shape[r] *= 2;
+        product *= 2;
+        grew = true;
+      }
+    }
+  }
+}
+
+// Key box of at most `keys` (a power of two) tokens for query boxes of `query_shape`: of the
+// power-of-two shapes no wider than an interior block's key region (query extent + K - 1 per
+// axis), the one that cuts that region into the fewest boxes (each costs a whole tile of keys);
+// ties go to the widest innermost axis (longer contiguous rows).
+__host__ __device__ __forceinline__ void key_box_shape(const NeighborhoodGrid& g,
+                                                       const int (&query_shape)[3], int keys,
+                                                       int (&shape)[3]) {
+  int region[3], cap[3];
+  for (int r = 0; r < 3; ++r) {
+    region[r] = min_int(query_shape[r] + g.kernel[r] - 1, group_major_extent(g, r));
+    cap[r] = pow2_ceil(region[r]);
+  }
+  int best = -1;
+  for (int a = 1; a <= cap[0] && a <= keys; a *= 2) {
+    for (int b = 1; b <= cap[1] && a * b <= keys; b *= 2) {
+      for (int c = min_int(cap[2], keys / (a * b)); c >= 1; c /= 2) {
+        const int tiles =
+            ((region[0] + a - 1) / a) * ((region[1] + b - 1) / b) * ((region[2] + c - 1) / c);
+        if (best < 0 || tiles < best) {
+          best = tiles;
+          shape[0] = a;
+          shape[1] = b;
+          shape[2] = c;
+        }
+      }
+    }
+  }
+}
+
+// What a block of the forward works on: its query box, and the key region its queries see cut into
+// key boxes. Origins and extents are group-major.
+struct BlockTiles {
+  int query_shape[3], query_origin[3];
+  int key_shape[3], key_origin[3], key_tiles[3];  // key_tiles: boxes per axis
+  int num_key_tiles;
+};
+
+__host__ __device__ __forceinline__ int num_query_boxes(const NeighborhoodGrid& g, int rows) {
+  int shape[3];
+  query_box_shape(g, rows, shape);
+  int boxes = 1;
+  for (int r = 0; r < 3; ++r) boxes *= (group_major_extent(g, r) + shape[r] - 1) / shape[r];
+  return boxes;
+}
+
+__host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGrid& g, int block,
+                                                           int rows, int keys) {
+  BlockTiles t;
+  query_box_shape(g, rows, t.query_shape);
+  key_box_shape(g, t.query_shape, keys, t.key_shape);
+  t.num_key_tiles = 1;
+  for (int r = 2; r >= 0; --r) {
+    const int extent = group_major_extent(g, r);
+    const int boxes = (extent + t.query_shape[r] - 1) / t.query_shape[r];
+    t.query_origin[r] = block % boxes * t.query_shape[r];
+    block /= boxes;
+    const int last = min_int(t.query_origin[r] + t.query_shape[r] - 1, extent - 1);
+    // Both window bounds grow with y': the box's keys lie between these two.
+    const int lo = group_major_window(g, r, t.query_origin[r]).lo;
+    const int hi = group_major_window(g, r, last).hi;
+    t.key_origin[r] = lo;
+    t.key_tiles[r] = (hi - lo + t.key_shape[r]) / t.key_shape[r];
+    t.num_key_tiles *= t.key_tiles[r];
+  }
+  return t;
+}
+
+// Group-major coordinates of entry `index` of a box of `shape` at `origin` (axis 2 innermost), and
+// its token; -1 when it lies past the box (a box smaller than the tile), past the grid's extent or
+// on a hole.
+__host__ __device__ __forceinline__ int box_token(const NeighborhoodGrid& g, const int (&shape)[3],
+                                                  const int (&origin)[3], int index, int (&yp)[3]) {
+  yp[2] = origin[2] + index % shape[2];
+  yp[1] = origin[1] + index / shape[2] % shape[1];
+  yp[0] = origin[0] + index / (shape[2] * shape[1]);
+  int token = 0;
+  bool inside = index < shape[0] * shape[1] * shape[2];
+  for (int r = 0; r < 3; ++r) {
+    const int y = yp[r] < group_major_extent(g, r) ? grid_coordinate(g, r, yp[r]) : -1;
+    inside = inside && y >= 0;
+    token = token * g.size[r] + (y >= 0 ? y : 0);
+  }
+  return inside ? token : -1;
+}
+
+// Origin of key box u of a block.
+__host__ __device__ __forceinline__ void key_box_origin(const BlockTiles& t, int u,
+                                                        int (&origin)[3]) {
+  for (int r = 2; r >= 0; --r) {
+    origin[r] = t.key_origin[r] + u % t.key_tiles[r] * t.key_shape[r];
+    u /= t.key_tiles[r];
+  }
+}
+
+// Every query of the block sees every key of box u: the box fills its tile of `keys`, no dilation
+// (so no holes), both boxes inside the grid, and per axis the last query's window starts at or
+// before the box and the first one's ends at or after it (both bounds grow with the query). Rows
+// past a query box smaller than the tile are computed but never stored.
+__host__ __device__ __forceinline__ bool key_box_is_full(const NeighborhoodGrid& g,
+                                                         const BlockTiles& t, int u, int keys) {
+  int origin[3];
+  key_box_origin(t, u, origin);
+  bool full = t.key_shape[0] * t.key_shape[1] * t.key_shape[2] == keys;
+  for (int r = 0; r < 3; ++r) {
+    const int first = t.query_origin[r], last = first + t.query_shape[r] - 1;
+    const int key_last = origin[r] + t.key_shape[r] - 1;
+    full = full && g.dilation[r] == 1 && last < g.size[r] && key_last < g.size[r] &&
+           group_major_window(g, r, last).lo <= origin[r] &&
+           group_major_window(g, r, first).hi >= key_last;
+  }
+  return full;
+}
+
 }  // namespace neighborhood
 
+// The forward tiles the grid in boxes (kTokenTiles: the block_tiles() geometry above); the
+// backward still walks the flattened token order, through key_range() / query_range() and the
+// per-token windows.
 struct MaskNeighborhood {
+  static constexpr bool kTokenTiles = true;
   const NeighborhoodGrid* grid;  // points into the kernel's __grid_constant__ parameters
   std::int64_t num_tokens;       // queries = keys = product of the grid
 
@@ -221,55 +409,11 @@ struct MaskNeighborhood {
                           : neighborhood::empty_window();
   }
 
-  // Provably full only on a 1-D grid without dilation (axis 0 carries it): there both window
-  // bounds grow with the query, so the rows see the whole tile iff the last row's window starts
-  // at or before it and the first row's window ends at or after it. Elsewhere a tile of
-  // consecutive tokens crosses grid rows or dilation groups; it is treated as partial.
-  __host__ __device__ bool tile_is_full(std::int64_t first_row, std::int64_t last_row,
-                                        std::int64_t first_key, int tile_keys) const {
-    const NeighborhoodGrid& g = *grid;
-    const std::int64_t last_key = first_key + tile_keys - 1;
-    if (g.size[1] != 1 || g.size[2] != 1 || g.dilation[0] != 1 || last_key >= num_tokens) {
-      return false;
-    }
-    const neighborhood::AxisWindow last_row_window =
-        neighborhood::axis_window(g, 0, static_cast<int>(last_row));
-    const neighborhood::AxisWindow first_row_window =
-        neighborhood::axis_window(g, 0, static_cast<int>(first_row));
-    return last_row_window.lo <= first_key && first_row_window.hi >= last_key;
-  }
-
   __host__ __device__ bool visible(std::int64_t i, std::int64_t j) const {
     if (j >= num_tokens) return false;
     return neighborhood::window_sees(*grid, row_window(i),
                                      neighborhood::coords_of(*grid, static_cast<int>(j)));
   }
 };
-
-// hide_invisible (mask_policies.cuh) for neighborhood masks: each of this thread's two rows gets
-// its window once instead of per element. The rows go one after the other, so that only one
-// window is live next to the kernel's accumulators (both at once spilled in the 64 bucket, whose
-// two row blocks a warp already hold ~250 registers).
-template <int kTiles>
-__device__ __forceinline__ void hide_invisible(const MaskNeighborhood& mask, float (&s)[kTiles][4],
-                                               std::int64_t row, std::int64_t col) {
-  // Keys of a tile reach at most a tile past the last token: int (see the host's token limit).
-  const int tokens = static_cast<int>(mask.num_tokens), first_col = static_cast<int>(col);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {  // entries 0, 1 on `row`; 2, 3 on row + 8
-    const neighborhood::RowWindow window = mask.row_window(row + 8 * half);
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int j = first_col + t * 8 + c;
-        if (j >= tokens || !neighborhood::window_sees(*mask.grid, window,
-                                                      neighborhood::coords_of(*mask.grid, j))) {
-          s[t][2 * half + c] = -INFINITY;
-        }
-      }
-    }
-  }
-}
 
 }  // namespace fmha::cuda

@@ -3,7 +3,9 @@
 // One block computes block_m(D) query rows of one (batch, head): 4 warps, each owning
 // row_blocks(D) blocks of 16 rows. It walks the key tiles that its mask policy leaves visible,
 // then the extra-key tiles, keeping the output and the softmax statistics in registers (online
-// softmax), and writes out and lse once.
+// softmax), and writes out and lse once. Rows and key tiles are ranges of the sequence, or, for a
+// mask with kTokenTiles (neighborhood attention), boxes of the token grid whose rows are gathered
+// by token (resolved at compile time: the range policies keep their code).
 //
 // Pipeline (one buffer each for Q, K and V):
 //   wait K(t); barrier; issue V(t);  S = Q K(t)^T;  scores, mask, softmax
@@ -15,6 +17,7 @@
 
 #include "cuda/common/forward_params.h"
 #include "cuda/common/forward_policies.cuh"
+#include "cuda/common/neighborhood_mask.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm80/tile_sizes.h"
@@ -51,6 +54,140 @@ __device__ __forceinline__ void load_tile_async(std::uint16_t* smem, const std::
   }
 }
 
+// load_tile_async for rows gathered by token: row r is token tokens[r * token_stride] of `gmem`
+// (rows `row_stride` apart), zero-filled when that token is -1 (past the grid, a hole).
+template <int kRows, int kD>
+__device__ __forceinline__ void load_rows_async(std::uint16_t* smem, const std::uint16_t* gmem,
+                                                std::int64_t row_stride, const int* tokens,
+                                                int token_stride, int cols, bool vector_loads) {
+  constexpr int kPitch = smem_row(kD);
+  if (vector_loads) {
+    constexpr int kChunks = kD / 8;
+    static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over threads");
+#pragma unroll
+    for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
+      const int index = it * kThreads + static_cast<int>(threadIdx.x);
+      const int r = index / kChunks;
+      const int c = index % kChunks;
+      const int token = tokens[r * token_stride];
+      const bool inside = token >= 0 && c * 8 < cols;
+      const std::uint16_t* src = inside ? gmem + token * row_stride + c * 8 : gmem;
+      tile::cp_async_16(tile::shared_address(smem + r * kPitch + c * 8), src, inside ? 16 : 0);
+    }
+  } else {
+    for (int index = static_cast<int>(threadIdx.x); index < kRows * kD; index += kThreads) {
+      const int r = index / kD;
+      const int c = index % kD;
+      const int token = tokens[r * token_stride];
+      smem[r * kPitch + c] = (token >= 0 && c < cols) ? gmem[token * row_stride + c] : 0;
+    }
+  }
+}
+
+// A K or V tile: `valid` contiguous rows, or (kGather, tokens given) rows gathered by token, the
+// token of row r at tokens[4 * r] (TokenTileSmem::key).
+template <bool kGather, int kRows, int kD>
+__device__ __forceinline__ void load_key_tile(std::uint16_t* smem, const std::uint16_t* gmem,
+                                              std::int64_t row_stride, int valid, const int* tokens,
+                                              int cols, bool vector_loads) {
+  if constexpr (kGather) {
+    if (tokens != nullptr) {
+      load_rows_async<kRows, kD>(smem, gmem, row_stride, tokens, 4, cols, vector_loads);
+      return;
+    }
+  }
+  load_tile_async<kRows, kD>(smem, gmem, row_stride, valid, cols, vector_loads);
+}
+
+// Shared-memory bookkeeping of a kTokenTiles mask (neighborhood attention), after the K/V tiles:
+// the block's boxes, the query rows' tokens and group-major windows, and per key-tile buffer (two,
+// see the pipeline) the keys' group-major coordinates and tokens and whether the box is full.
+template <int kM, int kN>
+struct TokenTileSmem {
+  neighborhood::BlockTiles tiles;
+  int full[2];
+  int query_token[kM];
+  int2 query_window[kM][3];  // (lo, hi) per axis; lo > hi for rows past the grid
+  int4 key[2][kN];           // (y'0, y'1, y'2, token); all -1 for keys past the grid
+};
+
+// Writes key box u's coordinates and tokens into buffer u % 2 (every thread of the block calls it;
+// the caller's next barrier publishes them).
+template <int kM, int kN>
+__device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN>* tt, const NeighborhoodGrid& g,
+                                              int u) {
+  int origin[3];
+  neighborhood::key_box_origin(tt->tiles, u, origin);
+  for (int c = static_cast<int>(threadIdx.x); c < kN; c += kThreads) {
+    int yp[3];
+    const int token = neighborhood::box_token(g, tt->tiles.key_shape, origin, c, yp);
+    tt->key[u & 1][c] =
+        token >= 0 ? make_int4(yp[0], yp[1], yp[2], token) : make_int4(-1, -1, -1, -1);
+  }
+  if (threadIdx.x == 0) tt->full[u & 1] = neighborhood::key_box_is_full(g, tt->tiles, u, kN);
+}
+
+// Scores of one row block against a gathered key tile: bias / rel-pos by token, then (partial
+// tiles) -inf where a key lies outside the row's window on some axis. This thread's entries 0, 1
+// sit on local row `row`, 2, 3 on row + 8; entry 0 of n8 tile t is key col + 8t. One row at a
+// time, so that only one window is live next to the accumulators.
+template <typename Scores, int kM, int kN, int kTiles>
+__device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt, int buffer,
+                                                const Scores& scores, bool full,
+                                                float (&s)[kTiles][4], int row, int col) {
+  const bool additive = has_additive(scores);
+  if (full && !additive) return;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row + 8 * half;
+    const int query = tt->query_token[r];
+    const int2 w0 = tt->query_window[r][0], w1 = tt->query_window[r][1];
+    const int2 w2 = tt->query_window[r][2];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int4 key = tt->key[buffer][col + t * 8 + c];
+        float& x = s[t][2 * half + c];
+        if (additive && query >= 0 && key.w >= 0) x += additive_log2(scores, query, key.w);
+        if (!full && !(key.x >= w0.x && key.x <= w0.y && key.y >= w1.x && key.y <= w1.y &&
+                       key.z >= w2.x && key.z <= w2.y)) {
+          x = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// The epilogue's stores for rows gathered by token: a warp writes its kWarpRows staged output rows
+// (smem_o) to the rows of `out` named by `tokens` (-1: past the grid, not stored).
+template <int kD, int kWarpRows>
+__device__ __forceinline__ void store_gathered_rows(const ForwardParams& p, std::int64_t b, int h,
+                                                    const std::uint16_t* smem_o, const int* tokens,
+                                                    int lane) {
+  constexpr int kPitch = smem_row(kD);
+  auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride + h * p.out_head_stride;
+  if (p.vector_stores) {
+    constexpr int kChunks = kD / 8;
+    for (int index = lane; index < kWarpRows * kChunks; index += 32) {
+      const int r = index / kChunks;
+      const int c = index % kChunks;
+      const int token = tokens[r];
+      if (token >= 0 && c * 8 < p.value_dim) {
+        *reinterpret_cast<uint4*>(out + token * p.out_row_stride + c * 8) =
+            *reinterpret_cast<const uint4*>(smem_o + r * kPitch + c * 8);
+      }
+    }
+  } else {
+    for (int index = lane; index < kWarpRows * kD; index += 32) {
+      const int r = index / kD;
+      const int c = index % kD;
+      const int token = tokens[r];
+      if (token >= 0 && c < p.value_dim) out[token * p.out_row_stride + c] = smem_o[r * kPitch + c];
+    }
+  }
+}
+
 // Where the keys of tile u come from: the tiles of ordinary keys the mask leaves, then the
 // tiles of extra keys.
 struct KeyTile {
@@ -75,11 +212,14 @@ __global__ void __launch_bounds__(kThreads)
   using Mask = typename Policy::Mask;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
+  // Rows and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
+  constexpr bool kTokenTiles = Mask::kTokenTiles;
 
   extern __shared__ __align__(16) std::uint16_t smem[];
   std::uint16_t* const smem_q = smem;
   std::uint16_t* const smem_k = smem_q + kM * kPitch;
   std::uint16_t* const smem_v = smem_k + kN * kPitch;
+  auto* const tt = reinterpret_cast<TokenTileSmem<kM, kN>*>(smem_v + kN * kPitch);  // token tiles
 
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -95,7 +235,8 @@ __global__ void __launch_bounds__(kThreads)
     k_start = p.cu_seqlens_k[b];
     num_keys = p.cu_seqlens_k[b + 1] - k_start;
   }
-  const std::int64_t m0 = m_block * kM;
+  // Token tiles: the block's rows are tokens of its grid box, so the pointers start at token 0.
+  const std::int64_t m0 = kTokenTiles ? 0 : m_block * kM;
   if (m0 >= num_queries) return;  // varlen: this sequence is shorter than the longest
   const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
   const std::int64_t last_row = m0 + rows - 1;
@@ -114,18 +255,47 @@ __global__ void __launch_bounds__(kThreads)
 
   const Mask mask = Mask::make(p, num_queries, num_keys);
   const Scores scores = Scores::make(p, b, h, num_queries, num_keys);
-  const KeyRange range = mask.key_range(m0, last_row);
   std::int64_t first_tile = 0, main_tiles = 0;
-  if (range.end > range.begin) {
-    first_tile = range.begin / kN;
-    main_tiles = (range.end + kN - 1) / kN - first_tile;
+  if constexpr (kTokenTiles) {
+    // The block's query box and key boxes, its rows' tokens and windows, key box 0.
+    if (threadIdx.x == 0)
+      tt->tiles = neighborhood::block_tiles(*mask.grid, static_cast<int>(m_block), kM, kN);
+    __syncthreads();
+    for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
+      int yp[3];
+      const int token =
+          neighborhood::box_token(*mask.grid, tt->tiles.query_shape, tt->tiles.query_origin, r, yp);
+      tt->query_token[r] = token;
+      for (int a = 0; a < 3; ++a) {
+        const neighborhood::AxisWindow w =
+            token >= 0 ? neighborhood::group_major_window(*mask.grid, a, yp[a])
+                       : neighborhood::AxisWindow{1, 0};
+        tt->query_window[r][a] = make_int2(w.lo, w.hi);
+      }
+    }
+    stage_key_box(tt, *mask.grid, 0);
+    __syncthreads();
+    main_tiles = tt->tiles.num_key_tiles;
+  } else {
+    const KeyRange range = mask.key_range(m0, last_row);
+    if (range.end > range.begin) {
+      first_tile = range.begin / kN;
+      main_tiles = (range.end + kN - 1) / kN - first_tile;
+    }
   }
   const std::int64_t num_tiles = main_tiles + (p.num_extra + kN - 1) / kN;
 
   auto key_tile = [&](std::int64_t u) {
     KeyTile t;
     t.extra = u >= main_tiles;
-    if (!t.extra) {
+    if (!t.extra && kTokenTiles) {  // gathered by token from key box u (stage_key_box)
+      t.first_key = 0;
+      t.k_row_stride = p.k_row_stride;
+      t.v_row_stride = p.v_row_stride;
+      t.k = k;
+      t.v = v;
+      t.valid = kN;
+    } else if (!t.extra) {
       t.first_key = (first_tile + u) * kN;
       t.k_row_stride = p.k_row_stride;
       t.v_row_stride = p.v_row_stride;
@@ -143,10 +313,21 @@ __global__ void __launch_bounds__(kThreads)
     return t;
   };
 
-  load_tile_async<kM, kD>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
+  // Token tiles read the K/V rows of ordinary key tiles by the tokens that stage_key_box wrote.
+  auto key_tokens = [&](const KeyTile& t, std::int64_t u) -> const int* {
+    return kTokenTiles && !t.extra ? &tt->key[u & 1][0].w : nullptr;
+  };
+
+  if constexpr (kTokenTiles) {
+    load_rows_async<kM, kD>(smem_q, q, p.q_row_stride, tt->query_token, 1, p.head_dim,
+                            p.vector_loads);
+  } else {
+    load_tile_async<kM, kD>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
+  }
   if (num_tiles > 0) {
     const KeyTile t = key_tile(0);
-    load_tile_async<kN, kD>(smem_k, t.k, t.k_row_stride, t.valid, p.head_dim, p.vector_loads);
+    load_key_tile<kTokenTiles, kN, kD>(smem_k, t.k, t.k_row_stride, t.valid, key_tokens(t, 0),
+                                       p.head_dim, p.vector_loads);
   }
   tile::cp_async_commit();
 
@@ -180,9 +361,13 @@ __global__ void __launch_bounds__(kThreads)
     const KeyTile tile = key_tile(u);
     tile::cp_async_wait<0>();
     __syncthreads();  // K(u) visible to all; every warp is done with V(u - 1)
-    load_tile_async<kN, kD>(smem_v, tile.v, tile.v_row_stride, tile.valid, p.value_dim,
-                            p.vector_loads);
+    load_key_tile<kTokenTiles, kN, kD>(smem_v, tile.v, tile.v_row_stride, tile.valid,
+                                       key_tokens(tile, u), p.value_dim, p.vector_loads);
     tile::cp_async_commit();
+    if constexpr (kTokenTiles) {
+      // Key box u + 1 into the other buffer, last read by tile u - 1 before the barrier above.
+      if (u + 1 < main_tiles) stage_key_box(tt, *mask.grid, static_cast<int>(u + 1));
+    }
 
     float s[kRowBlocks][kScoreTiles][4];
 #pragma unroll
@@ -212,15 +397,25 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     const std::int64_t first_col = tile.first_key + fragment_col;
-    const bool full =
-        tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
+    bool full;
+    if constexpr (kTokenTiles) {
+      full = tile.extra ? tile.valid == kN : tt->full[u & 1] != 0;
+    } else {
+      full = tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
+    }
 #pragma unroll
     for (int rb = 0; rb < kRowBlocks; ++rb) {
       const std::int64_t row = fragment_row + rb * 16;
       scores.transform(s[rb]);
       if (!tile.extra) {
-        scores.add_bias(s[rb], row, first_col);
-        if (!full) hide_invisible(mask, s[rb], row, first_col);
+        if constexpr (kTokenTiles) {
+          // m0 is 0: row is the block-local row.
+          gathered_scores(tt, static_cast<int>(u & 1), scores, full, s[rb], static_cast<int>(row),
+                          fragment_col);
+        } else {
+          scores.add_bias(s[rb], row, first_col);
+          if (!full) hide_invisible(mask, s[rb], row, first_col);
+        }
       } else if (!full) {
         // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
         hide_invisible(MaskNone{p.num_extra}, s[rb], row, first_col);
@@ -232,8 +427,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // V(u) visible to all; every warp is done with K(u)
     if (u + 1 < num_tiles) {
       const KeyTile next = key_tile(u + 1);
-      load_tile_async<kN, kD>(smem_k, next.k, next.k_row_stride, next.valid, p.head_dim,
-                              p.vector_loads);
+      load_key_tile<kTokenTiles, kN, kD>(smem_k, next.k, next.k_row_stride, next.valid,
+                                         key_tokens(next, u + 1), p.head_dim, p.vector_loads);
     }
     tile::cp_async_commit();
 
@@ -286,8 +481,9 @@ __global__ void __launch_bounds__(kThreads)
     if (p.lse != nullptr && lane % 4 == 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const std::int64_t i = fragment_row + rb * 16 + 8 * r;
-        if (i < num_queries) {
+        const std::int64_t i = kTokenTiles ? tt->query_token[fragment_row + rb * 16 + 8 * r]
+                                           : fragment_row + rb * 16 + 8 * r;
+        if ((!kTokenTiles || i >= 0) && i < num_queries) {  // token -1: past the grid
           p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + i) * p.lse_row_stride] =
               lse[r];
         }
@@ -296,6 +492,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncwarp();
 
+  if constexpr (kTokenTiles) {
+    store_gathered_rows<kD, kWarpRows>(p, b, h, smem_o, tt->query_token + warp * kWarpRows, lane);
+    return;
+  }
   const int warp_rows = rows - warp * kWarpRows;  // rows of this warp that exist (may be <= 0)
   auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
               (q_start + m0 + warp * kWarpRows) * p.out_row_stride + h * p.out_head_stride;
