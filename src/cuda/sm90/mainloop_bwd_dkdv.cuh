@@ -26,8 +26,8 @@ namespace fmha::cuda::sm90 {
 template <int kD>
 constexpr int bwd_dkdv_smem_bytes() {
   return 2 * SwizzledTile<kBwdKeysPerBlock, kD>::kBytes +
-         kBwdStages *
-             (2 * SwizzledTile<kBwdQueriesPerTile, kD>::kBytes + 2 * kBwdQueriesPerTile * 4) +
+         kBwdStages * (2 * SwizzledTile<bwd_queries_per_tile(kD), kD>::kBytes +
+                       2 * bwd_queries_per_tile(kD) * 4) +
          1024;
 }
 
@@ -52,7 +52,7 @@ template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kN = kBwdKeysPerBlock;
-  constexpr int kM = kBwdQueriesPerTile;
+  constexpr int kM = bwd_queries_per_tile(kD);
   constexpr int kStages = kBwdStages;
   constexpr int kScoreTiles = kM / 8;
   constexpr int kOutTiles = kD / 8;

@@ -25,14 +25,14 @@ namespace fmha::cuda::sm90 {
 template <int kD>
 constexpr int bwd_dq_smem_bytes() {
   return 2 * SwizzledTile<kBwdQueriesPerBlock, kD>::kBytes +
-         2 * kBwdStages * SwizzledTile<kBwdKeysPerTile, kD>::kBytes + 1024;
+         2 * kBwdStages * SwizzledTile<bwd_keys_per_tile(kD), kD>::kBytes + 1024;
 }
 
 template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kM = kBwdQueriesPerBlock;
-  constexpr int kN = kBwdKeysPerTile;
+  constexpr int kN = bwd_keys_per_tile(kD);
   constexpr int kStages = kBwdStages;
   constexpr int kScoreTiles = kN / 8;
   constexpr int kOutTiles = kD / 8;

@@ -14,15 +14,20 @@ inline constexpr int kBwdMaxHeadDim = 128;
 inline constexpr int kBwdThreads = 256;
 
 // dK/dV kernel: 128 keys per block (64 per warpgroup: the A operand of S^T = K Q^T and
-// dP^T = V dO^T), walking query tiles of 64 (the N of those products and the K of dV += P^T dO,
-// dK += dS^T Q). Three Q/dO stages.
+// dP^T = V dO^T), walking query tiles (the N of those products and the K of dV += P^T dO,
+// dK += dS^T Q): 64 queries, 96 up to D = 64, where dK and dV leave registers for wider score
+// tiles (fewer barriers and statistics loads per product).
 inline constexpr int kBwdKeysPerBlock = 128;
-inline constexpr int kBwdQueriesPerTile = 64;
+constexpr int bwd_queries_per_tile(int head_dim_bucket) {
+  return head_dim_bucket <= 64 ? 96 : 64;
+}
 
-// dQ kernel: 128 queries per block (64 per warpgroup), walking key tiles of 64: S and dP cost 32
-// floats a thread each next to the D / 2 of dQ. Three K/V stages.
+// dQ kernel: 128 queries per block (64 per warpgroup), walking key tiles: S and dP cost N / 2
+// floats a thread each next to the D / 2 of dQ: 64 keys, 128 up to D = 64.
 inline constexpr int kBwdQueriesPerBlock = 128;
-inline constexpr int kBwdKeysPerTile = 64;
+constexpr int bwd_keys_per_tile(int head_dim_bucket) {
+  return head_dim_bucket <= 64 ? 128 : 64;
+}
 
 inline constexpr int kBwdStages = 3;
 
