@@ -164,6 +164,20 @@ TEST(CudaForward, Bias) {
   c.options.softcap = 10.0f;
   c.dtype = DType::kBFloat16;
   check_forward(c, 93);
+
+  // Lk a multiple of 8 and 16-byte aligned rows: the sm90 kernel stages bias tiles in shared
+  // memory (rows past Lq in the last block, a partial last key tile, D 64 / 128 / 256).
+  for (std::int64_t d : {64, 128, 256}) {
+    ForwardCase staged = shape_case(DType::kBFloat16, 201, 264, d, d, 4, 2, 2);
+    staged.bias = true;
+    check_forward(staged, 95 + d);
+    staged.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk] through stride 0
+    staged.options.causal = true;
+    check_forward(staged, 96 + d);
+    staged.dtype = DType::kFloat16;
+    staged.rel_hk = 22;  // bias and rel-pos together (key grid 22 x 12)
+    check_forward(staged, 97 + d);
+  }
 }
 
 TEST(CudaForward, RelativePositionSam) {

@@ -80,6 +80,9 @@ struct ForwardParams {
   // block of queries; 0 when they are read from global memory (kernels that do not stage, rows
   // too long for the shared memory left, or 2^31 keys or more).
   int rel_staged_pitch = 0;
+  // True when a kernel stages bias tiles in shared memory next to its K/V tiles (cp.async): keys
+  // contiguous, rows and the (b, h) offsets 16-byte aligned, Lk a multiple of 8 (dense only).
+  bool bias_staged = false;
 
   // Sinks [H] fp32; nullptr when absent.
   const float* sinks = nullptr;

@@ -38,6 +38,11 @@ struct ScoreScale {
   template <int kTiles>
   __device__ void add_bias(float (&)[kTiles][4], std::int64_t, std::int64_t) const {}
   __device__ void stage_rel_pos(std::uint16_t*, std::int64_t, int) {}
+  template <int kRows, int kCols, int kThreads>
+  __device__ void load_bias_tile_async(std::uint32_t, std::int64_t, std::int64_t) const {}
+  template <int kTiles>
+  __device__ void add_bias_tile(float (&)[kTiles][4], std::int64_t, std::int64_t,
+                                const std::uint8_t*, int) const {}
 };
 
 template <typename T>
@@ -125,28 +130,74 @@ struct ScoreModifiers {
   template <int kTiles>
   __device__ void add_bias(float (&s)[kTiles][4], std::int64_t row, std::int64_t col) const {
     if (bias == nullptr && rel_h == nullptr) return;
-    if (rel_staged != nullptr) {
-      add_staged_rel_pos(s, row, col);
-      if (bias == nullptr) return;
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const std::int64_t i = row + (e >= 2 ? 8 : 0), j = col + t * 8 + (e & 1);
-          if (i < num_queries && j < num_keys) {
-            s[t][e] += tile::Dtype<T>::to_float(
-                           bias[i * params->bias_stride[2] + j * params->bias_stride[3]]) *
-                       kLog2e;
-          }
-        }
-      }
+    if (rel_staged == nullptr) {
+      add_global_additive(s, row, col, /*with_bias=*/true, /*with_rel=*/true);
       return;
     }
+    add_staged_rel_pos(s, row, col);
+    if (bias != nullptr) add_global_additive(s, row, col, /*with_bias=*/true, /*with_rel=*/false);
+  }
+
+  // Copies the bias of query rows [first_row, +kRows) x keys [first_key, +kCols) to shared
+  // address `dst` (layout: tile_sizes.h bias_tile_bytes) with 16-byte cp.async, zeros past the
+  // sequence; only when the launch set params->bias_staged.
+  template <int kRows, int kCols, int kThreads>
+  __device__ void load_bias_tile_async(std::uint32_t dst, std::int64_t first_row,
+                                       std::int64_t first_key) const {
+    constexpr int kChunks = kCols / 8;
+    constexpr int kRowStep = kThreads / kChunks;
+    static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "whole rows per pass");
+    const int c = static_cast<int>(threadIdx.x) % kChunks;
+    const int r0 = static_cast<int>(threadIdx.x) / kChunks;
+    const std::int64_t j = first_key + 8 * c;
+#pragma unroll
+    for (int it = 0; it < kRows / kRowStep; ++it) {
+      const int r = r0 + it * kRowStep;
+      const std::int64_t i = first_row + r;
+      const bool inside = i < num_queries && j < num_keys;  // Lk % 8 == 0: whole chunks
+      const std::uint16_t* src = inside ? bias + i * params->bias_stride[2] + j : bias;
+      tile::cp_async_16(dst + r * kCols * 2 + ((c ^ (r & 7)) << 4), src, inside ? 16 : 0);
+    }
+  }
+
+  // add_bias with the bias read from a staged tile (`tile`, rows local_row and local_row + 8 of
+  // it hold this thread's rows; col is the tile-relative column of entry 0): rel-pos as usual.
+  template <int kTiles>
+  __device__ void add_bias_tile(float (&s)[kTiles][4], std::int64_t row, std::int64_t col,
+                                const std::uint8_t* tile, int local_row) const {
+    using Convert = tile::Dtype<T>;
+    if (rel_h != nullptr) {
+      if (rel_staged != nullptr) {
+        add_staged_rel_pos(s, row, col);
+      } else {
+        add_global_additive(s, row, col, /*with_bias=*/false, /*with_rel=*/true);
+      }
+    }
+    constexpr int kRowBytes = kTiles * 16;
+    const int c = static_cast<int>(col % 8);  // 2 * (lane % 4)
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int lr = local_row + 8 * r;
+        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(
+            tile + lr * kRowBytes + ((t ^ (lr & 7)) << 4) + c * 2);
+        s[t][2 * r] += Convert::to_float(static_cast<std::uint16_t>(w)) * kLog2e;
+        s[t][2 * r + 1] += Convert::to_float(static_cast<std::uint16_t>(w >> 16)) * kLog2e;
+      }
+    }
+  }
+
+  // Bias and / or rel-pos read from global memory element by element.
+  template <int kTiles>
+  __device__ void add_global_additive(float (&s)[kTiles][4], std::int64_t row, std::int64_t col,
+                                      bool with_bias, bool with_rel) const {
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[t][e] += additive_log2(row + (e >= 2 ? 8 : 0), col + t * 8 + (e & 1));
+        s[t][e] +=
+            additive_log2(row + (e >= 2 ? 8 : 0), col + t * 8 + (e & 1), with_bias, with_rel);
       }
     }
   }
@@ -209,14 +260,16 @@ struct ScoreModifiers {
   // Bias plus rel-pos of (i, j) in log2 units; 0 outside the Lq x Lk grid (rows or keys of a
   // tile past the end, which are never stored or are masked anyway), so nothing reads past a
   // tensor.
-  __device__ float additive_log2(std::int64_t i, std::int64_t j) const {
+  // with_bias / with_rel leave out a term that the caller adds from shared memory.
+  __device__ float additive_log2(std::int64_t i, std::int64_t j, bool with_bias = true,
+                                 bool with_rel = true) const {
     if (i >= num_queries || j >= num_keys) return 0.0f;
     float add = 0.0f;
-    if (bias != nullptr) {
+    if (with_bias && bias != nullptr) {
       add +=
           tile::Dtype<T>::to_float(bias[i * params->bias_stride[2] + j * params->bias_stride[3]]);
     }
-    if (rel_h != nullptr) {
+    if (with_rel && rel_h != nullptr) {
       const std::int64_t jh = j / params->rel_w_size;
       const std::int64_t jw = j - jh * params->rel_w_size;
       add += tile::Dtype<T>::to_float(

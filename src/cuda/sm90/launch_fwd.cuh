@@ -29,18 +29,35 @@ inline int rel_staged_pitch(std::int64_t rel_h_size, std::int64_t rel_w_size) {
   return static_cast<int>((width + 63) / 64 * 64 + 8);
 }
 
+// Whether the bias rows can be copied 16 bytes at a time: keys contiguous, every (b, h, row)
+// start 16-byte aligned, and Lk a multiple of 8 (no partial chunk at a row's end; dense only,
+// since varlen sequences have their own lengths).
+inline bool bias_stageable(const ForwardParams& p) {
+  return p.bias != nullptr && p.cu_seqlens_q == nullptr && p.seqlen_k % 8 == 0 &&
+         p.bias_stride[3] == 1 && p.bias_stride[0] % 8 == 0 && p.bias_stride[1] % 8 == 0 &&
+         p.bias_stride[2] % 8 == 0 && reinterpret_cast<std::uintptr_t>(p.bias) % 16 == 0;
+}
+
 }  // namespace detail
 
 template <typename T, int kD, typename Policy>
 Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   ForwardParams p = params;
-  int smem = tile_smem_bytes<kD>() + kSmemAlignSlack;
+  int smem = tile_smem_bytes<kD, Policy>() + kSmemAlignSlack;
+  const int max_smem = detail::max_block_smem();
+  // Bias: stage its tiles next to the K/V tiles (cp.async) when their rows are whole 16-byte
+  // chunks and the tiles fit.
+  if (kHasModifiers<Policy> && detail::bias_stageable(p) &&
+      smem + kv_stages(kD, true) * bias_tile_bytes(kD) <= max_smem) {
+    p.bias_staged = true;
+    smem += kv_stages(kD, true) * bias_tile_bytes(kD);
+  }
   // SAM-style rel-pos: stage the block's rel_h | rel_w rows in shared memory when they fit.
   if (p.rel_h != nullptr && p.cu_seqlens_q == nullptr && p.seqlen_k < (std::int64_t{1} << 31)) {
     const int pitch =
         detail::rel_staged_pitch((p.seqlen_k + p.rel_w_size - 1) / p.rel_w_size, p.rel_w_size);
     const std::int64_t staged = std::int64_t{block_m(kD)} * pitch * 2;
-    if (smem + staged <= detail::max_block_smem()) {
+    if (smem + staged <= max_smem) {
       p.rel_staged_pitch = pitch;
       smem += static_cast<int>(staged);
     }

@@ -31,8 +31,16 @@ constexpr int block_n(int head_dim_bucket) {
 // Q plus three K/V stages fit in the 227 KB a block may have (up to D = 224), two at D = 256. One
 // barrier per tile suffices: the stage that tile u + stages - 1 overwrites was last read in
 // iteration u - 1, which every warp has left once it passes iteration u's barrier.
-constexpr int kv_stages(int head_dim_bucket) {
-  return head_dim_bucket < 256 ? 3 : 2;
+// The score-modifier policy keeps two: its bias tiles (below) take the third stage's room.
+constexpr int kv_stages(int head_dim_bucket, bool modifiers) {
+  return head_dim_bucket < 256 && !modifiers ? 3 : 2;
+}
+
+// A staged bias tile: the block's rows x one key tile of 16-bit values, 16-byte chunks of each
+// row swizzled by the row's index modulo 8 (the 8 rows x 4 pair loads of a warp's fragment fall
+// in 32 different banks).
+constexpr int bias_tile_bytes(int head_dim_bucket) {
+  return block_m(head_dim_bucket) * block_n(head_dim_bucket) * 2;
 }
 
 }  // namespace fmha::cuda::sm90
