@@ -222,10 +222,11 @@ __global__ void __launch_bounds__(threads(kD), 1)
   }
 
   // Epilogue. Q's copy must have landed before its rows are reused for the output (it is still
-  // in flight when the block had no key tile at all). Each warp stages its own 16 rows in its own
-  // rows of Q's tile (only its warpgroup's products ever read them, and those are done).
+  // in flight when the block had no key tile at all, and other threads copied this warp's rows:
+  // hence a block barrier, found by racecheck). Each warp stages its own 16 rows in its own rows
+  // of Q's tile (only its warpgroup's products ever read them, and those are done).
   tile::cp_async_wait<0>();
-  __syncwarp();
+  __syncthreads();
   const float sink_log2 = p.sinks != nullptr ? p.sinks[h * p.sinks_stride] * kLog2e : -INFINITY;
   float factor[2], lse[2];
 #pragma unroll
