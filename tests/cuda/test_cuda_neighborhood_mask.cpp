@@ -1,9 +1,9 @@
 // The CUDA neighborhood mask policy (src/cuda/common/neighborhood_mask.cuh) checked on the host,
 // no GPU needed, against the SPEC §6 mask of the naive oracle (tests/naive), which is written from
-// the formula. Forward (multi-dimensional token tiles): every token is a query row of one block,
-// a block's key boxes hold each key its rows see once, the group-major window test equals the
-// mask, boxes claimed full are. Backward (flattened order): visible() and column_window() equal
-// the mask, key_range() / query_range() cover every key / query of a block of consecutive tokens.
+// the formula. Token tiles (forward and, transposed, the backward's dK/dV kernel): every token is
+// a row of one block, a block's boxes hold each token its rows see once, the group-major window
+// test equals the mask, boxes claimed full are. Flattened order (the backward's dQ kernel):
+// visible() equals the mask, key_range() covers every key of a block of consecutive tokens.
 #include <cuda_runtime.h>  // defines __host__ / __device__ for the host compiler
 #include <gtest/gtest.h>
 
@@ -67,36 +67,6 @@ void check_geometry(const Geometry& geo) {
       EXPECT_FALSE(policy.visible(tokens + i % 8, j));
     }
   }
-  // The backward's transposed geometry: the queries that see key j are exactly the rows for
-  // which visible(i, j) holds, and query_range() covers them for every block of keys.
-  for (int j = 0; j < tokens + 8; ++j) {
-    const fmha::cuda::neighborhood::RowWindow column = policy.column_window(j);
-    for (int i = 0; i < tokens; ++i) {
-      const bool expected = j < tokens && sees(i, j);
-      const bool got = fmha::cuda::neighborhood::window_sees(
-          grid, column, fmha::cuda::neighborhood::coords_of(grid, i));
-      if (got != expected && ++wrong <= 5) {
-        ADD_FAILURE() << "column_window(" << j << ") says query " << i
-                      << (got ? " sees" : " does not see") << " it";
-      }
-    }
-  }
-  for (int block : {1, 7, 16, 32, 64}) {
-    for (int first = 0; first < tokens; first += block) {
-      const int last = first + block - 1 < tokens ? first + block - 1 : tokens - 1;
-      const fmha::cuda::KeyRange range = policy.query_range(first, last);
-      EXPECT_GE(range.begin, 0);
-      EXPECT_LE(range.end, tokens);
-      for (int j = first; j <= last; ++j) {
-        for (int i = 0; i < tokens; ++i) {
-          if (sees(i, j) && (i < range.begin || i >= range.end) && ++wrong <= 5) {
-            ADD_FAILURE() << "keys [" << first << ", " << last << "] query range [" << range.begin
-                          << ", " << range.end << ") misses query " << i << " of key " << j;
-          }
-        }
-      }
-    }
-  }
   // Multi-dimensional token tiles (the forward): every token is a query row of exactly one block;
   // a block's key boxes hold every key its rows see, each once; the group-major window test
   // equals visibility; a box claimed full is seen whole by every row.
@@ -104,17 +74,17 @@ void check_geometry(const Geometry& geo) {
   for (int rows : {64, 128}) {
     for (int keys : {32, 64}) {
       std::vector<int> owner(static_cast<std::size_t>(tokens), 0);
-      const int blocks = nb::num_query_boxes(grid, rows);
+      const int blocks = nb::num_block_boxes(grid, rows);
       for (int block = 0; block < blocks; ++block) {
         const nb::BlockTiles bt = nb::block_tiles(grid, block, rows, keys);
         std::vector<int> key_seen(static_cast<std::size_t>(tokens), 0);
         std::vector<std::array<int, 3>> key_pos(static_cast<std::size_t>(tokens));
-        for (int u = 0; u < bt.num_key_tiles; ++u) {
+        for (int u = 0; u < bt.num_seen_tiles; ++u) {
           int origin[3];
-          nb::key_box_origin(bt, u, origin);
+          nb::seen_box_origin(bt, u, origin);
           for (int c = 0; c < keys; ++c) {
             int yp[3];
-            const int j = nb::box_token(grid, bt.key_shape, origin, c, yp);
+            const int j = nb::box_token(grid, bt.seen_shape, origin, c, yp);
             if (j < 0) continue;
             ++key_seen[static_cast<std::size_t>(j)];
             key_pos[static_cast<std::size_t>(j)] = {yp[0], yp[1], yp[2]};
@@ -127,7 +97,7 @@ void check_geometry(const Geometry& geo) {
         }
         for (int r = 0; r < rows; ++r) {
           int yp[3];
-          const int i = nb::box_token(grid, bt.query_shape, bt.query_origin, r, yp);
+          const int i = nb::box_token(grid, bt.box_shape, bt.box_origin, r, yp);
           if (i < 0) continue;
           ++owner[static_cast<std::size_t>(i)];
           for (int j = 0; j < tokens; ++j) {
@@ -144,18 +114,18 @@ void check_geometry(const Geometry& geo) {
             }
           }
         }
-        for (int u = 0; u < bt.num_key_tiles; ++u) {
-          if (!nb::key_box_is_full(grid, bt, u, keys)) continue;
+        for (int u = 0; u < bt.num_seen_tiles; ++u) {
+          if (!nb::seen_box_is_full(grid, bt, u, keys)) continue;
           int origin[3];
-          nb::key_box_origin(bt, u, origin);
+          nb::seen_box_origin(bt, u, origin);
           for (int r = 0; r < rows; ++r) {
             int yq[3];
-            const int i = nb::box_token(grid, bt.query_shape, bt.query_origin, r, yq);
+            const int i = nb::box_token(grid, bt.box_shape, bt.box_origin, r, yq);
             if (i < 0) continue;  // rows past the box: computed, never stored
             for (int c = 0; c < keys; ++c) {
               int yk[3];
-              const int j = nb::box_token(grid, bt.key_shape, origin, c, yk);
-              if (c >= bt.key_shape[0] * bt.key_shape[1] * bt.key_shape[2]) continue;
+              const int j = nb::box_token(grid, bt.seen_shape, origin, c, yk);
+              if (c >= bt.seen_shape[0] * bt.seen_shape[1] * bt.seen_shape[2]) continue;
               if ((i < 0 || j < 0 || !sees(i, j)) && ++wrong <= 5) {
                 ADD_FAILURE() << "block " << block << " key box " << u << " claimed full but row "
                               << i << " / key " << j << " fails";
@@ -168,6 +138,75 @@ void check_geometry(const Geometry& geo) {
         if (owner[static_cast<std::size_t>(i)] != 1 && ++wrong <= 5) {
           ADD_FAILURE() << "token " << i << " is a query row of "
                         << owner[static_cast<std::size_t>(i)] << " blocks (rows " << rows << ")";
+        }
+      }
+    }
+  }
+  // Transposed (the backward's dK/dV kernel): every token is a key of one block; a block's query
+  // boxes hold every query that sees one of its keys, each once; the transposed window test equals
+  // the mask; a box claimed full is seen whole.
+  for (int keys : {64}) {
+    for (int rows : {16, 32, 64}) {
+      std::vector<int> owner(static_cast<std::size_t>(tokens), 0);
+      const int blocks = nb::num_block_boxes(grid, keys);
+      for (int block = 0; block < blocks; ++block) {
+        const nb::BlockTiles bt = nb::block_tiles(grid, block, keys, rows, /*transposed=*/true);
+        std::vector<int> query_seen(static_cast<std::size_t>(tokens), 0);
+        std::vector<std::array<int, 3>> query_pos(static_cast<std::size_t>(tokens));
+        for (int u = 0; u < bt.num_seen_tiles; ++u) {
+          int origin[3];
+          nb::seen_box_origin(bt, u, origin);
+          for (int c = 0; c < rows; ++c) {
+            int yp[3];
+            const int i = nb::box_token(grid, bt.seen_shape, origin, c, yp);
+            if (i < 0) continue;
+            ++query_seen[static_cast<std::size_t>(i)];
+            query_pos[static_cast<std::size_t>(i)] = {yp[0], yp[1], yp[2]};
+          }
+          const bool full = nb::seen_box_is_full(grid, bt, u, rows, /*transposed=*/true);
+          for (int kr = 0; full && kr < keys; ++kr) {
+            int yk[3];
+            const int j = nb::box_token(grid, bt.box_shape, bt.box_origin, kr, yk);
+            if (j < 0) continue;
+            for (int c = 0; c < rows; ++c) {
+              int yq[3];
+              const int i = nb::box_token(grid, bt.seen_shape, origin, c, yq);
+              if ((i < 0 || !sees(i, j)) && ++wrong <= 5) {
+                ADD_FAILURE() << "key block " << block << " query box " << u
+                              << " claimed full but query " << i << " / key " << j << " fails";
+              }
+            }
+          }
+        }
+        for (int i = 0; i < tokens; ++i) {
+          if (query_seen[static_cast<std::size_t>(i)] > 1 && ++wrong <= 5) {
+            ADD_FAILURE() << "key block " << block << " holds query " << i << " twice";
+          }
+        }
+        for (int kr = 0; kr < keys; ++kr) {
+          int yk[3];
+          const int j = nb::box_token(grid, bt.box_shape, bt.box_origin, kr, yk);
+          if (j < 0) continue;
+          ++owner[static_cast<std::size_t>(j)];
+          for (int i = 0; i < tokens; ++i) {
+            const auto& qp = query_pos[static_cast<std::size_t>(i)];
+            bool test = query_seen[static_cast<std::size_t>(i)] > 0;
+            for (int a = 0; a < 3; ++a) {
+              const nb::AxisWindow w = nb::group_major_window(grid, a, yk[a], /*transposed=*/true);
+              test = test && qp[a] >= w.lo && qp[a] <= w.hi;
+            }
+            if (test != sees(i, j) && ++wrong <= 5) {
+              ADD_FAILURE() << "key block " << block << " key " << j << " query " << i
+                            << (query_seen[static_cast<std::size_t>(i)] ? "" : " (not in a box)")
+                            << ": transposed test " << test << ", mask " << sees(i, j);
+            }
+          }
+        }
+      }
+      for (int j = 0; j < tokens; ++j) {
+        if (owner[static_cast<std::size_t>(j)] != 1 && ++wrong <= 5) {
+          ADD_FAILURE() << "token " << j << " is a key of " << owner[static_cast<std::size_t>(j)]
+                        << " blocks";
         }
       }
     }

@@ -5,7 +5,8 @@
 //   visible_queries / visible_keys: visible(i, j) for one key against a tile of queries (or one
 //     query against a tile of keys), computed once per row, with contains(offset): an interval of
 //     tile offsets for causal / window masks (two int compares per element), one token's per-axis
-//     window for neighborhood masks;
+//     window for neighborhood masks (visible_keys only: the dQ kernel walks flattened rows; the
+//     dK/dV kernel tiles neighborhood masks in boxes, neighborhood_mask.cuh);
 //   accumulate_additive_grad(p, b, h, i, j, ds): the gradient hook of the additive modifiers,
 //     dS of element (i, j) into dbias / drel_h / drel_w (SPEC §4, §5);
 //   score_with_grad(scores, dot, &grad): the forward's transform, plus d(score)/d(scale * dot),
@@ -37,12 +38,6 @@ __device__ inline QueryRange query_range(const MaskWindow& m, std::int64_t first
   const std::int64_t lo = first_key - m.offset - m.right;
   const std::int64_t hi = last_key - m.offset + m.left + 1;
   return {lo > 0 ? lo : 0, hi < num_queries ? hi : num_queries};
-}
-
-__device__ inline QueryRange query_range(const MaskNeighborhood& m, std::int64_t first_key,
-                                         std::int64_t last_key, std::int64_t) {
-  const KeyRange r = m.query_range(first_key, last_key);
-  return {r.begin, r.end};
 }
 
 // Inclusive interval of offsets in a tile; empty when lo > hi.
@@ -101,11 +96,6 @@ struct NeighborhoodTileTest {
     return {nullptr, neighborhood::empty_window(), 0, 0, count};
   }
 };
-__device__ inline NeighborhoodTileTest visible_queries(const MaskNeighborhood& m, std::int64_t j,
-                                                       std::int64_t first_query, int) {
-  return {m.grid, m.column_window(j), static_cast<int>(first_query), static_cast<int>(m.num_tokens),
-          0};
-}
 __device__ inline NeighborhoodTileTest visible_keys(const MaskNeighborhood& m, std::int64_t i,
                                                     std::int64_t first_key, int) {
   return {m.grid, m.row_window(i), static_cast<int>(first_key), static_cast<int>(m.num_tokens), 0};

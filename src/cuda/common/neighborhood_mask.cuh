@@ -55,28 +55,6 @@ __host__ __device__ __forceinline__ AxisWindow axis_window(const NeighborhoodGri
   return {group + d * first, group + d * last};
 }
 
-// SPEC §6 read the other way, for the backward: the query coordinates on axis r whose window holds
-// key coordinate y (same dilation group, positions first .. last). Both window bounds grow with the
-// query position p, so these form an interval. Non-causal: the window ends at or after position t
-// of y iff p >= t - K + 1 + K/2 (or always, when t < K, the window then starting at 0), and starts
-// at or before t iff p <= t + K/2 (or always, when t >= n - K, the window never starting past
-// n - K). Causal: max(p - K + 1, 0) <= t <= p iff t <= p <= t + K - 1.
-__host__ __device__ __forceinline__ AxisWindow axis_window_transposed(const NeighborhoodGrid& g,
-                                                                      int r, int y) {
-  const int d = g.dilation[r], k = g.kernel[r];
-  const int group = y % d, t = y / d;
-  const int n = (g.size[r] - group + d - 1) / d;
-  int first, last;
-  if (g.causal[r]) {
-    first = t;
-    last = min_int(t + k - 1, n - 1);
-  } else {
-    first = t >= k ? t - k + 1 + k / 2 : 0;
-    last = t >= n - k ? n - 1 : min_int(t + k / 2, n - 1);
-  }
-  return {group + d * first, group + d * last};
-}
-
 // Row-major coordinates of token `token` (axis 2 innermost).
 struct Coords {
   int x[3];
@@ -101,14 +79,6 @@ __host__ __device__ __forceinline__ RowWindow row_window(const NeighborhoodGrid&
   return w;
 }
 
-// The queries that see one key, axis by axis (a RowWindow over query coordinates).
-__host__ __device__ __forceinline__ RowWindow column_window(const NeighborhoodGrid& g, int key) {
-  const Coords c = coords_of(g, key);
-  RowWindow w;
-  for (int r = 0; r < 3; ++r) w.axis[r] = axis_window_transposed(g, r, c.x[r]);
-  return w;
-}
-
 // A key is visible iff, on every axis, its coordinate lies in the window and in the query's group.
 __host__ __device__ __forceinline__ bool window_sees(const NeighborhoodGrid& g, const RowWindow& w,
                                                      const Coords& key) {
@@ -128,9 +98,11 @@ __host__ __device__ __forceinline__ RowWindow empty_window() {
   return w;
 }
 
-// ---- Multi-dimensional token tiles (the forward) ----------------------------------------------
+// ---- Multi-dimensional token tiles -------------------------------------------------------------
 // A block's queries are a box of the grid and its key tiles are boxes of the key region those
 // queries see, so a query tile needs few keys and no key tile lies outside every neighborhood.
+// The backward's dK/dV kernel reads it transposed: a block's keys are a box, its query tiles
+// boxes of the region of queries that see them.
 // Boxes live in group-major coordinates: on an axis with dilation d and L = ceil(X / d) positions
 // per group, coordinate y = g + d * p (group g, position p) maps to y' = g * L + p. A window is
 // then one interval [g * L + first, g * L + last] of y', a box of consecutive y' holds neighbours,
@@ -150,16 +122,27 @@ __host__ __device__ __forceinline__ int grid_coordinate(const NeighborhoodGrid& 
   const int y = yp / positions + g.dilation[r] * (yp % positions);
   return y < g.size[r] ? y : -1;
 }
-// The window of group-major y' (a hole takes its group's last position, which keeps both bounds
-// non-decreasing in y'), as group-major bounds.
+// The window of the query at group-major y', or transposed the queries that see the key at y', as
+// group-major bounds. A hole takes its group's last position, which keeps both bounds
+// non-decreasing in y'. Transposed (key at position t of its group): both window bounds grow with
+// the query position p, so the queries form an interval. Non-causal: the window ends at or after
+// t iff p >= t - K + 1 + K/2 (or always, when t < K, the window then starting at 0), and starts
+// at or before t iff p <= t + K/2 (or always, when t >= n - K, the window never starting past
+// n - K). Causal: max(p - K + 1, 0) <= t <= p iff t <= p <= t + K - 1.
 __host__ __device__ __forceinline__ AxisWindow group_major_window(const NeighborhoodGrid& g, int r,
-                                                                  int yp) {
+                                                                  int yp, bool transposed = false) {
   const int d = g.dilation[r], k = g.kernel[r], positions = group_positions(g, r);
   const int group = yp / positions;
   const int n = (g.size[r] - group + d - 1) / d;  // >= k (K * d <= X is validated)
   const int p = min_int(yp % positions, n - 1);
   int first, last;
-  if (g.causal[r]) {
+  if (transposed && g.causal[r]) {
+    first = p;
+    last = min_int(p + k - 1, n - 1);
+  } else if (transposed) {
+    first = p >= k ? p - k + 1 + k / 2 : 0;
+    last = p >= n - k ? n - 1 : min_int(p + k / 2, n - 1);
+  } else if (g.causal[r]) {
     first = max_int(p - k + 1, 0);
     last = p;
   } else {
@@ -179,7 +162,7 @@ __host__ __device__ __forceinline__ int pow2_ceil(int x) {
 // innermost axis while an axis still has room, so boxes stay about square (a square of side s sees
 // (s + K - 1)^2 keys, a row of s^2 tokens K x (s^2 + K - 1)). Smaller than `rows` only when the
 // whole grid fits.
-__host__ __device__ __forceinline__ void query_box_shape(const NeighborhoodGrid& g, int rows,
+__host__ __device__ __forceinline__ void block_box_shape(const NeighborhoodGrid& g, int rows,
                                                          int (&shape)[3]) {
   int cap[3], product = 1;
   for (int r = 0; r < 3; ++r) {
@@ -198,16 +181,17 @@ __host__ __device__ __forceinline__ void query_box_shape(const NeighborhoodGrid&
   }
 }
 
-// Key box of at most `keys` (a power of two) tokens for query boxes of `query_shape`: of the
+// Key box of at most `keys` (a power of two) tokens for query boxes of `box_shape`: of the
 // power-of-two shapes no wider than an interior block's key region (query extent + K - 1 per
 // axis), the one that cuts that region into the fewest boxes (each costs a whole tile of keys);
-// ties go to the widest innermost axis (longer contiguous rows).
-__host__ __device__ __forceinline__ void key_box_shape(const NeighborhoodGrid& g,
-                                                       const int (&query_shape)[3], int keys,
-                                                       int (&shape)[3]) {
+// ties go to the widest innermost axis (longer contiguous rows). Transposed (query boxes for a box
+// of keys) alike: the queries that see a key span K positions as well.
+__host__ __device__ __forceinline__ void seen_box_shape(const NeighborhoodGrid& g,
+                                                        const int (&box_shape)[3], int keys,
+                                                        int (&shape)[3]) {
   int region[3], cap[3];
   for (int r = 0; r < 3; ++r) {
-    region[r] = min_int(query_shape[r] + g.kernel[r] - 1, group_major_extent(g, r));
+    region[r] = min_int(box_shape[r] + g.kernel[r] - 1, group_major_extent(g, r));
     cap[r] = pow2_ceil(region[r]);
   }
   int best = -1;
@@ -227,40 +211,42 @@ __host__ __device__ __forceinline__ void key_box_shape(const NeighborhoodGrid& g
   }
 }
 
-// What a block of the forward works on: its query box, and the key region its queries see cut into
-// key boxes. Origins and extents are group-major.
+// What a block works on: its own box (the forward's and the dQ kernel's queries, the dK/dV kernel's
+// keys) and the region of tokens it sees (keys, or transposed the queries that see its keys) cut
+// into boxes. Origins and extents are group-major.
 struct BlockTiles {
-  int query_shape[3], query_origin[3];
-  int key_shape[3], key_origin[3], key_tiles[3];  // key_tiles: boxes per axis
-  int num_key_tiles;
+  int box_shape[3], box_origin[3];
+  int seen_shape[3], seen_origin[3], seen_tiles[3];  // seen_tiles: boxes per axis
+  int num_seen_tiles;
 };
 
-__host__ __device__ __forceinline__ int num_query_boxes(const NeighborhoodGrid& g, int rows) {
+__host__ __device__ __forceinline__ int num_block_boxes(const NeighborhoodGrid& g, int rows) {
   int shape[3];
-  query_box_shape(g, rows, shape);
+  block_box_shape(g, rows, shape);
   int boxes = 1;
   for (int r = 0; r < 3; ++r) boxes *= (group_major_extent(g, r) + shape[r] - 1) / shape[r];
   return boxes;
 }
 
 __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGrid& g, int block,
-                                                           int rows, int keys) {
+                                                           int rows, int keys,
+                                                           bool transposed = false) {
   BlockTiles t;
-  query_box_shape(g, rows, t.query_shape);
-  key_box_shape(g, t.query_shape, keys, t.key_shape);
-  t.num_key_tiles = 1;
+  block_box_shape(g, rows, t.box_shape);
+  seen_box_shape(g, t.box_shape, keys, t.seen_shape);
+  t.num_seen_tiles = 1;
   for (int r = 2; r >= 0; --r) {
     const int extent = group_major_extent(g, r);
-    const int boxes = (extent + t.query_shape[r] - 1) / t.query_shape[r];
-    t.query_origin[r] = block % boxes * t.query_shape[r];
+    const int boxes = (extent + t.box_shape[r] - 1) / t.box_shape[r];
+    t.box_origin[r] = block % boxes * t.box_shape[r];
     block /= boxes;
-    const int last = min_int(t.query_origin[r] + t.query_shape[r] - 1, extent - 1);
-    // Both window bounds grow with y': the box's keys lie between these two.
-    const int lo = group_major_window(g, r, t.query_origin[r]).lo;
-    const int hi = group_major_window(g, r, last).hi;
-    t.key_origin[r] = lo;
-    t.key_tiles[r] = (hi - lo + t.key_shape[r]) / t.key_shape[r];
-    t.num_key_tiles *= t.key_tiles[r];
+    const int last = min_int(t.box_origin[r] + t.box_shape[r] - 1, extent - 1);
+    // Both window bounds grow with y': the tokens the box sees lie between these two.
+    const int lo = group_major_window(g, r, t.box_origin[r], transposed).lo;
+    const int hi = group_major_window(g, r, last, transposed).hi;
+    t.seen_origin[r] = lo;
+    t.seen_tiles[r] = (hi - lo + t.seen_shape[r]) / t.seen_shape[r];
+    t.num_seen_tiles *= t.seen_tiles[r];
   }
   return t;
 }
@@ -284,38 +270,43 @@ __host__ __device__ __forceinline__ int box_token(const NeighborhoodGrid& g, con
 }
 
 // Origin of key box u of a block.
-__host__ __device__ __forceinline__ void key_box_origin(const BlockTiles& t, int u,
-                                                        int (&origin)[3]) {
+__host__ __device__ __forceinline__ void seen_box_origin(const BlockTiles& t, int u,
+                                                         int (&origin)[3]) {
   for (int r = 2; r >= 0; --r) {
-    origin[r] = t.key_origin[r] + u % t.key_tiles[r] * t.key_shape[r];
-    u /= t.key_tiles[r];
+    origin[r] = t.seen_origin[r] + u % t.seen_tiles[r] * t.seen_shape[r];
+    u /= t.seen_tiles[r];
   }
 }
 
-// Every query of the block sees every key of box u: the box fills its tile of `keys`, no dilation
-// (so no holes), both boxes inside the grid, and per axis the last query's window starts at or
-// before the box and the first one's ends at or after it (both bounds grow with the query). Rows
-// past a query box smaller than the tile are computed but never stored.
-__host__ __device__ __forceinline__ bool key_box_is_full(const NeighborhoodGrid& g,
-                                                         const BlockTiles& t, int u, int keys) {
+// Every query sees every key, between the block's box and seen box u: the seen box fills its tile
+// of `tile` tokens, no dilation (so no holes), both boxes inside the grid, and per axis the last
+// query's window starts at or before the first key and the first query's ends at or after the
+// last key (both bounds grow with the query). Tokens past an own box smaller than its tile are
+// computed but never stored.
+__host__ __device__ __forceinline__ bool seen_box_is_full(const NeighborhoodGrid& g,
+                                                          const BlockTiles& t, int u, int tile,
+                                                          bool transposed = false) {
   int origin[3];
-  key_box_origin(t, u, origin);
-  bool full = t.key_shape[0] * t.key_shape[1] * t.key_shape[2] == keys;
+  seen_box_origin(t, u, origin);
+  bool full = t.seen_shape[0] * t.seen_shape[1] * t.seen_shape[2] == tile;
   for (int r = 0; r < 3; ++r) {
-    const int first = t.query_origin[r], last = first + t.query_shape[r] - 1;
-    const int key_last = origin[r] + t.key_shape[r] - 1;
-    full = full && g.dilation[r] == 1 && last < g.size[r] && key_last < g.size[r] &&
-           group_major_window(g, r, last).lo <= origin[r] &&
-           group_major_window(g, r, first).hi >= key_last;
+    const int box_last = t.box_origin[r] + t.box_shape[r] - 1;
+    const int seen_last = origin[r] + t.seen_shape[r] - 1;
+    const int q_first = transposed ? origin[r] : t.box_origin[r];
+    const int q_last = transposed ? seen_last : box_last;
+    const int k_first = transposed ? t.box_origin[r] : origin[r];
+    const int k_last = transposed ? box_last : seen_last;
+    full = full && g.dilation[r] == 1 && box_last < g.size[r] && seen_last < g.size[r] &&
+           group_major_window(g, r, q_last).lo <= k_first &&
+           group_major_window(g, r, q_first).hi >= k_last;
   }
   return full;
 }
 
 }  // namespace neighborhood
 
-// The forward tiles the grid in boxes (kTokenTiles: the block_tiles() geometry above); the
-// backward still walks the flattened token order, through key_range() / query_range() and the
-// per-token windows.
+// Both directions tile the grid in boxes (kTokenTiles: the block_tiles() geometry above). The
+// flattened-order members below serve the host tests of the windows.
 struct MaskNeighborhood {
   static constexpr bool kTokenTiles = true;
   const NeighborhoodGrid* grid;  // points into the kernel's __grid_constant__ parameters
@@ -365,48 +356,6 @@ struct MaskNeighborhood {
       span = inner;
     }
     return {begin, end};
-  }
-
-  // The backward's transposed question: the queries that see a key of [first_key, last_key], as
-  // one flattened range, from per-axis bounds like key_range()'s. The keys' coordinates span
-  // [ymin, ymax] per axis; the lowest query coordinate seeing one of them is at least
-  // d * first(ymin / d) (first does not depend on the group length and grows with t), the highest
-  // at most (d - 1) + d * last(ymax / d) with last bounded over both group lengths.
-  __host__ __device__ KeyRange query_range(std::int64_t first_key, std::int64_t last_key) const {
-    const NeighborhoodGrid& g = *grid;
-    const int first = static_cast<int>(first_key);
-    const int last = static_cast<int>(last_key < num_tokens ? last_key : num_tokens - 1);
-    if (first > last) return {0, 0};
-    int span = static_cast<int>(num_tokens);
-    int begin = 0, end = 1;
-    for (int r = 0; r < 3; ++r) {
-      const int size = g.size[r], inner = span / size;
-      const bool same_outer = first / span == last / span;
-      const int ymin = same_outer ? first / inner % size : 0;
-      const int ymax = same_outer ? last / inner % size : size - 1;
-      const int d = g.dilation[r], k = g.kernel[r];
-      const int tmin = ymin / d, tmax = ymax / d;
-      const int shortest = size / d, longest = (size + d - 1) / d;
-      int pmin, pmax;
-      if (g.causal[r]) {
-        pmin = tmin;
-        pmax = neighborhood::min_int(tmax + k - 1, longest - 1);
-      } else {
-        pmin = tmin >= k ? tmin - k + 1 + k / 2 : 0;
-        pmax =
-            tmax >= shortest - k ? longest - 1 : neighborhood::min_int(tmax + k / 2, longest - 1);
-      }
-      begin += d * pmin * inner;
-      end += neighborhood::min_int(d - 1 + d * pmax, size - 1) * inner;
-      span = inner;
-    }
-    return {begin, end};
-  }
-
-  // The queries that see key j, axis by axis; nothing for keys past the last token.
-  __host__ __device__ neighborhood::RowWindow column_window(std::int64_t j) const {
-    return j < num_tokens ? neighborhood::column_window(*grid, static_cast<int>(j))
-                          : neighborhood::empty_window();
   }
 
   __host__ __device__ bool visible(std::int64_t i, std::int64_t j) const {

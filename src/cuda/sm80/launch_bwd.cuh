@@ -38,13 +38,21 @@ Status launch_checked(Kernel* kernel, const char* name, dim3 grid, int smem_byte
 
 template <typename T, int kD, typename Policy>
 Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
-  const std::int64_t tiles = (p.fwd.seqlen_k + kBwdBlockN - 1) / kBwdBlockN +
-                             (p.fwd.num_extra + kBwdBlockN - 1) / kBwdBlockN;
+  constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
+  // Token tiles: one block per key box, their bookkeeping after the per-row statistics.
+  constexpr int kSmem =
+      bwd_dkdv_smem_bytes(kD) +
+      (kTokenTiles ? static_cast<int>(sizeof(DkDvTokenTileSmem<bwd_block_m(kD), kBwdBlockN>)) : 0);
+  static_assert(kSmem <= 99 * 1024, "sm86/sm89 allow 99 KB per block");
+  std::int64_t key_blocks = (p.fwd.seqlen_k + kBwdBlockN - 1) / kBwdBlockN;
+  if constexpr (kTokenTiles)
+    key_blocks = neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdBlockN);
+  const std::int64_t tiles = key_blocks + (p.fwd.num_extra + kBwdBlockN - 1) / kBwdBlockN;
   const dim3 grid(static_cast<unsigned>(tiles * p.num_chunks),
                   static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
                   static_cast<unsigned>(p.fwd.batch));
   return detail_bwd::launch_checked(&backward_dkdv_kernel<T, kD, Policy>, "backward dK/dV", grid,
-                                    bwd_dkdv_smem_bytes(kD), p, stream);
+                                    kSmem, p, stream);
 }
 
 template <typename T, int kD, typename Policy>

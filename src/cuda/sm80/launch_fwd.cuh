@@ -28,7 +28,7 @@ Status launch_forward(const ForwardParams& p, cudaStream_t stream) {
     }
   }
   std::int64_t blocks = (p.seqlen_q + kM - 1) / kM;
-  if constexpr (kTokenTiles) blocks = neighborhood::num_query_boxes(p.neighborhood, kM);
+  if constexpr (kTokenTiles) blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, kThreads, kSmem, stream>>>(p);

@@ -10,6 +10,10 @@
 //   dV += P^T dO,  dK += dS^T Q              (registers; the group's sum stays inside the block)
 // Fused mode (dq_accum given) also stages dS^T in shared memory and adds dQ += dS K to the fp32
 // workspace with atomics; split mode leaves dQ to the dQ kernel.
+// With a kTokenTiles mask (neighborhood attention) a block's keys are a box of the token grid and
+// its query tiles the boxes of the queries that see them (block_tiles transposed), every row
+// gathered by token (extra keys and their queries as consecutive tokens). Resolved at compile
+// time: range masks keep their code.
 //
 // Pipeline: K and V load once. Per tile: wait Q/dO/lse(u); barrier; products; barrier (every
 // warp is done with Q/dO(u), dS^T is visible); issue Q/dO(u+1); dQ products and atomics, which
@@ -26,6 +30,73 @@
 #include "cuda/sm80/tile_sizes_bwd.h"
 
 namespace fmha::cuda::sm80 {
+
+// Shared-memory bookkeeping of a kTokenTiles mask in the dK/dV kernel, after the per-row
+// statistics: the block's boxes (block_tiles transposed: its keys, and the query boxes that see
+// them), its keys' tokens and transposed group-major windows (the queries that see each key), the
+// query rows' coordinates inside a query box (one byte an axis), and per query-box buffer (two:
+// box u + 1 is staged while step u runs) the box's origin, its queries' tokens and whether it is
+// full.
+template <int kM, int kN>
+struct DkDvTokenTileSmem {
+  neighborhood::BlockTiles tiles;
+  int full[2];
+  int seen_origin[2][3];
+  int key_token[kN];
+  int2 key_window[kN][3];    // (lo, hi) per axis; lo > hi for keys past the grid
+  unsigned query_local[kM];  // bytes 0-2: coordinates in the query box; byte 3: 0
+  int query_token[2][kM];    // -1 for queries past the grid
+};
+
+// Writes the query box of step u (box u % boxes) into buffer u % 2; the caller's next barrier
+// publishes it. Extra keys (`ranges`) take consecutive queries instead, all of which see them.
+template <int kM, int kN>
+__device__ __forceinline__ void stage_query_box(DkDvTokenTileSmem<kM, kN>* tt,
+                                                const NeighborhoodGrid& g, std::int64_t u,
+                                                std::int64_t boxes, bool ranges,
+                                                std::int64_t num_queries) {
+  const int box = static_cast<int>(u % boxes);
+  if (ranges) {
+    for (int c = static_cast<int>(threadIdx.x); c < kM; c += kThreads) {
+      const std::int64_t i = static_cast<std::int64_t>(box) * kM + c;
+      tt->query_token[u & 1][c] = i < num_queries ? static_cast<int>(i) : -1;
+    }
+    if (threadIdx.x == 0) tt->full[u & 1] = 1;
+    return;
+  }
+  int origin[3];
+  neighborhood::seen_box_origin(tt->tiles, box, origin);
+  for (int c = static_cast<int>(threadIdx.x); c < kM; c += kThreads) {
+    int yp[3];
+    tt->query_token[u & 1][c] = neighborhood::box_token(g, tt->tiles.seen_shape, origin, c, yp);
+  }
+  if (threadIdx.x == 0) {
+    for (int a = 0; a < 3; ++a) tt->seen_origin[u & 1][a] = origin[a];
+    tt->full[u & 1] = neighborhood::seen_box_is_full(g, tt->tiles, box, kM, /*transposed=*/true);
+  }
+}
+
+// A key's transposed window relative to the query box of buffer `buffer`, clipped to the box: per
+// axis the byte-packed bounds (lo in `lo`, hi in `hi`; byte 3 of both 0) of the box coordinates
+// of the queries that see it; an empty axis gets lo 255, hi 0. Then a query of box coordinates
+// `local` sees the key iff every byte of local lies in [lo, hi] (vcmpgeu4 / vcmpleu4).
+template <int kM, int kN>
+__device__ __forceinline__ void key_bounds_in_box(const DkDvTokenTileSmem<kM, kN>* tt, int key,
+                                                  int buffer, unsigned* lo, unsigned* hi) {
+  *lo = 0;
+  *hi = 0;
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    const int2 w = tt->key_window[key][a];
+    const int origin = tt->seen_origin[buffer][a];
+    int l = w.x - origin, h = w.y - origin;
+    l = l > 0 ? l : 0;
+    h = h < tt->tiles.seen_shape[a] - 1 ? h : tt->tiles.seen_shape[a] - 1;
+    if (l > h) l = 255, h = 0;
+    *lo |= static_cast<unsigned>(l) << (8 * a);
+    *hi |= static_cast<unsigned>(h) << (8 * a);
+  }
+}
 
 template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(kThreads)
@@ -44,7 +115,9 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kDqGroup = kDqCols % 32 == 0 ? 32 : 16;
   static_assert(kDqCols % kDqGroup == 0 && kDqGroup % 16 == 0, "dQ columns in whole k16 steps");
   using Mask = typename Policy::Mask;
-  using QueryTest = decltype(visible_queries(Mask{}, std::int64_t{}, std::int64_t{}, 0));
+  // Keys and queries gathered by token from grid boxes (neighborhood attention) instead of
+  // sequence ranges; extra keys and the queries they meet are gathered too, as consecutive tokens.
+  constexpr bool kTokenTiles = Mask::kTokenTiles;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
   const ForwardParams& f = p.fwd;
@@ -57,6 +130,7 @@ __global__ void __launch_bounds__(kThreads)
   std::uint16_t* const smem_ds = smem_v + kN * kPitch;
   float* const smem_lse = reinterpret_cast<float*>(smem_ds + kN * kDsPitch);
   float* const smem_delta = smem_lse + kM;
+  auto* const tt = reinterpret_cast<DkDvTokenTileSmem<kM, kN>*>(smem_delta + kM);  // token tiles
 
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -73,14 +147,19 @@ __global__ void __launch_bounds__(kThreads)
     k_start = f.cu_seqlens_k[b];
     num_keys = f.cu_seqlens_k[b + 1] - k_start;
   }
-  // Blocks [0, main_tiles) own ordinary keys (varlen: the longest sequence's count), the rest
-  // extra keys.
-  const std::int64_t main_tiles = (f.seqlen_k + kN - 1) / kN;
+  // Blocks [0, main_tiles) own ordinary keys (varlen: the longest sequence's count; token tiles:
+  // one key box each), the rest extra keys.
+  const std::int64_t main_tiles =
+      kTokenTiles ? neighborhood::num_block_boxes(f.neighborhood, kN) : (f.seqlen_k + kN - 1) / kN;
   const bool extra = tile_index >= main_tiles;
-  const std::int64_t n0 = (extra ? tile_index - main_tiles : tile_index) * kN;
+  // Token tiles address a box's keys by token, so their pointers start at token 0.
+  const std::int64_t n0 =
+      extra ? (tile_index - main_tiles) * kN : (kTokenTiles ? 0 : tile_index * kN);
   const std::int64_t key_count = extra ? f.num_extra : num_keys;
   if (n0 >= key_count) return;  // varlen: this sequence has fewer keys than the longest
-  const int valid_keys = static_cast<int>(key_count - n0 < kN ? key_count - n0 : kN);
+  // Rows of a key box are valid by token, not by count.
+  const int valid_keys =
+      kTokenTiles && !extra ? kN : static_cast<int>(key_count - n0 < kN ? key_count - n0 : kN);
 
   const std::uint16_t* k_tile;
   const std::uint16_t* v_tile;
@@ -103,20 +182,72 @@ __global__ void __launch_bounds__(kThreads)
 
   const Mask mask = Mask::make(f, num_queries, num_keys);
   // Extra keys are visible to every query; ordinary keys to the mask's transposed range.
-  QueryRange rows_range{0, num_queries};
-  if (!extra) rows_range = query_range(mask, n0, n0 + valid_keys - 1, num_queries);
   std::int64_t first_m = 0, m_tiles = 0;
-  if (rows_range.end > rows_range.begin) {
-    first_m = rows_range.begin / kM;
-    m_tiles = (rows_range.end + kM - 1) / kM - first_m;
+  if constexpr (kTokenTiles) {
+    // The block's key box, its keys' tokens and transposed windows, the query boxes that see it;
+    // extra keys: consecutive keys (tokens relative to the tile) and consecutive query tiles.
+    if (!extra && threadIdx.x == 0) {
+      tt->tiles = neighborhood::block_tiles(f.neighborhood, static_cast<int>(tile_index), kN, kM,
+                                            /*transposed=*/true);
+    }
+    __syncthreads();
+    for (int r = static_cast<int>(threadIdx.x); r < kN; r += kThreads) {
+      int yp[3];
+      const int token = extra ? (r < valid_keys ? r : -1)
+                              : neighborhood::box_token(f.neighborhood, tt->tiles.box_shape,
+                                                        tt->tiles.box_origin, r, yp);
+      tt->key_token[r] = token;
+      for (int a = 0; a < 3; ++a) {
+        const neighborhood::AxisWindow w =
+            token >= 0 && !extra ? neighborhood::group_major_window(f.neighborhood, a, yp[a], true)
+                                 : neighborhood::AxisWindow{1, 0};
+        tt->key_window[r][a] = make_int2(w.lo, w.hi);
+      }
+    }
+    for (int r = static_cast<int>(threadIdx.x); r < kM && !extra; r += kThreads) {
+      const int* shape = tt->tiles.seen_shape;
+      const bool inside = r < shape[0] * shape[1] * shape[2];
+      tt->query_local[r] = inside ? static_cast<unsigned>(r / (shape[1] * shape[2])) |
+                                        static_cast<unsigned>(r / shape[2] % shape[1]) << 8 |
+                                        static_cast<unsigned>(r % shape[2]) << 16
+                                  : 0x00ffffffu;  // past the box: no key's bounds hold it
+    }
+    m_tiles = extra ? (num_queries + kM - 1) / kM : tt->tiles.num_seen_tiles;
+    if (m_tiles > 0) stage_query_box(tt, f.neighborhood, 0, m_tiles, extra, num_queries);
+    __syncthreads();
+  } else {
+    QueryRange rows_range{0, num_queries};
+    if (!extra) rows_range = query_range(mask, n0, n0 + valid_keys - 1, num_queries);
+    if (rows_range.end > rows_range.begin) {
+      first_m = rows_range.begin / kM;
+      m_tiles = (rows_range.end + kM - 1) / kM - first_m;
+    }
   }
   const std::int64_t num_steps = m_tiles * f.kv_group;
 
   // Step u: query head h0 + u / m_tiles, query tile first_m + u % m_tiles.
   auto step_head = [&](std::int64_t u) { return hk * f.kv_group + static_cast<int>(u / m_tiles); };
-  auto step_m0 = [&](std::int64_t u) { return (first_m + u % m_tiles) * kM; };
+  // Token tiles address queries by token: their tiles start at token 0.
+  auto step_m0 = [&](std::int64_t u) { return kTokenTiles ? 0 : (first_m + u % m_tiles) * kM; };
   auto load_step = [&](std::int64_t u) {
     const int h = step_head(u);
+    if constexpr (kTokenTiles) {  // the queries of box u, staged in buffer u % 2
+      const int* tokens = tt->query_token[u & 1];
+      const auto* q =
+          static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
+      const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                         h * p.dout_head_stride;
+      load_rows_async<kM, kD>(smem_q, q, f.q_row_stride, tokens, 1, f.head_dim, f.vector_loads);
+      load_rows_async<kM, kD>(smem_do, dout, p.dout_row_stride, tokens, 1, f.value_dim,
+                              f.vector_loads);
+      const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride;
+      for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
+        const int token = tokens[r];
+        smem_lse[r] = token >= 0 ? p.lse_log2[stat + token] : INFINITY;  // past the grid: P = 0
+        smem_delta[r] = token >= 0 ? p.delta[stat + token] : 0.0f;
+      }
+      return;
+    }
     const std::int64_t m0 = step_m0(u);
     const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
     const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
@@ -132,8 +263,15 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  load_tile_async<kN, kD>(smem_k, k_tile, k_row_stride, valid_keys, f.head_dim, f.vector_loads);
-  load_tile_async<kN, kD>(smem_v, v_tile, v_row_stride, valid_keys, f.value_dim, f.vector_loads);
+  if constexpr (kTokenTiles) {
+    load_rows_async<kN, kD>(smem_k, k_tile, k_row_stride, tt->key_token, 1, f.head_dim,
+                            f.vector_loads);
+    load_rows_async<kN, kD>(smem_v, v_tile, v_row_stride, tt->key_token, 1, f.value_dim,
+                            f.vector_loads);
+  } else {
+    load_tile_async<kN, kD>(smem_k, k_tile, k_row_stride, valid_keys, f.head_dim, f.vector_loads);
+    load_tile_async<kN, kD>(smem_v, v_tile, v_row_stride, valid_keys, f.value_dim, f.vector_loads);
+  }
   if (num_steps > 0) load_step(0);
   tile::cp_async_commit();
 
@@ -169,6 +307,12 @@ __global__ void __launch_bounds__(kThreads)
     const std::int64_t m0 = step_m0(u);
     tile::cp_async_wait<0>();
     __syncthreads();  // Q/dO/lse(u) visible; the previous step's dQ is done with dS^T
+    if constexpr (kTokenTiles) {
+      // Query box u + 1 into the other buffer, last read by step u - 1's dQ before the barrier.
+      if (u + 1 < num_steps) {
+        stage_query_box(tt, f.neighborhood, u + 1, m_tiles, extra, num_queries);
+      }
+    }
 
     float s[kScoreTiles][4], dp[kScoreTiles][4];
 #pragma unroll
@@ -207,32 +351,72 @@ __global__ void __launch_bounds__(kThreads)
     const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
     const bool additive = !extra && has_additive(scores);
     const bool additive_grad = !extra && has_additive_grad(p);
-    // Queries of the tile that see each of this thread's two keys (all of them for an extra key).
-    QueryTest seen[2];
+    if constexpr (kTokenTiles) {
+      // Per key of this thread (entries 0, 1 on key row g, 2, 3 on g + 8), the queries of box u
+      // inside its transposed window on every axis (all of them on a full box): a few byte
+      // compares against the query's box coordinates. Tokens index the bias and its gradient;
+      // keys and queries past the grid have neither (queries past it have lse +inf: P = 0).
+      const bool full = tt->full[u & 1] != 0;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const std::int64_t j = key_row + 8 * half;
-      if (extra) {
-        seen[half] = j - n0 < valid_keys ? QueryTest::prefix(kM) : QueryTest::prefix(0);
-      } else {
-        seen[half] = visible_queries(mask, j, m0, kM);
-      }
-    }
+      for (int half = 0; half < 2; ++half) {
+        const int kr = warp * 16 + g + 8 * half;
+        const int key = tt->key_token[kr];
+        unsigned lo = 0, hi = 0;  // only partial boxes test (extra keys stage no box geometry)
+        if (!full) key_bounds_in_box(tt, kr, static_cast<int>(u & 1), &lo, &hi);
 #pragma unroll
-    for (int t = 0; t < kScoreTiles; ++t) {
+        for (int t = 0; t < kScoreTiles; ++t) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = t * 8 + c2 + (e & 1);  // query row within the tile
-        float grad;
-        float x = score_with_grad(scores, s[t][e], &grad);
-        if (additive) x += additive_log2(scores, m0 + r, key_row + (e >= 2 ? 8 : 0));
-        const float prob = seen[e >> 1].contains(r) ? exp2f(x - smem_lse[r]) : 0.0f;
-        const float ds = prob * (dp[t][e] - smem_delta[r]);  // wrt the final score
-        if (additive_grad && prob != 0.0f) {
-          accumulate_additive_grad(p, b, h, m0 + r, key_row + (e >= 2 ? 8 : 0), ds);
+          for (int c = 0; c < 2; ++c) {
+            const int e = 2 * half + c;
+            const int r = t * 8 + c2 + c;  // query row within the box
+            float grad;
+            float x = score_with_grad(scores, s[t][e], &grad);
+            const int query = additive || additive_grad ? tt->query_token[u & 1][r] : -1;
+            if (additive && query >= 0 && key >= 0) x += additive_log2(scores, query, key);
+            bool visible = key >= 0;
+            if (!full) {
+              const unsigned local = tt->query_local[r];
+              visible = visible && (__vcmpgeu4(local, lo) & __vcmpleu4(local, hi)) == 0xffffffffu;
+            }
+            const float prob = visible ? exp2f(x - smem_lse[r]) : 0.0f;
+            const float ds = prob * (dp[t][e] - smem_delta[r]);  // wrt the final score
+            if (additive_grad && query >= 0 && key >= 0 && prob != 0.0f) {
+              accumulate_additive_grad(p, b, h, query, key, ds);
+            }
+            s[t][e] = prob;
+            dp[t][e] = ds * grad;
+          }
         }
-        s[t][e] = prob;
-        dp[t][e] = ds * grad;
+      }
+    } else {
+      using QueryTest = decltype(visible_queries(mask, std::int64_t{}, std::int64_t{}, 0));
+      // Queries of the tile that see each of this thread's two keys (all of them for an extra key).
+      QueryTest seen[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const std::int64_t j = key_row + 8 * half;
+        if (extra) {
+          seen[half] = j - n0 < valid_keys ? QueryTest::prefix(kM) : QueryTest::prefix(0);
+        } else {
+          seen[half] = visible_queries(mask, j, m0, kM);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kScoreTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = t * 8 + c2 + (e & 1);  // query row within the tile
+          float grad;
+          float x = score_with_grad(scores, s[t][e], &grad);
+          if (additive) x += additive_log2(scores, m0 + r, key_row + (e >= 2 ? 8 : 0));
+          const float prob = seen[e >> 1].contains(r) ? exp2f(x - smem_lse[r]) : 0.0f;
+          const float ds = prob * (dp[t][e] - smem_delta[r]);  // wrt the final score
+          if (additive_grad && prob != 0.0f) {
+            accumulate_additive_grad(p, b, h, m0 + r, key_row + (e >= 2 ? 8 : 0), ds);
+          }
+          s[t][e] = prob;
+          dp[t][e] = ds * grad;
+        }
       }
     }
 
@@ -318,8 +502,15 @@ __global__ void __launch_bounds__(kThreads)
           for (int e = 0; e < 4; ++e) {
             const int r = row_block * 16 + g + (e >= 2 ? 8 : 0);
             const int col = group_col + t * 8 + c2 + (e & 1);
-            if (m0 + r < num_queries && col < f.head_dim) {
-              atomicAdd(accum + r * p.accum_row_stride + col, acc[t][e]);
+            if constexpr (kTokenTiles) {  // by token (accum starts at token 0)
+              const int token = tt->query_token[u & 1][r];
+              if (token >= 0 && col < f.head_dim) {
+                atomicAdd(accum + token * p.accum_row_stride + col, acc[t][e]);
+              }
+            } else {
+              if (m0 + r < num_queries && col < f.head_dim) {
+                atomicAdd(accum + r * p.accum_row_stride + col, acc[t][e]);
+              }
             }
           }
         }
@@ -354,7 +545,9 @@ __global__ void __launch_bounds__(kThreads)
       const int r = warp * 16 + g + (e >= 2 ? 8 : 0);
       const int col = col0 + t * 8 + c2 + (e & 1);
       if (r >= valid_keys) continue;
-      const std::int64_t row = row0 + r;
+      // Token tiles: the key's token, relative to row0 (0 for key boxes; -1: past the grid).
+      const std::int64_t row = kTokenTiles ? row0 + tt->key_token[r] : row0 + r;
+      if (kTokenTiles && tt->key_token[r] < 0) continue;
       if (dk_out != nullptr && col < f.head_dim) {
         dk_base[row * dk_rs + col] = Convert::from_float(dk[t][e] * p.scale);
       }

@@ -117,14 +117,14 @@ template <int kM, int kN>
 __device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN>* tt, const NeighborhoodGrid& g,
                                               int u) {
   int origin[3];
-  neighborhood::key_box_origin(tt->tiles, u, origin);
+  neighborhood::seen_box_origin(tt->tiles, u, origin);
   for (int c = static_cast<int>(threadIdx.x); c < kN; c += kThreads) {
     int yp[3];
-    const int token = neighborhood::box_token(g, tt->tiles.key_shape, origin, c, yp);
+    const int token = neighborhood::box_token(g, tt->tiles.seen_shape, origin, c, yp);
     tt->key[u & 1][c] =
         token >= 0 ? make_int4(yp[0], yp[1], yp[2], token) : make_int4(-1, -1, -1, -1);
   }
-  if (threadIdx.x == 0) tt->full[u & 1] = neighborhood::key_box_is_full(g, tt->tiles, u, kN);
+  if (threadIdx.x == 0) tt->full[u & 1] = neighborhood::seen_box_is_full(g, tt->tiles, u, kN);
 }
 
 // Scores of one row block against a gathered key tile: bias / rel-pos by token, then (partial
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
       int yp[3];
       const int token =
-          neighborhood::box_token(*mask.grid, tt->tiles.query_shape, tt->tiles.query_origin, r, yp);
+          neighborhood::box_token(*mask.grid, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
       tt->query_token[r] = token;
       for (int a = 0; a < 3; ++a) {
         const neighborhood::AxisWindow w =
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     stage_key_box(tt, *mask.grid, 0);
     __syncthreads();
-    main_tiles = tt->tiles.num_key_tiles;
+    main_tiles = tt->tiles.num_seen_tiles;
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
     if (range.end > range.begin) {
