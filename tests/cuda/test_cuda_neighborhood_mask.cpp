@@ -163,6 +163,27 @@ void check_geometry(const Geometry& geo) {
             ++query_seen[static_cast<std::size_t>(i)];
             query_pos[static_cast<std::size_t>(i)] = {yp[0], yp[1], yp[2]};
           }
+          // The kernel's byte test: the key's transposed window clipped to this query box.
+          for (int kr = 0; kr < keys; ++kr) {
+            int yk[3];
+            const int j = nb::box_token(grid, bt.box_shape, bt.box_origin, kr, yk);
+            if (j < 0) continue;
+            nb::AxisWindow w[3];
+            for (int a = 0; a < 3; ++a) w[a] = nb::group_major_window(grid, a, yk[a], true);
+            unsigned lo = 0, hi = 0;
+            nb::box_bounds_bytes(w, origin, bt.seen_shape, &lo, &hi);
+            for (int c = 0; c < rows; ++c) {
+              int yq[3];
+              const int i = nb::box_token(grid, bt.seen_shape, origin, c, yq);
+              if (i < 0) continue;
+              const bool test = nb::bytes_within(nb::box_local_bytes(bt.seen_shape, c), lo, hi);
+              if (test != sees(i, j) && ++wrong <= 5) {
+                ADD_FAILURE() << "key block " << block << " query box " << u << " key " << j
+                              << " query " << i << ": byte test " << test << ", mask "
+                              << sees(i, j);
+              }
+            }
+          }
           const bool full = nb::seen_box_is_full(grid, bt, u, rows, /*transposed=*/true);
           for (int kr = 0; full && kr < keys; ++kr) {
             int yk[3];

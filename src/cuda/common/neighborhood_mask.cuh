@@ -303,6 +303,46 @@ __host__ __device__ __forceinline__ bool seen_box_is_full(const NeighborhoodGrid
   return full;
 }
 
+// The per-element test of the dK/dV kernel, in bytes: a box (at most 255 wide an axis) numbers its
+// entries by their coordinates inside it, one byte an axis; a window clipped to the box is a byte
+// range an axis. Entry r of a box of `shape`: bytes 0-2 its coordinates, byte 3 zero; past the
+// box 0x00ffffff, which no range holds.
+__host__ __device__ __forceinline__ unsigned box_local_bytes(const int (&shape)[3], int r) {
+  if (r >= shape[0] * shape[1] * shape[2]) return 0x00ffffffu;
+  return static_cast<unsigned>(r / (shape[1] * shape[2])) |
+         static_cast<unsigned>(r / shape[2] % shape[1]) << 8 |
+         static_cast<unsigned>(r % shape[2]) << 16;
+}
+// The group-major window `w` (per axis) clipped to the box at `origin` of `shape`, as byte ranges
+// [lo, hi] (byte 3 of both zero); an axis the window misses gets lo 255, hi 0.
+__host__ __device__ __forceinline__ void box_bounds_bytes(const AxisWindow (&w)[3],
+                                                          const int (&origin)[3],
+                                                          const int (&shape)[3], unsigned* lo,
+                                                          unsigned* hi) {
+  *lo = 0;
+  *hi = 0;
+  for (int a = 0; a < 3; ++a) {
+    int l = max_int(w[a].lo - origin[a], 0);
+    int h = min_int(w[a].hi - origin[a], shape[a] - 1);
+    if (l > h) l = 255, h = 0;
+    *lo |= static_cast<unsigned>(l) << (8 * a);
+    *hi |= static_cast<unsigned>(h) << (8 * a);
+  }
+}
+// Every byte of x lies in [lo, hi] byte-wise.
+__host__ __device__ __forceinline__ bool bytes_within(unsigned x, unsigned lo, unsigned hi) {
+#ifdef __CUDA_ARCH__
+  return (__vcmpgeu4(x, lo) & __vcmpleu4(x, hi)) == 0xffffffffu;
+#else
+  bool within = true;
+  for (int b = 0; b < 4; ++b) {
+    const unsigned xb = (x >> (8 * b)) & 255u, lb = (lo >> (8 * b)) & 255u;
+    within = within && xb >= lb && xb <= ((hi >> (8 * b)) & 255u);
+  }
+  return within;
+#endif
+}
+
 }  // namespace neighborhood
 
 // Both directions tile the grid in boxes (kTokenTiles: the block_tiles() geometry above). The

@@ -76,26 +76,19 @@ __device__ __forceinline__ void stage_query_box(DkDvTokenTileSmem<kM, kN>* tt,
   }
 }
 
-// A key's transposed window relative to the query box of buffer `buffer`, clipped to the box: per
-// axis the byte-packed bounds (lo in `lo`, hi in `hi`; byte 3 of both 0) of the box coordinates
-// of the queries that see it; an empty axis gets lo 255, hi 0. Then a query of box coordinates
-// `local` sees the key iff every byte of local lies in [lo, hi] (vcmpgeu4 / vcmpleu4).
+// A key's transposed window clipped to the query box of buffer `buffer`, as byte ranges
+// (neighborhood::box_bounds_bytes).
 template <int kM, int kN>
 __device__ __forceinline__ void key_bounds_in_box(const DkDvTokenTileSmem<kM, kN>* tt, int key,
                                                   int buffer, unsigned* lo, unsigned* hi) {
-  *lo = 0;
-  *hi = 0;
+  neighborhood::AxisWindow w[3];
+  int origin[3];
 #pragma unroll
   for (int a = 0; a < 3; ++a) {
-    const int2 w = tt->key_window[key][a];
-    const int origin = tt->seen_origin[buffer][a];
-    int l = w.x - origin, h = w.y - origin;
-    l = l > 0 ? l : 0;
-    h = h < tt->tiles.seen_shape[a] - 1 ? h : tt->tiles.seen_shape[a] - 1;
-    if (l > h) l = 255, h = 0;
-    *lo |= static_cast<unsigned>(l) << (8 * a);
-    *hi |= static_cast<unsigned>(h) << (8 * a);
+    w[a] = {tt->key_window[key][a].x, tt->key_window[key][a].y};
+    origin[a] = tt->seen_origin[buffer][a];
   }
+  neighborhood::box_bounds_bytes(w, origin, tt->tiles.seen_shape, lo, hi);
 }
 
 template <typename T, int kD, typename Policy>
@@ -205,12 +198,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     for (int r = static_cast<int>(threadIdx.x); r < kM && !extra; r += kThreads) {
-      const int* shape = tt->tiles.seen_shape;
-      const bool inside = r < shape[0] * shape[1] * shape[2];
-      tt->query_local[r] = inside ? static_cast<unsigned>(r / (shape[1] * shape[2])) |
-                                        static_cast<unsigned>(r / shape[2] % shape[1]) << 8 |
-                                        static_cast<unsigned>(r % shape[2]) << 16
-                                  : 0x00ffffffu;  // past the box: no key's bounds hold it
+      tt->query_local[r] = neighborhood::box_local_bytes(tt->tiles.seen_shape, r);
     }
     m_tiles = extra ? (num_queries + kM - 1) / kM : tt->tiles.num_seen_tiles;
     if (m_tiles > 0) stage_query_box(tt, f.neighborhood, 0, m_tiles, extra, num_queries);
@@ -376,7 +364,7 @@ __global__ void __launch_bounds__(kThreads)
             bool visible = key >= 0;
             if (!full) {
               const unsigned local = tt->query_local[r];
-              visible = visible && (__vcmpgeu4(local, lo) & __vcmpleu4(local, hi)) == 0xffffffffu;
+              visible = visible && neighborhood::bytes_within(local, lo, hi);
             }
             const float prob = visible ? exp2f(x - smem_lse[r]) : 0.0f;
             const float ds = prob * (dp[t][e] - smem_delta[r]);  // wrt the final score
