@@ -242,6 +242,12 @@ def _compiled_flex(dynamic):
         # otherwise become a SymFloat, which flex_attention's captured inputs do not accept.
         if hasattr(torch._dynamo.config, "specialize_float"):
             torch._dynamo.config.specialize_float = True
+        # The backward is timed by replaying one graph (retain_graph=True), which a compiled
+        # backward with donated buffers refuses ("non-empty donated buffers requires
+        # retain_graph=False"): keep the saved buffers instead.
+        import torch._functorch.config as functorch_config
+        if hasattr(functorch_config, "donated_buffer"):
+            functorch_config.donated_buffer = False
         _FLEX[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
     return _FLEX[dynamic]
 
