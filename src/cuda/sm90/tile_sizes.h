@@ -31,8 +31,9 @@ constexpr int block_n(int head_dim_bucket) {
 // Q plus three K/V stages fit in the 227 KB a block may have (up to D = 224), two at D = 256. One
 // barrier per tile suffices: the stage that tile u + stages - 1 overwrites was last read in
 // iteration u - 1, which every warp has left once it passes iteration u's barrier.
-// The score-modifier policy keeps two above D = 64: its bias tiles (below) take the third
-// stage's room (measured on an H100, SAM rel-pos D 64: 136 TFLOP/s with three, 117 with two).
+// The score-modifier policy keeps two above D = 64, where its bias tiles (below) take the third
+// stage's room; up to D = 64 three fit beside them (SAM rel-pos D 64 on an H100: 119 TFLOP/s with
+// three, 117 with two, within noise).
 constexpr int kv_stages(int head_dim_bucket, bool modifiers) {
   return head_dim_bucket < 256 && (!modifiers || head_dim_bucket <= 64) ? 3 : 2;
 }
