@@ -10,6 +10,7 @@
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/dispatch_bwd.h"
 #include "cuda/dispatch_fwd.h"
+#include "cuda/head_dim_buckets.h"
 #include "cuda/sm80/launch_bwd.h"
 #include "cuda/sm80/tile_sizes_bwd.h"
 #if FMHA_WITH_SM90
@@ -34,10 +35,14 @@ Status unsupported_head_dim(const BackwardParams& p) {
 template <typename T, bool kDkDv, typename P>
 Status launch_policy(const BackwardParams& p, cudaStream_t stream) {
   switch (sm80::head_dim_bucket(max_dim(p))) {
-#define FMHA_CASE(D)                                              \
-  case D:                                                         \
-    return kDkDv ? sm80::launch_backward_dkdv<T, D, P>(p, stream) \
-                 : sm80::launch_backward_dq<T, D, P>(p, stream);
+#define FMHA_CASE(D)                                                        \
+  case D:                                                                   \
+    if constexpr (head_dim_bucket_built(D)) {                               \
+      return kDkDv ? sm80::launch_backward_dkdv<T, D, P>(p, stream)         \
+                   : sm80::launch_backward_dq<T, D, P>(p, stream);          \
+    } else {                                                                \
+      return head_dim_bucket_not_built(p.fwd.head_dim, p.fwd.value_dim, D); \
+    }
     FMHA_CASE(32)
     FMHA_CASE(64)
     FMHA_CASE(96)
@@ -75,10 +80,14 @@ Status dispatch_dtype(const BackwardParams& p, DType dtype, cudaStream_t stream)
 template <typename T, bool kDkDv, typename P>
 Status launch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
   switch (sm80::head_dim_bucket(max_dim(p))) {
-#define FMHA_CASE(D)                                              \
-  case D:                                                         \
-    return kDkDv ? sm90::launch_backward_dkdv<T, D, P>(p, stream) \
-                 : sm90::launch_backward_dq<T, D, P>(p, stream);
+#define FMHA_CASE(D)                                                        \
+  case D:                                                                   \
+    if constexpr (head_dim_bucket_built(D)) {                               \
+      return kDkDv ? sm90::launch_backward_dkdv<T, D, P>(p, stream)         \
+                   : sm90::launch_backward_dq<T, D, P>(p, stream);          \
+    } else {                                                                \
+      return head_dim_bucket_not_built(p.fwd.head_dim, p.fwd.value_dim, D); \
+    }
     FMHA_CASE(32)
     FMHA_CASE(64)
     FMHA_CASE(96)

@@ -9,6 +9,7 @@
 
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/dispatch_fwd.h"
+#include "cuda/head_dim_buckets.h"
 #include "cuda/sm80/launch_fwd.h"
 #include "cuda/sm80/tile_sizes.h"
 #if FMHA_WITH_SM90
@@ -47,26 +48,36 @@ Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
   return sm80::launch_forward<T, kD, PolicyPlain>(p, stream);
 }
 
+template <typename T, int kD>
+Status dispatch_bucket(const ForwardParams& p, int arch, cudaStream_t stream) {
+  if constexpr (head_dim_bucket_built(kD)) {
+    return dispatch_policy<T, kD>(p, arch, stream);
+  } else {
+    (void)arch, (void)stream;
+    return head_dim_bucket_not_built(p.head_dim, p.value_dim, kD);
+  }
+}
+
 template <typename T>
 Status dispatch_head_dim(const ForwardParams& p, int arch, cudaStream_t stream) {
   const int head_dim = p.head_dim > p.value_dim ? p.head_dim : p.value_dim;
   switch (sm80::head_dim_bucket(head_dim)) {
     case 32:
-      return dispatch_policy<T, 32>(p, arch, stream);
+      return dispatch_bucket<T, 32>(p, arch, stream);
     case 64:
-      return dispatch_policy<T, 64>(p, arch, stream);
+      return dispatch_bucket<T, 64>(p, arch, stream);
     case 96:
-      return dispatch_policy<T, 96>(p, arch, stream);
+      return dispatch_bucket<T, 96>(p, arch, stream);
     case 128:
-      return dispatch_policy<T, 128>(p, arch, stream);
+      return dispatch_bucket<T, 128>(p, arch, stream);
     case 160:
-      return dispatch_policy<T, 160>(p, arch, stream);
+      return dispatch_bucket<T, 160>(p, arch, stream);
     case 192:
-      return dispatch_policy<T, 192>(p, arch, stream);
+      return dispatch_bucket<T, 192>(p, arch, stream);
     case 224:
-      return dispatch_policy<T, 224>(p, arch, stream);
+      return dispatch_bucket<T, 224>(p, arch, stream);
     case 256:
-      return dispatch_policy<T, 256>(p, arch, stream);
+      return dispatch_bucket<T, 256>(p, arch, stream);
     default:
       return Status::not_supported(
           "fmha: head_dim " + std::to_string(p.head_dim) + " / value_dim " +

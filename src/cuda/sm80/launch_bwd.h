@@ -1,5 +1,6 @@
 // Launch of the sm80 backward kernels for one compile-time variant. Declared here for the
-// dispatch; defined in launch_bwd.cuh and instantiated in the bwd_*.cu files.
+// dispatch; defined in launch_bwd.cuh and instantiated in generated/bwd_*.cu
+// (scripts/gen_instantiations.py).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,5 +1,5 @@
 // Launch of the sm80 forward kernel for one compile-time variant. Declared here for the dispatch;
-// defined in launch_fwd.cuh and instantiated in the fwd_*.cu files.
+// defined in launch_fwd.cuh and instantiated in generated/fwd_*.cu (scripts/gen_instantiations.py).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,5 +1,5 @@
 // Launches of the sm90 backward kernels for one compile-time variant. Declared here for the
-// dispatch; defined in launch_bwd.cuh and instantiated in bwd_*.cu of this directory (sm_90a only).
+// dispatch; defined in launch_bwd.cuh and instantiated in generated/bwd_*.cu (sm_90a only).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,5 +1,5 @@
 // Launch of the sm90 forward kernel for one compile-time variant. Declared here for the dispatch;
-// defined in launch_fwd.cuh and instantiated in the fwd_*.cu files of this directory, which are
+// defined in launch_fwd.cuh and instantiated in generated/fwd_*.cu (scripts/gen_instantiations.py),
 // compiled for sm_90a only (FMHA_WITH_SM90 tells the dispatch they exist).
 #pragma once
 
