@@ -10,6 +10,10 @@ export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 
 bash scripts/setup.sh
 
+echo "== Generated kernel sources match their generators"
+"$PYTHON" scripts/gen_wgmma.py --check
+"$PYTHON" scripts/gen_instantiations.py --check
+
 echo "== C++: configure, build, test"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_WARNINGS_AS_ERRORS=ON >/dev/null
 cmake --build build -j "$JOBS"
