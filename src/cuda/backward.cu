@@ -16,6 +16,7 @@
 #include "cuda/backward_setup.h"
 #include "cuda/common/backward_params.h"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/device_guard.h"
 #include "cuda/dispatch_bwd.h"
 #include "cuda/forward_setup.h"
 
@@ -27,28 +28,6 @@ constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gri
 Status cuda_error(const char* what, cudaError_t e) {
   return Status::backend_error(std::string("fmha: ") + what + ": " + cudaGetErrorString(e));
 }
-
-// Makes the tensors' device current for the call and restores the caller's device after it.
-class DeviceGuard {
- public:
-  Status enter(int device) {
-    cudaError_t e = cudaGetDevice(&previous_);
-    if (e != cudaSuccess) return cuda_error("cudaGetDevice failed", e);
-    if (previous_ != device) {
-      e = cudaSetDevice(device);
-      if (e != cudaSuccess) return cuda_error("cudaSetDevice failed", e);
-      switched_ = true;
-    }
-    return Status::ok_status();
-  }
-  ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
 
 Status refuse(const std::string& what) {
   return Status::not_supported("fmha: the CUDA backward does not support " + what +
