@@ -92,6 +92,10 @@ Status launch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
     FMHA_CASE(64)
     FMHA_CASE(96)
     FMHA_CASE(128)
+    FMHA_CASE(160)
+    FMHA_CASE(192)
+    FMHA_CASE(224)
+    FMHA_CASE(256)
 #undef FMHA_CASE
     default:
       return unsupported_head_dim(p);

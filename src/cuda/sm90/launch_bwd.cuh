@@ -36,8 +36,16 @@ Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock),
                   static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
                   static_cast<unsigned>(p.fwd.batch));
-  return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy>, grid,
-                                   bwd_dkdv_smem_bytes<kD>(), p, stream, "dK/dV");
+  Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0>, grid,
+                                       bwd_dkdv_smem_bytes<kD>(), p, stream, "dK/dV");
+  if constexpr (bwd_num_chunks(kD) > 1) {
+    static_assert(bwd_num_chunks(kD) == 2, "at most two column chunks (D <= 256)");
+    if (s.ok()) {
+      s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 1>, grid,
+                                    bwd_dkdv_smem_bytes<kD>(), p, stream, "dK/dV");
+    }
+  }
+  return s;
 }
 
 template <typename T, int kD, typename Policy>

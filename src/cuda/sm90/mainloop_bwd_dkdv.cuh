@@ -1,5 +1,8 @@
 // The sm90 dK/dV kernel of the split backward (wgmma / cp.async; sm_90a only).
 //
+// Above D = 128 a block owns one column chunk of dK/dV (tile_sizes_bwd.h), so every product below
+// runs over the chunk's columns only, except S^T and dP^T, which each chunk's block recomputes.
+//
 // One block owns kBwdKeysPerBlock keys of one (batch, kv head), 64 per warpgroup, and walks every
 // query head of the kv head's GQA group and, per head, the query tiles its mask policy lets see
 // those keys (the sum over the group stays in the block's registers: K/V are never expanded).
@@ -48,14 +51,17 @@ __device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, floa
   }
 }
 
-template <typename T, int kD, typename Policy>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
+// One block's work: dK and dV of its keys for head-dim columns [kCol0, kCol0 + kCols) (all of
+// them up to D = 128; column chunks of 128 above, each chunk its own block recomputing S^T and
+// dP^T over the whole head dim).
+template <typename T, int kD, int kCol0, int kCols, typename Policy>
+__device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t key_tile) {
   constexpr int kN = kBwdKeysPerBlock;
   constexpr int kM = bwd_queries_per_tile(kD);
   constexpr int kStages = kBwdStages;
   constexpr int kScoreTiles = kM / 8;
-  constexpr int kOutTiles = kD / 8;
+  constexpr int kOutTiles = kCols / 8;
+  constexpr int kTile0 = kCol0 / 8;  // first 8-column tile of the chunk
   using KTile = SwizzledTile<kN, kD>;
   using QTile = SwizzledTile<kM, kD>;
   using Mask = typename Policy::Mask;
@@ -81,7 +87,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const std::int64_t b = blockIdx.z;
   const int hk = static_cast<int>(blockIdx.y);
-  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kN;
+  const std::int64_t n0 = key_tile * kN;
 
   std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;
   if (f.cu_seqlens_q != nullptr) {
@@ -201,8 +207,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     fence_accumulators(dv);
     fence_accumulators(dk);
     wgmma_fence();
-    rs_product<T, kM / 16, QTile>(dv, pa, smem_do(stage));
-    rs_product<T, kM / 16, QTile>(dk, da, smem_q(stage));
+    // The chunk's columns start at a column block of the swizzled tiles (kCol0 is a multiple of
+    // 128): the MN-major descriptors just start that many blocks further.
+    constexpr std::uint32_t kChunkOffset = kCol0 / QTile::kBlockCols * QTile::kBlockBytes;
+    rs_product<T, kM / 16, QTile>(dv, pa, smem_do(stage) + kChunkOffset);
+    rs_product<T, kM / 16, QTile>(dk, da, smem_q(stage) + kChunkOffset);
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(dv);
@@ -218,7 +227,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = warp * 16 + lane / 4 + 8 * r;
-      const std::uint32_t offset = KTile::chunk_offset(row, t) + fragment_col * 2;
+      const std::uint32_t offset = KTile::chunk_offset(row, kTile0 + t) + fragment_col * 2;
       const std::uint32_t k_packed =
           Convert::pack(dk[t][2 * r] * p.scale, dk[t][2 * r + 1] * p.scale);
       const std::uint32_t v_packed = Convert::pack(dv[t][2 * r], dv[t][2 * r + 1]);
@@ -229,14 +238,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   __syncwarp();
   const int warp_keys = valid_keys - warp * 16;
   const std::int64_t key = k_start + n0 + warp * 16;
-  store_tile_rows<kD>(smem_k_ptr, KTile{}, warp * 16, warp_keys,
-                      static_cast<std::uint16_t*>(p.dk) + b * p.dk_batch_stride +
-                          key * p.dk_row_stride + hk * p.dk_head_stride,
-                      p.dk_row_stride, f.head_dim, lane);
-  store_tile_rows<kD>(smem_k_ptr + KTile::kBytes, KTile{}, warp * 16, warp_keys,
-                      static_cast<std::uint16_t*>(p.dv) + b * p.dv_batch_stride +
-                          key * p.dv_row_stride + hk * p.dv_head_stride,
-                      p.dv_row_stride, f.value_dim, lane);
+  store_tile_rows<kD, kTile0, kOutTiles>(smem_k_ptr, KTile{}, warp * 16, warp_keys,
+                                         static_cast<std::uint16_t*>(p.dk) + b * p.dk_batch_stride +
+                                             key * p.dk_row_stride + hk * p.dk_head_stride,
+                                         p.dk_row_stride, f.head_dim, lane);
+  store_tile_rows<kD, kTile0, kOutTiles>(smem_k_ptr + KTile::kBytes, KTile{}, warp * 16, warp_keys,
+                                         static_cast<std::uint16_t*>(p.dv) + b * p.dv_batch_stride +
+                                             key * p.dv_row_stride + hk * p.dv_head_stride,
+                                         p.dv_row_stride, f.value_dim, lane);
+}
+
+// Column chunk kChunk of dK/dV for every key tile (blockIdx.x). One kernel per chunk rather than a
+// branch on the block index: with both chunk bodies in one kernel the compiler hoists across them
+// and spills (752 bytes at D = 256, none with one body).
+template <typename T, int kD, typename Policy, int kChunk>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
+  constexpr int kCol0 = kChunk * bwd_chunk(kD);
+  constexpr int kCols = kD - kCol0 < bwd_chunk(kD) ? kD - kCol0 : bwd_chunk(kD);
+  dkdv_block<T, kD, kCol0, kCols, Policy>(p, blockIdx.x);
 }
 
 }  // namespace fmha::cuda::sm90

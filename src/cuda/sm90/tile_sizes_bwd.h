@@ -5,10 +5,18 @@
 
 namespace fmha::cuda::sm90 {
 
-// Head-dim buckets the sm90 backward takes: its two gradient accumulators (dK and dV of 64 keys,
-// D / 2 floats a thread each) plus two score tiles fit the 255 registers a thread only up to
-// D = 128; larger heads run the sm80 backward.
-inline constexpr int kBwdMaxHeadDim = 128;
+// Head-dim buckets the sm90 backward takes: all of them. Up to D = 128 a dK/dV block keeps dK and
+// dV of its 64 keys a warpgroup (D / 2 floats a thread each) next to two score tiles; above, the
+// head dims are split into column chunks of 128, one block each, each recomputing S^T and dP^T
+// (6 products instead of 4 in the dK/dV kernel at D = 256, instead of spilling).
+inline constexpr int kBwdMaxHeadDim = 256;
+inline constexpr int kBwdMaxChunk = 128;
+constexpr int bwd_chunk(int head_dim_bucket) {
+  return head_dim_bucket < kBwdMaxChunk ? head_dim_bucket : kBwdMaxChunk;
+}
+constexpr int bwd_num_chunks(int head_dim_bucket) {
+  return (head_dim_bucket + kBwdMaxChunk - 1) / kBwdMaxChunk;
+}
 
 // Both kernels: two warpgroups (256 threads), each owning 64 rows of the block's own side.
 inline constexpr int kBwdThreads = 256;
@@ -18,15 +26,18 @@ inline constexpr int kBwdThreads = 256;
 // dK += dS^T Q): 64 queries, 96 up to D = 64, where dK and dV leave registers for wider score
 // tiles (fewer barriers and statistics loads per product).
 inline constexpr int kBwdKeysPerBlock = 128;
+// Above D = 128 the tiles shrink to 32 queries so that K, V and three Q/dO stages fit in 227 KB.
 constexpr int bwd_queries_per_tile(int head_dim_bucket) {
-  return head_dim_bucket <= 64 ? 96 : 64;
+  return head_dim_bucket <= 64 ? 96 : (head_dim_bucket <= 128 ? 64 : 32);
 }
 
 // dQ kernel: 128 queries per block (64 per warpgroup), walking key tiles: S and dP cost N / 2
 // floats a thread each next to the D / 2 of dQ: 64 keys, 128 up to D = 64.
 inline constexpr int kBwdQueriesPerBlock = 128;
+// Above D = 128: 32 keys (dQ then takes up to 128 floats a thread, and Q, dO and three K/V
+// stages fill the 227 KB).
 constexpr int bwd_keys_per_tile(int head_dim_bucket) {
-  return head_dim_bucket <= 64 ? 128 : 64;
+  return head_dim_bucket <= 64 ? 128 : (head_dim_bucket <= 128 ? 64 : 32);
 }
 
 inline constexpr int kBwdStages = 3;

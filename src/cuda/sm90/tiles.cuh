@@ -79,10 +79,11 @@ __device__ __forceinline__ void load_floats_async(std::uint32_t dst, const float
 template <typename T, int kSteps, typename ATile, typename BTile, int kTiles>
 __device__ __forceinline__ void ss_product(float (&acc)[kTiles][4], std::uint32_t smem_a,
                                            int a_first_row, std::uint32_t smem_b) {
+  const std::uint64_t a = ATile::k_major(smem_a, a_first_row, 0);
+  const std::uint64_t b = BTile::k_major(smem_b, 0, 0);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    Wgmma<T, kTiles * 8>::template ss<0>(acc, ATile::k_major(smem_a, a_first_row, kk),
-                                         BTile::k_major(smem_b, 0, kk), kk > 0);
+    Wgmma<T, kTiles * 8>::template ss<0>(acc, a + ATile::k_step(kk), b + BTile::k_step(kk), kk > 0);
   }
 }
 
@@ -128,16 +129,16 @@ __device__ __forceinline__ void pack_fragments(const float (&c)[kTiles][4],
 // Stores 16 staged rows of a swizzled tile (rows [first_row, first_row + 16) of `tile` in shared
 // memory at `smem`) to global rows `row_stride` apart, rows < valid_rows and columns < cols only;
 // 16-byte stores when the destination allows them. One warp; `lane` its lane.
-template <int kD, typename Tile>
+// Only the 16-byte chunks [kFirstChunk, kFirstChunk + kChunks) of each row (a column chunk).
+template <int kD, int kFirstChunk = 0, int kChunks = kD / 8, typename Tile>
 __device__ __forceinline__ void store_tile_rows(const std::uint8_t* smem, Tile, int first_row,
                                                 int valid_rows, std::uint16_t* gmem,
                                                 std::int64_t row_stride, int cols, int lane) {
-  constexpr int kChunks = kD / 8;
   const bool vector =
       cols % 8 == 0 && row_stride % 8 == 0 && reinterpret_cast<std::uintptr_t>(gmem) % 16 == 0;
   for (int index = lane; index < 16 * kChunks; index += 32) {
     const int r = index / kChunks;
-    const int c = index % kChunks;
+    const int c = kFirstChunk + index % kChunks;
     if (r >= valid_rows || c * 8 >= cols) continue;
     const std::uint8_t* staged = smem + Tile::chunk_offset(first_row + r, c);
     std::uint16_t* dst = gmem + r * row_stride + c * 8;

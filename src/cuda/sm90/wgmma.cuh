@@ -55,6 +55,15 @@ struct SwizzledTile {
     return descriptor(address, 16, 8 * kSwizzleBytes);  // leading offset unused when swizzled
   }
 
+  // The k16 step kk of a K-major operand as an offset of the descriptor of step 0 (the start
+  // address field counts 16-byte units; addresses stay below 2^18, so it never carries out):
+  // k_major(base, row, kk) == k_major(base, row, 0) + k_step(kk). A compile-time constant, so
+  // that a long run of steps costs one live descriptor, not one per step.
+  static constexpr std::uint64_t k_step(int kk) {
+    return static_cast<std::uint64_t>(
+        ((kk * 16) / kBlockCols * kBlockBytes + (kk * 16) % kBlockCols * 2) >> 4);
+  }
+
   // MN-major operand: the whole tile, rows 16kk..16kk+15 as the k16 step.
   __device__ __forceinline__ static std::uint64_t mn_major(std::uint32_t base, int kk) {
     return descriptor(base + kk * 16 * kSwizzleBytes, kBlockBytes, 8 * kSwizzleBytes);
