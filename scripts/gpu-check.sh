@@ -14,7 +14,7 @@ ARCHS=${FMHA_CUDA_ARCHITECTURES:-90a-real}
 # Fewer head-dim buckets build faster (e.g. "64;128" for a quick benchmark; the GPU tests need all).
 BUCKETS=${FMHA_HEAD_DIM_BUCKETS:-"32;64;96;128;160;192;224;256"}
 STEPS=${STEPS:-"build cuda-tests sm80-tests sanitizer python bench"}
-SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*"}
+SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*:*WideHeads*"}
 JOBS=$(nproc)
 GTEST_SRC=${GTEST_SRC:-$PWD/.gpu/googletest}
 [ -f /usr/include/gtest/gtest.h ] && GTEST_SRC=""

@@ -644,6 +644,28 @@ TEST(CudaBackward, WindowsAndFullyMaskedRows) {
   check_backward(shape_case(DType::kFloat16, 0, 17, 64, 64, 2, 1), 63);
 }
 
+// Head dims above 128: on sm90 the dK/dV columns run in chunks of 128 (one kernel per chunk) with
+// 32-row tiles; masks, GQA, Dv != D and the deterministic path across those chunks.
+TEST(CudaBackward, WideHeadsWithMasksAndGqa) {
+  SKIP_WITHOUT_GPU();
+  for (auto [d, dv] : {std::pair<int, int>{192, 192}, {256, 128}, {144, 256}, {256, 256}}) {
+    BackwardCase c = shape_case(DType::kBFloat16, 239, 177, d, dv, 8, 2, 2);
+    c.options.causal = true;
+    c.options.causal_alignment = CausalAlignment::kBottomRight;
+    check_backward(c, 65);
+    c.options.causal = false;
+    c.options.window_left = 37;
+    c.options.window_right = 11;
+    c.sinks = true;
+    c.dtype = DType::kFloat16;
+    check_backward(c, 66);
+  }
+  BackwardCase c = shape_case(DType::kBFloat16, 130, 301, 256, 256, 4, 1);
+  c.options.causal = true;
+  c.options.deterministic = true;
+  check_backward(c, 67, /*twice=*/true);
+}
+
 TEST(CudaBackward, Softcap) {
   SKIP_WITHOUT_GPU();
   BackwardCase c = shape_case(DType::kFloat16, 113, 239, 80, 80, 4, 1);
