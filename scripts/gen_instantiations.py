@@ -23,7 +23,7 @@ VARIANTS = [
     ("sm80", "bwd", "cuda/sm80/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
      "BackwardParams", BUCKETS, ["PolicyGeneral", "PolicyNeighborhood"]),
     ("sm90", "fwd", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams", BUCKETS,
-     ["PolicyPlain", "PolicyWindow", "PolicyGeneral"]),
+     ["PolicyPlain", "PolicyWindow", "PolicyGeneral", "PolicyRelPos"]),
     ("sm90", "bwd", "cuda/sm90/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
      "BackwardParams", BUCKETS, ["PolicyPlain", "PolicyWindow"]),
 ]

@@ -27,6 +27,11 @@ bool needs_score_modifiers(const ForwardParams& p) {
 bool needs_mask(const ForwardParams& p) {
   return p.window_left != kUnboundedWindow || p.window_right != kUnboundedWindow;
 }
+// SAM-style rel-pos with nothing else: PolicyRelPos on sm90 (its launch falls back to the general
+// policy where the layout does not apply).
+bool rel_pos_alone(const ForwardParams& p) {
+  return p.rel_h != nullptr && p.bias == nullptr && p.softcap_log2 <= 0.0f && !needs_mask(p);
+}
 bool needs_general_policy(const ForwardParams& p) {
   return needs_mask(p) || needs_score_modifiers(p);
 }
@@ -37,6 +42,7 @@ Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
   if (p.neighborhood.rank > 0) return sm80::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
 #if FMHA_WITH_SM90
   if (use_sm90_kernels(arch)) {
+    if (rel_pos_alone(p)) return sm90::launch_forward<T, kD, PolicyRelPos>(p, stream);
     if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
     if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
     return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);

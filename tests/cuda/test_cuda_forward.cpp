@@ -196,6 +196,28 @@ TEST(CudaForward, RelativePositionSam) {
   check_forward(r, 103);
 }
 
+// Rel-pos alone on a power-of-two grid width that divides the key tile: the sm90 forward's
+// PolicyRelPos (rel_w per thread column fixed across tiles); widths it does not cover fall back.
+TEST(CudaForward, RelativePositionPowerOfTwoGrid) {
+  SKIP_WITHOUT_GPU();
+  struct Grid {
+    std::int64_t lq, hk, wk, d;
+  };
+  std::uint64_t seed = 105;
+  for (DType dt : {DType::kBFloat16, DType::kFloat16})
+    for (Grid g : {Grid{300, 16, 16, 64}, Grid{129, 5, 64, 80}, Grid{77, 3, 128, 32},
+                   Grid{200, 4, 64, 64}, Grid{65, 9, 8, 200}, Grid{40, 2, 128, 160}}) {
+      ForwardCase c = shape_case(dt, g.lq, g.hk * g.wk, g.d, g.d, 4, 2, 2);
+      c.rel_hk = g.hk;
+      check_forward(c, seed++);
+      c.sinks = true;
+      c.extra = 5;  // extra keys see no rel-pos
+      c.heads = 6;
+      c.kv_heads = 1;
+      check_forward(c, seed++);
+    }
+}
+
 TEST(CudaForward, Varlen) {
   SKIP_WITHOUT_GPU();
   ForwardCase c = shape_case(DType::kFloat16, 0, 0, 64, 64, 4, 2);

@@ -5,6 +5,7 @@
 #include "cuda/common/mask_policies.cuh"
 #include "cuda/common/neighborhood_mask.cuh"
 #include "cuda/common/score_modifiers.cuh"
+#include "cuda/common/score_rel_pos.cuh"
 
 namespace fmha::cuda {
 
@@ -28,6 +29,15 @@ struct PolicyGeneral {
   using Mask = MaskWindow;
   template <typename T>
   using Scores = ScoreModifiers<T>;
+};
+
+// SAM-style rel-pos alone on a power-of-two key grid width (score_rel_pos.cuh): the general
+// policy's result at about the plain policy's cost. The sm90 forward only; its launch falls back to
+// the general policy where the layout does not apply.
+struct PolicyRelPos {
+  using Mask = MaskNone;
+  template <typename T>
+  using Scores = ScoreRelPos<T>;
 };
 
 // Neighborhood attention: its own mask, every score modifier (softcap, bias and rel-pos over the

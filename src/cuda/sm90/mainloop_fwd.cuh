@@ -39,12 +39,17 @@ struct KeySource {
 
 template <typename Policy>
 inline constexpr bool kHasModifiers = std::is_same_v<Policy, PolicyGeneral>;
+template <typename Policy>
+inline constexpr bool kRelPosTiles = std::is_same_v<Policy, PolicyRelPos>;
+// Policies whose staged rows or tiles take shared memory besides the K/V stages.
+template <typename Policy>
+inline constexpr bool kStagesScores = kHasModifiers<Policy> || kRelPosTiles<Policy>;
 
 // Shared memory of Q and the K/V stages; the staged bias tiles and rel-pos rows (if any) follow.
 template <int kD, typename Policy>
 constexpr int tile_smem_bytes() {
   return SwizzledTile<block_m(kD), kD>::kBytes +
-         2 * kv_stages(kD, kHasModifiers<Policy>) * SwizzledTile<block_n(kD), kD>::kBytes;
+         2 * kv_stages(kD, kStagesScores<Policy>) * SwizzledTile<block_n(kD), kD>::kBytes;
 }
 // + 1024: the dynamic shared-memory base is rounded up to the swizzle period.
 inline constexpr int kSmemAlignSlack = 1024;
@@ -55,7 +60,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   constexpr int kM = block_m(kD);
   constexpr int kThreads = threads(kD);
   constexpr int kN = block_n(kD);
-  constexpr int kStages = kv_stages(kD, kHasModifiers<Policy>);
+  constexpr int kStages = kv_stages(kD, kStagesScores<Policy>);
   constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a warp's 16 x kN scores
   constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a warp's 16 x kD output
   using QTile = SwizzledTile<kM, kD>;
@@ -139,9 +144,11 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const std::uint32_t smem_rel = smem_bias + (p.bias_staged ? kStages * bias_tile_bytes(kD) : 0);
   auto load_keys = [&](std::int64_t u, int stage) {
     const KeySource t = key_source(u);
-    if (p.bias_staged && !t.extra) {
-      scores.template load_bias_tile_async<kM, kN, kThreads>(
-          smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
+    if constexpr (kHasModifiers<Policy>) {
+      if (p.bias_staged && !t.extra) {
+        scores.template load_bias_tile_async<kM, kN, kThreads>(
+            smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
+      }
     }
     load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
                                       p.vector_loads);
@@ -152,7 +159,12 @@ __global__ void __launch_bounds__(threads(kD), 1)
   // Commit groups: {Q, tile 0}, {tile 1}, .., {tile stages - 2}, then one per iteration (maybe
   // empty), so that when tile u is needed exactly stages - 2 later groups may still be in flight.
   load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
-  scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)), m0, kM);
+  if constexpr (kRelPosTiles<Policy>) {
+    scores.stage(reinterpret_cast<float*>(smem_q_ptr + (smem_rel - smem_q)), m0, kM);
+  } else {
+    scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)), m0,
+                         kM);
+  }
 #pragma unroll
   for (int u = 0; u < kStages - 1; ++u) {
     if (u < num_tiles) load_keys(u, u);
@@ -194,19 +206,29 @@ __global__ void __launch_bounds__(threads(kD), 1)
     const std::int64_t first_col = tile.first_key + fragment_col;
     const bool full =
         tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
-    scores.transform(s);
-    if (!tile.extra) {
-      if (p.bias_staged) {
-        scores.add_bias_tile(s, fragment_row, first_col,
-                             smem_q_ptr + (smem_bias - smem_q) + stage * bias_tile_bytes(kD),
-                             warp * 16 + lane / 4);
+    if constexpr (kRelPosTiles<Policy>) {
+      if (!tile.extra) {
+        scores.scale_and_add(s, fragment_row, tile.first_key, fragment_col);
+        if (!full) hide_invisible(mask, s, fragment_row, first_col);
       } else {
-        scores.add_bias(s, fragment_row, first_col);
+        scores.transform(s);
+        if (!full) hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
       }
-      if (!full) hide_invisible(mask, s, fragment_row, first_col);
-    } else if (!full) {
-      // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
-      hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
+    } else {
+      scores.transform(s);
+      if (!tile.extra) {
+        if (p.bias_staged) {
+          scores.add_bias_tile(s, fragment_row, first_col,
+                               smem_q_ptr + (smem_bias - smem_q) + stage * bias_tile_bytes(kD),
+                               warp * 16 + lane / 4);
+        } else {
+          scores.add_bias(s, fragment_row, first_col);
+        }
+        if (!full) hide_invisible(mask, s, fragment_row, first_col);
+      } else if (!full) {
+        // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
+        hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
+      }
     }
     softmax.update(s, o);
 

@@ -1,0 +1,129 @@
+// SAM-style decomposed relative-position bias alone (SPEC §5: no bias, softcap or mask besides it),
+// laid out so that it costs about one extra add per score:
+//   s = scale * q.k + rel_h[i, j / Wk] + rel_w[i, j % Wk]          (log2 units)
+// It applies when Wk is a power of two between 8 and the key tile's width (SAM's 64 x 64 grid and
+// every square power-of-two grid): every key tile then starts at j % Wk = 0, so the rel_w entries
+// of a thread's columns are the same in every tile, and a tile's 8-column groups each sit on one
+// grid row. The block's rel_h | rel_w rows are staged once in shared memory as fp32 already scaled
+// by log2(e); a score then takes one pair load per 2 entries and an add next to the scale's
+// multiply, which becomes a fused multiply-add. ScoreModifiers (score_modifiers.cuh) covers every
+// other layout and combination.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/forward_params.h"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/tile_primitives.cuh"
+
+namespace fmha::cuda {
+
+// Row pitch (floats) of the staged rows: rel_h (padded to even, so rel_w pairs are 8-byte aligned),
+// then rel_w; 8 modulo 32, so that the 4 rows x 4 pair loads of each half-warp fall in distinct
+// banks.
+__host__ __device__ constexpr std::int64_t rel_pos_tile_pitch(std::int64_t rel_h_size,
+                                                              std::int64_t rel_w_size) {
+  return ((rel_h_size + 1) / 2 * 2 + rel_w_size + 23) / 32 * 32 + 8;
+}
+
+// Whether a problem's rel-pos fits this layout for key tiles of kN keys.
+__host__ __device__ constexpr bool rel_pos_tiles_apply(std::int64_t rel_w_size, int kN) {
+  return rel_w_size >= 8 && rel_w_size <= kN && (rel_w_size & (rel_w_size - 1)) == 0;
+}
+
+template <typename T>
+struct ScoreRelPos {
+  float scale_log2;
+  const std::uint16_t* rel_h;  // already offset to (b, h)
+  const std::uint16_t* rel_w;
+  const ForwardParams* params;  // strides, read in place (cold)
+  std::int64_t num_queries;
+  int rel_h_size, rel_w_size, pitch;
+  const float* staged;  // the block's rows, from stage()
+  std::int64_t staged_first_row;
+
+  __device__ static ScoreRelPos make(const ForwardParams& p, std::int64_t b, std::int64_t h,
+                                     std::int64_t num_queries, std::int64_t num_keys) {
+    ScoreRelPos m;
+    m.scale_log2 = p.scale_log2;
+    m.rel_h =
+        static_cast<const std::uint16_t*>(p.rel_h) + b * p.rel_h_stride[0] + h * p.rel_h_stride[1];
+    m.rel_w =
+        static_cast<const std::uint16_t*>(p.rel_w) + b * p.rel_w_stride[0] + h * p.rel_w_stride[1];
+    m.params = &p;
+    m.num_queries = num_queries;
+    m.rel_w_size = static_cast<int>(p.rel_w_size);
+    m.rel_h_size = static_cast<int>((num_keys + p.rel_w_size - 1) / p.rel_w_size);
+    m.pitch = static_cast<int>(rel_pos_tile_pitch(m.rel_h_size, m.rel_w_size));
+    m.staged = nullptr;
+    m.staged_first_row = 0;
+    return m;
+  }
+
+  __device__ int rel_w_offset() const { return (rel_h_size + 1) & ~1; }
+
+  // Stages rows [first_row, first_row + rows) scaled by log2(e), zeros past the sequence. Every
+  // thread of the block calls it; the caller's next barrier publishes the rows.
+  __device__ void stage(float* smem, std::int64_t first_row, int rows) {
+    using Convert = tile::Dtype<T>;
+    const int w_offset = rel_w_offset();
+    const int width = w_offset + rel_w_size;
+    for (int index = static_cast<int>(threadIdx.x); index < rows * width;
+         index += static_cast<int>(blockDim.x)) {
+      const int r = index / width;
+      const int c = index % width;
+      const std::int64_t i = first_row + r;
+      float x = 0.0f;
+      if (i < num_queries && c < rel_h_size) {
+        x = Convert::to_float(rel_h[i * params->rel_h_stride[2] + c * params->rel_h_stride[3]]);
+      } else if (i < num_queries && c >= w_offset) {
+        x = Convert::to_float(
+            rel_w[i * params->rel_w_stride[2] + (c - w_offset) * params->rel_w_stride[3]]);
+      }
+      smem[r * pitch + c] = x * kLog2e;
+    }
+    staged = smem;
+    staged_first_row = first_row;
+  }
+
+  // Extra keys: the scale only.
+  template <int kTiles>
+  __device__ void transform(float (&s)[kTiles][4]) const {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] *= scale_log2;
+    }
+  }
+
+  // Scale and rel-pos of a tile of ordinary keys starting at first_key (a multiple of Wk):
+  // entries 0, 1 of this thread on `row`, 2, 3 on row + 8; entry 0 of n8 tile t on key column
+  // first_key + 8t + col (col = 2 * (lane % 4)). Keys past the sequence read a clamped rel_h
+  // entry and are masked by the caller.
+  template <int kTiles>
+  __device__ void scale_and_add(float (&s)[kTiles][4], std::int64_t row, std::int64_t first_key,
+                                int col) const {
+    const float* row0 = staged + (row - staged_first_row) * pitch;
+    const float* row8 = row0 + 8 * pitch;
+    const float* w0 = row0 + rel_w_offset() + col;
+    const float* w8 = row8 + rel_w_offset() + col;
+    const int mask = rel_w_size - 1;
+    int jh = static_cast<int>(first_key / rel_w_size);
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const int jw = (t * 8) & mask;
+      if (t > 0 && jw == 0) ++jh;  // the tile's next grid row
+      const int hh = jh < rel_h_size ? jh : rel_h_size - 1;
+      const float h0 = row0[hh];
+      const float h8 = row8[hh];
+      const float2 a = *reinterpret_cast<const float2*>(w0 + jw);
+      const float2 c = *reinterpret_cast<const float2*>(w8 + jw);
+      s[t][0] = fmaf(s[t][0], scale_log2, h0 + a.x);
+      s[t][1] = fmaf(s[t][1], scale_log2, h0 + a.y);
+      s[t][2] = fmaf(s[t][2], scale_log2, h8 + c.x);
+      s[t][3] = fmaf(s[t][3], scale_log2, h8 + c.y);
+    }
+  }
+};
+
+}  // namespace fmha::cuda
