@@ -25,7 +25,7 @@ VARIANTS = [
     ("sm90", "fwd", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams", BUCKETS,
      ["PolicyPlain", "PolicyWindow", "PolicyGeneral", "PolicyRelPos"]),
     ("sm90", "bwd", "cuda/sm90/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
-     "BackwardParams", BUCKETS, ["PolicyPlain", "PolicyWindow"]),
+     "BackwardParams", BUCKETS, ["PolicyPlain", "PolicyWindow", "PolicyRelPos"]),
 ]
 
 DIRECTION_NAMES = {"fwd": "forward", "bwd": "backward"}

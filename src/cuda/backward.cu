@@ -261,11 +261,10 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
       }
     }
   }
-  if (o.deterministic && (additive.dbias_atomic || additive.drel_h || additive.drel_w)) {
+  if (o.deterministic && additive.dbias_atomic) {
     return refuse(
-        "deterministic=true with grads.dbias over a broadcast bias or with grads.drel_h / "
-        "grads.drel_w (those sums are accumulated with atomics; a full-size bias or "
-        "deterministic=false works)");
+        "deterministic=true with grads.dbias over a broadcast bias (that sum is accumulated with "
+        "atomics; a full-size bias or deterministic=false works)");
   }
   if (p.fwd.batch == 0 || p.fwd.heads == 0) return Status::ok_status();  // empty gradients
   DeviceGuard guard;
@@ -275,6 +274,14 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   const bool sm90_eligible = use_sm90_backward(p, arch);
   const bool fused = use_fused(p, o, impl, sm_count, sm90_eligible);
   const bool sm90 = sm90_eligible && !fused;
+  // The sm90 dQ kernel sums drel_h / drel_w per query row without atomics; the sm80 kernels add
+  // them with atomics.
+  if (o.deterministic && !sm90 && (additive.drel_h || additive.drel_w)) {
+    return refuse(
+        "deterministic=true with grads.drel_h / grads.drel_w on this problem (the sm80 kernels "
+        "accumulate those sums with atomics; Hopper runs SAM-style rel-pos alone on a "
+        "power-of-two grid width without them; deterministic=false works everywhere)");
+  }
 
   const std::int64_t heads = p.fwd.heads;
   const std::int64_t stats = outer * heads * inner;

@@ -102,17 +102,36 @@ Status launch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
   }
 }
 
+bool masked(const BackwardParams& p) {
+  return p.fwd.window_left != kUnboundedWindow || p.fwd.window_right != kUnboundedWindow;
+}
+
+// SAM-style rel-pos alone (no bias, softcap, mask or extra keys) on a power-of-two grid width
+// dividing the dQ kernel's key tiles, with its rows and drel_w table in a dQ block's shared
+// memory (227 KB on sm90): PolicyRelPos, drel_h / drel_w summed without atomics.
+bool sm90_rel_pos_applies(const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  const int bucket = sm80::head_dim_bucket(max_dim(p));
+  const std::int64_t smem = sm90::bwd_dq_tile_bytes(bucket, 2) + sm90::bwd_rel_pos_smem_bytes(f);
+  return f.bias == nullptr && f.softcap_log2 == 0.0f && !masked(p) && f.num_extra == 0 &&
+         f.cu_seqlens_q == nullptr &&
+         rel_pos_tiles_apply(f.rel_w_size, sm90::bwd_keys_per_tile(bucket)) && smem <= 227 * 1024;
+}
+
+template <typename T, bool kDkDv>
+Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
+  if (p.fwd.rel_h != nullptr) return launch_sm90_policy<T, kDkDv, PolicyRelPos>(p, stream);
+  if (masked(p)) return launch_sm90_policy<T, kDkDv, PolicyWindow>(p, stream);
+  return launch_sm90_policy<T, kDkDv, PolicyPlain>(p, stream);
+}
+
 template <bool kDkDv>
 Status dispatch_sm90(const BackwardParams& p, DType dtype, cudaStream_t stream) {
-  const bool masked =
-      p.fwd.window_left != kUnboundedWindow || p.fwd.window_right != kUnboundedWindow;
   switch (dtype) {
     case DType::kFloat16:
-      return masked ? launch_sm90_policy<__half, kDkDv, PolicyWindow>(p, stream)
-                    : launch_sm90_policy<__half, kDkDv, PolicyPlain>(p, stream);
+      return dispatch_sm90_policy<__half, kDkDv>(p, stream);
     case DType::kBFloat16:
-      return masked ? launch_sm90_policy<__nv_bfloat16, kDkDv, PolicyWindow>(p, stream)
-                    : launch_sm90_policy<__nv_bfloat16, kDkDv, PolicyPlain>(p, stream);
+      return dispatch_sm90_policy<__nv_bfloat16, kDkDv>(p, stream);
     default:
       return Status::not_supported(std::string("fmha: the CUDA backward kernels got q of dtype ") +
                                    to_string(dtype) + " (supported: float16, bfloat16)");
@@ -126,7 +145,8 @@ bool use_sm90_backward(const BackwardParams& p, int arch) {
 #if FMHA_WITH_SM90
   const ForwardParams& f = p.fwd;
   return use_sm90_kernels(arch) && f.neighborhood.rank == 0 && max_dim(p) <= sm90::kBwdMaxHeadDim &&
-         f.softcap_log2 == 0.0f && f.bias == nullptr && f.rel_h == nullptr && f.num_extra == 0;
+         f.softcap_log2 == 0.0f && f.bias == nullptr && f.num_extra == 0 &&
+         (f.rel_h == nullptr || sm90_rel_pos_applies(p));
 #else
   (void)p;
   (void)arch;

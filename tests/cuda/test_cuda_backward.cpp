@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <sstream>
 #include <string>
@@ -730,6 +731,48 @@ TEST(CudaBackward, RelativePositionSam) {
   r.rel_hk = 15;
   r.drel = true;
   check_backward(r, 103);
+}
+
+// Rel-pos alone on a power-of-two grid width dividing the key tiles: on sm90 the split kernels
+// with PolicyRelPos (drel_h / drel_w summed per query row in the dQ kernel, no atomics, hence
+// deterministic); other widths and head dims fall back to the sm80 kernels.
+TEST(CudaBackward, RelativePositionPowerOfTwoGrid) {
+  SKIP_WITHOUT_GPU();
+  struct Grid {
+    std::int64_t lq, hk, wk, d;
+  };
+  std::uint64_t seed = 104;
+  for (DType dt : {DType::kBFloat16, DType::kFloat16})
+    for (Grid g : {Grid{300, 16, 16, 64}, Grid{129, 5, 64, 80}, Grid{77, 3, 128, 32},
+                   Grid{65, 8, 8, 40}, Grid{90, 2, 128, 80}}) {
+      BackwardCase c = shape_case(dt, g.lq, g.hk * g.wk, g.d, g.d, 4, 2, 2);
+      c.rel_hk = g.hk;
+      c.drel = true;
+      check_backward(c, seed++);
+    }
+  BackwardCase c = shape_case(DType::kBFloat16, 200, 4 * 64, 64, 64, 6, 1, 2);
+  c.rel_hk = 4;
+  c.drel = true;
+  c.options.deterministic = true;
+  // The sm80 kernels (before Hopper, or FMHA_CUDA_KERNELS=sm80) sum drel with atomics: they
+  // refuse; the sm90 ones must give bitwise-equal gradients twice.
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  const char* kernels = std::getenv("FMHA_CUDA_KERNELS");
+  if (major == 9 && (kernels == nullptr || std::string(kernels) != "sm80")) {
+    check_backward(c, seed, /*twice=*/true);
+  } else {
+    std::mt19937_64 rng(seed);
+    Tensors t = make_tensors(c, c.dtype, DType::kFloat32, &rng);
+    DeviceTensors dev;
+    dev.upload(t);
+    if (::testing::Test::HasFatalFailure()) return;
+    const fmha::Status s = run_backward(c, dev.views(), BackwardImpl::kAuto);
+    EXPECT_EQ(s.code(), fmha::StatusCode::kNotSupported);
+    EXPECT_NE(s.message().find("deterministic=true with grads.drel_h"), std::string::npos)
+        << s.message();
+  }
 }
 
 TEST(CudaBackward, Varlen) {

@@ -124,6 +124,82 @@ struct ScoreRelPos {
       s[t][3] = fmaf(s[t][3], scale_log2, h8 + c.y);
     }
   }
+
+  // Rel-pos added to a transposed tile (rows = keys: entries 0, 1 of this thread on `key`, 2, 3
+  // on key + 8; entry 0 of n8 tile t on query `query` + 8t), read from global memory: the
+  // backward dK/dV kernel, whose keys stay while its query tiles pass. Keys and queries past the
+  // sequence get nothing.
+  template <int kTiles>
+  __device__ void add_transposed(float (&s)[kTiles][4], std::int64_t key, std::int64_t query,
+                                 std::int64_t num_keys) const {
+    using Convert = tile::Dtype<T>;
+    const std::int64_t h_row = params->rel_h_stride[2], w_row = params->rel_w_stride[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t j = key + 8 * half;
+      if (j >= num_keys) continue;
+      const std::int64_t jh = j / rel_w_size;
+      const std::uint16_t* const h = rel_h + jh * params->rel_h_stride[3];
+      const std::uint16_t* const w = rel_w + (j - jh * rel_w_size) * params->rel_w_stride[3];
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const std::int64_t i = query + 8 * t + e;
+          if (i < num_queries) {
+            s[t][2 * half + e] +=
+                (Convert::to_float(h[i * h_row]) + Convert::to_float(w[i * w_row])) * kLog2e;
+          }
+        }
+      }
+    }
+  }
+
+  // The backward's gradients of a tile: dS (layout as scale_and_add, the gradient wrt the final
+  // score) summed over each grid row into drel_h and over each grid column into drel_w.
+  //   drel_h: a grid row's keys all lie in one tile (Wk divides the tile), so its sum over the
+  //     row's 8-column groups and the quad's 4 threads is complete here: lane c == 0 writes it to
+  //     dh0 / dh8 (the rows of the fp32 accumulator; nullptr for rows past the sequence or
+  //     without drel_h).
+  //   drel_w: this thread's columns meet the same Wk entries in every tile, so each (row, jw) has
+  //     one owner: it adds into its own slots dw0 / dw8 of a per-block shared table (nullptr
+  //     without drel_w); the caller stores the table after the last tile.
+  template <int kTiles>
+  __device__ void accumulate_grads(const float (&ds)[kTiles][4], std::int64_t first_key, int col,
+                                   float* dh0, float* dh8, float* dw0, float* dw8) const {
+    const int mask = rel_w_size - 1;
+    int jh = static_cast<int>(first_key / rel_w_size);
+    float h0 = 0.0f, h8 = 0.0f;
+    auto flush = [&]() {  // warp-uniform: every lane reaches it at the same t
+      h0 += __shfl_xor_sync(0xffffffffu, h0, 1);
+      h0 += __shfl_xor_sync(0xffffffffu, h0, 2);
+      h8 += __shfl_xor_sync(0xffffffffu, h8, 1);
+      h8 += __shfl_xor_sync(0xffffffffu, h8, 2);
+      if (col == 0 && jh < rel_h_size) {
+        if (dh0 != nullptr) dh0[jh] = h0;
+        if (dh8 != nullptr) dh8[jh] = h8;
+      }
+    };
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const int jw = (t * 8) & mask;
+      if (t > 0 && jw == 0) {
+        flush();
+        h0 = h8 = 0.0f;
+        ++jh;
+      }
+      h0 += ds[t][0] + ds[t][1];
+      h8 += ds[t][2] + ds[t][3];
+      if (dw0 != nullptr) {
+        float2* const a = reinterpret_cast<float2*>(dw0 + jw + col);
+        float2* const c = reinterpret_cast<float2*>(dw8 + jw + col);
+        const float2 x = *a, y = *c;
+        *a = make_float2(x.x + ds[t][0], x.y + ds[t][1]);
+        *c = make_float2(y.x + ds[t][2], y.y + ds[t][3]);
+      }
+    }
+    flush();
+  }
 };
 
 }  // namespace fmha::cuda

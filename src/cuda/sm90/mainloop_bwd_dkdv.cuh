@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/backward_params.h"
 #include "cuda/common/backward_policies.cuh"
@@ -184,6 +185,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     fence_accumulators(dp);
 
     scores.transform(s);
+    if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
+      Scores::make(f, b, step_head(u), num_queries, num_keys)
+          .add_transposed(s, key_row, m0 + fragment_col, num_keys);
+    }
     const bool full =
         m0 + kM <= num_queries && mask.tile_is_full(m0, m0 + kM - 1, warpgroup_first_key, 64);
     if (!full) hide_invisible_transposed(mask, s, key_row, m0 + fragment_col, num_queries);

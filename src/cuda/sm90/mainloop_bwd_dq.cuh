@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/backward_params.h"
 #include "cuda/common/forward_policies.cuh"
@@ -22,10 +23,23 @@
 
 namespace fmha::cuda::sm90 {
 
-template <int kD>
+template <typename Policy>
+inline constexpr bool kBwdRelPos = std::is_same_v<Policy, PolicyRelPos>;
+
+// K/V stages: two under rel-pos, whose staged rows and drel_w table take the third one's room.
+template <typename Policy>
+constexpr int bwd_dq_stages() {
+  return kBwdRelPos<Policy> ? 2 : kBwdStages;
+}
+
+// Shared memory of the tiles; under rel-pos its rows and table follow (bwd_rel_pos_smem_bytes).
+template <int kD, typename Policy>
 constexpr int bwd_dq_smem_bytes() {
-  return 2 * SwizzledTile<kBwdQueriesPerBlock, kD>::kBytes +
-         2 * kBwdStages * SwizzledTile<bwd_keys_per_tile(kD), kD>::kBytes + 1024;
+  constexpr int bytes =
+      2 * SwizzledTile<kBwdQueriesPerBlock, kD>::kBytes +
+      2 * bwd_dq_stages<Policy>() * SwizzledTile<bwd_keys_per_tile(kD), kD>::kBytes + 1024;
+  static_assert(bytes == bwd_dq_tile_bytes(kD, bwd_dq_stages<Policy>()), "as the dispatch counts");
+  return bytes;
 }
 
 template <typename T, int kD, typename Policy>
@@ -33,7 +47,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kM = kBwdQueriesPerBlock;
   constexpr int kN = bwd_keys_per_tile(kD);
-  constexpr int kStages = kBwdStages;
+  constexpr int kStages = bwd_dq_stages<Policy>();
   constexpr int kScoreTiles = kN / 8;
   constexpr int kOutTiles = kD / 8;
   using QTile = SwizzledTile<kM, kD>;
@@ -82,7 +96,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                   k_start * f.v_row_stride + hk * f.v_head_stride;
 
   const Mask mask = Mask::make(f, num_queries, num_keys);
-  const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
+  Scores scores = Scores::make(f, b, h, num_queries, num_keys);
   const KeyRange range = mask.key_range(m0, last_row);
   std::int64_t first_tile = 0, num_tiles = 0;
   if (range.end > range.begin) {
@@ -110,6 +124,36 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // This thread's two rows: their statistics live in registers for the whole walk.
   const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
   const int fragment_col = 2 * (lane % 4);
+
+  // Rel-pos: the block's rows staged for the scores, and the gradients' destinations: drel_h rows
+  // of the fp32 accumulator, this thread's rows of the block's drel_w table (zeroed here; the
+  // loop's first barrier publishes both).
+  float* dw_table = nullptr;
+  float *dh0 = nullptr, *dh8 = nullptr, *dw0 = nullptr, *dw8 = nullptr;
+  [[maybe_unused]] int dw_pitch = 0;
+  [[maybe_unused]] const std::int64_t rel_row0 =
+      (b * f.heads + h) * p.rel_rows;  // accumulator row of query 0
+  if constexpr (kBwdRelPos<Policy>) {
+    float* const rows_smem =
+        reinterpret_cast<float*>(smem_q_ptr + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes);
+    scores.stage(rows_smem, m0, kM);
+    dw_table = rows_smem + kM * scores.pitch;
+    dw_pitch = static_cast<int>(rel_pos_tile_pitch(0, f.rel_w_size));
+    if (p.drel_w_accum != nullptr) {
+      for (int i = static_cast<int>(threadIdx.x); i < kM * dw_pitch; i += kBwdThreads) {
+        dw_table[i] = 0.0f;
+      }
+      dw0 = dw_table + (warp * 16 + lane / 4) * dw_pitch;
+      dw8 = dw0 + 8 * dw_pitch;
+    }
+    if (p.drel_h_accum != nullptr) {
+      if (fragment_row < num_queries)
+        dh0 = p.drel_h_accum + (rel_row0 + fragment_row) * p.rel_h_size;
+      if (fragment_row + 8 < num_queries) {
+        dh8 = p.drel_h_accum + (rel_row0 + fragment_row + 8) * p.rel_h_size;
+      }
+    }
+  }
   const int first_row = warpgroup * 64;
   float lse_log2[2], delta[2];
 #pragma unroll
@@ -149,7 +193,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     fence_accumulators(s);
     fence_accumulators(dp);
 
-    scores.transform(s);
+    if constexpr (kBwdRelPos<Policy>) {
+      scores.scale_and_add(s, fragment_row, first_key, fragment_col);
+    } else {
+      scores.transform(s);
+    }
     if (!mask.tile_is_full(m0, last_row, first_key, kN)) {
       hide_invisible(mask, s, fragment_row, first_key + fragment_col);
     }
@@ -160,6 +208,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const float prob = exp2f(s[t][e] - lse_log2[e / 2]);
         s[t][e] = prob * (dp[t][e] - delta[e / 2]);  // dS, the gradient wrt scale * q.k
       }
+    }
+    if constexpr (kBwdRelPos<Policy>) {
+      scores.accumulate_grads(s, first_key, fragment_col, dh0, dh8, dw0, dw8);
     }
 
     std::uint32_t a[kN / 16][4];
@@ -176,6 +227,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // warpgroup's finished products), then stored 16 bytes at a time.
   tile::cp_async_wait<0>();
   __syncthreads();
+  if constexpr (kBwdRelPos<Policy>) {
+    if (p.drel_w_accum != nullptr) {  // every slot of the table has its final sum
+      const int width = static_cast<int>(f.rel_w_size);
+      for (int i = static_cast<int>(threadIdx.x); i < rows * width; i += kBwdThreads) {
+        const int r = i / width;
+        p.drel_w_accum[(rel_row0 + m0 + r) * width + (i - r * width)] =
+            dw_table[r * dw_pitch + (i - r * width)];
+      }
+    }
+  }
 #pragma unroll
   for (int t = 0; t < kOutTiles; ++t) {
 #pragma unroll

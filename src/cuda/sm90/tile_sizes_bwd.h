@@ -3,6 +3,11 @@
 // accumulator in registers, and each kernel is the forward's loop with one more product.
 #pragma once
 
+#include <cstdint>
+
+#include "cuda/common/forward_params.h"
+#include "cuda/common/score_rel_pos.cuh"
+
 namespace fmha::cuda::sm90 {
 
 // Head-dim buckets the sm90 backward takes: all of them. Up to D = 128 a dK/dV block keeps dK and
@@ -41,5 +46,19 @@ constexpr int bwd_keys_per_tile(int head_dim_bucket) {
 }
 
 inline constexpr int kBwdStages = 3;
+
+// Shared memory of a dQ block's 16-bit tiles: Q and dO, `stages` K/V stages, and the slack that
+// rounds the base up to the swizzle period.
+constexpr int bwd_dq_tile_bytes(int head_dim_bucket, int stages) {
+  return 2 * kBwdQueriesPerBlock * head_dim_bucket * 2 +
+         2 * stages * bwd_keys_per_tile(head_dim_bucket) * head_dim_bucket * 2 + 1024;
+}
+
+// A dQ block's rel-pos rows (fp32) and drel_w table, after its tiles (PolicyRelPos).
+inline std::int64_t bwd_rel_pos_smem_bytes(const ForwardParams& f) {
+  const std::int64_t rel_h_size = (f.seqlen_k + f.rel_w_size - 1) / f.rel_w_size;
+  return std::int64_t{kBwdQueriesPerBlock} * 4 *
+         (rel_pos_tile_pitch(rel_h_size, f.rel_w_size) + rel_pos_tile_pitch(0, f.rel_w_size));
+}
 
 }  // namespace fmha::cuda::sm90
