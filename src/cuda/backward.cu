@@ -4,8 +4,9 @@
 // (O(L) memory: per-row statistics, the dQ accumulator in fused mode; plus, only when requested,
 // fp32 accumulators of dbias's own compact size and of drel_h / drel_w) and launches
 //   preprocess (Delta, lse_log2, sink terms) -> dsinks (ordered reduction)
-//   -> fused: dK/dV kernel with dQ atomics (and dbias / drel accumulation), conversions
-//      split: dK/dV kernel (and dbias / drel accumulation), conversions, dQ kernel
+//   -> fused: dK/dV kernel with dQ atomics (and dbias / drel accumulation), dQ conversion
+//      split: dK/dV kernel (and dbias / drel accumulation on sm80), dQ kernel (drel on sm90)
+//   -> dbias / drel conversions
 // with no device synchronisation.
 #include <cuda_runtime.h>
 
@@ -353,6 +354,12 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
     step(sm90 ? dispatch_backward_sm90_dkdv(p, dtype, stream)
               : dispatch_backward_dkdv(p, dtype, stream));
   }
+  // The sm90 dQ kernel writes drel_h / drel_w: convert them after it.
+  if (s.ok()) {
+    step(fused  ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
+         : sm90 ? dispatch_backward_sm90_dq(p, dtype, stream)
+                : dispatch_backward_dq(p, dtype, stream));
+  }
   if (s.ok() && additive.dbias) {
     step(launch_backward_convert_4d(p.dbias_accum, additive.dbias_sizes, additive.dbias->data,
                                     strides_of(*additive.dbias), dtype, stream));
@@ -364,11 +371,6 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   if (s.ok() && additive.drel_w) {
     step(launch_backward_convert_4d(p.drel_w_accum, additive.drel_w_sizes, additive.drel_w->data,
                                     strides_of(*additive.drel_w), dtype, stream));
-  }
-  if (s.ok()) {
-    step(fused  ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
-         : sm90 ? dispatch_backward_sm90_dq(p, dtype, stream)
-                : dispatch_backward_dq(p, dtype, stream));
   }
   if (workspace != nullptr) {
     const cudaError_t e = cudaFreeAsync(workspace, stream);

@@ -112,7 +112,7 @@ bool masked(const BackwardParams& p) {
 bool sm90_rel_pos_applies(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   const int bucket = sm80::head_dim_bucket(max_dim(p));
-  const std::int64_t smem = sm90::bwd_dq_tile_bytes(bucket, 2) + sm90::bwd_rel_pos_smem_bytes(f);
+  const std::int64_t smem = sm90::bwd_dq_tile_bytes(bucket, sm90::kBwdStages) + sm90::bwd_rel_pos_smem_bytes(f);
   return f.bias == nullptr && f.softcap_log2 == 0.0f && !masked(p) && f.num_extra == 0 &&
          f.cu_seqlens_q == nullptr &&
          rel_pos_tiles_apply(f.rel_w_size, sm90::bwd_keys_per_tile(bucket)) && smem <= 227 * 1024;

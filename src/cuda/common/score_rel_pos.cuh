@@ -4,9 +4,11 @@
 // It applies when Wk is a power of two between 8 and the key tile's width (SAM's 64 x 64 grid and
 // every square power-of-two grid): every key tile then starts at j % Wk = 0, so the rel_w entries
 // of a thread's columns are the same in every tile, and a tile's 8-column groups each sit on one
-// grid row. The block's rel_h | rel_w rows are staged once in shared memory as fp32 already scaled
-// by log2(e); a score then takes one pair load per 2 entries and an add next to the scale's
-// multiply, which becomes a fused multiply-add. ScoreModifiers (score_modifiers.cuh) covers every
+// grid row. The block's rows are staged once in shared memory: rel_h as fp32 already scaled by
+// log2(e) (one load per grid row a tile meets), rel_w in its own 16-bit type, two entries a word
+// (shared-memory bandwidth, not arithmetic, is what the scores compete for with the wgmma
+// operands): a score then takes half a word load, a conversion and a fused multiply-add next to
+// the scale's, which the multiply-add absorbs. ScoreModifiers (score_modifiers.cuh) covers every
 // other layout and combination.
 #pragma once
 
@@ -18,12 +20,17 @@
 
 namespace fmha::cuda {
 
-// Row pitch (floats) of the staged rows: rel_h (padded to even, so rel_w pairs are 8-byte aligned),
-// then rel_w; 8 modulo 32, so that the 4 rows x 4 pair loads of each half-warp fall in distinct
-// banks.
+// Row pitch (32-bit words) of the staged rows: rel_h (fp32), then rel_w (16-bit pairs); 4 modulo
+// 32, so that a warp's 8 rows x 4 pair loads fall in distinct banks, as do its 8 rows' rel_h loads.
 __host__ __device__ constexpr std::int64_t rel_pos_tile_pitch(std::int64_t rel_h_size,
                                                               std::int64_t rel_w_size) {
-  return ((rel_h_size + 1) / 2 * 2 + rel_w_size + 23) / 32 * 32 + 8;
+  return (rel_h_size + rel_w_size / 2 + 27) / 32 * 32 + 4;
+}
+
+// Row pitch (floats) of the backward's drel_w table: 8 modulo 32, so that each half-warp's 4 rows x
+// 4 float pairs fall in distinct banks.
+__host__ __device__ constexpr std::int64_t rel_pos_grad_pitch(std::int64_t rel_w_size) {
+  return (rel_w_size + 23) / 32 * 32 + 8;
 }
 
 // Whether a problem's rel-pos fits this layout for key tiles of kN keys.
@@ -39,7 +46,7 @@ struct ScoreRelPos {
   const ForwardParams* params;  // strides, read in place (cold)
   std::int64_t num_queries;
   int rel_h_size, rel_w_size, pitch;
-  const float* staged;  // the block's rows, from stage()
+  const std::uint32_t* staged;  // the block's rows, from stage()
   std::int64_t staged_first_row;
 
   __device__ static ScoreRelPos make(const ForwardParams& p, std::int64_t b, std::int64_t h,
@@ -62,25 +69,27 @@ struct ScoreRelPos {
 
   __device__ int rel_w_offset() const { return (rel_h_size + 1) & ~1; }
 
-  // Stages rows [first_row, first_row + rows) scaled by log2(e), zeros past the sequence. Every
+  // Stages rows [first_row, first_row + rows) (layout above), zeros past the sequence. Every
   // thread of the block calls it; the caller's next barrier publishes the rows.
-  __device__ void stage(float* smem, std::int64_t first_row, int rows) {
+  __device__ void stage(std::uint32_t* smem, std::int64_t first_row, int rows) {
     using Convert = tile::Dtype<T>;
-    const int w_offset = rel_w_offset();
-    const int width = w_offset + rel_w_size;
+    const int width = rel_h_size + rel_w_size / 2;
     for (int index = static_cast<int>(threadIdx.x); index < rows * width;
          index += static_cast<int>(blockDim.x)) {
       const int r = index / width;
       const int c = index % width;
       const std::int64_t i = first_row + r;
-      float x = 0.0f;
+      std::uint32_t word = 0;
       if (i < num_queries && c < rel_h_size) {
-        x = Convert::to_float(rel_h[i * params->rel_h_stride[2] + c * params->rel_h_stride[3]]);
-      } else if (i < num_queries && c >= w_offset) {
-        x = Convert::to_float(
-            rel_w[i * params->rel_w_stride[2] + (c - w_offset) * params->rel_w_stride[3]]);
+        word = __float_as_uint(
+            Convert::to_float(rel_h[i * params->rel_h_stride[2] + c * params->rel_h_stride[3]]) *
+            kLog2e);
+      } else if (i < num_queries) {
+        const std::uint16_t* w =
+            rel_w + i * params->rel_w_stride[2] + 2 * (c - rel_h_size) * params->rel_w_stride[3];
+        word = w[0] | (static_cast<std::uint32_t>(w[params->rel_w_stride[3]]) << 16);
       }
-      smem[r * pitch + c] = x * kLog2e;
+      smem[r * pitch + c] = word;
     }
     staged = smem;
     staged_first_row = first_row;
@@ -103,25 +112,29 @@ struct ScoreRelPos {
   template <int kTiles>
   __device__ void scale_and_add(float (&s)[kTiles][4], std::int64_t row, std::int64_t first_key,
                                 int col) const {
-    const float* row0 = staged + (row - staged_first_row) * pitch;
-    const float* row8 = row0 + 8 * pitch;
-    const float* w0 = row0 + rel_w_offset() + col;
-    const float* w8 = row8 + rel_w_offset() + col;
+    using Convert = tile::Dtype<T>;
+    const std::uint32_t* row0 = staged + (row - staged_first_row) * pitch;
+    const std::uint32_t* row8 = row0 + 8 * pitch;
+    const std::uint32_t* w0 = row0 + rel_h_size + col / 2;
+    const std::uint32_t* w8 = row8 + rel_h_size + col / 2;
     const int mask = rel_w_size - 1;
     int jh = static_cast<int>(first_key / rel_w_size);
+    float h0 = 0.0f, h8 = 0.0f;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
       const int jw = (t * 8) & mask;
-      if (t > 0 && jw == 0) ++jh;  // the tile's next grid row
-      const int hh = jh < rel_h_size ? jh : rel_h_size - 1;
-      const float h0 = row0[hh];
-      const float h8 = row8[hh];
-      const float2 a = *reinterpret_cast<const float2*>(w0 + jw);
-      const float2 c = *reinterpret_cast<const float2*>(w8 + jw);
-      s[t][0] = fmaf(s[t][0], scale_log2, h0 + a.x);
-      s[t][1] = fmaf(s[t][1], scale_log2, h0 + a.y);
-      s[t][2] = fmaf(s[t][2], scale_log2, h8 + c.x);
-      s[t][3] = fmaf(s[t][3], scale_log2, h8 + c.y);
+      if (jw == 0) {  // the tile's first or next grid row (keys past the sequence: clamped)
+        if (t > 0) ++jh;
+        const int hh = jh < rel_h_size ? jh : rel_h_size - 1;
+        h0 = __uint_as_float(row0[hh]);
+        h8 = __uint_as_float(row8[hh]);
+      }
+      const float2 a = Convert::unpack(w0[jw / 2]);
+      const float2 c = Convert::unpack(w8[jw / 2]);
+      s[t][0] = fmaf(s[t][0], scale_log2, fmaf(a.x, kLog2e, h0));
+      s[t][1] = fmaf(s[t][1], scale_log2, fmaf(a.y, kLog2e, h0));
+      s[t][2] = fmaf(s[t][2], scale_log2, fmaf(c.x, kLog2e, h8));
+      s[t][3] = fmaf(s[t][3], scale_log2, fmaf(c.y, kLog2e, h8));
     }
   }
 

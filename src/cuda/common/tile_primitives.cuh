@@ -36,6 +36,10 @@ struct Dtype<__half> {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&h);
   }
+  // The inverse of pack (exact): low half in x.
+  __device__ __forceinline__ static float2 unpack(std::uint32_t word) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&word));
+  }
 };
 
 template <>
@@ -49,6 +53,10 @@ struct Dtype<__nv_bfloat16> {
   __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+  // The inverse of pack (exact: a bf16 is the top half of its fp32): low half in x.
+  __device__ __forceinline__ static float2 unpack(std::uint32_t word) {
+    return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
   }
 };
 

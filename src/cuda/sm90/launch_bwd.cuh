@@ -53,7 +53,7 @@ Status launch_backward_dq(const BackwardParams& p, cudaStream_t stream) {
   const dim3 grid(
       static_cast<unsigned>((p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock),
       static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(p.fwd.batch));
-  int smem = bwd_dq_smem_bytes<kD, Policy>();
+  int smem = bwd_dq_smem_bytes<kD>();
   if constexpr (kBwdRelPos<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
   return detail::launch_bwd_kernel(&backward_dq_kernel<T, kD, Policy>, grid, smem, p, stream, "dQ");
 }

@@ -26,19 +26,12 @@ namespace fmha::cuda::sm90 {
 template <typename Policy>
 inline constexpr bool kBwdRelPos = std::is_same_v<Policy, PolicyRelPos>;
 
-// K/V stages: two under rel-pos, whose staged rows and drel_w table take the third one's room.
-template <typename Policy>
-constexpr int bwd_dq_stages() {
-  return kBwdRelPos<Policy> ? 2 : kBwdStages;
-}
-
 // Shared memory of the tiles; under rel-pos its rows and table follow (bwd_rel_pos_smem_bytes).
-template <int kD, typename Policy>
+template <int kD>
 constexpr int bwd_dq_smem_bytes() {
-  constexpr int bytes =
-      2 * SwizzledTile<kBwdQueriesPerBlock, kD>::kBytes +
-      2 * bwd_dq_stages<Policy>() * SwizzledTile<bwd_keys_per_tile(kD), kD>::kBytes + 1024;
-  static_assert(bytes == bwd_dq_tile_bytes(kD, bwd_dq_stages<Policy>()), "as the dispatch counts");
+  constexpr int bytes = 2 * SwizzledTile<kBwdQueriesPerBlock, kD>::kBytes +
+                        2 * kBwdStages * SwizzledTile<bwd_keys_per_tile(kD), kD>::kBytes + 1024;
+  static_assert(bytes == bwd_dq_tile_bytes(kD, kBwdStages), "as the dispatch counts");
   return bytes;
 }
 
@@ -47,7 +40,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kM = kBwdQueriesPerBlock;
   constexpr int kN = bwd_keys_per_tile(kD);
-  constexpr int kStages = bwd_dq_stages<Policy>();
+  constexpr int kStages = kBwdStages;
   constexpr int kScoreTiles = kN / 8;
   constexpr int kOutTiles = kD / 8;
   using QTile = SwizzledTile<kM, kD>;
@@ -134,11 +127,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   [[maybe_unused]] const std::int64_t rel_row0 =
       (b * f.heads + h) * p.rel_rows;  // accumulator row of query 0
   if constexpr (kBwdRelPos<Policy>) {
-    float* const rows_smem =
-        reinterpret_cast<float*>(smem_q_ptr + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes);
+    auto* const rows_smem = reinterpret_cast<std::uint32_t*>(smem_q_ptr + 2 * QTile::kBytes +
+                                                             2 * kStages * KVTile::kBytes);
     scores.stage(rows_smem, m0, kM);
-    dw_table = rows_smem + kM * scores.pitch;
-    dw_pitch = static_cast<int>(rel_pos_tile_pitch(0, f.rel_w_size));
+    dw_table = reinterpret_cast<float*>(rows_smem + kM * scores.pitch);
+    dw_pitch = static_cast<int>(rel_pos_grad_pitch(f.rel_w_size));
     if (p.drel_w_accum != nullptr) {
       for (int i = static_cast<int>(threadIdx.x); i < kM * dw_pitch; i += kBwdThreads) {
         dw_table[i] = 0.0f;

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   // empty), so that when tile u is needed exactly stages - 2 later groups may still be in flight.
   load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
   if constexpr (kRelPosTiles<Policy>) {
-    scores.stage(reinterpret_cast<float*>(smem_q_ptr + (smem_rel - smem_q)), m0, kM);
+    scores.stage(reinterpret_cast<std::uint32_t*>(smem_q_ptr + (smem_rel - smem_q)), m0, kM);
   } else {
     scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)), m0,
                          kM);

@@ -58,7 +58,7 @@ constexpr int bwd_dq_tile_bytes(int head_dim_bucket, int stages) {
 inline std::int64_t bwd_rel_pos_smem_bytes(const ForwardParams& f) {
   const std::int64_t rel_h_size = (f.seqlen_k + f.rel_w_size - 1) / f.rel_w_size;
   return std::int64_t{kBwdQueriesPerBlock} * 4 *
-         (rel_pos_tile_pitch(rel_h_size, f.rel_w_size) + rel_pos_tile_pitch(0, f.rel_w_size));
+         (rel_pos_tile_pitch(rel_h_size, f.rel_w_size) + rel_pos_grad_pitch(f.rel_w_size));
 }
 
 }  // namespace fmha::cuda::sm90
