@@ -107,15 +107,20 @@ bool masked(const BackwardParams& p) {
 }
 
 // SAM-style rel-pos alone (no bias, softcap, mask or extra keys) on a power-of-two grid width
-// dividing the dQ kernel's key tiles, with its rows and drel_w table in a dQ block's shared
-// memory (227 KB on sm90): PolicyRelPos, drel_h / drel_w summed without atomics.
+// dividing the dQ kernel's key tiles, rel_w rows copyable in 16-byte chunks, and the staged rows
+// fitting both kernels' shared memory (227 KB on sm90): PolicyRelPos, drel_h / drel_w summed
+// without atomics.
 bool sm90_rel_pos_applies(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   const int bucket = sm80::head_dim_bucket(max_dim(p));
-  const std::int64_t smem = sm90::bwd_dq_tile_bytes(bucket, sm90::kBwdStages) + sm90::bwd_rel_pos_smem_bytes(f);
+  const std::int64_t dq_smem =
+      sm90::bwd_dq_tile_bytes(bucket, sm90::kBwdStages) + sm90::bwd_rel_pos_smem_bytes(f);
+  const std::int64_t dkdv_smem =
+      sm90::bwd_dkdv_tile_bytes(bucket) + sm90::bwd_rel_w_rows_bytes(f, bucket);
   return f.bias == nullptr && f.softcap_log2 == 0.0f && !masked(p) && f.num_extra == 0 &&
          f.cu_seqlens_q == nullptr &&
-         rel_pos_tiles_apply(f.rel_w_size, sm90::bwd_keys_per_tile(bucket)) && smem <= 227 * 1024;
+         rel_pos_tiles_apply(f.rel_w_size, sm90::bwd_keys_per_tile(bucket)) &&
+         rel_w_staged_in_chunks(f) && dq_smem <= 227 * 1024 && dkdv_smem <= 227 * 1024;
 }
 
 template <typename T, bool kDkDv>

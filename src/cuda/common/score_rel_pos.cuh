@@ -33,6 +33,19 @@ __host__ __device__ constexpr std::int64_t rel_pos_grad_pitch(std::int64_t rel_w
   return (rel_w_size + 23) / 32 * 32 + 8;
 }
 
+// Row pitch (bytes) of the backward dK/dV kernel's staged rel_w rows: whole 16-byte chunks, and
+// 32 modulo 128 for widths of 16 or more, so that the 4 query rows of a warp's loads (its 8 keys'
+// consecutive entries in each) fall in distinct banks.
+__host__ __device__ constexpr int rel_w_rows_pitch(std::int64_t rel_w_size) {
+  return static_cast<int>(2 * rel_w_size + 16);
+}
+
+// Whether rel_w rows can be copied 16 bytes at a time (the dK/dV kernel's staging).
+__host__ __device__ inline bool rel_w_staged_in_chunks(const ForwardParams& p) {
+  return p.rel_w_stride[3] == 1 && p.rel_w_stride[0] % 8 == 0 && p.rel_w_stride[1] % 8 == 0 &&
+         p.rel_w_stride[2] % 8 == 0 && reinterpret_cast<std::uintptr_t>(p.rel_w) % 16 == 0;
+}
+
 // Whether a problem's rel-pos fits this layout for key tiles of kN keys.
 __host__ __device__ constexpr bool rel_pos_tiles_apply(std::int64_t rel_w_size, int kN) {
   return rel_w_size >= 8 && rel_w_size <= kN && (rel_w_size & (rel_w_size - 1)) == 0;
@@ -138,32 +151,58 @@ struct ScoreRelPos {
     }
   }
 
+  // Copies rel_w of queries [first_row, first_row + kRows) of head `h` (rows pitch bytes apart,
+  // zeros past the sequence) to shared address `dst` with 16-byte cp.async: the backward dK/dV
+  // kernel's per-query-tile rows (rel_w_staged_in_chunks() must hold). `this` is any head's.
+  template <int kRows, int kThreads>
+  __device__ void load_rel_w_async(std::uint32_t dst, int pitch_bytes, std::int64_t b,
+                                   std::int64_t h, std::int64_t first_row) const {
+    const std::uint16_t* const w = static_cast<const std::uint16_t*>(params->rel_w) +
+                                   b * params->rel_w_stride[0] + h * params->rel_w_stride[1];
+    const int chunks = rel_w_size / 8;
+    for (int index = static_cast<int>(threadIdx.x); index < kRows * chunks; index += kThreads) {
+      const int r = index / chunks;
+      const int c = index - r * chunks;
+      const std::int64_t i = first_row + r;
+      const bool inside = i < num_queries;
+      tile::cp_async_16(dst + r * pitch_bytes + c * 16,
+                        inside ? w + i * params->rel_w_stride[2] + c * 8 : w, inside ? 16 : 0);
+    }
+  }
+
   // Rel-pos added to a transposed tile (rows = keys: entries 0, 1 of this thread on `key`, 2, 3
-  // on key + 8; entry 0 of n8 tile t on query `query` + 8t), read from global memory: the
-  // backward dK/dV kernel, whose keys stay while its query tiles pass. Keys and queries past the
-  // sequence get nothing.
+  // on key + 8; entry 0 of n8 tile t on query `query` + 8t, the tile's local column
+  // `local_query` + 8t), for head h: rel_w from the query tile's staged rows (`rows`, pitch_bytes
+  // apart), rel_h from global memory, one load per query when both keys share a grid row. Keys
+  // and queries past the sequence get nothing.
   template <int kTiles>
-  __device__ void add_transposed(float (&s)[kTiles][4], std::int64_t key, std::int64_t query,
+  __device__ void add_transposed(float (&s)[kTiles][4], std::int64_t b, std::int64_t h,
+                                 std::int64_t key, std::int64_t query, int local_query,
+                                 const std::uint8_t* rows, int pitch_bytes,
                                  std::int64_t num_keys) const {
     using Convert = tile::Dtype<T>;
-    const std::int64_t h_row = params->rel_h_stride[2], w_row = params->rel_w_stride[2];
+    const std::uint16_t* const rh = static_cast<const std::uint16_t*>(params->rel_h) +
+                                    b * params->rel_h_stride[0] + h * params->rel_h_stride[1];
+    const std::int64_t h_row = params->rel_h_stride[2], h_col = params->rel_h_stride[3];
+    const std::int64_t jh0 = key / rel_w_size, jh8 = (key + 8) / rel_w_size;
+    const int jw0 = static_cast<int>(key - jh0 * rel_w_size);
+    const int jw8 = static_cast<int>(key + 8 - jh8 * rel_w_size);
+    const bool valid0 = key < num_keys, valid8 = key + 8 < num_keys;
+    const std::uint16_t* const h0 = rh + (valid0 ? jh0 : 0) * h_col;
+    const std::uint16_t* const h8 = rh + (valid8 ? jh8 : 0) * h_col;
+    const bool same_row = jh0 == jh8;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const std::int64_t j = key + 8 * half;
-      if (j >= num_keys) continue;
-      const std::int64_t jh = j / rel_w_size;
-      const std::uint16_t* const h = rel_h + jh * params->rel_h_stride[3];
-      const std::uint16_t* const w = rel_w + (j - jh * rel_w_size) * params->rel_w_stride[3];
+    for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const std::int64_t i = query + 8 * t + e;
-          if (i < num_queries) {
-            s[t][2 * half + e] +=
-                (Convert::to_float(h[i * h_row]) + Convert::to_float(w[i * w_row])) * kLog2e;
-          }
-        }
+      for (int e = 0; e < 2; ++e) {
+        const std::int64_t i = query + 8 * t + e;
+        if (i >= num_queries) continue;
+        const auto* w =
+            reinterpret_cast<const std::uint16_t*>(rows + (local_query + 8 * t + e) * pitch_bytes);
+        const float a = Convert::to_float(h0[i * h_row]);
+        const float c = same_row ? a : Convert::to_float(h8[i * h_row]);
+        if (valid0) s[t][e] += (a + Convert::to_float(w[jw0])) * kLog2e;
+        if (valid8) s[t][2 + e] += (c + Convert::to_float(w[jw8])) * kLog2e;
       }
     }
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "cuda/sm90/launch_bwd.h"
 #include "cuda/sm90/mainloop_bwd_dkdv.cuh"
@@ -36,13 +37,17 @@ Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock),
                   static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
                   static_cast<unsigned>(p.fwd.batch));
-  Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0>, grid,
-                                       bwd_dkdv_smem_bytes<kD>(), p, stream, "dK/dV");
+  int smem = bwd_dkdv_smem_bytes<kD>();
+  if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
+    smem += static_cast<int>(bwd_rel_w_rows_bytes(p.fwd, kD));
+  }
+  Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0>, grid, smem, p,
+                                       stream, "dK/dV");
   if constexpr (bwd_num_chunks(kD) > 1) {
     static_assert(bwd_num_chunks(kD) == 2, "at most two column chunks (D <= 256)");
     if (s.ok()) {
-      s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 1>, grid,
-                                    bwd_dkdv_smem_bytes<kD>(), p, stream, "dK/dV");
+      s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 1>, grid, smem, p, stream,
+                                    "dK/dV");
     }
   }
   return s;

@@ -27,12 +27,15 @@
 
 namespace fmha::cuda::sm90 {
 
+// Shared memory of the tiles; under rel-pos the staged rel_w rows follow (bwd_rel_w_rows_bytes).
 template <int kD>
 constexpr int bwd_dkdv_smem_bytes() {
-  return 2 * SwizzledTile<kBwdKeysPerBlock, kD>::kBytes +
-         kBwdStages * (2 * SwizzledTile<bwd_queries_per_tile(kD), kD>::kBytes +
-                       2 * bwd_queries_per_tile(kD) * 4) +
-         1024;
+  constexpr int bytes = 2 * SwizzledTile<kBwdKeysPerBlock, kD>::kBytes +
+                        kBwdStages * (2 * SwizzledTile<bwd_queries_per_tile(kD), kD>::kBytes +
+                                      2 * bwd_queries_per_tile(kD) * 4) +
+                        1024;
+  static_assert(bytes == bwd_dkdv_tile_bytes(kD), "as the dispatch counts");
+  return bytes;
 }
 
 // Sets to -inf the scores of transposed tiles (rows = keys, columns = queries) that the mask
@@ -82,6 +85,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   auto smem_lse = [&](int stage) { return smem_stats + stage * kM * 4; };
   auto smem_delta = [&](int stage) { return smem_stats + (kStages + stage) * kM * 4; };
   const float* const stats_ptr = reinterpret_cast<const float*>(smem_k_ptr + (smem_stats - smem_k));
+  // Rel-pos: rel_w rows of each stage's query tile.
+  [[maybe_unused]] const int rel_pitch = static_cast<int>(rel_w_rows_pitch(f.rel_w_size));
+  [[maybe_unused]] const std::uint32_t smem_rel = smem_stats + 2 * kStages * kM * 4;
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -133,6 +139,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + m0;
     load_floats_async(smem_lse(stage), p.lse_log2 + stat, kM, rows, 0);
     load_floats_async(smem_delta(stage), p.delta + stat, kM, rows, kM);
+    if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
+      scores.template load_rel_w_async<kM, kBwdThreads>(smem_rel + stage * kM * rel_pitch,
+                                                        rel_pitch, b, h, m0);
+    }
   };
 
   load_tile_async<kN, kD, kBwdThreads>(smem_k, k_tile, f.k_row_stride, valid_keys, f.head_dim,
@@ -186,8 +196,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
 
     scores.transform(s);
     if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
-      Scores::make(f, b, step_head(u), num_queries, num_keys)
-          .add_transposed(s, key_row, m0 + fragment_col, num_keys);
+      scores.add_transposed(s, b, step_head(u), key_row, m0 + fragment_col, fragment_col,
+                            smem_k_ptr + (smem_rel - smem_k) + stage * kM * rel_pitch, rel_pitch,
+                            num_keys);
     }
     const bool full =
         m0 + kM <= num_queries && mask.tile_is_full(m0, m0 + kM - 1, warpgroup_first_key, 64);

@@ -54,7 +54,22 @@ constexpr int bwd_dq_tile_bytes(int head_dim_bucket, int stages) {
          2 * stages * bwd_keys_per_tile(head_dim_bucket) * head_dim_bucket * 2 + 1024;
 }
 
-// A dQ block's rel-pos rows (fp32) and drel_w table, after its tiles (PolicyRelPos).
+// Shared memory of a dK/dV block's 16-bit tiles: K and V, and per stage Q, dO and their rows'
+// lse and Delta; plus the alignment slack.
+constexpr int bwd_dkdv_tile_bytes(int head_dim_bucket) {
+  return 2 * kBwdKeysPerBlock * head_dim_bucket * 2 +
+         kBwdStages * (2 * bwd_queries_per_tile(head_dim_bucket) * head_dim_bucket * 2 +
+                       2 * bwd_queries_per_tile(head_dim_bucket) * 4) +
+         1024;
+}
+
+// A dK/dV block's staged rel_w rows, one query tile per stage, after its tiles (PolicyRelPos).
+inline std::int64_t bwd_rel_w_rows_bytes(const ForwardParams& f, int head_dim_bucket) {
+  return std::int64_t{kBwdStages} * bwd_queries_per_tile(head_dim_bucket) *
+         rel_w_rows_pitch(f.rel_w_size);
+}
+
+// A dQ block's rel-pos rows and drel_w table, after its tiles (PolicyRelPos).
 inline std::int64_t bwd_rel_pos_smem_bytes(const ForwardParams& f) {
   const std::int64_t rel_h_size = (f.seqlen_k + f.rel_w_size - 1) / f.rel_w_size;
   return std::int64_t{kBwdQueriesPerBlock} * 4 *
