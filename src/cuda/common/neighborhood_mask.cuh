@@ -116,9 +116,12 @@ __host__ __device__ __forceinline__ int group_positions(const NeighborhoodGrid& 
 __host__ __device__ __forceinline__ int group_major_extent(const NeighborhoodGrid& g, int r) {
   return g.dilation[r] * group_positions(g, r);
 }
-// The grid coordinate of group-major y', or -1 for a hole.
+// The grid coordinate of group-major y' (>= 0), or -1 for a hole or past the extent. Without
+// dilation y' is y: no division (this runs per gathered row of every tile).
 __host__ __device__ __forceinline__ int grid_coordinate(const NeighborhoodGrid& g, int r, int yp) {
+  if (g.dilation[r] == 1) return yp < g.size[r] ? yp : -1;
   const int positions = group_positions(g, r);
+  if (yp >= g.dilation[r] * positions) return -1;
   const int y = yp / positions + g.dilation[r] * (yp % positions);
   return y < g.size[r] ? y : -1;
 }
@@ -214,10 +217,13 @@ __host__ __device__ __forceinline__ void seen_box_shape(const NeighborhoodGrid& 
 // What a block works on: its own box (the forward's and the dQ kernel's queries, the dK/dV kernel's
 // keys) and the region of tokens it sees (keys, or transposed the queries that see its keys) cut
 // into boxes. Origins and extents are group-major.
+// full_lo / full_hi: per axis, the seen boxes inside [full_lo, full_hi] are seen whole
+// (seen_box_is_full); full_lo > full_hi where none is.
 struct BlockTiles {
   int box_shape[3], box_origin[3];
   int seen_shape[3], seen_origin[3], seen_tiles[3];  // seen_tiles: boxes per axis
   int num_seen_tiles;
+  int full_lo[3], full_hi[3];
 };
 
 __host__ __device__ __forceinline__ int num_block_boxes(const NeighborhoodGrid& g, int rows) {
@@ -226,6 +232,29 @@ __host__ __device__ __forceinline__ int num_block_boxes(const NeighborhoodGrid& 
   int boxes = 1;
   for (int r = 0; r < 3; ++r) boxes *= (group_major_extent(g, r) + shape[r] - 1) / shape[r];
   return boxes;
+}
+
+// The seen tokens on axis r that every entry of an own box [first, last] meets, as group-major
+// bounds [*lo, *hi] (empty: *lo > *hi). Forward (own box = queries): window bounds grow with y',
+// so every query of the box sees [lo(last), hi(first)]; a query the box holds on a hole takes its
+// group's last position, whose window holds real keys of that group only, so that interval has
+// no hole, and it is empty when the box spans two groups (lo(last) then lies in the later one).
+// Transposed (own box = keys): the queries that see every key are [lo(last), hi(first)] of the
+// transposed windows, which hold real queries of the key's group; that needs real keys of one
+// group (first and last in one group, last no hole), else nothing is seen whole. A box reaching
+// past the axis's group-major extent has none either.
+__host__ __device__ __forceinline__ void full_interval(const NeighborhoodGrid& g, int r, int first,
+                                                       int last, bool transposed, int* lo,
+                                                       int* hi) {
+  const int extent = group_major_extent(g, r), positions = group_positions(g, r);
+  bool any = last < extent;
+  if (any && transposed) {
+    const int group = first / positions;
+    const int n = (g.size[r] - group + g.dilation[r] - 1) / g.dilation[r];
+    any = last / positions == group && last % positions < n;
+  }
+  *lo = any ? group_major_window(g, r, last, transposed).lo : 1;
+  *hi = any ? group_major_window(g, r, first, transposed).hi : 0;
 }
 
 __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGrid& g, int block,
@@ -247,6 +276,8 @@ __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGri
     t.seen_origin[r] = lo;
     t.seen_tiles[r] = (hi - lo + t.seen_shape[r]) / t.seen_shape[r];
     t.num_seen_tiles *= t.seen_tiles[r];
+    full_interval(g, r, t.box_origin[r], t.box_origin[r] + t.box_shape[r] - 1, transposed,
+                  &t.full_lo[r], &t.full_hi[r]);
   }
   return t;
 }
@@ -254,15 +285,24 @@ __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGri
 // Group-major coordinates of entry `index` of a box of `shape` at `origin` (axis 2 innermost), and
 // its token; -1 when it lies past the box (a box smaller than the tile), past the grid's extent or
 // on a hole.
+// Box shapes are powers of two: the index splits by shifts and masks.
+__host__ __device__ __forceinline__ int log2_pow2(int x) {
+#ifdef __CUDA_ARCH__
+  return __ffs(x) - 1;
+#else
+  return __builtin_ctz(static_cast<unsigned>(x));
+#endif
+}
 __host__ __device__ __forceinline__ int box_token(const NeighborhoodGrid& g, const int (&shape)[3],
                                                   const int (&origin)[3], int index, int (&yp)[3]) {
-  yp[2] = origin[2] + index % shape[2];
-  yp[1] = origin[1] + index / shape[2] % shape[1];
-  yp[0] = origin[0] + index / (shape[2] * shape[1]);
+  const int shift2 = log2_pow2(shape[2]), shift1 = log2_pow2(shape[1]);
+  yp[2] = origin[2] + (index & (shape[2] - 1));
+  yp[1] = origin[1] + ((index >> shift2) & (shape[1] - 1));
+  yp[0] = origin[0] + (index >> (shift2 + shift1));
   int token = 0;
   bool inside = index < shape[0] * shape[1] * shape[2];
   for (int r = 0; r < 3; ++r) {
-    const int y = yp[r] < group_major_extent(g, r) ? grid_coordinate(g, r, yp[r]) : -1;
+    const int y = grid_coordinate(g, r, yp[r]);
     inside = inside && y >= 0;
     token = token * g.size[r] + (y >= 0 ? y : 0);
   }
@@ -279,26 +319,18 @@ __host__ __device__ __forceinline__ void seen_box_origin(const BlockTiles& t, in
 }
 
 // Every query sees every key, between the block's box and seen box u: the seen box fills its tile
-// of `tile` tokens, no dilation (so no holes), both boxes inside the grid, and per axis the last
-// query's window starts at or before the first key and the first query's ends at or after the
-// last key (both bounds grow with the query). Tokens past an own box smaller than its tile are
-// computed but never stored.
-__host__ __device__ __forceinline__ bool seen_box_is_full(const NeighborhoodGrid& g,
+// of `tile` tokens and lies inside the block's full interval on every axis (full_interval: with
+// dilation too, group-major boxes of one group hold neighbours). Tokens past an own box smaller
+// than its tile, or on its holes, are computed but never stored. A few compares: no division
+// besides the origin's.
+__host__ __device__ __forceinline__ bool seen_box_is_full(const NeighborhoodGrid&,
                                                           const BlockTiles& t, int u, int tile,
-                                                          bool transposed = false) {
+                                                          bool = false) {
   int origin[3];
   seen_box_origin(t, u, origin);
   bool full = t.seen_shape[0] * t.seen_shape[1] * t.seen_shape[2] == tile;
   for (int r = 0; r < 3; ++r) {
-    const int box_last = t.box_origin[r] + t.box_shape[r] - 1;
-    const int seen_last = origin[r] + t.seen_shape[r] - 1;
-    const int q_first = transposed ? origin[r] : t.box_origin[r];
-    const int q_last = transposed ? seen_last : box_last;
-    const int k_first = transposed ? t.box_origin[r] : origin[r];
-    const int k_last = transposed ? box_last : seen_last;
-    full = full && g.dilation[r] == 1 && box_last < g.size[r] && seen_last < g.size[r] &&
-           group_major_window(g, r, q_last).lo <= k_first &&
-           group_major_window(g, r, q_first).hi >= k_last;
+    full = full && origin[r] >= t.full_lo[r] && origin[r] + t.seen_shape[r] - 1 <= t.full_hi[r];
   }
   return full;
 }
