@@ -433,8 +433,10 @@ __global__ void __launch_bounds__(threads(kD), 1)
   __syncwarp();
 
   const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
+  // Token tiles address rows by token: their pointer starts at token 0.
   auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
-              (q_start + m0 + warp * 16) * p.out_row_stride + h * p.out_head_stride;
+              (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
+              h * p.out_head_stride;
   constexpr int kChunks = kD / 8;
   for (int index = lane; index < 16 * kChunks; index += 32) {
     const int r = index / kChunks;
