@@ -44,19 +44,6 @@ struct KeySource {
 template <typename Policy>
 inline constexpr bool kHasModifiers = std::is_same_v<Policy, PolicyGeneral>;
 
-template <int kD, typename Policy>
-constexpr int stages_of() {
-  return kv_stages(kD, kHasModifiers<Policy>, Policy::Mask::kTokenTiles);
-}
-
-// Shared memory of Q and the K/V stages; the staged bias tiles and rel-pos rows (if any), or the
-// token-tile bookkeeping, follow.
-template <int kD, typename Policy>
-constexpr int tile_smem_bytes() {
-  return SwizzledTile<block_m(kD), kD>::kBytes +
-         2 * stages_of<kD, Policy>() * SwizzledTile<block_n(kD), kD>::kBytes;
-}
-
 // Shared-memory bookkeeping of a kTokenTiles mask (neighborhood attention): the block's boxes,
 // its query rows' tokens and group-major windows, and per staged key box (a ring of kSlots: box
 // u + stages is staged while tile u runs, one iteration before its loads are issued) its keys'
@@ -70,6 +57,30 @@ struct TokenTileSmem {
   int query_token[kM];       // -1 past the grid or on a hole
   int2 query_window[kM][3];  // (lo, hi) per axis; lo > hi for rows without a token
 };
+
+// The 227 KB of shared memory a block may opt into on sm90; + 1024: the dynamic shared-memory
+// base is rounded up to the swizzle period.
+inline constexpr int kMaxBlockSmem = 227 * 1024;
+inline constexpr int kSmemAlignSlack = 1024;
+
+// K/V stages of a policy: tile_sizes.h's, one fewer for token tiles where their bookkeeping does
+// not fit beside three (D = 128 and 224, where three leave 2 KB; 236 KB was refused on an H100).
+template <int kD, typename Policy>
+constexpr int stages_of() {
+  constexpr int stages = kv_stages(kD, kHasModifiers<Policy>);
+  constexpr int bytes = SwizzledTile<block_m(kD), kD>::kBytes +
+                        2 * stages * SwizzledTile<block_n(kD), kD>::kBytes + kSmemAlignSlack +
+                        static_cast<int>(sizeof(TokenTileSmem<block_m(kD), block_n(kD)>));
+  return Policy::Mask::kTokenTiles && bytes > kMaxBlockSmem ? stages - 1 : stages;
+}
+
+// Shared memory of Q and the K/V stages; the staged bias tiles and rel-pos rows (if any), or the
+// token-tile bookkeeping, follow.
+template <int kD, typename Policy>
+constexpr int tile_smem_bytes() {
+  return SwizzledTile<block_m(kD), kD>::kBytes +
+         2 * stages_of<kD, Policy>() * SwizzledTile<block_n(kD), kD>::kBytes;
+}
 
 // Writes key box u into its slot (every thread of the block calls it; the caller's next barrier
 // publishes it).
@@ -155,8 +166,6 @@ __device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt,
     }
   }
 }
-// + 1024: the dynamic shared-memory base is rounded up to the swizzle period.
-inline constexpr int kSmemAlignSlack = 1024;
 
 template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(threads(kD), 1)

@@ -34,11 +34,8 @@ constexpr int block_n(int head_dim_bucket) {
 // The score-modifier policy keeps two above D = 64, where its bias tiles (below) take the third
 // stage's room; up to D = 64 three fit beside them (SAM rel-pos D 64 on an H100: 119 TFLOP/s with
 // three, 117 with two, within noise).
-// Neighborhood token tiles keep their bookkeeping (about 6 KB) after the stages: two at D = 224,
-// where three leave 2 KB.
-constexpr int kv_stages(int head_dim_bucket, bool modifiers, bool token_tiles = false) {
-  return head_dim_bucket < (token_tiles ? 224 : 256) && (!modifiers || head_dim_bucket <= 64) ? 3
-                                                                                              : 2;
+constexpr int kv_stages(int head_dim_bucket, bool modifiers) {
+  return head_dim_bucket < 256 && (!modifiers || head_dim_bucket <= 64) ? 3 : 2;
 }
 
 // A staged bias tile: the block's rows x one key tile of 16-bit values, 16-byte chunks of each
