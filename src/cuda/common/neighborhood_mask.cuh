@@ -132,12 +132,16 @@ __host__ __device__ __forceinline__ int grid_coordinate(const NeighborhoodGrid& 
 // t iff p >= t - K + 1 + K/2 (or always, when t < K, the window then starting at 0), and starts
 // at or before t iff p <= t + K/2 (or always, when t >= n - K, the window never starting past
 // n - K). Causal: max(p - K + 1, 0) <= t <= p iff t <= p <= t + K - 1.
+// Without dilation y' is the coordinate itself (one group of X positions): no division. y' lies
+// inside the axis's group-major extent.
 __host__ __device__ __forceinline__ AxisWindow group_major_window(const NeighborhoodGrid& g, int r,
                                                                   int yp, bool transposed = false) {
-  const int d = g.dilation[r], k = g.kernel[r], positions = group_positions(g, r);
-  const int group = yp / positions;
-  const int n = (g.size[r] - group + d - 1) / d;  // >= k (K * d <= X is validated)
-  const int p = min_int(yp % positions, n - 1);
+  const int d = g.dilation[r], k = g.kernel[r];
+  const bool dilated = d != 1;
+  const int positions = dilated ? group_positions(g, r) : g.size[r];
+  const int group = dilated ? yp / positions : 0;
+  const int n = dilated ? (g.size[r] - group + d - 1) / d : g.size[r];  // >= k (K * d <= X)
+  const int p = min_int(dilated ? yp % positions : yp, n - 1);
   int first, last;
   if (transposed && g.causal[r]) {
     first = p;
@@ -159,6 +163,15 @@ __host__ __device__ __forceinline__ int pow2_ceil(int x) {
   int p = 1;
   while (p < x) p *= 2;
   return p;
+}
+
+// Box shapes are powers of two: indices split by shifts and masks, counts by shifts.
+__host__ __device__ __forceinline__ int log2_pow2(int x) {
+#ifdef __CUDA_ARCH__
+  return __ffs(x) - 1;
+#else
+  return __builtin_ctz(static_cast<unsigned>(x));
+#endif
 }
 
 // Query box of `rows` (a power of two) tokens: powers of two per axis, grown in turn from the
@@ -197,17 +210,19 @@ __host__ __device__ __forceinline__ void seen_box_shape(const NeighborhoodGrid& 
     region[r] = min_int(box_shape[r] + g.kernel[r] - 1, group_major_extent(g, r));
     cap[r] = pow2_ceil(region[r]);
   }
+  // Shapes as exponents, so that the box counts are shifts: thread 0 of every block runs this
+  // search (up to about 125 candidates in 3-D), which divisions made microseconds long.
   int best = -1;
-  for (int a = 1; a <= cap[0] && a <= keys; a *= 2) {
-    for (int b = 1; b <= cap[1] && a * b <= keys; b *= 2) {
-      for (int c = min_int(cap[2], keys / (a * b)); c >= 1; c /= 2) {
-        const int tiles =
-            ((region[0] + a - 1) / a) * ((region[1] + b - 1) / b) * ((region[2] + c - 1) / c);
+  for (int ea = 0; (1 << ea) <= cap[0] && (1 << ea) <= keys; ++ea) {
+    for (int eb = 0; (1 << eb) <= cap[1] && (1 << (ea + eb)) <= keys; ++eb) {
+      for (int ec = log2_pow2(min_int(cap[2], keys >> (ea + eb))); ec >= 0; --ec) {
+        const int tiles = ((region[0] + (1 << ea) - 1) >> ea) *
+                          ((region[1] + (1 << eb) - 1) >> eb) * ((region[2] + (1 << ec) - 1) >> ec);
         if (best < 0 || tiles < best) {
           best = tiles;
-          shape[0] = a;
-          shape[1] = b;
-          shape[2] = c;
+          shape[0] = 1 << ea;
+          shape[1] = 1 << eb;
+          shape[2] = 1 << ec;
         }
       }
     }
@@ -235,8 +250,9 @@ __host__ __device__ __forceinline__ int num_block_boxes(const NeighborhoodGrid& 
 }
 
 // The seen tokens on axis r that every entry of an own box [first, last] meets, as group-major
-// bounds [*lo, *hi] (empty: *lo > *hi). Forward (own box = queries): window bounds grow with y',
-// so every query of the box sees [lo(last), hi(first)]; a query the box holds on a hole takes its
+// bounds [*lo, *hi] (empty: *lo > *hi), from the windows of its first and last entries (transposed
+// ones for the transposed tiling). Forward (own box = queries): window bounds grow with y', so
+// every query of the box sees [lo(last), hi(first)]; a query the box holds on a hole takes its
 // group's last position, whose window holds real keys of that group only, so that interval has
 // no hole, and it is empty when the box spans two groups (lo(last) then lies in the later one).
 // Transposed (own box = keys): the queries that see every key are [lo(last), hi(first)] of the
@@ -244,17 +260,17 @@ __host__ __device__ __forceinline__ int num_block_boxes(const NeighborhoodGrid& 
 // group (first and last in one group, last no hole), else nothing is seen whole. A box reaching
 // past the axis's group-major extent has none either.
 __host__ __device__ __forceinline__ void full_interval(const NeighborhoodGrid& g, int r, int first,
-                                                       int last, bool transposed, int* lo,
-                                                       int* hi) {
-  const int extent = group_major_extent(g, r), positions = group_positions(g, r);
-  bool any = last < extent;
-  if (any && transposed) {
-    const int group = first / positions;
+                                                       int last, AxisWindow first_window,
+                                                       AxisWindow last_window, bool transposed,
+                                                       int* lo, int* hi) {
+  bool any = last < group_major_extent(g, r);
+  if (any && transposed && g.dilation[r] != 1) {
+    const int positions = group_positions(g, r), group = first / positions;
     const int n = (g.size[r] - group + g.dilation[r] - 1) / g.dilation[r];
     any = last / positions == group && last % positions < n;
   }
-  *lo = any ? group_major_window(g, r, last, transposed).lo : 1;
-  *hi = any ? group_major_window(g, r, first, transposed).hi : 0;
+  *lo = any ? last_window.lo : 1;
+  *hi = any ? first_window.hi : 0;
 }
 
 __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGrid& g, int block,
@@ -269,14 +285,16 @@ __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGri
     const int boxes = (extent + t.box_shape[r] - 1) / t.box_shape[r];
     t.box_origin[r] = block % boxes * t.box_shape[r];
     block /= boxes;
-    const int last = min_int(t.box_origin[r] + t.box_shape[r] - 1, extent - 1);
+    const int box_last = t.box_origin[r] + t.box_shape[r] - 1;
+    const int last = min_int(box_last, extent - 1);
     // Both window bounds grow with y': the tokens the box sees lie between these two.
-    const int lo = group_major_window(g, r, t.box_origin[r], transposed).lo;
-    const int hi = group_major_window(g, r, last, transposed).hi;
-    t.seen_origin[r] = lo;
-    t.seen_tiles[r] = (hi - lo + t.seen_shape[r]) / t.seen_shape[r];
+    const AxisWindow first_window = group_major_window(g, r, t.box_origin[r], transposed);
+    const AxisWindow last_window = group_major_window(g, r, last, transposed);
+    t.seen_origin[r] = first_window.lo;
+    t.seen_tiles[r] =
+        (last_window.hi - first_window.lo + t.seen_shape[r]) >> log2_pow2(t.seen_shape[r]);
     t.num_seen_tiles *= t.seen_tiles[r];
-    full_interval(g, r, t.box_origin[r], t.box_origin[r] + t.box_shape[r] - 1, transposed,
+    full_interval(g, r, t.box_origin[r], box_last, first_window, last_window, transposed,
                   &t.full_lo[r], &t.full_hi[r]);
   }
   return t;
@@ -285,14 +303,6 @@ __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGri
 // Group-major coordinates of entry `index` of a box of `shape` at `origin` (axis 2 innermost), and
 // its token; -1 when it lies past the box (a box smaller than the tile), past the grid's extent or
 // on a hole.
-// Box shapes are powers of two: the index splits by shifts and masks.
-__host__ __device__ __forceinline__ int log2_pow2(int x) {
-#ifdef __CUDA_ARCH__
-  return __ffs(x) - 1;
-#else
-  return __builtin_ctz(static_cast<unsigned>(x));
-#endif
-}
 __host__ __device__ __forceinline__ int box_token(const NeighborhoodGrid& g, const int (&shape)[3],
                                                   const int (&origin)[3], int index, int (&yp)[3]) {
   const int shift2 = log2_pow2(shape[2]), shift1 = log2_pow2(shape[1]);
