@@ -3,9 +3,11 @@
 // The forward tiles the token grid in multi-dimensional boxes (the "token tiles" below): a block's
 // queries are a box of the grid, its keys the boxes of the region those queries see, gathered by
 // token, so a block visits no key tile that lies outside every neighborhood and tests the rest
-// with a few compares per element (or not at all, on boxes every query sees whole). The backward
-// still walks the flattened row-major order: per-axis bounds of a block of consecutive tokens give
-// the keys (dQ kernel) or queries (dK/dV kernel) to visit, and per-token windows the exact test.
+// with a few compares per element (or not at all, on boxes every query sees whole). The backward's
+// dQ kernel does the same, and its dK/dV kernel the transpose (a block's keys are a box, its query
+// tiles the boxes of the queries that see them). Only the dQ kernel at head-dim bucket 256, where
+// the bookkeeping does not fit, walks the flattened row-major order: per-axis bounds of a block of
+// consecutive tokens give the keys to visit, and per-token windows the exact test.
 //
 // Grids have fewer than 2^31 tokens (the host refuses larger ones), so the geometry is 32-bit
 // integer arithmetic. Axes past the grid's rank have size 1, kernel 1 and dilation 1: every
@@ -388,7 +390,7 @@ __host__ __device__ __forceinline__ bool bytes_within(unsigned x, unsigned lo, u
 }  // namespace neighborhood
 
 // Both directions tile the grid in boxes (kTokenTiles: the block_tiles() geometry above). The
-// flattened-order members below serve the host tests of the windows.
+// flattened-order members below serve the dQ kernel at bucket 256 and the host tests.
 struct MaskNeighborhood {
   static constexpr bool kTokenTiles = true;
   const NeighborhoodGrid* grid;  // points into the kernel's __grid_constant__ parameters
