@@ -24,11 +24,14 @@ VARIANTS = [
      "BackwardParams", BUCKETS, ["PolicyGeneral", "PolicyNeighborhood"]),
     ("sm90", "fwd", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams", BUCKETS,
      ["PolicyPlain", "PolicyWindow", "PolicyGeneral", "PolicyRelPos"]),
+    # Neighborhood attention in files of their own, so that they compile beside the dense ones.
+    ("sm90", "fwd_na", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams", BUCKETS,
+     ["PolicyNeighborhood"]),
     ("sm90", "bwd", "cuda/sm90/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
      "BackwardParams", BUCKETS, ["PolicyPlain", "PolicyWindow", "PolicyRelPos"]),
 ]
 
-DIRECTION_NAMES = {"fwd": "forward", "bwd": "backward"}
+DIRECTION_NAMES = {"fwd": "forward", "fwd_na": "neighborhood forward", "bwd": "backward"}
 
 
 def render(gen, direction, header, functions, params, bucket, dtype_name, ctype, policies):

@@ -46,10 +46,11 @@ python_install() {
     python3 -m pip install -q --no-build-isolation --no-deps .
 }
 cuda_tests() { timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests --gtest_brief=1; }
-# On Hopper dense attention runs the sm90 kernels; run its tests again on the sm80 kernels.
+# On Hopper dense attention and the neighborhood forward run the sm90 kernels; run their tests again
+# on the sm80 kernels.
 sm80_tests() {
   FMHA_CUDA_KERNELS=sm80 timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests \
-      --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward*"
+      --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward*:CudaNeighborhood.*:CudaNeighborhoodSmall.*"
 }
 sanitizer() {
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \

@@ -36,12 +36,11 @@ bool needs_general_policy(const ForwardParams& p) {
   return needs_mask(p) || needs_score_modifiers(p);
 }
 
-// Neighborhood attention runs on the sm80 kernel on every arch for now.
 template <typename T, int kD>
 Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
-  if (p.neighborhood.rank > 0) return sm80::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
 #if FMHA_WITH_SM90
   if (use_sm90_kernels(arch)) {
+    if (p.neighborhood.rank > 0) return sm90::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
     if (rel_pos_alone(p)) return sm90::launch_forward<T, kD, PolicyRelPos>(p, stream);
     if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
     if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
@@ -50,6 +49,7 @@ Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
 #else
   (void)arch;
 #endif
+  if (p.neighborhood.rank > 0) return sm80::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
   if (needs_general_policy(p)) return sm80::launch_forward<T, kD, PolicyGeneral>(p, stream);
   return sm80::launch_forward<T, kD, PolicyPlain>(p, stream);
 }

@@ -236,6 +236,32 @@ TEST(CudaNeighborhood, Layouts) {
   }
 }
 
+// Dilated windows wider than a block: key boxes of one dilation group seen whole (no mask), next
+// to partial boxes and holes (dilation not dividing the grid), with a causal axis too.
+TEST(CudaNeighborhood, DilatedWideWindows) {
+  SKIP_WITHOUT_GPU();
+  check_na(na_case(DType::kFloat16, 1, {1000, 1, 1}, {300, 1, 1}, {3, 1, 1}), 91);
+  check_na(na_case(DType::kBFloat16, 1, {1001, 1, 1}, {250, 1, 1}, {4, 1, 1}, {true, false, false}),
+           92);
+  check_na(na_case(DType::kFloat16, 2, {48, 40, 1}, {23, 19, 1}, {2, 2, 1}), 93);
+}
+
+// Head dims above 128: 64-key tiles, and two K/V stages at buckets 224 and 256 (where the token
+// bookkeeping takes the third one's room).
+TEST(CudaNeighborhood, WideHeadDims) {
+  SKIP_WITHOUT_GPU();
+  for (int d : {160, 224, 256}) {
+    AttentionCase c =
+        na_case(DType::kBFloat16, 2, {9, 11, 1}, {3, 5, 1}, {2, 1, 1}, {false, true, false});
+    c.head_dim = c.value_dim = d;
+    check_na(c, 95);
+    AttentionCase wide = na_case(DType::kFloat16, 1, {300, 1, 1}, {200, 1, 1}, {1, 1, 1});
+    wide.head_dim = d;
+    wide.value_dim = d - 24;
+    check_na(wide, 96);
+  }
+}
+
 // Grid axes that do not collapse into one token stride: refused clearly, forward and backward.
 TEST(CudaNeighborhoodSmall, Refusals) {
   SKIP_WITHOUT_GPU();

@@ -301,6 +301,14 @@ TEST(CudaNeighborhoodBackward, Larger) {
       na_case(DType::kFloat16, 3, {6, 7, 9}, {3, 4, 2}, {2, 1, 3}, {false, true, false}), 25);
 }
 
+// Dilated windows wider than a block: boxes of queries of one dilation group that see a key box
+// whole (no mask), next to partial boxes and holes.
+TEST(CudaNeighborhoodBackward, DilatedWideWindows) {
+  SKIP_WITHOUT_GPU();
+  check_na_backward(na_case(DType::kFloat16, 1, {1000, 1, 1}, {300, 1, 1}, {3, 1, 1}), 71);
+  check_na_backward(na_case(DType::kBFloat16, 2, {48, 40, 1}, {23, 19, 1}, {2, 2, 1}), 72);
+}
+
 // Kernel = grid on every axis: every key visible, so the gradients are dense attention's.
 TEST(CudaNeighborhoodBackward, KernelEqualsGridIsDense) {
   SKIP_WITHOUT_GPU();

@@ -72,7 +72,7 @@ void check_geometry(const Geometry& geo) {
   // equals visibility; a box claimed full is seen whole by every row.
   namespace nb = fmha::cuda::neighborhood;
   for (int rows : {64, 128}) {
-    for (int keys : {32, 64}) {
+    for (int keys : {32, 64, 128}) {
       std::vector<int> owner(static_cast<std::size_t>(tokens), 0);
       const int blocks = nb::num_block_boxes(grid, rows);
       for (int block = 0; block < blocks; ++block) {
@@ -263,6 +263,9 @@ TEST(CudaNeighborhoodMaskSmall, OneDim) {
     }
   }
   check_geometry({1, {300}, {300}, {1}, {false}});  // kernel = grid: every tile full
+  // Dilated windows wider than a block: boxes of one group claimed full (not on holes).
+  check_geometry({1, {1000}, {300}, {3}, {false}});
+  check_geometry({1, {1001}, {250}, {4}, {true}});
 }
 
 TEST(CudaNeighborhoodMaskSmall, TwoDim) {
@@ -275,6 +278,7 @@ TEST(CudaNeighborhoodMaskSmall, TwoDim) {
   check_geometry({2, {16, 16}, {16, 16}, {1, 1}, {false, false}});
   check_geometry({2, {1, 40}, {1, 6}, {1, 3}, {false, false}});
   check_geometry({2, {40, 1}, {6, 1}, {3, 1}, {false, true}});
+  check_geometry({2, {64, 41}, {20, 17}, {2, 2}, {false, false}});  // dilated full boxes
 }
 
 TEST(CudaNeighborhoodMaskSmall, ThreeDim) {

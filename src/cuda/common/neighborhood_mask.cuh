@@ -3,9 +3,11 @@
 // The forward tiles the token grid in multi-dimensional boxes (the "token tiles" below): a block's
 // queries are a box of the grid, its keys the boxes of the region those queries see, gathered by
 // token, so a block visits no key tile that lies outside every neighborhood and tests the rest
-// with a few compares per element (or not at all, on boxes every query sees whole). The backward
-// still walks the flattened row-major order: per-axis bounds of a block of consecutive tokens give
-// the keys (dQ kernel) or queries (dK/dV kernel) to visit, and per-token windows the exact test.
+// with a few compares per element (or not at all, on boxes every query sees whole). The backward's
+// dQ kernel does the same, and its dK/dV kernel the transpose (a block's keys are a box, its query
+// tiles the boxes of the queries that see them). Only the dQ kernel at head-dim bucket 256, where
+// the bookkeeping does not fit, walks the flattened row-major order: per-axis bounds of a block of
+// consecutive tokens give the keys to visit, and per-token windows the exact test.
 //
 // Grids have fewer than 2^31 tokens (the host refuses larger ones), so the geometry is 32-bit
 // integer arithmetic. Axes past the grid's rank have size 1, kernel 1 and dilation 1: every
@@ -116,9 +118,12 @@ __host__ __device__ __forceinline__ int group_positions(const NeighborhoodGrid& 
 __host__ __device__ __forceinline__ int group_major_extent(const NeighborhoodGrid& g, int r) {
   return g.dilation[r] * group_positions(g, r);
 }
-// The grid coordinate of group-major y', or -1 for a hole.
+// The grid coordinate of group-major y' (>= 0), or -1 for a hole or past the extent. Without
+// dilation y' is y: no division (this runs per gathered row of every tile).
 __host__ __device__ __forceinline__ int grid_coordinate(const NeighborhoodGrid& g, int r, int yp) {
+  if (g.dilation[r] == 1) return yp < g.size[r] ? yp : -1;
   const int positions = group_positions(g, r);
+  if (yp >= g.dilation[r] * positions) return -1;
   const int y = yp / positions + g.dilation[r] * (yp % positions);
   return y < g.size[r] ? y : -1;
 }
@@ -129,12 +134,16 @@ __host__ __device__ __forceinline__ int grid_coordinate(const NeighborhoodGrid& 
 // t iff p >= t - K + 1 + K/2 (or always, when t < K, the window then starting at 0), and starts
 // at or before t iff p <= t + K/2 (or always, when t >= n - K, the window never starting past
 // n - K). Causal: max(p - K + 1, 0) <= t <= p iff t <= p <= t + K - 1.
+// Without dilation y' is the coordinate itself (one group of X positions): no division. y' lies
+// inside the axis's group-major extent.
 __host__ __device__ __forceinline__ AxisWindow group_major_window(const NeighborhoodGrid& g, int r,
                                                                   int yp, bool transposed = false) {
-  const int d = g.dilation[r], k = g.kernel[r], positions = group_positions(g, r);
-  const int group = yp / positions;
-  const int n = (g.size[r] - group + d - 1) / d;  // >= k (K * d <= X is validated)
-  const int p = min_int(yp % positions, n - 1);
+  const int d = g.dilation[r], k = g.kernel[r];
+  const bool dilated = d != 1;
+  const int positions = dilated ? group_positions(g, r) : g.size[r];
+  const int group = dilated ? yp / positions : 0;
+  const int n = dilated ? (g.size[r] - group + d - 1) / d : g.size[r];  // >= k (K * d <= X)
+  const int p = min_int(dilated ? yp % positions : yp, n - 1);
   int first, last;
   if (transposed && g.causal[r]) {
     first = p;
@@ -156,6 +165,15 @@ __host__ __device__ __forceinline__ int pow2_ceil(int x) {
   int p = 1;
   while (p < x) p *= 2;
   return p;
+}
+
+// Box shapes are powers of two: indices split by shifts and masks, counts by shifts.
+__host__ __device__ __forceinline__ int log2_pow2(int x) {
+#ifdef __CUDA_ARCH__
+  return __ffs(x) - 1;
+#else
+  return __builtin_ctz(static_cast<unsigned>(x));
+#endif
 }
 
 // Query box of `rows` (a power of two) tokens: powers of two per axis, grown in turn from the
@@ -194,17 +212,19 @@ __host__ __device__ __forceinline__ void seen_box_shape(const NeighborhoodGrid& 
     region[r] = min_int(box_shape[r] + g.kernel[r] - 1, group_major_extent(g, r));
     cap[r] = pow2_ceil(region[r]);
   }
+  // Shapes as exponents, so that the box counts are shifts: thread 0 of every block runs this
+  // search (up to about 125 candidates in 3-D), which divisions made microseconds long.
   int best = -1;
-  for (int a = 1; a <= cap[0] && a <= keys; a *= 2) {
-    for (int b = 1; b <= cap[1] && a * b <= keys; b *= 2) {
-      for (int c = min_int(cap[2], keys / (a * b)); c >= 1; c /= 2) {
-        const int tiles =
-            ((region[0] + a - 1) / a) * ((region[1] + b - 1) / b) * ((region[2] + c - 1) / c);
+  for (int ea = 0; (1 << ea) <= cap[0] && (1 << ea) <= keys; ++ea) {
+    for (int eb = 0; (1 << eb) <= cap[1] && (1 << (ea + eb)) <= keys; ++eb) {
+      for (int ec = log2_pow2(min_int(cap[2], keys >> (ea + eb))); ec >= 0; --ec) {
+        const int tiles = ((region[0] + (1 << ea) - 1) >> ea) *
+                          ((region[1] + (1 << eb) - 1) >> eb) * ((region[2] + (1 << ec) - 1) >> ec);
         if (best < 0 || tiles < best) {
           best = tiles;
-          shape[0] = a;
-          shape[1] = b;
-          shape[2] = c;
+          shape[0] = 1 << ea;
+          shape[1] = 1 << eb;
+          shape[2] = 1 << ec;
         }
       }
     }
@@ -214,10 +234,13 @@ __host__ __device__ __forceinline__ void seen_box_shape(const NeighborhoodGrid& 
 // What a block works on: its own box (the forward's and the dQ kernel's queries, the dK/dV kernel's
 // keys) and the region of tokens it sees (keys, or transposed the queries that see its keys) cut
 // into boxes. Origins and extents are group-major.
+// full_lo / full_hi: per axis, the seen boxes inside [full_lo, full_hi] are seen whole
+// (seen_box_is_full); full_lo > full_hi where none is.
 struct BlockTiles {
   int box_shape[3], box_origin[3];
   int seen_shape[3], seen_origin[3], seen_tiles[3];  // seen_tiles: boxes per axis
   int num_seen_tiles;
+  int full_lo[3], full_hi[3];
 };
 
 __host__ __device__ __forceinline__ int num_block_boxes(const NeighborhoodGrid& g, int rows) {
@@ -226,6 +249,30 @@ __host__ __device__ __forceinline__ int num_block_boxes(const NeighborhoodGrid& 
   int boxes = 1;
   for (int r = 0; r < 3; ++r) boxes *= (group_major_extent(g, r) + shape[r] - 1) / shape[r];
   return boxes;
+}
+
+// The seen tokens on axis r that every entry of an own box [first, last] meets, as group-major
+// bounds [*lo, *hi] (empty: *lo > *hi), from the windows of its first and last entries (transposed
+// ones for the transposed tiling). Forward (own box = queries): window bounds grow with y', so
+// every query of the box sees [lo(last), hi(first)]; a query the box holds on a hole takes its
+// group's last position, whose window holds real keys of that group only, so that interval has
+// no hole, and it is empty when the box spans two groups (lo(last) then lies in the later one).
+// Transposed (own box = keys): the queries that see every key are [lo(last), hi(first)] of the
+// transposed windows, which hold real queries of the key's group; that needs real keys of one
+// group (first and last in one group, last no hole), else nothing is seen whole. A box reaching
+// past the axis's group-major extent has none either.
+__host__ __device__ __forceinline__ void full_interval(const NeighborhoodGrid& g, int r, int first,
+                                                       int last, AxisWindow first_window,
+                                                       AxisWindow last_window, bool transposed,
+                                                       int* lo, int* hi) {
+  bool any = last < group_major_extent(g, r);
+  if (any && transposed && g.dilation[r] != 1) {
+    const int positions = group_positions(g, r), group = first / positions;
+    const int n = (g.size[r] - group + g.dilation[r] - 1) / g.dilation[r];
+    any = last / positions == group && last % positions < n;
+  }
+  *lo = any ? last_window.lo : 1;
+  *hi = any ? first_window.hi : 0;
 }
 
 __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGrid& g, int block,
@@ -240,13 +287,17 @@ __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGri
     const int boxes = (extent + t.box_shape[r] - 1) / t.box_shape[r];
     t.box_origin[r] = block % boxes * t.box_shape[r];
     block /= boxes;
-    const int last = min_int(t.box_origin[r] + t.box_shape[r] - 1, extent - 1);
+    const int box_last = t.box_origin[r] + t.box_shape[r] - 1;
+    const int last = min_int(box_last, extent - 1);
     // Both window bounds grow with y': the tokens the box sees lie between these two.
-    const int lo = group_major_window(g, r, t.box_origin[r], transposed).lo;
-    const int hi = group_major_window(g, r, last, transposed).hi;
-    t.seen_origin[r] = lo;
-    t.seen_tiles[r] = (hi - lo + t.seen_shape[r]) / t.seen_shape[r];
+    const AxisWindow first_window = group_major_window(g, r, t.box_origin[r], transposed);
+    const AxisWindow last_window = group_major_window(g, r, last, transposed);
+    t.seen_origin[r] = first_window.lo;
+    t.seen_tiles[r] =
+        (last_window.hi - first_window.lo + t.seen_shape[r]) >> log2_pow2(t.seen_shape[r]);
     t.num_seen_tiles *= t.seen_tiles[r];
+    full_interval(g, r, t.box_origin[r], box_last, first_window, last_window, transposed,
+                  &t.full_lo[r], &t.full_hi[r]);
   }
   return t;
 }
@@ -256,13 +307,14 @@ __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGri
 // on a hole.
 __host__ __device__ __forceinline__ int box_token(const NeighborhoodGrid& g, const int (&shape)[3],
                                                   const int (&origin)[3], int index, int (&yp)[3]) {
-  yp[2] = origin[2] + index % shape[2];
-  yp[1] = origin[1] + index / shape[2] % shape[1];
-  yp[0] = origin[0] + index / (shape[2] * shape[1]);
+  const int shift2 = log2_pow2(shape[2]), shift1 = log2_pow2(shape[1]);
+  yp[2] = origin[2] + (index & (shape[2] - 1));
+  yp[1] = origin[1] + ((index >> shift2) & (shape[1] - 1));
+  yp[0] = origin[0] + (index >> (shift2 + shift1));
   int token = 0;
   bool inside = index < shape[0] * shape[1] * shape[2];
   for (int r = 0; r < 3; ++r) {
-    const int y = yp[r] < group_major_extent(g, r) ? grid_coordinate(g, r, yp[r]) : -1;
+    const int y = grid_coordinate(g, r, yp[r]);
     inside = inside && y >= 0;
     token = token * g.size[r] + (y >= 0 ? y : 0);
   }
@@ -279,26 +331,18 @@ __host__ __device__ __forceinline__ void seen_box_origin(const BlockTiles& t, in
 }
 
 // Every query sees every key, between the block's box and seen box u: the seen box fills its tile
-// of `tile` tokens, no dilation (so no holes), both boxes inside the grid, and per axis the last
-// query's window starts at or before the first key and the first query's ends at or after the
-// last key (both bounds grow with the query). Tokens past an own box smaller than its tile are
-// computed but never stored.
-__host__ __device__ __forceinline__ bool seen_box_is_full(const NeighborhoodGrid& g,
+// of `tile` tokens and lies inside the block's full interval on every axis (full_interval: with
+// dilation too, group-major boxes of one group hold neighbours). Tokens past an own box smaller
+// than its tile, or on its holes, are computed but never stored. A few compares: no division
+// besides the origin's.
+__host__ __device__ __forceinline__ bool seen_box_is_full(const NeighborhoodGrid&,
                                                           const BlockTiles& t, int u, int tile,
-                                                          bool transposed = false) {
+                                                          bool = false) {
   int origin[3];
   seen_box_origin(t, u, origin);
   bool full = t.seen_shape[0] * t.seen_shape[1] * t.seen_shape[2] == tile;
   for (int r = 0; r < 3; ++r) {
-    const int box_last = t.box_origin[r] + t.box_shape[r] - 1;
-    const int seen_last = origin[r] + t.seen_shape[r] - 1;
-    const int q_first = transposed ? origin[r] : t.box_origin[r];
-    const int q_last = transposed ? seen_last : box_last;
-    const int k_first = transposed ? t.box_origin[r] : origin[r];
-    const int k_last = transposed ? box_last : seen_last;
-    full = full && g.dilation[r] == 1 && box_last < g.size[r] && seen_last < g.size[r] &&
-           group_major_window(g, r, q_last).lo <= k_first &&
-           group_major_window(g, r, q_first).hi >= k_last;
+    full = full && origin[r] >= t.full_lo[r] && origin[r] + t.seen_shape[r] - 1 <= t.full_hi[r];
   }
   return full;
 }
@@ -346,7 +390,7 @@ __host__ __device__ __forceinline__ bool bytes_within(unsigned x, unsigned lo, u
 }  // namespace neighborhood
 
 // Both directions tile the grid in boxes (kTokenTiles: the block_tiles() geometry above). The
-// flattened-order members below serve the host tests of the windows.
+// flattened-order members below serve the dQ kernel at bucket 256 and the host tests.
 struct MaskNeighborhood {
   static constexpr bool kTokenTiles = true;
   const NeighborhoodGrid* grid;  // points into the kernel's __grid_constant__ parameters

@@ -57,10 +57,17 @@ Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
 
 template <typename T, int kD, typename Policy>
 Status launch_backward_dq(const BackwardParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.fwd.seqlen_q + kBlockM - 1) / kBlockM),
-                  static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(p.fwd.batch));
-  return detail_bwd::launch_checked(&backward_dq_kernel<T, kD, Policy>, "backward dQ", grid,
-                                    bwd_dq_smem_bytes(kD), p, stream);
+  using Mask = typename Policy::Mask;
+  // Token tiles: one block per query box, their bookkeeping after the K/V tiles.
+  constexpr int kSmem = dq_smem_bytes<kD, Mask>();
+  static_assert(kSmem <= 99 * 1024, "sm86/sm89 allow 99 KB per block");
+  std::int64_t blocks = (p.fwd.seqlen_q + kBlockM - 1) / kBlockM;
+  if constexpr (dq_token_tiles<kD, Mask>())
+    blocks = neighborhood::num_block_boxes(p.fwd.neighborhood, kBlockM);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.fwd.heads),
+                  static_cast<unsigned>(p.fwd.batch));
+  return detail_bwd::launch_checked(&backward_dq_kernel<T, kD, Policy>, "backward dQ", grid, kSmem,
+                                    p, stream);
 }
 
 }  // namespace fmha::cuda::sm80

@@ -5,7 +5,10 @@
 // and per tile recomputes
 //   S = Q K^T, P = exp2(S - lse), dP = dO V^T, dS = P (dP - Delta) * d(score)/d(scale q.k)
 //   dQ += dS K                               (registers; no atomics, so deterministic)
-// and writes dq = scale * dQ once. Single-buffered: K(t) and V(t) load together.
+// and writes dq = scale * dQ once. Single-buffered: K(t) and V(t) load together. With a kTokenTiles
+// mask (neighborhood attention) the block's queries are a box of the token grid and its key tiles
+// the boxes they see, every row gathered by token, as in the forward (where the bookkeeping fits,
+// dq_token_tiles; else flattened rows with per-row windows).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,22 @@
 
 namespace fmha::cuda::sm80 {
 
+// Token tiles for a mask that has them, where the forward's bookkeeping (TokenTileSmem) fits beside
+// the dQ kernel's tiles in the 99 KB sm86/sm89 allow: every bucket but 256, whose tiles take all of
+// it; there the kernel walks flattened rows with per-row windows.
+template <int kD, typename Mask>
+constexpr bool dq_token_tiles() {
+  return Mask::kTokenTiles &&
+         bwd_dq_smem_bytes(kD) + static_cast<int>(sizeof(TokenTileSmem<kBlockM, block_n(kD)>)) <=
+             99 * 1024;
+}
+template <int kD, typename Mask>
+constexpr int dq_smem_bytes() {
+  return bwd_dq_smem_bytes(kD) +
+         (dq_token_tiles<kD, Mask>() ? static_cast<int>(sizeof(TokenTileSmem<kBlockM, block_n(kD)>))
+                                     : 0);
+}
+
 template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(kThreads)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
@@ -31,12 +50,16 @@ __global__ void __launch_bounds__(kThreads)
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
   const ForwardParams& f = p.fwd;
+  // Queries and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
+  constexpr bool kTokenTiles = dq_token_tiles<kD, Mask>();
+  using TokenTiles = TokenTileSmem<kBlockM, kN>;
 
   extern __shared__ __align__(16) std::uint16_t smem[];
   std::uint16_t* const smem_q = smem;
   std::uint16_t* const smem_do = smem_q + kBlockM * kPitch;
   std::uint16_t* const smem_k = smem_do + kBlockM * kPitch;
   std::uint16_t* const smem_v = smem_k + kN * kPitch;
+  auto* const tt = reinterpret_cast<TokenTiles*>(smem_v + kN * kPitch);  // token tiles
 
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -51,9 +74,12 @@ __global__ void __launch_bounds__(kThreads)
     k_start = f.cu_seqlens_k[b];
     num_keys = f.cu_seqlens_k[b + 1] - k_start;
   }
-  const std::int64_t m0 = m_block * kBlockM;
+  // Token tiles: the block's rows are tokens of its grid box, so the pointers start at token 0.
+  const std::int64_t m0 = kTokenTiles ? 0 : m_block * kBlockM;
   if (m0 >= num_queries) return;
-  const int rows = static_cast<int>(num_queries - m0 < kBlockM ? num_queries - m0 : kBlockM);
+  const int rows = kTokenTiles
+                       ? kBlockM
+                       : static_cast<int>(num_queries - m0 < kBlockM ? num_queries - m0 : kBlockM);
   const std::int64_t last_row = m0 + rows - 1;
   const int hk = h / f.kv_group;
 
@@ -72,18 +98,46 @@ __global__ void __launch_bounds__(kThreads)
 
   const Mask mask = Mask::make(f, num_queries, num_keys);
   const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
-  const KeyRange range = mask.key_range(m0, last_row);
   std::int64_t first_tile = 0, main_tiles = 0;
-  if (range.end > range.begin) {
-    first_tile = range.begin / kN;
-    main_tiles = (range.end + kN - 1) / kN - first_tile;
+  if constexpr (kTokenTiles) {
+    // The block's query box and key boxes, its rows' tokens and windows, key box 0 (as the
+    // forward).
+    if (threadIdx.x == 0)
+      tt->tiles = neighborhood::block_tiles(*mask.grid, static_cast<int>(m_block), kBlockM, kN);
+    __syncthreads();
+    for (int r = static_cast<int>(threadIdx.x); r < kBlockM; r += kThreads) {
+      int yp[3];
+      const int token =
+          neighborhood::box_token(*mask.grid, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
+      tt->query_token[r] = token;
+      for (int a = 0; a < 3; ++a) {
+        const neighborhood::AxisWindow w =
+            token >= 0 ? neighborhood::group_major_window(*mask.grid, a, yp[a])
+                       : neighborhood::AxisWindow{1, 0};
+        tt->query_window[r][a] = make_int2(w.lo, w.hi);
+      }
+    }
+    stage_key_box(tt, *mask.grid, 0);
+    __syncthreads();
+    main_tiles = tt->tiles.num_seen_tiles;
+  } else {
+    const KeyRange range = mask.key_range(m0, last_row);
+    if (range.end > range.begin) {
+      first_tile = range.begin / kN;
+      main_tiles = (range.end + kN - 1) / kN - first_tile;
+    }
   }
   const std::int64_t num_tiles = main_tiles + (f.num_extra + kN - 1) / kN;
 
   auto key_tile = [&](std::int64_t u) {
     KeyTile t;
     t.extra = u >= main_tiles;
-    if (!t.extra) {
+    if (!t.extra && kTokenTiles) {  // gathered by token from key box u (stage_key_box)
+      t.first_key = 0;
+      t.k = k;
+      t.v = v;
+      t.valid = kN;
+    } else if (!t.extra) {
       t.first_key = (first_tile + u) * kN;
       t.k = k + t.first_key * f.k_row_stride;
       t.v = v + t.first_key * f.v_row_stride;
@@ -98,14 +152,24 @@ __global__ void __launch_bounds__(kThreads)
   };
   auto load_keys = [&](std::int64_t u) {
     const KeyTile t = key_tile(u);
-    load_tile_async<kN, kD>(smem_k, t.k, t.extra ? f.extra_k_row_stride : f.k_row_stride, t.valid,
-                            f.head_dim, f.vector_loads);
-    load_tile_async<kN, kD>(smem_v, t.v, t.extra ? f.extra_v_row_stride : f.v_row_stride, t.valid,
-                            f.value_dim, f.vector_loads);
+    // Token tiles read the K/V rows of ordinary key tiles by the tokens stage_key_box wrote.
+    const int* tokens = kTokenTiles && !t.extra ? &tt->key[u & 1][0].w : nullptr;
+    load_key_tile<kTokenTiles, kN, kD>(smem_k, t.k, t.extra ? f.extra_k_row_stride : f.k_row_stride,
+                                       t.valid, tokens, f.head_dim, f.vector_loads);
+    load_key_tile<kTokenTiles, kN, kD>(smem_v, t.v, t.extra ? f.extra_v_row_stride : f.v_row_stride,
+                                       t.valid, tokens, f.value_dim, f.vector_loads);
   };
 
-  load_tile_async<kBlockM, kD>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
-  load_tile_async<kBlockM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim, f.vector_loads);
+  if constexpr (kTokenTiles) {
+    load_rows_async<kBlockM, kD>(smem_q, q, f.q_row_stride, tt->query_token, 1, f.head_dim,
+                                 f.vector_loads);
+    load_rows_async<kBlockM, kD>(smem_do, dout, p.dout_row_stride, tt->query_token, 1, f.value_dim,
+                                 f.vector_loads);
+  } else {
+    load_tile_async<kBlockM, kD>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
+    load_tile_async<kBlockM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim,
+                                 f.vector_loads);
+  }
   if (num_tiles > 0) load_keys(0);
   tile::cp_async_commit();
 
@@ -125,13 +189,17 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;  // +8 for entries 2, 3
   const int fragment_col = 2 * (lane % 4);
   // Per-row statistics of the two rows this thread owns (rows past the end: P = 0).
+  // Token tiles: the row's token (m0 is 0, so fragment_row is the block-local row); -1 past the
+  // grid.
   float lse_log2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const std::int64_t i = fragment_row + 8 * r;
+    const std::int64_t i =
+        kTokenTiles ? tt->query_token[fragment_row + 8 * r] : fragment_row + 8 * r;
+    const bool exists = kTokenTiles ? i >= 0 : i < num_queries;
     const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + i;
-    lse_log2[r] = i < num_queries ? p.lse_log2[stat] : INFINITY;
-    delta[r] = i < num_queries ? p.delta[stat] : 0.0f;
+    lse_log2[r] = exists ? p.lse_log2[stat] : INFINITY;
+    delta[r] = exists ? p.delta[stat] : 0.0f;
   }
 
   float dq[kOutTiles][4];
@@ -142,6 +210,11 @@ __global__ void __launch_bounds__(kThreads)
     const KeyTile tile = key_tile(u);
     tile::cp_async_wait<0>();
     __syncthreads();  // K(u), V(u) (and Q, dO) visible to all
+    if constexpr (kTokenTiles) {
+      // Key box u + 1 into the other buffer, last read by tile u - 1 before the barrier above; the
+      // barrier after the products publishes it to tile u + 1's loads.
+      if (u + 1 < main_tiles) stage_key_box(tt, *mask.grid, static_cast<int>(u + 1));
+    }
 
     float s[kScoreTiles][4], dp[kScoreTiles][4];
 #pragma unroll
@@ -177,24 +250,55 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     const bool additive = !tile.extra && has_additive(scores);
-    // Keys of the tile that each of this thread's two rows sees.
-    KeyTest seen[2];
+    if (kTokenTiles && !tile.extra) {
+      // The forward's test (gathered_scores): a key is seen iff its group-major coordinates lie in
+      // the row's window on every axis, or the box is full. Rows past the grid have lse +inf (P =
+      // 0) and empty windows; keys past it coordinates -1, outside every window. One row at a time,
+      // so that only one window is live next to the accumulators.
+      const int buffer = static_cast<int>(u & 1);
+      const bool full = tt->full[buffer] != 0;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      seen[r] = tile.extra ? KeyTest::prefix(tile.valid)
-                           : visible_keys(mask, fragment_row + 8 * r, tile.first_key, kN);
-    }
+      for (int r = 0; r < 2; ++r) {
+        const int local = static_cast<int>(fragment_row) + 8 * r;
+        const int query = tt->query_token[local];
+        const int2 w0 = tt->query_window[local][0], w1 = tt->query_window[local][1];
+        const int2 w2 = tt->query_window[local][2];
 #pragma unroll
-    for (int t = 0; t < kScoreTiles; ++t) {
+        for (int t = 0; t < kScoreTiles; ++t) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >= 2 ? 1 : 0;
-        const int c = t * 8 + fragment_col + (e & 1);  // key within the tile
-        float grad;
-        float x = score_with_grad(scores, s[t][e], &grad);
-        if (additive) x += additive_log2(scores, fragment_row + 8 * r, tile.first_key + c);
-        const float prob = seen[r].contains(c) ? exp2f(x - lse_log2[r]) : 0.0f;
-        dp[t][e] = prob * (dp[t][e] - delta[r]) * grad;
+          for (int c = 0; c < 2; ++c) {
+            const int e = 2 * r + c;
+            const int4 key = tt->key[buffer][t * 8 + fragment_col + c];
+            float grad;
+            float x = score_with_grad(scores, s[t][e], &grad);
+            if (additive && query >= 0 && key.w >= 0) x += additive_log2(scores, query, key.w);
+            const bool seen = full || (key.x >= w0.x && key.x <= w0.y && key.y >= w1.x &&
+                                       key.y <= w1.y && key.z >= w2.x && key.z <= w2.y);
+            const float prob = seen ? exp2f(x - lse_log2[r]) : 0.0f;
+            dp[t][e] = prob * (dp[t][e] - delta[r]) * grad;
+          }
+        }
+      }
+    } else {
+      // Keys of the tile that each of this thread's two rows sees.
+      KeyTest seen[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        seen[r] = tile.extra ? KeyTest::prefix(tile.valid)
+                             : visible_keys(mask, fragment_row + 8 * r, tile.first_key, kN);
+      }
+#pragma unroll
+      for (int t = 0; t < kScoreTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >= 2 ? 1 : 0;
+          const int c = t * 8 + fragment_col + (e & 1);  // key within the tile
+          float grad;
+          float x = score_with_grad(scores, s[t][e], &grad);
+          if (additive) x += additive_log2(scores, fragment_row + 8 * r, tile.first_key + c);
+          const float prob = seen[r].contains(c) ? exp2f(x - lse_log2[r]) : 0.0f;
+          dp[t][e] = prob * (dp[t][e] - delta[r]) * grad;
+        }
       }
     }
 
@@ -226,9 +330,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < kOutTiles; ++t) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const std::int64_t r = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0);
+      const int local = warp * 16 + lane / 4 + (e >= 2 ? 8 : 0);
       const int col = t * 8 + fragment_col + (e & 1);
-      if (r < rows && col < f.head_dim) {
+      // Token tiles: the row's token (out starts at token 0; -1: past the grid, not stored).
+      const std::int64_t r = kTokenTiles ? tt->query_token[local] : local;
+      if ((kTokenTiles ? r >= 0 : r < rows) && col < f.head_dim) {
         out[r * p.dq_row_stride + col] = Convert::from_float(dq[t][e] * p.scale);
       }
     }

@@ -43,7 +43,12 @@ inline bool bias_stageable(const ForwardParams& p) {
 template <typename T, int kD, typename Policy>
 Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   ForwardParams p = params;
-  int smem = tile_smem_bytes<kD, Policy>() + kSmemAlignSlack;
+  constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
+  constexpr int kM = block_m(kD);
+  // Token tiles keep their bookkeeping after the K/V stages, and stage neither bias nor rel-pos
+  // (their rows are no ranges of the sequence).
+  int smem = tile_smem_bytes<kD, Policy>() + kSmemAlignSlack +
+             (kTokenTiles ? static_cast<int>(sizeof(TokenTileSmem<kM, block_n(kD)>)) : 0);
   const int max_smem = detail::max_block_smem();
   // Bias: stage its tiles next to the K/V tiles (cp.async) when their rows are whole 16-byte
   // chunks and the tiles fit.
@@ -62,7 +67,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
       return launch_forward<T, kD, PolicyGeneral>(params, stream);
     }
     smem += static_cast<int>(staged);
-  } else if (p.rel_h != nullptr && p.cu_seqlens_q == nullptr &&
+  } else if (!kTokenTiles && p.rel_h != nullptr && p.cu_seqlens_q == nullptr &&
              p.seqlen_k < (std::int64_t{1} << 31)) {
     // SAM-style rel-pos: stage the block's rel_h | rel_w rows in shared memory when they fit.
     const int pitch =
@@ -80,8 +85,9 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
                                  std::to_string(smem) +
                                  " bytes of shared memory: " + cudaGetErrorString(e));
   }
-  constexpr int kM = block_m(kD);
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kM - 1) / kM), static_cast<unsigned>(p.heads),
+  std::int64_t blocks = (p.seqlen_q + kM - 1) / kM;
+  if constexpr (kTokenTiles) blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, threads(kD), smem, stream>>>(p);
   e = cudaGetLastError();

@@ -3,7 +3,10 @@
 // One block computes block_m(D) query rows of one (batch, head): warpgroups of 64 rows each. It
 // walks the key tiles that its mask policy leaves visible, then the extra-key tiles, with the
 // same policies, online softmax and epilogue contract as the sm80 kernel: scores come out of the
-// wgmma accumulators in the m16n8 fragment layout that the policies already work on.
+// wgmma accumulators in the m16n8 fragment layout that the policies already work on. Rows and key
+// tiles are ranges of the sequence, or, for a mask with kTokenTiles (neighborhood attention),
+// boxes of the token grid whose rows are gathered by token (neighborhood_mask.cuh; resolved at
+// compile time, so the range policies keep their code).
 //
 // Per key tile u (K and V in kv_stages(D) shared-memory stages, tile_sizes.h):
 //   wait for tile u; barrier; issue the loads of tile u + stages - 1 into the stage freed
@@ -17,6 +20,7 @@
 
 #include "cuda/common/forward_params.h"
 #include "cuda/common/forward_policies.cuh"
+#include "cuda/common/neighborhood_mask.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/tile_sizes.h"
@@ -45,14 +49,128 @@ inline constexpr bool kRelPosTiles = std::is_same_v<Policy, PolicyRelPos>;
 template <typename Policy>
 inline constexpr bool kStagesScores = kHasModifiers<Policy> || kRelPosTiles<Policy>;
 
-// Shared memory of Q and the K/V stages; the staged bias tiles and rel-pos rows (if any) follow.
+// Shared-memory bookkeeping of a kTokenTiles mask (neighborhood attention): the block's boxes,
+// its query rows' tokens and group-major windows, and per staged key box (a ring of kSlots: box
+// u + stages is staged while tile u runs, one iteration before its loads are issued) its keys'
+// tokens, its group-major origin and whether every query sees it whole.
+template <int kM, int kN>
+struct TokenTileSmem {
+  static constexpr int kSlots = 4;
+  neighborhood::BlockTiles tiles;
+  int4 key_box[kSlots];  // (y'0, y'1, y'2) of the origin, full
+  int key_token[kSlots][kN];
+  int query_token[kM];       // -1 past the grid or on a hole
+  int2 query_window[kM][3];  // (lo, hi) per axis; lo > hi for rows without a token
+};
+
+// The 227 KB of shared memory a block may opt into on sm90; + 1024: the dynamic shared-memory
+// base is rounded up to the swizzle period.
+inline constexpr int kMaxBlockSmem = 227 * 1024;
+inline constexpr int kSmemAlignSlack = 1024;
+
+// K/V stages of a policy: tile_sizes.h's, one fewer for token tiles where their bookkeeping does
+// not fit beside three (D = 128 and 224, where three leave 2 KB; 236 KB was refused on an H100).
+template <int kD, typename Policy>
+constexpr int stages_of() {
+  constexpr int stages = kv_stages(kD, kStagesScores<Policy>);
+  constexpr int bytes = SwizzledTile<block_m(kD), kD>::kBytes +
+                        2 * stages * SwizzledTile<block_n(kD), kD>::kBytes + kSmemAlignSlack +
+                        static_cast<int>(sizeof(TokenTileSmem<block_m(kD), block_n(kD)>));
+  return Policy::Mask::kTokenTiles && bytes > kMaxBlockSmem ? stages - 1 : stages;
+}
+
+// Shared memory of Q and the K/V stages; the staged bias tiles and rel-pos rows (if any), or the
+// token-tile bookkeeping, follow.
 template <int kD, typename Policy>
 constexpr int tile_smem_bytes() {
   return SwizzledTile<block_m(kD), kD>::kBytes +
-         2 * kv_stages(kD, kStagesScores<Policy>) * SwizzledTile<block_n(kD), kD>::kBytes;
+         2 * stages_of<kD, Policy>() * SwizzledTile<block_n(kD), kD>::kBytes;
 }
-// + 1024: the dynamic shared-memory base is rounded up to the swizzle period.
-inline constexpr int kSmemAlignSlack = 1024;
+
+// Writes key box u into its slot (every thread of the block calls it; the caller's next barrier
+// publishes it).
+template <int kM, int kN, int kThreads>
+__device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN>* tt, const NeighborhoodGrid& g,
+                                              int u) {
+  const int slot = u % TokenTileSmem<kM, kN>::kSlots;
+  int origin[3];
+  neighborhood::seen_box_origin(tt->tiles, u, origin);
+  for (int c = static_cast<int>(threadIdx.x); c < kN; c += kThreads) {
+    int yp[3];
+    tt->key_token[slot][c] = neighborhood::box_token(g, tt->tiles.seen_shape, origin, c, yp);
+  }
+  if (threadIdx.x == kThreads - 1) {  // a thread without a token when kN < kThreads
+    tt->key_box[slot] = make_int4(origin[0], origin[1], origin[2],
+                                  neighborhood::seen_box_is_full(g, tt->tiles, u, kN));
+  }
+}
+
+// Scores of a warp's rows against gathered key box `slot`: bias / rel-pos by token, then (partial
+// boxes) -inf where a key lies outside the row's window on some axis. This thread's entries 0, 1
+// sit on block row `row`, 2, 3 on row + 8; entry c of n8 tile t is key col + 8t + c of the box.
+// The test is byte-wise: a key's coordinates inside its box (powers of two per axis: shifts and
+// masks of the key's index) against the row's window clipped to the box, one byte an axis, all
+// below 128, so one subtraction per bound compares the four bytes at once (their high bits carry
+// the answers, no borrow crosses a byte).
+template <typename Scores, int kM, int kN, int kTiles>
+__device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt, int slot,
+                                                const Scores& scores, float (&s)[kTiles][4],
+                                                int row, int col) {
+  constexpr unsigned kHigh = 0x80808080u;
+  static_assert(kN <= 128, "box coordinates below 128");
+  const int4 box = tt->key_box[slot];
+  const bool additive = has_additive(scores);
+  if (box.w != 0 && !additive) return;
+  if (additive) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int query = tt->query_token[row + 8 * half];
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int key = tt->key_token[slot][col + 8 * t + c];
+          if (query >= 0 && key >= 0) s[t][2 * half + c] += additive_log2(scores, query, key);
+        }
+      }
+    }
+    if (box.w != 0) return;
+  }
+  const int shape[3] = {tt->tiles.seen_shape[0], tt->tiles.seen_shape[1], tt->tiles.seen_shape[2]};
+  const int origin[3] = {box.x, box.y, box.z};
+  unsigned lo[2], hi[2];  // per row: the window clipped to the box, byte a = axis a
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    lo[half] = 0;
+    hi[half] = kHigh;
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      const int2 w = tt->query_window[row + 8 * half][a];
+      int l = neighborhood::max_int(w.x - origin[a], 0);
+      int h = neighborhood::min_int(w.y - origin[a], shape[a] - 1);
+      if (l > h) l = 127, h = 0;
+      lo[half] |= static_cast<unsigned>(l) << (8 * a);
+      hi[half] |= static_cast<unsigned>(h) << (8 * a);
+    }
+  }
+  const int shift2 = neighborhood::log2_pow2(shape[2]);
+  const int shift1 = shift2 + neighborhood::log2_pow2(shape[1]);
+  const unsigned mask1 = static_cast<unsigned>(shape[1] - 1),
+                 mask2 = static_cast<unsigned>(shape[2] - 1);
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const unsigned key = static_cast<unsigned>(col + 8 * t + c);
+      const unsigned x = key >> shift1 | ((key >> shift2) & mask1) << 8 | (key & mask2) << 16;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const unsigned within = ((x | kHigh) - lo[half]) & (hi[half] - x) & kHigh;
+        if (within != kHigh) s[t][2 * half + c] = -INFINITY;
+      }
+    }
+  }
+}
 
 template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(threads(kD), 1)
@@ -60,7 +178,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   constexpr int kM = block_m(kD);
   constexpr int kThreads = threads(kD);
   constexpr int kN = block_n(kD);
-  constexpr int kStages = kv_stages(kD, kStagesScores<Policy>);
+  constexpr int kStages = stages_of<kD, Policy>();
   constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a warp's 16 x kN scores
   constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a warp's 16 x kD output
   using QTile = SwizzledTile<kM, kD>;
@@ -68,6 +186,10 @@ __global__ void __launch_bounds__(threads(kD), 1)
   using Mask = typename Policy::Mask;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
+  // Rows and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
+  constexpr bool kTokenTiles = Mask::kTokenTiles;
+  using TokenTiles = TokenTileSmem<kM, kN>;
+  static_assert(kStages + 1 <= TokenTiles::kSlots, "key boxes u .. u + stages staged at once");
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
@@ -92,9 +214,12 @@ __global__ void __launch_bounds__(threads(kD), 1)
     k_start = p.cu_seqlens_k[b];
     num_keys = p.cu_seqlens_k[b + 1] - k_start;
   }
-  const std::int64_t m0 = m_block * kM;
+  // Token tiles: the block's rows are tokens of its grid box, so the pointers start at token 0.
+  const std::int64_t m0 = kTokenTiles ? 0 : m_block * kM;
   if (m0 >= num_queries) return;  // varlen: this sequence is shorter than the longest
-  const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
+  // Token tiles: every row may hold a token (a box of a small grid has holes between them).
+  const int rows =
+      kTokenTiles ? kM : static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
   const std::int64_t last_row = m0 + rows - 1;
   const int hk = h / p.kv_group;
 
@@ -111,18 +236,53 @@ __global__ void __launch_bounds__(threads(kD), 1)
 
   const Mask mask = Mask::make(p, num_queries, num_keys);
   Scores scores = Scores::make(p, b, h, num_queries, num_keys);
-  const KeyRange range = mask.key_range(m0, last_row);
+  // Staged bias tiles (one per K/V stage) and rel-pos rows follow the K/V stages; token-tile
+  // bookkeeping (which has neither) too.
+  const std::uint32_t smem_bias = smem_q + tile_smem_bytes<kD, Policy>();
+  auto* const tt = reinterpret_cast<TokenTiles*>(smem_q_ptr + (smem_bias - smem_q));
   std::int64_t first_tile = 0, main_tiles = 0;
-  if (range.end > range.begin) {
-    first_tile = range.begin / kN;
-    main_tiles = (range.end + kN - 1) / kN - first_tile;
+  if constexpr (kTokenTiles) {
+    // The block's query box and key boxes, its rows' tokens and windows, key boxes 0 .. stages - 1.
+    const NeighborhoodGrid& grid = *mask.grid;
+    if (threadIdx.x == 0)
+      tt->tiles = neighborhood::block_tiles(grid, static_cast<int>(m_block), kM, kN);
+    __syncthreads();
+    for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
+      int yp[3];
+      const int token =
+          neighborhood::box_token(grid, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
+      tt->query_token[r] = token;
+      for (int a = 0; a < 3; ++a) {
+        const neighborhood::AxisWindow w = token >= 0
+                                               ? neighborhood::group_major_window(grid, a, yp[a])
+                                               : neighborhood::AxisWindow{1, 0};
+        tt->query_window[r][a] = make_int2(w.lo, w.hi);
+      }
+    }
+    main_tiles = tt->tiles.num_seen_tiles;
+    for (int u = 0; u < kStages && u < main_tiles; ++u)
+      stage_key_box<kM, kN, kThreads>(tt, grid, u);
+    __syncthreads();
+  } else {
+    const KeyRange range = mask.key_range(m0, last_row);
+    if (range.end > range.begin) {
+      first_tile = range.begin / kN;
+      main_tiles = (range.end + kN - 1) / kN - first_tile;
+    }
   }
   const std::int64_t num_tiles = main_tiles + (p.num_extra + kN - 1) / kN;
 
   auto key_source = [&](std::int64_t u) {
     KeySource t;
     t.extra = u >= main_tiles;
-    if (!t.extra) {
+    if (!t.extra && kTokenTiles) {  // gathered by token from key box u (stage_key_box)
+      t.first_key = 0;
+      t.k_row_stride = p.k_row_stride;
+      t.v_row_stride = p.v_row_stride;
+      t.k = k;
+      t.v = v;
+      t.valid = kN;
+    } else if (!t.extra) {
       t.first_key = (first_tile + u) * kN;
       t.k_row_stride = p.k_row_stride;
       t.v_row_stride = p.v_row_stride;
@@ -139,8 +299,6 @@ __global__ void __launch_bounds__(threads(kD), 1)
     }
     return t;
   };
-  // Staged bias tiles (one per K/V stage) and rel-pos rows follow the K/V stages.
-  const std::uint32_t smem_bias = smem_q + tile_smem_bytes<kD, Policy>();
   const std::uint32_t smem_rel = smem_bias + (p.bias_staged ? kStages * bias_tile_bytes(kD) : 0);
   auto load_keys = [&](std::int64_t u, int stage) {
     const KeySource t = key_source(u);
@@ -150,6 +308,14 @@ __global__ void __launch_bounds__(threads(kD), 1)
             smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
       }
     }
+    if (kTokenTiles && !t.extra) {
+      const int* tokens = tt->key_token[u % TokenTiles::kSlots];
+      load_rows_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, tokens, p.head_dim,
+                                        p.vector_loads);
+      load_rows_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, tokens, p.value_dim,
+                                        p.vector_loads);
+      return;
+    }
     load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
                                       p.vector_loads);
     load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
@@ -158,7 +324,12 @@ __global__ void __launch_bounds__(threads(kD), 1)
 
   // Commit groups: {Q, tile 0}, {tile 1}, .., {tile stages - 2}, then one per iteration (maybe
   // empty), so that when tile u is needed exactly stages - 2 later groups may still be in flight.
-  load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
+  if constexpr (kTokenTiles) {
+    load_rows_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, tt->query_token, p.head_dim,
+                                      p.vector_loads);
+  } else {
+    load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
+  }
   if constexpr (kRelPosTiles<Policy>) {
     scores.stage(reinterpret_cast<std::uint32_t*>(smem_q_ptr + (smem_rel - smem_q)), m0, kM);
   } else {
@@ -195,6 +366,13 @@ __global__ void __launch_bounds__(threads(kD), 1)
       load_keys(u + kStages - 1, static_cast<int>((u + kStages - 1) % kStages));
     }
     tile::cp_async_commit();
+    if constexpr (kTokenTiles) {
+      // Key box u + stages into the slot of box u - 1, whose tile every warp has left (barrier
+      // above); its loads are issued in the next iteration, after the next barrier.
+      if (u + kStages < main_tiles) {
+        stage_key_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(u + kStages));
+      }
+    }
 
     // S = Q K^T over the head dim.
     wgmma_fence();
@@ -204,19 +382,27 @@ __global__ void __launch_bounds__(threads(kD), 1)
     fence_accumulators(s);
 
     const std::int64_t first_col = tile.first_key + fragment_col;
-    const bool full =
-        tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
+    bool full = tile.valid == kN;  // extra keys (token tiles: gathered_scores reads its own)
+    if constexpr (!kTokenTiles) {
+      full = tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
+    }
     if constexpr (kRelPosTiles<Policy>) {
       if (!tile.extra) {
         scores.scale_and_add(s, fragment_row, tile.first_key, fragment_col);
-        if (!full) hide_invisible(mask, s, fragment_row, first_col);
       } else {
         scores.transform(s);
-        if (!full) hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
       }
     } else {
       scores.transform(s);
-      if (!tile.extra) {
+    }
+    if (kTokenTiles && !tile.extra) {
+      // m0 is 0: fragment_row is the block-local row.
+      if constexpr (kTokenTiles) {
+        gathered_scores(tt, static_cast<int>(u % TokenTiles::kSlots), scores, s,
+                        static_cast<int>(fragment_row), fragment_col);
+      }
+    } else if (!tile.extra) {
+      if constexpr (!kRelPosTiles<Policy>) {
         if (p.bias_staged) {
           scores.add_bias_tile(s, fragment_row, first_col,
                                smem_q_ptr + (smem_bias - smem_q) + stage * bias_tile_bytes(kD),
@@ -224,11 +410,11 @@ __global__ void __launch_bounds__(threads(kD), 1)
         } else {
           scores.add_bias(s, fragment_row, first_col);
         }
-        if (!full) hide_invisible(mask, s, fragment_row, first_col);
-      } else if (!full) {
-        // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
-        hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
       }
+      if (!full) hide_invisible(mask, s, fragment_row, first_col);
+    } else if (!full) {
+      // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
+      hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
     }
     softmax.update(s, o);
 
@@ -269,8 +455,9 @@ __global__ void __launch_bounds__(threads(kD), 1)
   if (p.lse != nullptr && lane % 4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const std::int64_t i = fragment_row + 8 * r;
-      if (i < num_queries) {
+      const std::int64_t i =
+          kTokenTiles ? tt->query_token[fragment_row + 8 * r] : fragment_row + 8 * r;
+      if ((!kTokenTiles || i >= 0) && i < num_queries) {  // token -1: past the grid
         p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + i) * p.lse_row_stride] =
             lse[r];
       }
@@ -279,21 +466,29 @@ __global__ void __launch_bounds__(threads(kD), 1)
   __syncwarp();
 
   const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
+  // Token tiles address rows by token: their pointer starts at token 0.
   auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
-              (q_start + m0 + warp * 16) * p.out_row_stride + h * p.out_head_stride;
+              (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
+              h * p.out_head_stride;
   constexpr int kChunks = kD / 8;
   for (int index = lane; index < 16 * kChunks; index += 32) {
     const int r = index / kChunks;
     const int c = index % kChunks;
     if (r >= warp_rows || c * 8 >= p.value_dim) continue;
+    // Token tiles: row r goes to its token (out starts at token 0; -1: not stored).
+    std::int64_t dst_row = r;
+    if constexpr (kTokenTiles) {
+      dst_row = tt->query_token[warp * 16 + r];
+      if (dst_row < 0) continue;
+    }
     const std::uint8_t* staged = smem_q_ptr + QTile::chunk_offset(warp * 16 + r, c);
     if (p.vector_stores) {
-      *reinterpret_cast<uint4*>(out + r * p.out_row_stride + c * 8) =
+      *reinterpret_cast<uint4*>(out + dst_row * p.out_row_stride + c * 8) =
           *reinterpret_cast<const uint4*>(staged);
     } else {
       const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
       for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e)
-        out[r * p.out_row_stride + c * 8 + e] = x[e];
+        out[dst_row * p.out_row_stride + c * 8 + e] = x[e];
     }
   }
 }

@@ -10,13 +10,16 @@
 
 namespace fmha::cuda::sm90 {
 
-// Copies a [kRows, kD] tile of 16-bit elements (rows `row_stride` apart) into the swizzled layout
-// at shared address `dst`, zero-filling rows >= valid_rows and columns >= cols (no garbage, maybe
-// NaN, may meet a zero probability or a zero q column in a product).
-template <int kRows, int kD, int kThreads>
-__device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* gmem,
-                                                std::int64_t row_stride, int valid_rows, int cols,
-                                                bool vector_loads) {
+// Copies a [kRows, kD] tile of 16-bit elements into the swizzled layout at shared address `dst`:
+// tile row r is row `row` of `gmem` (rows `row_stride` apart) where source_row(r, &row) is true,
+// zeros where it is false, and columns >= cols are zero-filled (no garbage, maybe NaN, may meet a
+// zero probability or a zero q column in a product). load_tile_async takes consecutive rows,
+// load_rows_async rows gathered by token.
+template <int kRows, int kD, int kThreads, typename SourceRow>
+__device__ __forceinline__ void load_mapped_rows_async(std::uint32_t dst, const std::uint16_t* gmem,
+                                                       std::int64_t row_stride,
+                                                       const SourceRow& source_row, int cols,
+                                                       bool vector_loads) {
   using Tile = SwizzledTile<kRows, kD>;
   constexpr int kChunks = kD / 8;               // 16-byte chunks per row
   constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's chunks, when whole
@@ -30,9 +33,9 @@ __device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::ui
       const std::uint32_t first = dst + Tile::chunk_offset(r0, c);
 #pragma unroll
       for (int it = 0; it < kRows / kRowStep; ++it) {
-        const int r = r0 + it * kRowStep;
-        const bool inside = r < valid_rows && c * 8 < cols;
-        const std::uint16_t* src = inside ? gmem + r * row_stride + c * 8 : gmem;
+        int row;
+        const bool inside = source_row(r0 + it * kRowStep, &row) && c * 8 < cols;
+        const std::uint16_t* src = inside ? gmem + row * row_stride + c * 8 : gmem;
         tile::cp_async_16(first + it * kRowStep * Tile::kSwizzleBytes, src, inside ? 16 : 0);
       }
       return;
@@ -45,8 +48,9 @@ __device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::ui
       if ((kRows * kChunks) % kThreads != 0 && index >= kRows * kChunks) break;
       const int r = index / kChunks;
       const int c = index % kChunks;
-      const bool inside = r < valid_rows && c * 8 < cols;
-      const std::uint16_t* src = inside ? gmem + r * row_stride + c * 8 : gmem;
+      int row;
+      const bool inside = source_row(r, &row) && c * 8 < cols;
+      const std::uint16_t* src = inside ? gmem + row * row_stride + c * 8 : gmem;
       tile::cp_async_16(dst + Tile::chunk_offset(r, c), src, inside ? 16 : 0);
     }
   } else {
@@ -54,11 +58,41 @@ __device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::ui
     for (int index = static_cast<int>(threadIdx.x); index < kRows * kD; index += kThreads) {
       const int r = index / kD;
       const int c = index % kD;
-      const std::uint16_t x = (r < valid_rows && c < cols) ? gmem[r * row_stride + c] : 0;
+      int row;
+      const bool inside = source_row(r, &row) && c < cols;
+      const std::uint16_t x = inside ? gmem[row * row_stride + c] : 0;
       const std::uint32_t at = dst + Tile::chunk_offset(r, c / 8) + (c % 8) * 2;
       asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"(x) : "memory");
     }
   }
+}
+
+// Rows 0 .. valid_rows - 1 of `gmem`, zeros below.
+template <int kRows, int kD, int kThreads>
+__device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* gmem,
+                                                std::int64_t row_stride, int valid_rows, int cols,
+                                                bool vector_loads) {
+  load_mapped_rows_async<kRows, kD, kThreads>(
+      dst, gmem, row_stride,
+      [valid_rows](int r, int* row) {
+        *row = r;
+        return r < valid_rows;
+      },
+      cols, vector_loads);
+}
+
+// Row r is token tokens[r] of `gmem` (a shared-memory array; -1: past the grid or a hole, zeros).
+template <int kRows, int kD, int kThreads>
+__device__ __forceinline__ void load_rows_async(std::uint32_t dst, const std::uint16_t* gmem,
+                                                std::int64_t row_stride, const int* tokens,
+                                                int cols, bool vector_loads) {
+  load_mapped_rows_async<kRows, kD, kThreads>(
+      dst, gmem, row_stride,
+      [tokens](int r, int* row) {
+        *row = tokens[r];
+        return *row >= 0;
+      },
+      cols, vector_loads);
 }
 
 // Copies `count` fp32 values (a row statistic of a query tile) to shared address `dst` with
