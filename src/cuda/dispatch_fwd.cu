@@ -38,11 +38,14 @@ template <typename T, int kD>
 Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
   if (p.neighborhood.rank > 0) return sm80::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
 #if FMHA_WITH_SM90
-  if (!std::is_same_v<T, float> && use_sm90_kernels(arch)) {
-    if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
-    if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
-    return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);
+  if constexpr (!std::is_same_v<T, float>) {
+    if (use_sm90_kernels(arch)) {
+      if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
+      if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
+      return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);
+    }
   }
+  (void)arch;
 #else
   (void)arch;
 #endif
