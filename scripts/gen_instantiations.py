@@ -14,21 +14,24 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUCKETS = [32, 64, 96, 128, 160, 192, 224, 256]
-DTYPES = [("fp16", "__half"), ("bf16", "__nv_bfloat16")]
+FP16 = ("fp16", "__half")
+BF16 = ("bf16", "__nv_bfloat16")
+FP32 = ("fp32", "float")
 
-# generation, direction, header, launch functions, params type, buckets, policies
+# generation, direction, header, launch functions, params type, dtypes, buckets, policies.
+# fp32 runs on the sm80 kernels only (tf32 mma.sync; the sm90 wgmma kernels are 16-bit).
 VARIANTS = [
-    ("sm80", "fwd", "cuda/sm80/launch_fwd.cuh", ["launch_forward"], "ForwardParams", BUCKETS,
-     ["PolicyPlain", "PolicyGeneral", "PolicyNeighborhood"]),
+    ("sm80", "fwd", "cuda/sm80/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
+     [FP16, BF16, FP32], BUCKETS, ["PolicyPlain", "PolicyGeneral", "PolicyNeighborhood"]),
     ("sm80", "bwd", "cuda/sm80/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
-     "BackwardParams", BUCKETS, ["PolicyGeneral", "PolicyNeighborhood"]),
-    ("sm90", "fwd", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams", BUCKETS,
-     ["PolicyPlain", "PolicyWindow", "PolicyGeneral", "PolicyRelPos"]),
+     "BackwardParams", [FP16, BF16, FP32], BUCKETS, ["PolicyGeneral", "PolicyNeighborhood"]),
+    ("sm90", "fwd", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
+     [FP16, BF16], BUCKETS, ["PolicyPlain", "PolicyWindow", "PolicyGeneral", "PolicyRelPos"]),
     # Neighborhood attention in files of their own, so that they compile beside the dense ones.
-    ("sm90", "fwd_na", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams", BUCKETS,
-     ["PolicyNeighborhood"]),
+    ("sm90", "fwd_na", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
+     [FP16, BF16], BUCKETS, ["PolicyNeighborhood"]),
     ("sm90", "bwd", "cuda/sm90/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
-     "BackwardParams", BUCKETS, ["PolicyPlain", "PolicyWindow", "PolicyRelPos"]),
+     "BackwardParams", [FP16, BF16], BUCKETS, ["PolicyPlain", "PolicyWindow", "PolicyRelPos"]),
 ]
 
 DIRECTION_NAMES = {"fwd": "forward", "fwd_na": "neighborhood forward", "bwd": "backward"}
@@ -55,9 +58,9 @@ def render(gen, direction, header, functions, params, bucket, dtype_name, ctype,
 def expected_files():
     """{path: text} of every generated file."""
     files = {}
-    for gen, direction, header, functions, params, buckets, policies in VARIANTS:
+    for gen, direction, header, functions, params, dtypes, buckets, policies in VARIANTS:
         folder = ROOT / "src" / "cuda" / gen / "generated"
-        for dtype_name, ctype in DTYPES:
+        for dtype_name, ctype in dtypes:
             for bucket in buckets:
                 path = folder / f"{direction}_{dtype_name}_d{bucket:03d}.cu"
                 files[path] = render(gen, direction, header, functions, params, bucket,

@@ -36,19 +36,14 @@ Status refuse(const std::string& what) {
 }
 
 Status check_supported(DType dtype) {
-  if (dtype == DType::kFloat32) {
-    return Status::not_supported(
-        "fmha: the CUDA backend has no float32 backward kernel yet (the sm80 kernels run "
-        "float16/bfloat16 on tensor cores); got q of dtype float32");
-  }
   if (dtype == DType::kFloat64) {
     return Status::not_supported(
         "fmha: the CUDA backend does not support float64 (the reference CPU backend does); got q "
         "of dtype float64");
   }
-  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16 && dtype != DType::kFloat32) {
     return Status::not_supported(std::string("fmha: the CUDA backward got q of dtype ") +
-                                 to_string(dtype) + " (supported: float16, bfloat16)");
+                                 to_string(dtype) + " (supported: float32, float16, bfloat16)");
   }
   return Status::ok_status();
 }
@@ -63,7 +58,7 @@ Status check_device(int device, int* sm_count, int* arch) {
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
   if (major < 8) {
     return Status::not_supported(
-        "fmha: the CUDA backward kernels need compute capability 8.0 or newer (fp16/bf16 "
+        "fmha: the CUDA backward kernels need compute capability 8.0 or newer (fp16/bf16/tf32 "
         "mma.sync tensor cores); detected GPU: sm_" +
         std::to_string(major * 10 + minor));
   }
@@ -75,10 +70,15 @@ bool aligned16(const void* ptr) {
   return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
 }
 
+// Elements of a 16-byte chunk: 8 of a 16-bit dtype, 4 floats.
+std::int64_t chunk_elements(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : 8;
+}
+
 bool rows_aligned16(const TensorView& t) {
   if (!aligned16(t.data)) return false;
   for (int d = 0; d + 1 < t.rank; ++d) {
-    if (t.stride[static_cast<std::size_t>(d)] % 8 != 0) return false;
+    if (t.stride[static_cast<std::size_t>(d)] % chunk_elements(t.dtype) != 0) return false;
   }
   return true;
 }
@@ -204,14 +204,15 @@ BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, b
     p.dsinks_stride = g.dsinks.stride[0];
   }
 
-  const bool dims8 = f.head_dim % 8 == 0 && f.value_dim % 8 == 0;
-  bool loads = dims8 && rows_aligned16(a.q) && rows_aligned16(a.k) && rows_aligned16(a.v) &&
+  const std::int64_t chunk = chunk_elements(a.q.dtype);
+  const bool whole_chunks = f.head_dim % chunk == 0 && f.value_dim % chunk == 0;
+  bool loads = whole_chunks && rows_aligned16(a.q) && rows_aligned16(a.k) && rows_aligned16(a.v) &&
                rows_aligned16(a.dout);
   if (f.num_extra > 0) {
     loads = loads && rows_aligned16(a.options.extra_k) && rows_aligned16(a.options.extra_v);
   }
   f.vector_loads = loads;
-  p.num_chunks = backward_num_chunks(p);
+  p.num_chunks = backward_num_chunks(p, a.q.dtype);
   return p;
 }
 
@@ -272,7 +273,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   FMHA_RETURN_IF_ERROR(guard.enter(device));
   int sm_count = 0, arch = 0;
   FMHA_RETURN_IF_ERROR(check_device(device, &sm_count, &arch));
-  const bool sm90_eligible = use_sm90_backward(p, arch);
+  const bool sm90_eligible = use_sm90_backward(p, dtype, arch);
   const bool fused = use_fused(p, o, impl, sm_count, sm90_eligible);
   const bool sm90 = sm90_eligible && !fused;
   // The sm90 dQ kernel sums drel_h / drel_w per query row without atomics; the sm80 kernels add

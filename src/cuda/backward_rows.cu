@@ -36,9 +36,10 @@ __global__ void __launch_bounds__(kRowThreads)
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
   if (i >= inner) return;
-  const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+  using Elem = typename tile::Dtype<T>::Storage;
+  const auto* dout = static_cast<const Elem*>(p.dout) + b * p.dout_batch_stride +
                      i * p.dout_row_stride + h * p.dout_head_stride;
-  const auto* out = static_cast<const std::uint16_t*>(f.out) + b * f.out_batch_stride +
+  const auto* out = static_cast<const Elem*>(f.out) + b * f.out_batch_stride +
                     i * f.out_row_stride + h * f.out_head_stride;
   float dot = 0.0f;
   for (int c = lane; c < f.value_dim; c += 32) {
@@ -92,8 +93,8 @@ __global__ void __launch_bounds__(kRowThreads)
   if (i >= inner) return;
   const float* accum =
       p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride + i * p.accum_row_stride;
-  auto* dq = static_cast<std::uint16_t*>(p.dq) + b * p.dq_batch_stride + i * p.dq_row_stride +
-             h * p.dq_head_stride;
+  auto* dq = static_cast<typename tile::Dtype<T>::Storage*>(p.dq) + b * p.dq_batch_stride +
+             i * p.dq_row_stride + h * p.dq_head_stride;
   for (int c = lane; c < p.fwd.head_dim; c += 32) {
     dq[c] = tile::Dtype<T>::from_float(accum[c] * p.scale);
   }
@@ -104,7 +105,7 @@ template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     backward_convert_4d_kernel(const float* src, Extents4 sizes, void* dst, Extents4 stride,
                                std::int64_t count) {
-  auto* out = static_cast<std::uint16_t*>(dst);
+  auto* out = static_cast<typename tile::Dtype<T>::Storage*>(dst);
   for (std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kRowThreads + threadIdx.x;
        n < count; n += static_cast<std::int64_t>(gridDim.x) * kRowThreads) {
     std::int64_t rest = n, offset = 0;
@@ -140,6 +141,9 @@ Status launch_backward_convert_4d(const float* src, const Extents4& sizes, void*
   if (dtype == DType::kFloat16) {
     backward_convert_4d_kernel<__half><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
         src, sizes, dst, dst_stride, count);
+  } else if (dtype == DType::kFloat32) {
+    backward_convert_4d_kernel<float><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+        src, sizes, dst, dst_stride, count);
   } else {
     backward_convert_4d_kernel<__nv_bfloat16>
         <<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(src, sizes, dst, dst_stride,
@@ -154,6 +158,8 @@ Status launch_backward_preprocess(const BackwardParams& p, DType dtype, std::int
   const dim3 grid = row_grid(p, outer, inner);
   if (dtype == DType::kFloat16) {
     backward_preprocess_kernel<__half><<<grid, kRowThreads, 0, stream>>>(p, inner);
+  } else if (dtype == DType::kFloat32) {
+    backward_preprocess_kernel<float><<<grid, kRowThreads, 0, stream>>>(p, inner);
   } else {
     backward_preprocess_kernel<__nv_bfloat16><<<grid, kRowThreads, 0, stream>>>(p, inner);
   }
@@ -174,6 +180,8 @@ Status launch_backward_convert_dq(const BackwardParams& p, DType dtype, std::int
   const dim3 grid = row_grid(p, outer, inner);
   if (dtype == DType::kFloat16) {
     backward_convert_dq_kernel<__half><<<grid, kRowThreads, 0, stream>>>(p, inner);
+  } else if (dtype == DType::kFloat32) {
+    backward_convert_dq_kernel<float><<<grid, kRowThreads, 0, stream>>>(p, inner);
   } else {
     backward_convert_dq_kernel<__nv_bfloat16><<<grid, kRowThreads, 0, stream>>>(p, inner);
   }

@@ -1,5 +1,6 @@
 // The one place where the backward's runtime values become template parameters:
-// dtype -> T, max(D, Dv) -> head-dim bucket, layout -> policy. One policy (PolicyGeneral) serves
+// dtype -> T, max(D, Dv) -> head-dim bucket, layout -> policy. fp32 runs the sm80 kernels on every
+// arch (the sm90 ones are 16-bit only). One policy (PolicyGeneral) serves
 // every feature of dense and varlen attention; neighborhood attention has its own mask
 // (PolicyNeighborhood).
 #include <cuda_bf16.h>
@@ -70,9 +71,11 @@ Status dispatch_dtype(const BackwardParams& p, DType dtype, cudaStream_t stream)
       return launch<__half, kDkDv>(p, stream);
     case DType::kBFloat16:
       return launch<__nv_bfloat16, kDkDv>(p, stream);
+    case DType::kFloat32:
+      return launch<float, kDkDv>(p, stream);
     default:
       return Status::not_supported(std::string("fmha: the CUDA backward kernels got q of dtype ") +
-                                   to_string(dtype) + " (supported: float16, bfloat16)");
+                                   to_string(dtype) + " (supported: float32, float16, bfloat16)");
   }
 }
 
@@ -138,7 +141,7 @@ Status dispatch_sm90(const BackwardParams& p, DType dtype, cudaStream_t stream) 
     case DType::kBFloat16:
       return dispatch_sm90_policy<__nv_bfloat16, kDkDv>(p, stream);
     default:
-      return Status::not_supported(std::string("fmha: the CUDA backward kernels got q of dtype ") +
+      return Status::not_supported(std::string("fmha: the sm90 backward kernels got q of dtype ") +
                                    to_string(dtype) + " (supported: float16, bfloat16)");
   }
 }
@@ -146,14 +149,17 @@ Status dispatch_sm90(const BackwardParams& p, DType dtype, cudaStream_t stream) 
 
 }  // namespace
 
-bool use_sm90_backward(const BackwardParams& p, int arch) {
+bool use_sm90_backward(const BackwardParams& p, DType dtype, int arch) {
 #if FMHA_WITH_SM90
   const ForwardParams& f = p.fwd;
-  return use_sm90_kernels(arch) && f.neighborhood.rank == 0 && max_dim(p) <= sm90::kBwdMaxHeadDim &&
-         f.softcap_log2 == 0.0f && f.bias == nullptr && f.num_extra == 0 &&
-         (f.rel_h == nullptr || sm90_rel_pos_applies(p));
+  // The sm90 kernels are 16-bit only: fp32 runs the sm80 kernels on Hopper too.
+  const bool sixteen_bit = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+  return sixteen_bit && use_sm90_kernels(arch) && f.neighborhood.rank == 0 &&
+         max_dim(p) <= sm90::kBwdMaxHeadDim && f.softcap_log2 == 0.0f && f.bias == nullptr &&
+         f.num_extra == 0 && (f.rel_h == nullptr || sm90_rel_pos_applies(p));
 #else
   (void)p;
+  (void)dtype;
   (void)arch;
   return false;
 #endif
@@ -177,15 +183,16 @@ Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStrea
 #endif
 }
 
-int backward_num_chunks(const BackwardParams& p) {
+int backward_num_chunks(const BackwardParams& p, DType dtype) {
   const int d = max_dim(p);
-  return sm80::bwd_num_chunks(sm80::head_dim_bucket(d), d);
+  return dtype == DType::kFloat32 ? sm80::bwd_num_chunks<float>(sm80::head_dim_bucket(d), d)
+                                  : sm80::bwd_num_chunks<__half>(sm80::head_dim_bucket(d), d);
 }
 
 std::int64_t backward_dkdv_blocks(const BackwardParams& p) {
   const std::int64_t n = sm80::kBwdBlockN;
   const std::int64_t tiles = (p.fwd.seqlen_k + n - 1) / n + (p.fwd.num_extra + n - 1) / n;
-  return tiles * backward_num_chunks(p) * (p.fwd.heads / p.fwd.kv_group) * p.fwd.batch;
+  return tiles * p.num_chunks * (p.fwd.heads / p.fwd.kv_group) * p.fwd.batch;
 }
 
 Status dispatch_backward_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream) {

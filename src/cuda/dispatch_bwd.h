@@ -12,13 +12,14 @@
 
 namespace fmha::cuda {
 
-// Column chunks of the dK/dV kernel for this problem (sets nothing; read by the caller).
-int backward_num_chunks(const BackwardParams& p);
+// Column chunks of the dK/dV kernel for this problem and dtype (sets nothing; read by the caller).
+int backward_num_chunks(const BackwardParams& p, DType dtype);
 
-// Blocks the fused dK/dV kernel would launch: what the auto rule weighs against the SM count.
+// Blocks the fused dK/dV kernel would launch (p.num_chunks set): what the auto rule weighs against
+// the SM count.
 std::int64_t backward_dkdv_blocks(const BackwardParams& p);
 
-// dK/dV, plus the fused dQ atomics when p.dq_accum is set. `dtype` is q's (fp16 or bf16).
+// dK/dV, plus the fused dQ atomics when p.dq_accum is set. `dtype` is q's (fp32, fp16 or bf16).
 Status dispatch_backward_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream);
 // dQ of the split backward.
 Status dispatch_backward_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);
@@ -26,8 +27,8 @@ Status dispatch_backward_dq(const BackwardParams& p, DType dtype, cudaStream_t s
 // Whether the sm90 split backward (dK/dV and dQ kernels on wgmma, sm90/) takes this problem on a
 // device of compute capability `arch` (major * 10 + minor): dense or varlen attention with no mask
 // or a causal/window mask, D and Dv up to 128, no softcap, bias, rel-pos or extra keys (sinks and
-// GQA run). Everything else runs the sm80 kernels.
-bool use_sm90_backward(const BackwardParams& p, int arch);
+// GQA run), fp16/bf16 only. Everything else (fp32 included) runs the sm80 kernels.
+bool use_sm90_backward(const BackwardParams& p, DType dtype, int arch);
 // The sm90 dK/dV kernel (no dQ work) and the sm90 dQ kernel; only when use_sm90_backward.
 Status dispatch_backward_sm90_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream);
 Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);
@@ -43,7 +44,7 @@ Status launch_backward_dsinks(const BackwardParams& p, std::int64_t outer, std::
 struct Extents4 {
   std::int64_t v[4];
 };
-// A compact row-major fp32 accumulator of `sizes` -> a 16-bit gradient with strides `dst_stride`
+// A compact row-major fp32 accumulator of `sizes` -> a gradient of `dtype` with strides `dst_stride`
 // (dbias, drel_h, drel_w).
 Status launch_backward_convert_4d(const float* src, const Extents4& sizes, void* dst,
                                   const Extents4& dst_stride, DType dtype, cudaStream_t stream);

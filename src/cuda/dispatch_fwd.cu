@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/dispatch_fwd.h"
@@ -36,16 +37,22 @@ bool needs_general_policy(const ForwardParams& p) {
   return needs_mask(p) || needs_score_modifiers(p);
 }
 
+// fp32 runs the sm80 kernels on every arch (the sm90 kernels are 16-bit only).
 template <typename T, int kD>
 Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
 #if FMHA_WITH_SM90
-  if (use_sm90_kernels(arch)) {
-    if (p.neighborhood.rank > 0) return sm90::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
-    if (rel_pos_alone(p)) return sm90::launch_forward<T, kD, PolicyRelPos>(p, stream);
-    if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
-    if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
-    return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);
+  if constexpr (!std::is_same_v<T, float>) {
+    if (use_sm90_kernels(arch)) {
+      if (p.neighborhood.rank > 0) {
+        return sm90::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
+      }
+      if (rel_pos_alone(p)) return sm90::launch_forward<T, kD, PolicyRelPos>(p, stream);
+      if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
+      if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
+      return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);
+    }
   }
+  (void)arch;
 #else
   (void)arch;
 #endif
@@ -98,19 +105,15 @@ Status check_forward_dtype(DType dtype) {
   switch (dtype) {
     case DType::kFloat16:
     case DType::kBFloat16:
-      return Status::ok_status();
     case DType::kFloat32:
-      return Status::not_supported(
-          "fmha: the CUDA backend has no float32 forward kernel yet (the sm80 kernel runs "
-          "float16/bfloat16 on tensor cores); got q of dtype float32: convert q/k/v to float16 or "
-          "bfloat16, or run on CPU tensors");
+      return Status::ok_status();
     case DType::kFloat64:
       return Status::not_supported(
           "fmha: the CUDA backend does not support float64 (the reference CPU backend does); got "
           "q of dtype float64");
     default:
       return Status::not_supported(std::string("fmha: the CUDA forward kernel got q of dtype ") +
-                                   to_string(dtype) + " (supported: float16, bfloat16)");
+                                   to_string(dtype) + " (supported: float32, float16, bfloat16)");
   }
 }
 
@@ -134,6 +137,8 @@ Status dispatch_forward(const ForwardParams& p, DType dtype, int arch, cudaStrea
       return dispatch_head_dim<__half>(p, arch, stream);
     case DType::kBFloat16:
       return dispatch_head_dim<__nv_bfloat16>(p, arch, stream);
+    case DType::kFloat32:
+      return dispatch_head_dim<float>(p, arch, stream);
     default:
       return check_forward_dtype(dtype);
   }

@@ -10,13 +10,14 @@
 
 namespace fmha::cuda {
 
-// ok for the dtypes the forward kernels take (fp16, bf16); otherwise not_supported, saying why.
+// ok for the dtypes the forward kernels take (fp32, fp16, bf16); otherwise not_supported, saying
+// why.
 Status check_forward_dtype(DType dtype);
 
-// `dtype` is q's dtype (fp16 or bf16; anything else is refused with a message); `arch` the
-// device's compute capability (major * 10 + minor): 90 runs the Hopper kernels where they exist
-// (built for sm_90a, and not turned off by FMHA_CUDA_KERNELS=sm80 in the environment), every
-// other arch the sm80 kernels.
+// `dtype` is q's dtype (fp32, fp16 or bf16; anything else is refused with a message); `arch` the
+// device's compute capability (major * 10 + minor): 90 runs the Hopper kernels for fp16/bf16
+// where they exist (built for sm_90a, and not turned off by FMHA_CUDA_KERNELS=sm80 in the
+// environment), every other arch, and fp32 everywhere, the sm80 kernels.
 Status dispatch_forward(const ForwardParams& p, DType dtype, int arch, cudaStream_t stream);
 
 // Whether a device of compute capability `arch` runs the sm90 kernels in this build and process.

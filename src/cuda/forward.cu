@@ -22,7 +22,7 @@ Status cuda_error(const char* what, cudaError_t e) {
   return Status::backend_error(std::string("fmha: ") + what + ": " + cudaGetErrorString(e));
 }
 
-// The sm80 kernel uses bf16/fp16 mma.sync, which needs compute capability 8.0. *arch gets the
+// The sm80 kernel uses bf16/fp16/tf32 mma.sync, which needs compute capability 8.0. *arch gets the
 // device's compute capability as major * 10 + minor (the dispatch picks the kernel generation).
 Status check_device(int device, int* arch) {
   int major = 0, minor = 0;
@@ -32,8 +32,8 @@ Status check_device(int device, int* arch) {
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
   if (major < 8) {
     return Status::not_supported(
-        "fmha: the CUDA forward kernel needs compute capability 8.0 or newer (fp16/bf16 mma.sync "
-        "tensor cores); detected GPU: sm_" +
+        "fmha: the CUDA forward kernel needs compute capability 8.0 or newer (fp16/bf16/tf32 "
+        "mma.sync tensor cores); detected GPU: sm_" +
         std::to_string(major * 10 + minor));
   }
   *arch = major * 10 + minor;
@@ -44,12 +44,17 @@ bool aligned16(const void* ptr) {
   return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
 }
 
+// Elements of a 16-byte chunk: 8 of a 16-bit dtype, 4 floats.
+std::int64_t chunk_elements(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : 8;
+}
+
 // 16-byte vector access is possible when the row start of every (batch, row, head) is aligned:
-// the base pointer is, and every stride but the last is a multiple of 8 elements.
+// the base pointer is, and every stride but the last is a multiple of 16 bytes.
 bool rows_aligned16(const TensorView& t) {
   if (!aligned16(t.data)) return false;
   for (int d = 0; d + 1 < t.rank; ++d) {
-    if (t.stride[static_cast<std::size_t>(d)] % 8 != 0) return false;
+    if (t.stride[static_cast<std::size_t>(d)] % chunk_elements(t.dtype) != 0) return false;
   }
   return true;
 }
@@ -67,6 +72,7 @@ void broadcast_strides(const TensorView& t, std::int64_t (&strides)[4]) {
 void fill_forward_options(const AttentionOptions& o, const detail::ProblemShape& shape,
                           ForwardParams* p) {
   p->scale_log2 = shape.scale * kLog2e;
+  p->allow_tf32 = o.allow_tf32;
   if (o.softcap > 0.0f) {
     p->softcap_log2 = o.softcap * kLog2e;
     p->scale_over_softcap = shape.scale / o.softcap;
@@ -115,11 +121,12 @@ void fill_forward_sizes(const detail::ProblemShape& shape, ForwardParams* p) {
 
 void fill_forward_alignment(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const AttentionOptions& o, ForwardParams* p) {
-  const bool dims8 = p->head_dim % 8 == 0 && p->value_dim % 8 == 0;
-  bool loads = dims8 && rows_aligned16(q) && rows_aligned16(k) && rows_aligned16(v);
+  const std::int64_t chunk = chunk_elements(q.dtype);
+  const bool whole_chunks = p->head_dim % chunk == 0 && p->value_dim % chunk == 0;
+  bool loads = whole_chunks && rows_aligned16(q) && rows_aligned16(k) && rows_aligned16(v);
   if (p->num_extra > 0) loads = loads && rows_aligned16(o.extra_k) && rows_aligned16(o.extra_v);
   p->vector_loads = loads;
-  p->vector_stores = p->value_dim % 8 == 0 && rows_aligned16(out);
+  p->vector_stores = p->value_dim % chunk == 0 && rows_aligned16(out);
 }
 
 // Common tail of every forward entry point: device, grid limits, launch.

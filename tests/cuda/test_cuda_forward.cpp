@@ -274,15 +274,93 @@ TEST(CudaForward, EmptyQueries) {
   EXPECT_TRUE(s.ok()) << s.message();
 }
 
-TEST(CudaForward, RefusesFloat32AndFloat64WithReason) {
+TEST(CudaForward, RefusesFloat64WithReason) {
   SKIP_WITHOUT_GPU();
-  const fmha::Status s = run_forward_status(shape_case(DType::kFloat32, 17, 17, 64, 64, 2, 1));
-  EXPECT_EQ(s.code(), fmha::StatusCode::kNotSupported);
-  EXPECT_NE(s.message().find("CUDA backend has no float32 forward kernel"), std::string::npos)
-      << s.message();
   const fmha::Status d = run_forward_status(shape_case(DType::kFloat64, 17, 17, 64, 64, 2, 1));
-  EXPECT_FALSE(d.ok());
+  EXPECT_EQ(d.code(), fmha::StatusCode::kNotSupported);
   EXPECT_NE(d.message().find("float64"), std::string::npos) << d.message();
+}
+
+// fp32 (tf32 tensor cores, 3xTF32 split): norm-wise error <= 1e-5 against the float64 reference,
+// every head-dim bucket and the same features as the 16-bit kernels.
+TEST(CudaForward, Float32ShapesAndHeadDims) {
+  SKIP_WITHOUT_GPU();
+  const DType f = DType::kFloat32;
+  check_forward(shape_case(f, 1, 1, 8, 8, 2, 1), 201);
+  check_forward(shape_case(f, 17, 113, 40, 40, 16, 4), 202);
+  check_forward(shape_case(f, 113, 17, 72, 72, 8, 1, 2), 203);
+  check_forward(shape_case(f, 239, 577, 64, 64, 4, 2), 204);
+  check_forward(shape_case(f, 577, 239, 128, 128, 2, 2), 205);
+  check_forward(shape_case(f, 113, 239, 160, 160, 2, 1), 206);
+  check_forward(shape_case(f, 113, 239, 200, 200, 2, 1), 207);
+  check_forward(shape_case(f, 239, 113, 224, 224, 2, 1), 208);
+  check_forward(shape_case(f, 239, 113, 256, 256, 2, 1), 209);
+  check_forward(shape_case(f, 64, 128, 32, 32, 2, 2, 2), 210);
+  // Dv != D, and head dims that are not multiples of 4 (element-wise loads and stores).
+  check_forward(shape_case(f, 113, 239, 128, 64, 4, 2), 211);
+  check_forward(shape_case(f, 17, 577, 24, 256, 2, 1), 212);
+  check_forward(shape_case(f, 113, 17, 3, 5, 2, 1), 213);
+  check_forward(shape_case(f, 40, 41, 255, 129, 2, 1), 214);
+  check_forward(shape_case(f, 65, 70, 100, 36, 4, 2), 215);
+}
+
+TEST(CudaForward, Float32Features) {
+  SKIP_WITHOUT_GPU();
+  const DType f = DType::kFloat32;
+  ForwardCase c = shape_case(f, 113, 239, 64, 64, 4, 2, 2);
+  c.q_layout.order = {0, 2, 1, 3};
+  c.kv_layout.pad = 4;  // padded rows, still 16-byte aligned
+  c.out_layout.pad = 4;
+  check_forward(c, 221);
+  c.kv_layout.pad = 3;  // unaligned rows: element-wise loads and stores
+  c.out_layout.pad = 1;
+  check_forward(c, 222);
+  for (auto align : {CausalAlignment::kTopLeft, CausalAlignment::kBottomRight}) {
+    ForwardCase m = shape_case(f, 239, 113, 96, 96, 2, 1);
+    m.options.causal = true;
+    m.options.window_left = 16;
+    m.options.causal_alignment = align;
+    check_forward(m, 223);
+  }
+  ForwardCase s = shape_case(f, 113, 239, 80, 80, 4, 1);
+  s.options.softcap = 5.0f;
+  s.options.scale = 2.0f;
+  s.sinks = true;
+  s.extra = 70;
+  check_forward(s, 224);
+  ForwardCase b = shape_case(f, 113, 239, 64, 64, 4, 2, 2);
+  b.bias = true;
+  b.bias_broadcast = {true, false, true, false};
+  b.options.causal = true;
+  check_forward(b, 225);
+  ForwardCase r = shape_case(f, 196, 196, 80, 80, 2, 2);
+  r.rel_hk = 14;
+  r.bias = true;
+  check_forward(r, 226);
+  ForwardCase v = shape_case(f, 0, 0, 64, 64, 4, 2);
+  v.varlen_q = {17, 0, 113, 64, 1};
+  v.varlen_k = {33, 5, 113, 0, 70};
+  v.options.causal = true;
+  v.options.causal_alignment = CausalAlignment::kBottomRight;
+  v.bias = true;
+  v.sinks = true;
+  v.extra = 3;
+  check_forward(v, 227);
+  check_forward(shape_case(f, 17, 0, 64, 64, 2, 1), 228);  // every row fully masked
+}
+
+TEST(CudaForward, Float32AllowTf32AndDeterminism) {
+  SKIP_WITHOUT_GPU();
+  ForwardCase c = shape_case(DType::kFloat32, 239, 577, 64, 64, 4, 2);
+  c.options.allow_tf32 = true;  // one tf32 product: SPEC §13 bound 2e-3
+  check_forward(c, 231);
+  c.head_dim = c.value_dim = 256;
+  check_forward(c, 232);
+  ForwardCase d = shape_case(DType::kFloat32, 239, 577, 128, 128, 4, 2);
+  d.options.causal = true;
+  d.options.deterministic = true;
+  d.sinks = true;
+  check_forward(d, 233, /*twice=*/true);
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ struct NeighborhoodGrid {
 };
 
 struct ForwardParams {
-  // q [B, Lq, H, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv], out [B, Lq, H, Dv] (16-bit elements).
+  // q [B, Lq, H, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv], out [B, Lq, H, Dv] (elements of q's
+  // dtype: fp16, bf16 or fp32).
   // Varlen: batch strides are 0 and rows start at cu_seqlens[b].
   const void* q = nullptr;
   const void* k = nullptr;
@@ -50,11 +51,15 @@ struct ForwardParams {
   int head_dim = 0;
   int value_dim = 0;
 
-  // True when every q/k/v/extra row starts 16-byte aligned and D, Dv are multiples of 8, so tiles
-  // load with 16-byte cp.async; otherwise element by element.
+  // True when every q/k/v/extra row starts 16-byte aligned and D, Dv are multiples of 16 bytes
+  // (8 16-bit elements, 4 floats), so tiles load with 16-byte cp.async; otherwise element by
+  // element.
   bool vector_loads = false;
-  // True when every out row starts 16-byte aligned and Dv is a multiple of 8.
+  // True when every out row starts 16-byte aligned and Dv is a multiple of 16 bytes.
   bool vector_stores = false;
+
+  // fp32 only (SPEC §13): one tf32 product per tensor-core step instead of the exact 3xTF32 split.
+  bool allow_tf32 = false;
 
   // Scores: s = scale * q.k, then softcap, then bias and rel-pos. Kept in log2 units.
   float scale_log2 = 0;          // scale * log2(e)

@@ -47,10 +47,14 @@ struct ScoreScale {
 
 template <typename T>
 struct ScoreModifiers {
+  using Elem = typename tile::Dtype<T>::Storage;
+  // The shared-memory staging (rel-pos rows, bias tiles) packs 16-bit pairs; only the sm90
+  // kernels stage, and they are 16-bit only.
+  static constexpr bool kCanStage = sizeof(Elem) == 2;
   float scale_log2, softcap_log2, scale_over_softcap;
-  const std::uint16_t* bias;   // already offset to (b, h); nullptr when absent
-  const std::uint16_t* rel_h;  // already offset to (b, h); nullptr when absent
-  const std::uint16_t* rel_w;
+  const Elem* bias;   // already offset to (b, h); nullptr when absent
+  const Elem* rel_h;  // already offset to (b, h); nullptr when absent
+  const Elem* rel_w;
   // Strides, Wk and the staging pitch are read in place from the kernel's parameters (constant
   // memory) rather than copied: cold values that would otherwise hold ~20 registers.
   const ForwardParams* params;
@@ -67,14 +71,14 @@ struct ScoreModifiers {
     m.softcap_log2 = p.softcap_log2;
     m.scale_over_softcap = p.scale_over_softcap;
     m.bias = p.bias == nullptr ? nullptr
-                               : static_cast<const std::uint16_t*>(p.bias) + b * p.bias_stride[0] +
+                               : static_cast<const Elem*>(p.bias) + b * p.bias_stride[0] +
                                      h * p.bias_stride[1];
     m.rel_h = p.rel_h == nullptr ? nullptr
-                                 : static_cast<const std::uint16_t*>(p.rel_h) +
-                                       b * p.rel_h_stride[0] + h * p.rel_h_stride[1];
+                                 : static_cast<const Elem*>(p.rel_h) + b * p.rel_h_stride[0] +
+                                       h * p.rel_h_stride[1];
     m.rel_w = p.rel_w == nullptr ? nullptr
-                                 : static_cast<const std::uint16_t*>(p.rel_w) +
-                                       b * p.rel_w_stride[0] + h * p.rel_w_stride[1];
+                                 : static_cast<const Elem*>(p.rel_w) + b * p.rel_w_stride[0] +
+                                       h * p.rel_w_stride[1];
     m.params = &p;
     m.num_queries = num_queries;
     m.num_keys = num_keys;
@@ -130,11 +134,11 @@ struct ScoreModifiers {
   template <int kTiles>
   __device__ void add_bias(float (&s)[kTiles][4], std::int64_t row, std::int64_t col) const {
     if (bias == nullptr && rel_h == nullptr) return;
-    if (rel_staged == nullptr) {
+    if (!kCanStage || rel_staged == nullptr) {
       add_global_additive(s, row, col, /*with_bias=*/true, /*with_rel=*/true);
       return;
     }
-    add_staged_rel_pos(s, row, col);
+    if constexpr (kCanStage) add_staged_rel_pos(s, row, col);
     if (bias != nullptr) add_global_additive(s, row, col, /*with_bias=*/true, /*with_rel=*/false);
   }
 

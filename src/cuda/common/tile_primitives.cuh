@@ -1,6 +1,8 @@
 // Warp-level tile primitives of the mma.sync generation (sm80..sm90), written over PTX:
-// tensor-core products (m16n8k16, fp32 accumulators), ldmatrix fragment loads from shared memory,
-// and cp.async global->shared copies with commit/wait groups.
+// tensor-core products (m16n8k16 for fp16/bf16, m16n8k8 tf32 for fp32; fp32 accumulators),
+// ldmatrix fragment loads from shared memory, and cp.async global->shared copies with
+// commit/wait groups. The dtype-generic operand layer the sm80 mainloops are written against
+// (fragments, k-steps of 32 bytes, the fp32 "3xTF32" split) is tile_operands.cuh.
 //
 // Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane / 4, c = lane % 4:
 //   A 16x16 (row-major): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
@@ -20,12 +22,14 @@ __device__ __forceinline__ std::uint32_t shared_address(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Per-dtype conversions and the PTX name of the tensor-core operand type.
+// Per-dtype storage and conversions. Storage is the element as it sits in global and shared
+// memory (16-bit payloads as raw bits).
 template <typename T>
 struct Dtype;
 
 template <>
 struct Dtype<__half> {
+  using Storage = std::uint16_t;
   __device__ __forceinline__ static float to_float(std::uint16_t bits) {
     return __half2float(__ushort_as_half(bits));
   }
@@ -44,6 +48,7 @@ struct Dtype<__half> {
 
 template <>
 struct Dtype<__nv_bfloat16> {
+  using Storage = std::uint16_t;
   __device__ __forceinline__ static float to_float(std::uint16_t bits) {
     return __bfloat162float(__ushort_as_bfloat16(bits));
   }
@@ -58,6 +63,13 @@ struct Dtype<__nv_bfloat16> {
   __device__ __forceinline__ static float2 unpack(std::uint32_t word) {
     return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
   }
+};
+
+template <>
+struct Dtype<float> {
+  using Storage = float;
+  __device__ __forceinline__ static float to_float(float x) { return x; }
+  __device__ __forceinline__ static float from_float(float x) { return x; }
 };
 
 // d += a * b on a 16x8x16 tile; fp32 accumulators, fp16 or bf16 operands.
@@ -84,6 +96,27 @@ __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4],
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a * b on a 16x8x8 tile with tf32 operands (the low 13 mantissa bits of each 32-bit operand
+// register are ignored by the tensor cores) and fp32 accumulators. Fragment layouts (PTX ISA,
+// "Matrix fragments for mma.m16n8k8", .tf32), g = lane / 4, c = lane % 4:
+//   A 16x8: a0 = (g, c), a1 = (g+8, c), a2 = (g, c+4), a3 = (g+8, c+4)
+//   B 8x8 (k x n): b0 = (k c, n g), b1 = (k c+4, n g);  C as for m16n8k16.
+__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const std::uint32_t (&a)[4],
+                                                 std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One 32-bit shared-memory load (operands that no ldmatrix shape delivers: fp32 transposed).
+__device__ __forceinline__ std::uint32_t ld_shared_b32(std::uint32_t address) {
+  std::uint32_t r;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r) : "r"(address));
+  return r;
 }
 
 // Four 8x8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix i.

@@ -8,6 +8,8 @@
 //   dP^T = V dO^T, dS^T = P^T (dP^T - Delta) * d(score)/d(scale q.k)
 //   (dS before the last factor, the gradient wrt the final score, also goes to dbias / drel)
 //   dV += P^T dO,  dK += dS^T Q              (registers; the group's sum stays inside the block)
+// Written against the dtype-generic operand layer (tile_operands.cuh): fp16/bf16 and fp32 share
+// this loop, in k-steps of 32 bytes (fp32: 3xTF32 unless p.fwd.allow_tf32).
 // Fused mode (dq_accum given) also stages dS^T in shared memory and adds dQ += dS K to the fp32
 // workspace with atomics; split mode leaves dQ to the dQ kernel.
 // With a kTokenTiles mask (neighborhood attention) a block's keys are a box of the token grid and
@@ -25,6 +27,7 @@
 #include "cuda/common/backward_params.h"
 #include "cuda/common/backward_policies.cuh"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/tile_operands.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm80/mainloop_fwd.cuh"
 #include "cuda/sm80/tile_sizes_bwd.h"
@@ -91,14 +94,17 @@ __device__ __forceinline__ void key_bounds_in_box(const DkDvTokenTileSmem<kM, kN
   neighborhood::box_bounds_bytes(w, origin, tt->tiles.seen_shape, lo, hi);
 }
 
-template <typename T, int kD, typename Policy>
-__global__ void __launch_bounds__(kThreads)
-    backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
+// The kernel body; kSplit selects the 3xTF32 products for fp32 (tile_operands.cuh) and is false
+// for 16-bit types.
+template <typename T, int kD, typename Policy, bool kSplit>
+__device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
   constexpr int kN = kBwdBlockN;
-  constexpr int kM = bwd_block_m(kD);
-  constexpr int kC = bwd_chunk(kD);
-  constexpr int kPitch = smem_row(kD);
-  constexpr int kDsPitch = bwd_ds_row(kD);
+  constexpr int kM = bwd_block_m<T>(kD);
+  constexpr int kC = bwd_chunk<T>(kD);
+  constexpr int kPitch = smem_row<T>(kD);
+  constexpr int kDsPitch = bwd_ds_row<T>(kD);
+  constexpr int kStep = tile::kStepK<T>;  // k elements per product step (32 bytes)
+  constexpr int kChunk = tile::kChunk<T>;
   constexpr int kScoreTiles = kM / 8;  // n8 tiles of a warp's 16 keys x kM queries
   constexpr int kAccTiles = kC / 8;    // n8 tiles of a warp's 16 keys x kC columns
   // Fused dQ: kM / 16 row blocks of queries, the kC columns split over the warps of a row block.
@@ -113,14 +119,16 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool kTokenTiles = Mask::kTokenTiles;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
+  using Elem = typename Convert::Storage;
+  using Frag = tile::Frag<T, kSplit>;
   const ForwardParams& f = p.fwd;
 
-  extern __shared__ __align__(16) std::uint16_t smem[];
-  std::uint16_t* const smem_q = smem;
-  std::uint16_t* const smem_do = smem_q + kM * kPitch;
-  std::uint16_t* const smem_k = smem_do + kM * kPitch;
-  std::uint16_t* const smem_v = smem_k + kN * kPitch;
-  std::uint16_t* const smem_ds = smem_v + kN * kPitch;
+  extern __shared__ __align__(16) std::uint8_t smem_bytes_[];
+  Elem* const smem_q = reinterpret_cast<Elem*>(smem_bytes_);
+  Elem* const smem_do = smem_q + kM * kPitch;
+  Elem* const smem_k = smem_do + kM * kPitch;
+  Elem* const smem_v = smem_k + kN * kPitch;
+  Elem* const smem_ds = smem_v + kN * kPitch;
   float* const smem_lse = reinterpret_cast<float*>(smem_ds + kN * kDsPitch);
   float* const smem_delta = smem_lse + kM;
   auto* const tt = reinterpret_cast<DkDvTokenTileSmem<kM, kN>*>(smem_delta + kM);  // token tiles
@@ -154,20 +162,20 @@ __global__ void __launch_bounds__(kThreads)
   const int valid_keys =
       kTokenTiles && !extra ? kN : static_cast<int>(key_count - n0 < kN ? key_count - n0 : kN);
 
-  const std::uint16_t* k_tile;
-  const std::uint16_t* v_tile;
+  const Elem* k_tile;
+  const Elem* v_tile;
   std::int64_t k_row_stride, v_row_stride;
   if (extra) {
-    k_tile = static_cast<const std::uint16_t*>(f.extra_k) + b * f.extra_k_batch_stride +
+    k_tile = static_cast<const Elem*>(f.extra_k) + b * f.extra_k_batch_stride +
              n0 * f.extra_k_row_stride + hk * f.extra_k_head_stride;
-    v_tile = static_cast<const std::uint16_t*>(f.extra_v) + b * f.extra_v_batch_stride +
+    v_tile = static_cast<const Elem*>(f.extra_v) + b * f.extra_v_batch_stride +
              n0 * f.extra_v_row_stride + hk * f.extra_v_head_stride;
     k_row_stride = f.extra_k_row_stride;
     v_row_stride = f.extra_v_row_stride;
   } else {
-    k_tile = static_cast<const std::uint16_t*>(f.k) + b * f.k_batch_stride +
+    k_tile = static_cast<const Elem*>(f.k) + b * f.k_batch_stride +
              (k_start + n0) * f.k_row_stride + hk * f.k_head_stride;
-    v_tile = static_cast<const std::uint16_t*>(f.v) + b * f.v_batch_stride +
+    v_tile = static_cast<const Elem*>(f.v) + b * f.v_batch_stride +
              (k_start + n0) * f.v_row_stride + hk * f.v_head_stride;
     k_row_stride = f.k_row_stride;
     v_row_stride = f.v_row_stride;
@@ -222,12 +230,13 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kTokenTiles) {  // the queries of box u, staged in buffer u % 2
       const int* tokens = tt->query_token[u & 1];
       const auto* q =
-          static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
-      const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
-                         h * p.dout_head_stride;
-      load_rows_async<kM, kD>(smem_q, q, f.q_row_stride, tokens, 1, f.head_dim, f.vector_loads);
-      load_rows_async<kM, kD>(smem_do, dout, p.dout_row_stride, tokens, 1, f.value_dim,
-                              f.vector_loads);
+          static_cast<const Elem*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
+      const auto* dout =
+          static_cast<const Elem*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
+      load_rows_async<T, kM, kD>(smem_q, q, f.q_row_stride, tokens, 1, f.head_dim,
+                                 f.vector_loads);
+      load_rows_async<T, kM, kD>(smem_do, dout, p.dout_row_stride, tokens, 1, f.value_dim,
+                                 f.vector_loads);
       const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride;
       for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
         const int token = tokens[r];
@@ -238,12 +247,13 @@ __global__ void __launch_bounds__(kThreads)
     }
     const std::int64_t m0 = step_m0(u);
     const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
-    const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
+    const auto* q = static_cast<const Elem*>(f.q) + b * f.q_batch_stride +
                     (q_start + m0) * f.q_row_stride + h * f.q_head_stride;
-    const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+    const auto* dout = static_cast<const Elem*>(p.dout) + b * p.dout_batch_stride +
                        (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
-    load_tile_async<kM, kD>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
-    load_tile_async<kM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim, f.vector_loads);
+    load_tile_async<T, kM, kD>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
+    load_tile_async<T, kM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim,
+                               f.vector_loads);
     const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + m0;
     for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
       smem_lse[r] = r < rows ? p.lse_log2[stat + r] : INFINITY;  // rows past the end: P = 0
@@ -252,32 +262,34 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   if constexpr (kTokenTiles) {
-    load_rows_async<kN, kD>(smem_k, k_tile, k_row_stride, tt->key_token, 1, f.head_dim,
-                            f.vector_loads);
-    load_rows_async<kN, kD>(smem_v, v_tile, v_row_stride, tt->key_token, 1, f.value_dim,
-                            f.vector_loads);
+    load_rows_async<T, kN, kD>(smem_k, k_tile, k_row_stride, tt->key_token, 1, f.head_dim,
+                               f.vector_loads);
+    load_rows_async<T, kN, kD>(smem_v, v_tile, v_row_stride, tt->key_token, 1, f.value_dim,
+                               f.vector_loads);
   } else {
-    load_tile_async<kN, kD>(smem_k, k_tile, k_row_stride, valid_keys, f.head_dim, f.vector_loads);
-    load_tile_async<kN, kD>(smem_v, v_tile, v_row_stride, valid_keys, f.value_dim, f.vector_loads);
+    load_tile_async<T, kN, kD>(smem_k, k_tile, k_row_stride, valid_keys, f.head_dim,
+                               f.vector_loads);
+    load_tile_async<T, kN, kD>(smem_v, v_tile, v_row_stride, valid_keys, f.value_dim,
+                               f.vector_loads);
   }
   if (num_steps > 0) load_step(0);
   tile::cp_async_commit();
 
-  constexpr std::uint32_t kBytes = 2;
-  // A operands (K, V: this warp's 16 keys): lanes 0-15 rows 0-15 at column 0, 16-31 at column 8.
-  const int a_row = warp * 16 + lane % 16, a_col = (lane / 16) * 8;
+  constexpr std::uint32_t kBytes = sizeof(Elem);
+  // A operands (K, V: this warp's 16 keys): lanes 0-15 rows 0-15 at chunk 0, 16-31 at chunk 1
+  // (16-byte chunks: 8 elements of a 16-bit type, 4 floats).
+  const int a_row = warp * 16 + lane % 16, a_col = (lane / 16) * kChunk;
   const std::uint32_t k_a = tile::shared_address(smem_k + a_row * kPitch + a_col);
   const std::uint32_t v_a = tile::shared_address(smem_v + a_row * kPitch + a_col);
-  // B operands with n = query row (Q, dO as stored): matrices (rows 0-7, k 0-7), (0-7, 8-15),
-  // (8-15, 0-7), (8-15, 8-15).
-  const int bn_row = (lane / 16) * 8 + lane % 8, bn_col = ((lane / 8) % 2) * 8;
+  // B operands with n = query row (Q, dO as stored): matrices (rows 0-7, chunk 0), (0-7, 1),
+  // (8-15, 0), (8-15, 1).
+  const int bn_row = (lane / 16) * 8 + lane % 8, bn_col = ((lane / 8) % 2) * kChunk;
   const std::uint32_t q_bn = tile::shared_address(smem_q + bn_row * kPitch + bn_col);
   const std::uint32_t do_bn = tile::shared_address(smem_do + bn_row * kPitch + bn_col);
-  // B operands with k = query row (Q, dO transposed by ldmatrix): (k 0-7, n 0-7), (8-15, 0-7),
-  // (0-7, 8-15), (8-15, 8-15).
-  const int bk_row = ((lane / 8) % 2) * 8 + lane % 8, bk_col = (lane / 16) * 8;
-  const std::uint32_t q_bk = tile::shared_address(smem_q + bk_row * kPitch + bk_col + col0);
-  const std::uint32_t do_bk = tile::shared_address(smem_do + bk_row * kPitch + bk_col + col0);
+  // B operands with k = query row (Q, dO): column loads (tile_operands.cuh).
+  const int bk_lane = tile::b_cols_lane_offset<T, kPitch>(lane);
+  const std::uint32_t q_bk = tile::shared_address(smem_q + bk_lane + col0);
+  const std::uint32_t do_bk = tile::shared_address(smem_do + bk_lane + col0);
 
   const int g = lane / 4;         // fragment row (key) within the warp's 16, +8 for e >= 2
   const int c2 = 2 * (lane % 4);  // fragment column (query) within an n8 tile, +1 for odd e
@@ -309,29 +321,29 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
     }
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk * 16 >= f.head_dim) break;  // zero columns of the bucket
-      std::uint32_t a[4];
-      tile::ldmatrix_x4(a, k_a + kk * 16 * kBytes);
+    for (int kk = 0; kk < kD / kStep; ++kk) {
+      if (kk * kStep >= f.head_dim) break;  // zero columns of the bucket
+      Frag a;
+      tile::load_rows(a, k_a + kk * kStep * kBytes);
 #pragma unroll
       for (int np = 0; np < kScoreTiles / 2; ++np) {
-        std::uint32_t bq[4];
-        tile::ldmatrix_x4(bq, q_bn + (np * 16 * kPitch + kk * 16) * kBytes);
-        tile::mma_m16n8k16<T>(s[2 * np], a, bq[0], bq[1]);
-        tile::mma_m16n8k16<T>(s[2 * np + 1], a, bq[2], bq[3]);
+        Frag bq;
+        tile::load_rows(bq, q_bn + (np * 16 * kPitch + kk * kStep) * kBytes);
+        tile::mma(s[2 * np], a, bq, 0);
+        tile::mma(s[2 * np + 1], a, bq, 1);
       }
     }
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk * 16 >= f.value_dim) break;
-      std::uint32_t a[4];
-      tile::ldmatrix_x4(a, v_a + kk * 16 * kBytes);
+    for (int kk = 0; kk < kD / kStep; ++kk) {
+      if (kk * kStep >= f.value_dim) break;
+      Frag a;
+      tile::load_rows(a, v_a + kk * kStep * kBytes);
 #pragma unroll
       for (int np = 0; np < kScoreTiles / 2; ++np) {
-        std::uint32_t bo[4];
-        tile::ldmatrix_x4(bo, do_bn + (np * 16 * kPitch + kk * 16) * kBytes);
-        tile::mma_m16n8k16<T>(dp[2 * np], a, bo[0], bo[1]);
-        tile::mma_m16n8k16<T>(dp[2 * np + 1], a, bo[2], bo[3]);
+        Frag bo;
+        tile::load_rows(bo, do_bn + (np * 16 * kPitch + kk * kStep) * kBytes);
+        tile::mma(dp[2 * np], a, bo, 0);
+        tile::mma(dp[2 * np + 1], a, bo, 1);
       }
     }
 
@@ -409,40 +421,42 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     // dV += P^T dO and dK += dS^T Q over this block's column chunk; the score accumulators of
-    // query columns 16kk..16kk+15 are exactly the A fragment of the k16 step kk.
+    // the step's query columns are the A fragments.
 #pragma unroll
-    for (int kk = 0; kk < kM / 16; ++kk) {
-      const std::uint32_t ap[4] = {Convert::pack(s[2 * kk][0], s[2 * kk][1]),
-                                   Convert::pack(s[2 * kk][2], s[2 * kk][3]),
-                                   Convert::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                   Convert::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      const std::uint32_t ads[4] = {Convert::pack(dp[2 * kk][0], dp[2 * kk][1]),
-                                    Convert::pack(dp[2 * kk][2], dp[2 * kk][3]),
-                                    Convert::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                                    Convert::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+    for (int kk = 0; kk < kM / kStep; ++kk) {
+      Frag ap, ads;
+      tile::from_accumulators(ap, s, kk);
+      tile::from_accumulators(ads, dp, kk);
 #pragma unroll
       for (int np = 0; np < kC / 16; ++np) {
         const int col = col0 + np * 16;
         if (col < f.value_dim) {
-          std::uint32_t bo[4];
-          tile::ldmatrix_x4_trans(bo, do_bk + (kk * 16 * kPitch + np * 16) * kBytes);
-          tile::mma_m16n8k16<T>(dv[2 * np], ap, bo[0], bo[1]);
-          tile::mma_m16n8k16<T>(dv[2 * np + 1], ap, bo[2], bo[3]);
+          Frag bo;
+          tile::load_b_cols<T, kPitch>(bo, do_bk + (kk * kStep * kPitch + np * 16) * kBytes);
+          tile::mma(dv[2 * np], ap, bo, 0);
+          tile::mma(dv[2 * np + 1], ap, bo, 1);
         }
         if (col < f.head_dim) {
-          std::uint32_t bq[4];
-          tile::ldmatrix_x4_trans(bq, q_bk + (kk * 16 * kPitch + np * 16) * kBytes);
-          tile::mma_m16n8k16<T>(dk[2 * np], ads, bq[0], bq[1]);
-          tile::mma_m16n8k16<T>(dk[2 * np + 1], ads, bq[2], bq[3]);
+          Frag bq;
+          tile::load_b_cols<T, kPitch>(bq, q_bk + (kk * kStep * kPitch + np * 16) * kBytes);
+          tile::mma(dk[2 * np], ads, bq, 0);
+          tile::mma(dk[2 * np + 1], ads, bq, 1);
         }
       }
       if (p.dq_accum != nullptr) {
-        // dS^T rows of this warp's keys, query pairs as 32-bit words, for the dQ product.
-        std::uint16_t* ds_row = smem_ds + (warp * 16 + g) * kDsPitch + kk * 16 + c2;
-        *reinterpret_cast<std::uint32_t*>(ds_row) = ads[0];
-        *reinterpret_cast<std::uint32_t*>(ds_row + 8 * kDsPitch) = ads[1];
-        *reinterpret_cast<std::uint32_t*>(ds_row + 8) = ads[2];
-        *reinterpret_cast<std::uint32_t*>(ds_row + 8 * kDsPitch + 8) = ads[3];
+        // dS^T rows of this warp's keys, for the dQ product: 16-bit query pairs as the packed
+        // words of the A fragment; fp32 unsplit from the accumulators (the dQ product splits its
+        // own fragments).
+        Elem* ds_row = smem_ds + (warp * 16 + g) * kDsPitch + kk * kStep + c2;
+        if constexpr (tile::kIsFloat<T>) {
+          tile::store_pair<T>(ds_row, dp[kk][0], dp[kk][1]);
+          tile::store_pair<T>(ds_row + 8 * kDsPitch, dp[kk][2], dp[kk][3]);
+        } else {
+          *reinterpret_cast<std::uint32_t*>(ds_row) = ads.x[0];
+          *reinterpret_cast<std::uint32_t*>(ds_row + 8 * kDsPitch) = ads.x[1];
+          *reinterpret_cast<std::uint32_t*>(ds_row + 8) = ads.x[2];
+          *reinterpret_cast<std::uint32_t*>(ds_row + 8 * kDsPitch + 8) = ads.x[3];
+        }
       }
     }
 
@@ -454,12 +468,10 @@ __global__ void __launch_bounds__(kThreads)
       // dQ[kM x kC] += dS [kM x kN] K [kN x kC]: warp -> (row block, column slice).
       const int row_block = warp % kRowBlocks;
       const int slice = col0 + (warp / kRowBlocks) * kDqCols;
-      // A = dS from dS^T ([key][query]) through ldmatrix.trans: matrix i covers keys
-      // 8 * (i / 2).. and queries 8 * (i % 2)..
-      const int mat = lane / 8;
+      // A = dS from dS^T ([key][query]) and B = K ([key][d]) through column loads.
       const std::uint32_t ds_a = tile::shared_address(
-          smem_ds + ((mat / 2) * 8 + lane % 8) * kDsPitch + row_block * 16 + (mat % 2) * 8);
-      const std::uint32_t k_bk = tile::shared_address(smem_k + bk_row * kPitch + bk_col + slice);
+          smem_ds + tile::a_cols_lane_offset<T, kDsPitch>(lane) + row_block * 16);
+      const std::uint32_t k_bk = tile::shared_address(smem_k + bk_lane + slice);
       float* accum = p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride +
                      (q_start + m0) * p.accum_row_stride;
       // 32 columns at a time: a small accumulator next to the live dK/dV ones.
@@ -471,17 +483,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int t = 0; t < kDqGroup / 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) {
-          std::uint32_t a[4];
-          tile::ldmatrix_x4_trans(a, ds_a + kk * 16 * kDsPitch * kBytes);
+        for (int kk = 0; kk < kN / kStep; ++kk) {
+          Frag a;
+          tile::load_a_cols<T, kDsPitch>(a, ds_a + kk * kStep * kDsPitch * kBytes);
 #pragma unroll
           for (int np = 0; np < kDqGroup / 16; ++np) {
             if (group_col + np * 16 >= f.head_dim) break;
-            std::uint32_t bk[4];
-            tile::ldmatrix_x4_trans(
-                bk, k_bk + (kk * 16 * kPitch + group * kDqGroup + np * 16) * kBytes);
-            tile::mma_m16n8k16<T>(acc[2 * np], a, bk[0], bk[1]);
-            tile::mma_m16n8k16<T>(acc[2 * np + 1], a, bk[2], bk[3]);
+            Frag bk;
+            tile::load_b_cols<T, kPitch>(
+                bk, k_bk + (kk * kStep * kPitch + group * kDqGroup + np * 16) * kBytes);
+            tile::mma(acc[2 * np], a, bk, 0);
+            tile::mma(acc[2 * np + 1], a, bk, 1);
           }
         }
 #pragma unroll
@@ -512,8 +524,8 @@ __global__ void __launch_bounds__(kThreads)
   void* const dk_out = extra ? p.dextra_k : p.dk;
   void* const dv_out = extra ? p.dextra_v : p.dv;
   const std::int64_t row0 = extra ? n0 : k_start + n0;
-  auto* dk_base = static_cast<std::uint16_t*>(dk_out);
-  auto* dv_base = static_cast<std::uint16_t*>(dv_out);
+  auto* dk_base = static_cast<Elem*>(dk_out);
+  auto* dv_base = static_cast<Elem*>(dv_out);
   std::int64_t dk_rs, dv_rs;
   if (extra) {
     dk_base += b * p.dextra_k_batch_stride + hk * p.dextra_k_head_stride;
@@ -543,6 +555,21 @@ __global__ void __launch_bounds__(kThreads)
         dv_base[row * dv_rs + col] = Convert::from_float(dv[t][e]);
       }
     }
+  }
+}
+
+template <typename T, int kD, typename Policy>
+__global__ void __launch_bounds__(kThreads)
+    backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
+  if constexpr (tile::kIsFloat<T>) {
+    // allow_tf32 is a runtime option: one uniform branch here, none in the loops.
+    if (p.fwd.allow_tf32) {
+      backward_dkdv_body<T, kD, Policy, false>(p);
+    } else {
+      backward_dkdv_body<T, kD, Policy, true>(p);
+    }
+  } else {
+    backward_dkdv_body<T, kD, Policy, false>(p);
   }
 }
 

@@ -5,9 +5,10 @@
 // and per tile recomputes
 //   S = Q K^T, P = exp2(S - lse), dP = dO V^T, dS = P (dP - Delta) * d(score)/d(scale q.k)
 //   dQ += dS K                               (registers; no atomics, so deterministic)
-// and writes dq = scale * dQ once. Single-buffered: K(t) and V(t) load together. With a kTokenTiles
-// mask (neighborhood attention) the block's queries are a box of the token grid and its key tiles
-// the boxes they see, every row gathered by token, as in the forward (where the bookkeeping fits,
+// and writes dq = scale * dQ once. Single-buffered: K(t) and V(t) load together. Written against
+// the dtype-generic operand layer (tile_operands.cuh), like the forward. With a kTokenTiles mask
+// (neighborhood attention) the block's queries are a box of the token grid and its key tiles the
+// boxes they see, every row gathered by token, as in the forward (where the bookkeeping fits,
 // dq_token_tiles; else flattened rows with per-row windows).
 #pragma once
 
@@ -16,6 +17,7 @@
 #include "cuda/common/backward_params.h"
 #include "cuda/common/backward_policies.cuh"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/tile_operands.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm80/mainloop_fwd.cuh"
 #include "cuda/sm80/tile_sizes_bwd.h"
@@ -23,42 +25,50 @@
 namespace fmha::cuda::sm80 {
 
 // Token tiles for a mask that has them, where the forward's bookkeeping (TokenTileSmem) fits beside
-// the dQ kernel's tiles in the 99 KB sm86/sm89 allow: every bucket but 256, whose tiles take all of
-// it; there the kernel walks flattened rows with per-row windows.
-template <int kD, typename Mask>
+// the dQ kernel's tiles in the 99 KB sm86/sm89 allow: every 16-bit bucket but 256, whose tiles take
+// all of it; there (and for fp32 tiles that need more) the kernel walks flattened rows with
+// per-row windows.
+template <typename T, int kD, typename Mask>
 constexpr bool dq_token_tiles() {
   return Mask::kTokenTiles &&
-         bwd_dq_smem_bytes(kD) + static_cast<int>(sizeof(TokenTileSmem<kBlockM, block_n(kD)>)) <=
+         bwd_dq_smem_bytes<T>(kD) +
+                 static_cast<int>(sizeof(TokenTileSmem<kBlockM, dq_block_n<T>(kD)>)) <=
              99 * 1024;
 }
-template <int kD, typename Mask>
+template <typename T, int kD, typename Mask>
 constexpr int dq_smem_bytes() {
-  return bwd_dq_smem_bytes(kD) +
-         (dq_token_tiles<kD, Mask>() ? static_cast<int>(sizeof(TokenTileSmem<kBlockM, block_n(kD)>))
-                                     : 0);
+  return bwd_dq_smem_bytes<T>(kD) +
+         (dq_token_tiles<T, kD, Mask>()
+              ? static_cast<int>(sizeof(TokenTileSmem<kBlockM, dq_block_n<T>(kD)>))
+              : 0);
 }
 
-template <typename T, int kD, typename Policy>
-__global__ void __launch_bounds__(kThreads)
-    backward_dq_kernel(const __grid_constant__ BackwardParams p) {
-  constexpr int kN = block_n(kD);
-  constexpr int kPitch = smem_row(kD);
+// The kernel body; kSplit selects the 3xTF32 products for fp32 (tile_operands.cuh) and is false
+// for 16-bit types.
+template <typename T, int kD, typename Policy, bool kSplit>
+__device__ __forceinline__ void backward_dq_body(const BackwardParams& p) {
+  constexpr int kN = dq_block_n<T>(kD);
+  constexpr int kPitch = smem_row<T>(kD);
   constexpr int kScoreTiles = kN / 8;
   constexpr int kOutTiles = kD / 8;
+  constexpr int kStep = tile::kStepK<T>;  // k elements per product step (32 bytes)
+  constexpr int kChunk = tile::kChunk<T>;
   using Mask = typename Policy::Mask;
   using KeyTest = decltype(visible_keys(Mask{}, std::int64_t{}, std::int64_t{}, 0));
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
+  using Elem = typename Convert::Storage;
+  using Frag = tile::Frag<T, kSplit>;
   const ForwardParams& f = p.fwd;
   // Queries and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
-  constexpr bool kTokenTiles = dq_token_tiles<kD, Mask>();
+  constexpr bool kTokenTiles = dq_token_tiles<T, kD, Mask>();
   using TokenTiles = TokenTileSmem<kBlockM, kN>;
 
-  extern __shared__ __align__(16) std::uint16_t smem[];
-  std::uint16_t* const smem_q = smem;
-  std::uint16_t* const smem_do = smem_q + kBlockM * kPitch;
-  std::uint16_t* const smem_k = smem_do + kBlockM * kPitch;
-  std::uint16_t* const smem_v = smem_k + kN * kPitch;
+  extern __shared__ __align__(16) std::uint8_t smem_bytes_[];
+  Elem* const smem_q = reinterpret_cast<Elem*>(smem_bytes_);
+  Elem* const smem_do = smem_q + kBlockM * kPitch;
+  Elem* const smem_k = smem_do + kBlockM * kPitch;
+  Elem* const smem_v = smem_k + kN * kPitch;
   auto* const tt = reinterpret_cast<TokenTiles*>(smem_v + kN * kPitch);  // token tiles
 
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -83,18 +93,18 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t last_row = m0 + rows - 1;
   const int hk = h / f.kv_group;
 
-  const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
+  const auto* q = static_cast<const Elem*>(f.q) + b * f.q_batch_stride +
                   (q_start + m0) * f.q_row_stride + h * f.q_head_stride;
-  const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+  const auto* dout = static_cast<const Elem*>(p.dout) + b * p.dout_batch_stride +
                      (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
-  const auto* k = static_cast<const std::uint16_t*>(f.k) + b * f.k_batch_stride +
-                  k_start * f.k_row_stride + hk * f.k_head_stride;
-  const auto* v = static_cast<const std::uint16_t*>(f.v) + b * f.v_batch_stride +
-                  k_start * f.v_row_stride + hk * f.v_head_stride;
-  const auto* extra_k = static_cast<const std::uint16_t*>(f.extra_k) + b * f.extra_k_batch_stride +
-                        hk * f.extra_k_head_stride;
-  const auto* extra_v = static_cast<const std::uint16_t*>(f.extra_v) + b * f.extra_v_batch_stride +
-                        hk * f.extra_v_head_stride;
+  const auto* k = static_cast<const Elem*>(f.k) + b * f.k_batch_stride + k_start * f.k_row_stride +
+                  hk * f.k_head_stride;
+  const auto* v = static_cast<const Elem*>(f.v) + b * f.v_batch_stride + k_start * f.v_row_stride +
+                  hk * f.v_head_stride;
+  const auto* extra_k =
+      static_cast<const Elem*>(f.extra_k) + b * f.extra_k_batch_stride + hk * f.extra_k_head_stride;
+  const auto* extra_v =
+      static_cast<const Elem*>(f.extra_v) + b * f.extra_v_batch_stride + hk * f.extra_v_head_stride;
 
   const Mask mask = Mask::make(f, num_queries, num_keys);
   const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
@@ -130,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t num_tiles = main_tiles + (f.num_extra + kN - 1) / kN;
 
   auto key_tile = [&](std::int64_t u) {
-    KeyTile t;
+    KeyTile<Elem> t;
     t.extra = u >= main_tiles;
     if (!t.extra && kTokenTiles) {  // gathered by token from key box u (stage_key_box)
       t.first_key = 0;
@@ -151,40 +161,42 @@ __global__ void __launch_bounds__(kThreads)
     return t;
   };
   auto load_keys = [&](std::int64_t u) {
-    const KeyTile t = key_tile(u);
+    const KeyTile<Elem> t = key_tile(u);
     // Token tiles read the K/V rows of ordinary key tiles by the tokens stage_key_box wrote.
     const int* tokens = kTokenTiles && !t.extra ? &tt->key[u & 1][0].w : nullptr;
-    load_key_tile<kTokenTiles, kN, kD>(smem_k, t.k, t.extra ? f.extra_k_row_stride : f.k_row_stride,
-                                       t.valid, tokens, f.head_dim, f.vector_loads);
-    load_key_tile<kTokenTiles, kN, kD>(smem_v, t.v, t.extra ? f.extra_v_row_stride : f.v_row_stride,
-                                       t.valid, tokens, f.value_dim, f.vector_loads);
+    load_key_tile<T, kTokenTiles, kN, kD>(smem_k, t.k,
+                                          t.extra ? f.extra_k_row_stride : f.k_row_stride, t.valid,
+                                          tokens, f.head_dim, f.vector_loads);
+    load_key_tile<T, kTokenTiles, kN, kD>(smem_v, t.v,
+                                          t.extra ? f.extra_v_row_stride : f.v_row_stride, t.valid,
+                                          tokens, f.value_dim, f.vector_loads);
   };
 
   if constexpr (kTokenTiles) {
-    load_rows_async<kBlockM, kD>(smem_q, q, f.q_row_stride, tt->query_token, 1, f.head_dim,
-                                 f.vector_loads);
-    load_rows_async<kBlockM, kD>(smem_do, dout, p.dout_row_stride, tt->query_token, 1, f.value_dim,
-                                 f.vector_loads);
+    load_rows_async<T, kBlockM, kD>(smem_q, q, f.q_row_stride, tt->query_token, 1, f.head_dim,
+                                    f.vector_loads);
+    load_rows_async<T, kBlockM, kD>(smem_do, dout, p.dout_row_stride, tt->query_token, 1,
+                                    f.value_dim, f.vector_loads);
   } else {
-    load_tile_async<kBlockM, kD>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
-    load_tile_async<kBlockM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim,
-                                 f.vector_loads);
+    load_tile_async<T, kBlockM, kD>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
+    load_tile_async<T, kBlockM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim,
+                                    f.vector_loads);
   }
   if (num_tiles > 0) load_keys(0);
   tile::cp_async_commit();
 
-  constexpr std::uint32_t kBytes = 2;
-  // A (Q, dO: this warp's 16 rows): lanes 0-15 rows 0-15 at column 0, 16-31 at column 8.
-  const int a_row = warp * 16 + lane % 16, a_col = (lane / 16) * 8;
+  constexpr std::uint32_t kBytes = sizeof(Elem);
+  // A (Q, dO: this warp's 16 rows): lanes 0-15 rows 0-15 at chunk 0, 16-31 at chunk 1.
+  const int a_row = warp * 16 + lane % 16, a_col = (lane / 16) * kChunk;
   const std::uint32_t q_a = tile::shared_address(smem_q + a_row * kPitch + a_col);
   const std::uint32_t do_a = tile::shared_address(smem_do + a_row * kPitch + a_col);
-  // B with n = key (K, V as stored) and B with k = key (K through ldmatrix.trans), as in the
+  // B with n = key (K, V as stored) and B with k = key (K through column loads), as in the
   // forward.
-  const int bn_row = (lane / 16) * 8 + lane % 8, bn_col = ((lane / 8) % 2) * 8;
+  const int bn_row = (lane / 16) * 8 + lane % 8, bn_col = ((lane / 8) % 2) * kChunk;
   const std::uint32_t k_bn = tile::shared_address(smem_k + bn_row * kPitch + bn_col);
   const std::uint32_t v_bn = tile::shared_address(smem_v + bn_row * kPitch + bn_col);
-  const int bk_row = ((lane / 8) % 2) * 8 + lane % 8, bk_col = (lane / 16) * 8;
-  const std::uint32_t k_bk = tile::shared_address(smem_k + bk_row * kPitch + bk_col);
+  const std::uint32_t k_bk =
+      tile::shared_address(smem_k + tile::b_cols_lane_offset<T, kPitch>(lane));
 
   const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;  // +8 for entries 2, 3
   const int fragment_col = 2 * (lane % 4);
@@ -207,7 +219,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < kOutTiles; ++t) dq[t][0] = dq[t][1] = dq[t][2] = dq[t][3] = 0.0f;
 
   for (std::int64_t u = 0; u < num_tiles; ++u) {
-    const KeyTile tile = key_tile(u);
+    const KeyTile<Elem> tile = key_tile(u);
     tile::cp_async_wait<0>();
     __syncthreads();  // K(u), V(u) (and Q, dO) visible to all
     if constexpr (kTokenTiles) {
@@ -223,29 +235,29 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
     }
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk * 16 >= f.head_dim) break;
-      std::uint32_t a[4];
-      tile::ldmatrix_x4(a, q_a + kk * 16 * kBytes);
+    for (int kk = 0; kk < kD / kStep; ++kk) {
+      if (kk * kStep >= f.head_dim) break;
+      Frag a;
+      tile::load_rows(a, q_a + kk * kStep * kBytes);
 #pragma unroll
       for (int np = 0; np < kScoreTiles / 2; ++np) {
-        std::uint32_t bk[4];
-        tile::ldmatrix_x4(bk, k_bn + (np * 16 * kPitch + kk * 16) * kBytes);
-        tile::mma_m16n8k16<T>(s[2 * np], a, bk[0], bk[1]);
-        tile::mma_m16n8k16<T>(s[2 * np + 1], a, bk[2], bk[3]);
+        Frag bk;
+        tile::load_rows(bk, k_bn + (np * 16 * kPitch + kk * kStep) * kBytes);
+        tile::mma(s[2 * np], a, bk, 0);
+        tile::mma(s[2 * np + 1], a, bk, 1);
       }
     }
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk * 16 >= f.value_dim) break;
-      std::uint32_t a[4];
-      tile::ldmatrix_x4(a, do_a + kk * 16 * kBytes);
+    for (int kk = 0; kk < kD / kStep; ++kk) {
+      if (kk * kStep >= f.value_dim) break;
+      Frag a;
+      tile::load_rows(a, do_a + kk * kStep * kBytes);
 #pragma unroll
       for (int np = 0; np < kScoreTiles / 2; ++np) {
-        std::uint32_t bv[4];
-        tile::ldmatrix_x4(bv, v_bn + (np * 16 * kPitch + kk * 16) * kBytes);
-        tile::mma_m16n8k16<T>(dp[2 * np], a, bv[0], bv[1]);
-        tile::mma_m16n8k16<T>(dp[2 * np + 1], a, bv[2], bv[3]);
+        Frag bv;
+        tile::load_rows(bv, v_bn + (np * 16 * kPitch + kk * kStep) * kBytes);
+        tile::mma(dp[2 * np], a, bv, 0);
+        tile::mma(dp[2 * np + 1], a, bv, 1);
       }
     }
 
@@ -303,18 +315,16 @@ __global__ void __launch_bounds__(kThreads)
     }
 
 #pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      const std::uint32_t a[4] = {Convert::pack(dp[2 * kk][0], dp[2 * kk][1]),
-                                  Convert::pack(dp[2 * kk][2], dp[2 * kk][3]),
-                                  Convert::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                                  Convert::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+    for (int kk = 0; kk < kN / kStep; ++kk) {
+      Frag a;
+      tile::from_accumulators(a, dp, kk);
 #pragma unroll
       for (int np = 0; np < kD / 16; ++np) {
         if (np * 16 >= f.head_dim) break;
-        std::uint32_t bk[4];
-        tile::ldmatrix_x4_trans(bk, k_bk + (kk * 16 * kPitch + np * 16) * kBytes);
-        tile::mma_m16n8k16<T>(dq[2 * np], a, bk[0], bk[1]);
-        tile::mma_m16n8k16<T>(dq[2 * np + 1], a, bk[2], bk[3]);
+        Frag bk;
+        tile::load_b_cols<T, kPitch>(bk, k_bk + (kk * kStep * kPitch + np * 16) * kBytes);
+        tile::mma(dq[2 * np], a, bk, 0);
+        tile::mma(dq[2 * np + 1], a, bk, 1);
       }
     }
 
@@ -324,8 +334,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   tile::cp_async_wait<0>();  // Q/dO are still in flight when the block had no key tile
 
-  auto* out = static_cast<std::uint16_t*>(p.dq) + b * p.dq_batch_stride +
-              (q_start + m0) * p.dq_row_stride + h * p.dq_head_stride;
+  auto* out = static_cast<Elem*>(p.dq) + b * p.dq_batch_stride + (q_start + m0) * p.dq_row_stride +
+              h * p.dq_head_stride;
 #pragma unroll
   for (int t = 0; t < kOutTiles; ++t) {
 #pragma unroll
@@ -338,6 +348,21 @@ __global__ void __launch_bounds__(kThreads)
         out[r * p.dq_row_stride + col] = Convert::from_float(dq[t][e] * p.scale);
       }
     }
+  }
+}
+
+template <typename T, int kD, typename Policy>
+__global__ void __launch_bounds__(kThreads)
+    backward_dq_kernel(const __grid_constant__ BackwardParams p) {
+  if constexpr (tile::kIsFloat<T>) {
+    // allow_tf32 is a runtime option: one uniform branch here, none in the loops.
+    if (p.fwd.allow_tf32) {
+      backward_dq_body<T, kD, Policy, false>(p);
+    } else {
+      backward_dq_body<T, kD, Policy, true>(p);
+    }
+  } else {
+    backward_dq_body<T, kD, Policy, false>(p);
   }
 }
 

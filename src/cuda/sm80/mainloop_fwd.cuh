@@ -7,6 +7,9 @@
 // mask with kTokenTiles (neighborhood attention), boxes of the token grid whose rows are gathered
 // by token (resolved at compile time: the range policies keep their code).
 //
+// Written against the dtype-generic operand layer (tile_operands.cuh): fp16/bf16 and fp32 (tf32
+// tensor cores; the 3xTF32 split unless p.allow_tf32) share this one loop, in k-steps of 32 bytes.
+//
 // Pipeline (one buffer each for Q, K and V):
 //   wait K(t); barrier; issue V(t);  S = Q K(t)^T;  scores, mask, softmax
 //   wait V(t); barrier; issue K(t+1); O += P V(t)
@@ -19,30 +22,32 @@
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/common/neighborhood_mask.cuh"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/tile_operands.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm80/tile_sizes.h"
 
 namespace fmha::cuda::sm80 {
 
-// Copies a [kRows, kD] tile of 16-bit elements (rows `row_stride` apart) into shared memory
-// (rows smem_row(kD) apart), zero-filling rows >= valid_rows and columns >= cols so that no
+// Copies a [kRows, kD] tile of T elements (rows `row_stride` apart) into shared memory
+// (rows smem_row<T>(kD) apart), zero-filling rows >= valid_rows and columns >= cols so that no
 // garbage (possibly NaN) meets a zero probability or a zero q column in a product.
-template <int kRows, int kD>
-__device__ __forceinline__ void load_tile_async(std::uint16_t* smem, const std::uint16_t* gmem,
+template <typename T, int kRows, int kD, typename Elem = typename tile::Dtype<T>::Storage>
+__device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem,
                                                 std::int64_t row_stride, int valid_rows, int cols,
                                                 bool vector_loads) {
-  constexpr int kPitch = smem_row(kD);
+  constexpr int kPitch = smem_row<T>(kD);
+  constexpr int kChunk = tile::kChunk<T>;
   if (vector_loads) {
-    constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+    constexpr int kChunks = kD / kChunk;  // 16-byte chunks per row
     static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over threads");
 #pragma unroll
     for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
       const int index = it * kThreads + static_cast<int>(threadIdx.x);
       const int r = index / kChunks;
       const int c = index % kChunks;
-      const bool inside = r < valid_rows && c * 8 < cols;
-      const std::uint16_t* src = inside ? gmem + r * row_stride + c * 8 : gmem;
-      tile::cp_async_16(tile::shared_address(smem + r * kPitch + c * 8), src, inside ? 16 : 0);
+      const bool inside = r < valid_rows && c * kChunk < cols;
+      const Elem* src = inside ? gmem + r * row_stride + c * kChunk : gmem;
+      tile::cp_async_16(tile::shared_address(smem + r * kPitch + c * kChunk), src, inside ? 16 : 0);
     }
   } else {
     // Unaligned rows or head dims: plain element loads (ordered by the pipeline's barriers).
@@ -56,13 +61,14 @@ __device__ __forceinline__ void load_tile_async(std::uint16_t* smem, const std::
 
 // load_tile_async for rows gathered by token: row r is token tokens[r * token_stride] of `gmem`
 // (rows `row_stride` apart), zero-filled when that token is -1 (past the grid, a hole).
-template <int kRows, int kD>
-__device__ __forceinline__ void load_rows_async(std::uint16_t* smem, const std::uint16_t* gmem,
+template <typename T, int kRows, int kD, typename Elem = typename tile::Dtype<T>::Storage>
+__device__ __forceinline__ void load_rows_async(Elem* smem, const Elem* gmem,
                                                 std::int64_t row_stride, const int* tokens,
                                                 int token_stride, int cols, bool vector_loads) {
-  constexpr int kPitch = smem_row(kD);
+  constexpr int kPitch = smem_row<T>(kD);
+  constexpr int kChunk = tile::kChunk<T>;
   if (vector_loads) {
-    constexpr int kChunks = kD / 8;
+    constexpr int kChunks = kD / kChunk;
     static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over threads");
 #pragma unroll
     for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
@@ -70,9 +76,9 @@ __device__ __forceinline__ void load_rows_async(std::uint16_t* smem, const std::
       const int r = index / kChunks;
       const int c = index % kChunks;
       const int token = tokens[r * token_stride];
-      const bool inside = token >= 0 && c * 8 < cols;
-      const std::uint16_t* src = inside ? gmem + token * row_stride + c * 8 : gmem;
-      tile::cp_async_16(tile::shared_address(smem + r * kPitch + c * 8), src, inside ? 16 : 0);
+      const bool inside = token >= 0 && c * kChunk < cols;
+      const Elem* src = inside ? gmem + token * row_stride + c * kChunk : gmem;
+      tile::cp_async_16(tile::shared_address(smem + r * kPitch + c * kChunk), src, inside ? 16 : 0);
     }
   } else {
     for (int index = static_cast<int>(threadIdx.x); index < kRows * kD; index += kThreads) {
@@ -86,17 +92,18 @@ __device__ __forceinline__ void load_rows_async(std::uint16_t* smem, const std::
 
 // A K or V tile: `valid` contiguous rows, or (kGather, tokens given) rows gathered by token, the
 // token of row r at tokens[4 * r] (TokenTileSmem::key).
-template <bool kGather, int kRows, int kD>
-__device__ __forceinline__ void load_key_tile(std::uint16_t* smem, const std::uint16_t* gmem,
+template <typename T, bool kGather, int kRows, int kD,
+          typename Elem = typename tile::Dtype<T>::Storage>
+__device__ __forceinline__ void load_key_tile(Elem* smem, const Elem* gmem,
                                               std::int64_t row_stride, int valid, const int* tokens,
                                               int cols, bool vector_loads) {
   if constexpr (kGather) {
     if (tokens != nullptr) {
-      load_rows_async<kRows, kD>(smem, gmem, row_stride, tokens, 4, cols, vector_loads);
+      load_rows_async<T, kRows, kD>(smem, gmem, row_stride, tokens, 4, cols, vector_loads);
       return;
     }
   }
-  load_tile_async<kRows, kD>(smem, gmem, row_stride, valid, cols, vector_loads);
+  load_tile_async<T, kRows, kD>(smem, gmem, row_stride, valid, cols, vector_loads);
 }
 
 // Shared-memory bookkeeping of a kTokenTiles mask (neighborhood attention), after the K/V tiles:
@@ -161,21 +168,22 @@ __device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt,
 
 // The epilogue's stores for rows gathered by token: a warp writes its kWarpRows staged output rows
 // (smem_o) to the rows of `out` named by `tokens` (-1: past the grid, not stored).
-template <int kD, int kWarpRows>
+template <typename T, int kD, int kWarpRows, typename Elem = typename tile::Dtype<T>::Storage>
 __device__ __forceinline__ void store_gathered_rows(const ForwardParams& p, std::int64_t b, int h,
-                                                    const std::uint16_t* smem_o, const int* tokens,
+                                                    const Elem* smem_o, const int* tokens,
                                                     int lane) {
-  constexpr int kPitch = smem_row(kD);
-  auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride + h * p.out_head_stride;
+  constexpr int kPitch = smem_row<T>(kD);
+  constexpr int kChunk = tile::kChunk<T>;
+  auto* out = static_cast<Elem*>(p.out) + b * p.out_batch_stride + h * p.out_head_stride;
   if (p.vector_stores) {
-    constexpr int kChunks = kD / 8;
+    constexpr int kChunks = kD / kChunk;
     for (int index = lane; index < kWarpRows * kChunks; index += 32) {
       const int r = index / kChunks;
       const int c = index % kChunks;
       const int token = tokens[r];
-      if (token >= 0 && c * 8 < p.value_dim) {
-        *reinterpret_cast<uint4*>(out + token * p.out_row_stride + c * 8) =
-            *reinterpret_cast<const uint4*>(smem_o + r * kPitch + c * 8);
+      if (token >= 0 && c * kChunk < p.value_dim) {
+        *reinterpret_cast<uint4*>(out + token * p.out_row_stride + c * kChunk) =
+            *reinterpret_cast<const uint4*>(smem_o + r * kPitch + c * kChunk);
       }
     }
   } else {
@@ -190,35 +198,41 @@ __device__ __forceinline__ void store_gathered_rows(const ForwardParams& p, std:
 
 // Where the keys of tile u come from: the tiles of ordinary keys the mask leaves, then the
 // tiles of extra keys.
+template <typename Elem>
 struct KeyTile {
-  const std::uint16_t* k;
-  const std::uint16_t* v;
+  const Elem* k;
+  const Elem* v;
   std::int64_t k_row_stride, v_row_stride;
   std::int64_t first_key;  // position of the tile's first key among its own key set
   int valid;               // keys of the tile that exist (the rest is zero-filled)
   bool extra;
 };
 
-template <typename T, int kD, typename Policy>
-__global__ void __launch_bounds__(kThreads)
-    forward_kernel(const __grid_constant__ ForwardParams p) {
-  constexpr int kM = block_m(kD);
-  constexpr int kN = block_n(kD);
-  constexpr int kRowBlocks = row_blocks(kD);  // m16 row blocks per warp
+// The kernel body; kSplit selects the 3xTF32 products for fp32 (tile_operands.cuh) and is false
+// for 16-bit types.
+template <typename T, int kD, typename Policy, bool kSplit>
+__device__ __forceinline__ void forward_body(const ForwardParams& p) {
+  constexpr int kM = block_m<T>(kD);
+  constexpr int kN = block_n<T>(kD);
+  constexpr int kRowBlocks = row_blocks<T>(kD);  // m16 row blocks per warp
   constexpr int kWarpRows = 16 * kRowBlocks;
-  constexpr int kPitch = smem_row(kD);
+  constexpr int kPitch = smem_row<T>(kD);
   constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a row block's 16 x kN scores
   constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a row block's 16 x kD output
+  constexpr int kStep = tile::kStepK<T>;  // k elements per product step (32 bytes)
+  constexpr int kChunk = tile::kChunk<T>;
   using Mask = typename Policy::Mask;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
+  using Elem = typename Convert::Storage;
+  using Frag = tile::Frag<T, kSplit>;
   // Rows and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
   constexpr bool kTokenTiles = Mask::kTokenTiles;
 
-  extern __shared__ __align__(16) std::uint16_t smem[];
-  std::uint16_t* const smem_q = smem;
-  std::uint16_t* const smem_k = smem_q + kM * kPitch;
-  std::uint16_t* const smem_v = smem_k + kN * kPitch;
+  extern __shared__ __align__(16) std::uint8_t smem_bytes_[];
+  Elem* const smem_q = reinterpret_cast<Elem*>(smem_bytes_);
+  Elem* const smem_k = smem_q + kM * kPitch;
+  Elem* const smem_v = smem_k + kN * kPitch;
   auto* const tt = reinterpret_cast<TokenTileSmem<kM, kN>*>(smem_v + kN * kPitch);  // token tiles
 
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -242,15 +256,15 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t last_row = m0 + rows - 1;
   const int hk = h / p.kv_group;
 
-  const auto* q = static_cast<const std::uint16_t*>(p.q) + b * p.q_batch_stride +
+  const auto* q = static_cast<const Elem*>(p.q) + b * p.q_batch_stride +
                   (q_start + m0) * p.q_row_stride + h * p.q_head_stride;
-  const auto* k = static_cast<const std::uint16_t*>(p.k) + b * p.k_batch_stride +
+  const auto* k = static_cast<const Elem*>(p.k) + b * p.k_batch_stride +
                   k_start * p.k_row_stride + hk * p.k_head_stride;
-  const auto* v = static_cast<const std::uint16_t*>(p.v) + b * p.v_batch_stride +
+  const auto* v = static_cast<const Elem*>(p.v) + b * p.v_batch_stride +
                   k_start * p.v_row_stride + hk * p.v_head_stride;
-  const auto* extra_k = static_cast<const std::uint16_t*>(p.extra_k) + b * p.extra_k_batch_stride +
+  const auto* extra_k = static_cast<const Elem*>(p.extra_k) + b * p.extra_k_batch_stride +
                         hk * p.extra_k_head_stride;
-  const auto* extra_v = static_cast<const std::uint16_t*>(p.extra_v) + b * p.extra_v_batch_stride +
+  const auto* extra_v = static_cast<const Elem*>(p.extra_v) + b * p.extra_v_batch_stride +
                         hk * p.extra_v_head_stride;
 
   const Mask mask = Mask::make(p, num_queries, num_keys);
@@ -286,7 +300,7 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t num_tiles = main_tiles + (p.num_extra + kN - 1) / kN;
 
   auto key_tile = [&](std::int64_t u) {
-    KeyTile t;
+    KeyTile<Elem> t;
     t.extra = u >= main_tiles;
     if (!t.extra && kTokenTiles) {  // gathered by token from key box u (stage_key_box)
       t.first_key = 0;
@@ -314,34 +328,35 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   // Token tiles read the K/V rows of ordinary key tiles by the tokens that stage_key_box wrote.
-  auto key_tokens = [&](const KeyTile& t, std::int64_t u) -> const int* {
+  auto key_tokens = [&](const KeyTile<Elem>& t, std::int64_t u) -> const int* {
     return kTokenTiles && !t.extra ? &tt->key[u & 1][0].w : nullptr;
   };
 
   if constexpr (kTokenTiles) {
-    load_rows_async<kM, kD>(smem_q, q, p.q_row_stride, tt->query_token, 1, p.head_dim,
-                            p.vector_loads);
+    load_rows_async<T, kM, kD>(smem_q, q, p.q_row_stride, tt->query_token, 1, p.head_dim,
+                               p.vector_loads);
   } else {
-    load_tile_async<kM, kD>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
+    load_tile_async<T, kM, kD>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
   }
   if (num_tiles > 0) {
-    const KeyTile t = key_tile(0);
-    load_key_tile<kTokenTiles, kN, kD>(smem_k, t.k, t.k_row_stride, t.valid, key_tokens(t, 0),
+    const KeyTile<Elem> t = key_tile(0);
+    load_key_tile<T, kTokenTiles, kN, kD>(smem_k, t.k, t.k_row_stride, t.valid, key_tokens(t, 0),
                                        p.head_dim, p.vector_loads);
   }
   tile::cp_async_commit();
 
-  // ldmatrix row addresses of this lane (see tile_primitives.cuh for the fragment layouts).
-  // A (Q): lanes 0-15 rows 0-15 at column 0, lanes 16-31 the same rows at column 8.
-  const std::uint32_t q_lane =
-      tile::shared_address(smem_q + (warp * kWarpRows + lane % 16) * kPitch + (lane / 16) * 8);
-  // B (K, row = key): matrices (keys 0-7, d 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
-  const std::uint32_t k_lane =
-      tile::shared_address(smem_k + ((lane / 16) * 8 + lane % 8) * kPitch + ((lane / 8) % 2) * 8);
-  // B (V, row = key, transposed): matrices (keys 0-7, dv 0-7), (8-15, 0-7), (0-7, 8-15), ...
+  // ldmatrix row addresses of this lane (see tile_primitives.cuh for the fragment layouts), in
+  // 16-byte chunks (8 elements of a 16-bit type, 4 floats).
+  // A (Q): lanes 0-15 rows 0-15 at chunk 0, lanes 16-31 the same rows at chunk 1.
+  const std::uint32_t q_lane = tile::shared_address(
+      smem_q + (warp * kWarpRows + lane % 16) * kPitch + (lane / 16) * kChunk);
+  // B (K, row = key): matrices (keys 0-7, chunk 0), (0-7, 1), (8-15, 0), (8-15, 1).
+  const std::uint32_t k_lane = tile::shared_address(
+      smem_k + ((lane / 16) * 8 + lane % 8) * kPitch + ((lane / 8) % 2) * kChunk);
+  // B (V, row = key): column loads (tile_operands.cuh).
   const std::uint32_t v_lane =
-      tile::shared_address(smem_v + (((lane / 8) % 2) * 8 + lane % 8) * kPitch + (lane / 16) * 8);
-  constexpr std::uint32_t kBytes = 2;  // per element
+      tile::shared_address(smem_v + tile::b_cols_lane_offset<T, kPitch>(lane));
+  constexpr std::uint32_t kBytes = sizeof(Elem);
 
   // Row of accumulator entries 0, 1 in row block 0 (+8 for entries 2, 3; +16 per row block).
   const std::int64_t fragment_row = m0 + warp * kWarpRows + lane / 4;
@@ -358,10 +373,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   for (std::int64_t u = 0; u < num_tiles; ++u) {
-    const KeyTile tile = key_tile(u);
+    const KeyTile<Elem> tile = key_tile(u);
     tile::cp_async_wait<0>();
     __syncthreads();  // K(u) visible to all; every warp is done with V(u - 1)
-    load_key_tile<kTokenTiles, kN, kD>(smem_v, tile.v, tile.v_row_stride, tile.valid,
+    load_key_tile<T, kTokenTiles, kN, kD>(smem_v, tile.v, tile.v_row_stride, tile.valid,
                                        key_tokens(tile, u), p.value_dim, p.vector_loads);
     tile::cp_async_commit();
     if constexpr (kTokenTiles) {
@@ -377,21 +392,21 @@ __global__ void __launch_bounds__(kThreads)
         s[rb][t][0] = s[rb][t][1] = s[rb][t][2] = s[rb][t][3] = 0.0f;
     }
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      if (kk * 16 >= p.head_dim) break;  // zero columns of the bucket
-      std::uint32_t a[kRowBlocks][4];
+    for (int kk = 0; kk < kD / kStep; ++kk) {
+      if (kk * kStep >= p.head_dim) break;  // zero columns of the bucket
+      Frag a[kRowBlocks];
 #pragma unroll
       for (int rb = 0; rb < kRowBlocks; ++rb) {
-        tile::ldmatrix_x4(a[rb], q_lane + (rb * 16 * kPitch + kk * 16) * kBytes);
+        tile::load_rows(a[rb], q_lane + (rb * 16 * kPitch + kk * kStep) * kBytes);
       }
 #pragma unroll
       for (int np = 0; np < kScoreTiles / 2; ++np) {
-        std::uint32_t bk[4];
-        tile::ldmatrix_x4(bk, k_lane + (np * 16 * kPitch + kk * 16) * kBytes);
+        Frag bk;
+        tile::load_rows(bk, k_lane + (np * 16 * kPitch + kk * kStep) * kBytes);
 #pragma unroll
         for (int rb = 0; rb < kRowBlocks; ++rb) {
-          tile::mma_m16n8k16<T>(s[rb][2 * np], a[rb], bk[0], bk[1]);
-          tile::mma_m16n8k16<T>(s[rb][2 * np + 1], a[rb], bk[2], bk[3]);
+          tile::mma(s[rb][2 * np], a[rb], bk, 0);
+          tile::mma(s[rb][2 * np + 1], a[rb], bk, 1);
         }
       }
     }
@@ -426,32 +441,27 @@ __global__ void __launch_bounds__(kThreads)
     tile::cp_async_wait<0>();
     __syncthreads();  // V(u) visible to all; every warp is done with K(u)
     if (u + 1 < num_tiles) {
-      const KeyTile next = key_tile(u + 1);
-      load_key_tile<kTokenTiles, kN, kD>(smem_k, next.k, next.k_row_stride, next.valid,
+      const KeyTile<Elem> next = key_tile(u + 1);
+      load_key_tile<T, kTokenTiles, kN, kD>(smem_k, next.k, next.k_row_stride, next.valid,
                                          key_tokens(next, u + 1), p.head_dim, p.vector_loads);
     }
     tile::cp_async_commit();
 
 #pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      // The score accumulators of key columns 16kk..16kk+15 are exactly the A fragment of P.
-      std::uint32_t a[kRowBlocks][4];
+    for (int kk = 0; kk < kN / kStep; ++kk) {
+      // The score accumulators of the step's key columns are the A fragment of P.
+      Frag a[kRowBlocks];
 #pragma unroll
-      for (int rb = 0; rb < kRowBlocks; ++rb) {
-        a[rb][0] = Convert::pack(s[rb][2 * kk][0], s[rb][2 * kk][1]);
-        a[rb][1] = Convert::pack(s[rb][2 * kk][2], s[rb][2 * kk][3]);
-        a[rb][2] = Convert::pack(s[rb][2 * kk + 1][0], s[rb][2 * kk + 1][1]);
-        a[rb][3] = Convert::pack(s[rb][2 * kk + 1][2], s[rb][2 * kk + 1][3]);
-      }
+      for (int rb = 0; rb < kRowBlocks; ++rb) tile::from_accumulators(a[rb], s[rb], kk);
 #pragma unroll
       for (int np = 0; np < kD / 16; ++np) {
         if (np * 16 >= p.value_dim) break;  // zero columns of the bucket
-        std::uint32_t bv[4];
-        tile::ldmatrix_x4_trans(bv, v_lane + (kk * 16 * kPitch + np * 16) * kBytes);
+        Frag bv;
+        tile::load_b_cols<T, kPitch>(bv, v_lane + (kk * kStep * kPitch + np * 16) * kBytes);
 #pragma unroll
         for (int rb = 0; rb < kRowBlocks; ++rb) {
-          tile::mma_m16n8k16<T>(o[rb][2 * np], a[rb], bv[0], bv[1]);
-          tile::mma_m16n8k16<T>(o[rb][2 * np + 1], a[rb], bv[2], bv[3]);
+          tile::mma(o[rb][2 * np], a[rb], bv, 0);
+          tile::mma(o[rb][2 * np + 1], a[rb], bv, 1);
         }
       }
     }
@@ -463,7 +473,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const float sink_log2 = p.sinks != nullptr ? p.sinks[h * p.sinks_stride] * kLog2e : -INFINITY;
   // Each warp stages its own rows in its own rows of Q's buffer: only a warp barrier needed.
-  std::uint16_t* const smem_o = smem_q + warp * kWarpRows * kPitch;
+  Elem* const smem_o = smem_q + warp * kWarpRows * kPitch;
 #pragma unroll
   for (int rb = 0; rb < kRowBlocks; ++rb) {
     float factor[2], lse[2];
@@ -474,8 +484,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = rb * 16 + lane / 4 + 8 * r;
-        *reinterpret_cast<std::uint32_t*>(smem_o + row * kPitch + t * 8 + fragment_col) =
-            Convert::pack(o[rb][t][2 * r] * factor[r], o[rb][t][2 * r + 1] * factor[r]);
+        tile::store_pair<T>(smem_o + row * kPitch + t * 8 + fragment_col,
+                            o[rb][t][2 * r] * factor[r], o[rb][t][2 * r + 1] * factor[r]);
       }
     }
     if (p.lse != nullptr && lane % 4 == 0) {
@@ -493,20 +503,20 @@ __global__ void __launch_bounds__(kThreads)
   __syncwarp();
 
   if constexpr (kTokenTiles) {
-    store_gathered_rows<kD, kWarpRows>(p, b, h, smem_o, tt->query_token + warp * kWarpRows, lane);
+    store_gathered_rows<T, kD, kWarpRows>(p, b, h, smem_o, tt->query_token + warp * kWarpRows, lane);
     return;
   }
   const int warp_rows = rows - warp * kWarpRows;  // rows of this warp that exist (may be <= 0)
-  auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
+  auto* out = static_cast<Elem*>(p.out) + b * p.out_batch_stride +
               (q_start + m0 + warp * kWarpRows) * p.out_row_stride + h * p.out_head_stride;
   if (p.vector_stores) {
-    constexpr int kChunks = kD / 8;
+    constexpr int kChunks = kD / kChunk;
     for (int index = lane; index < kWarpRows * kChunks; index += 32) {
       const int r = index / kChunks;
       const int c = index % kChunks;
-      if (r < warp_rows && c * 8 < p.value_dim) {
-        *reinterpret_cast<uint4*>(out + r * p.out_row_stride + c * 8) =
-            *reinterpret_cast<const uint4*>(smem_o + r * kPitch + c * 8);
+      if (r < warp_rows && c * kChunk < p.value_dim) {
+        *reinterpret_cast<uint4*>(out + r * p.out_row_stride + c * kChunk) =
+            *reinterpret_cast<const uint4*>(smem_o + r * kPitch + c * kChunk);
       }
     }
   } else {
@@ -515,6 +525,21 @@ __global__ void __launch_bounds__(kThreads)
       const int c = index % kD;
       if (r < warp_rows && c < p.value_dim) out[r * p.out_row_stride + c] = smem_o[r * kPitch + c];
     }
+  }
+}
+
+template <typename T, int kD, typename Policy>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(const __grid_constant__ ForwardParams p) {
+  if constexpr (tile::kIsFloat<T>) {
+    // allow_tf32 is a runtime option: one uniform branch here, none in the loops.
+    if (p.allow_tf32) {
+      forward_body<T, kD, Policy, false>(p);
+    } else {
+      forward_body<T, kD, Policy, true>(p);
+    }
+  } else {
+    forward_body<T, kD, Policy, false>(p);
   }
 }
 
