@@ -126,8 +126,9 @@ bool use_sm90_backward(const BackwardParams& p, DType dtype, int arch) {
   const ForwardParams& f = p.fwd;
   // The sm90 kernels are 16-bit only: fp32 runs the sm80 kernels on Hopper too.
   const bool sixteen_bit = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
-  return sixteen_bit && use_sm90_kernels(arch) && f.neighborhood.rank == 0 && max_dim(p) <= sm90::kBwdMaxHeadDim &&
-         f.softcap_log2 == 0.0f && f.bias == nullptr && f.rel_h == nullptr && f.num_extra == 0;
+  return sixteen_bit && use_sm90_kernels(arch) && f.neighborhood.rank == 0 &&
+         max_dim(p) <= sm90::kBwdMaxHeadDim && f.softcap_log2 == 0.0f && f.bias == nullptr &&
+         f.rel_h == nullptr && f.num_extra == 0;
 #else
   (void)p;
   (void)dtype;

@@ -97,7 +97,8 @@ __device__ __forceinline__ int b_cols_lane_offset(int lane) {
     return (((lane / 8) % 2) * 8 + lane % 8) * kPitch + (lane / 16) * 8;
   }
 }
-// 16-bit A from a [k][m] tile through ldmatrix.trans: matrix i covers k 8 * (i / 2).., m 8 * (i % 2)..
+// 16-bit A from a [k][m] tile through ldmatrix.trans: matrix i covers k rows 8 * (i / 2) on and
+// m columns 8 * (i % 2) on.
 template <typename T, int kPitch>
 __device__ __forceinline__ int a_cols_lane_offset(int lane) {
   if constexpr (kIsFloat<T>) {
@@ -173,8 +174,7 @@ __device__ __forceinline__ void mma(float (&d)[4], const Frag<T, kSplit>& a,
   if constexpr (kIsFloat<T>) {
     if constexpr (kSplit) {
       mma_m16n8k8_tf32(d, a.lo, b.x[2 * half], b.x[2 * half + 1]);
-      const std::uint32_t (&a_hi)[4] = a.x;
-      mma_m16n8k8_tf32(d, a_hi, b.lo[2 * half], b.lo[2 * half + 1]);
+      mma_m16n8k8_tf32(d, a.x, b.lo[2 * half], b.lo[2 * half + 1]);
     }
     mma_m16n8k8_tf32(d, a.x, b.x[2 * half], b.x[2 * half + 1]);
   } else {

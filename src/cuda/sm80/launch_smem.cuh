@@ -27,9 +27,9 @@ Status request_shared_memory(Kernel* kernel, const char* name, int smem_bytes) {
   }
   if (smem_bytes > limit) {
     return Status::not_supported(
-        std::string("fmha: the CUDA ") + name + " kernel (sm80) for this dtype and head dim needs " +
-        std::to_string(smem_bytes) + " bytes of shared memory per block; this GPU allows " +
-        std::to_string(limit) +
+        std::string("fmha: the CUDA ") + name +
+        " kernel (sm80) for this dtype and head dim needs " + std::to_string(smem_bytes) +
+        " bytes of shared memory per block; this GPU allows " + std::to_string(limit) +
         " (float32 at head dims above 128 needs an sm80 or sm90 GPU; 16-bit dtypes or a smaller "
         "head dim fit everywhere)");
   }

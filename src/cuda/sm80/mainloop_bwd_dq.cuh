@@ -68,14 +68,14 @@ __device__ __forceinline__ void backward_dq_body(const BackwardParams& p) {
                   (q_start + m0) * f.q_row_stride + h * f.q_head_stride;
   const auto* dout = static_cast<const Elem*>(p.dout) + b * p.dout_batch_stride +
                      (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
-  const auto* k = static_cast<const Elem*>(f.k) + b * f.k_batch_stride +
-                  k_start * f.k_row_stride + hk * f.k_head_stride;
-  const auto* v = static_cast<const Elem*>(f.v) + b * f.v_batch_stride +
-                  k_start * f.v_row_stride + hk * f.v_head_stride;
-  const auto* extra_k = static_cast<const Elem*>(f.extra_k) + b * f.extra_k_batch_stride +
-                        hk * f.extra_k_head_stride;
-  const auto* extra_v = static_cast<const Elem*>(f.extra_v) + b * f.extra_v_batch_stride +
-                        hk * f.extra_v_head_stride;
+  const auto* k = static_cast<const Elem*>(f.k) + b * f.k_batch_stride + k_start * f.k_row_stride +
+                  hk * f.k_head_stride;
+  const auto* v = static_cast<const Elem*>(f.v) + b * f.v_batch_stride + k_start * f.v_row_stride +
+                  hk * f.v_head_stride;
+  const auto* extra_k =
+      static_cast<const Elem*>(f.extra_k) + b * f.extra_k_batch_stride + hk * f.extra_k_head_stride;
+  const auto* extra_v =
+      static_cast<const Elem*>(f.extra_v) + b * f.extra_v_batch_stride + hk * f.extra_v_head_stride;
 
   const Mask mask = Mask::make(f, num_queries, num_keys);
   const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
@@ -226,8 +226,8 @@ __device__ __forceinline__ void backward_dq_body(const BackwardParams& p) {
   }
   tile::cp_async_wait<0>();  // Q/dO are still in flight when the block had no key tile
 
-  auto* out = static_cast<Elem*>(p.dq) + b * p.dq_batch_stride +
-              (q_start + m0) * p.dq_row_stride + h * p.dq_head_stride;
+  auto* out = static_cast<Elem*>(p.dq) + b * p.dq_batch_stride + (q_start + m0) * p.dq_row_stride +
+              h * p.dq_head_stride;
 #pragma unroll
   for (int t = 0; t < kOutTiles; ++t) {
 #pragma unroll
