@@ -36,14 +36,12 @@ namespace fmha::cuda::tile {
 template <typename T>
 inline constexpr bool kIsFloat = sizeof(typename Dtype<T>::Storage) == 4;
 
-// Elements of a 16-byte chunk (one cp.async, one ldmatrix row), of one k-step (32 bytes of a
-// row), and n8 accumulator tiles per k-step of an accumulator-fed A operand.
+// Elements of a 16-byte chunk (one cp.async, one ldmatrix row) and of one k-step (32 bytes of a
+// row).
 template <typename T>
 inline constexpr int kChunk = 16 / static_cast<int>(sizeof(typename Dtype<T>::Storage));
 template <typename T>
 inline constexpr int kStepK = 32 / static_cast<int>(sizeof(typename Dtype<T>::Storage));
-template <typename T>
-inline constexpr int kAccTilesPerStep = kStepK<T> / 8;
 
 template <typename T, bool kSplit>
 struct Frag {
@@ -57,8 +55,7 @@ struct Frag<float, true> {
 
 // x rounded to the nearest tf32 (ties away from zero), as fp32 bits: adding half a tf32 ulp to the
 // bit pattern carries into the kept bits exactly when the dropped ones are at least half of it
-// (a carry out of the mantissa correctly bumps the exponent). Two integer operations, where
-// cvt.rna.tf32.f32 is several on sm80.
+// (a carry out of the mantissa correctly bumps the exponent). Two integer operations.
 __device__ __forceinline__ std::uint32_t round_to_tf32(std::uint32_t x) {
   return (x + 0x1000u) & 0xffffe000u;
 }
