@@ -44,8 +44,8 @@ Status launch_backward_dsinks(const BackwardParams& p, std::int64_t outer, std::
 struct Extents4 {
   std::int64_t v[4];
 };
-// A compact row-major fp32 accumulator of `sizes` -> a gradient of `dtype` with strides `dst_stride`
-// (dbias, drel_h, drel_w).
+// A compact row-major fp32 accumulator of `sizes` -> a gradient of `dtype` with strides
+// `dst_stride` (dbias, drel_h, drel_w).
 Status launch_backward_convert_4d(const float* src, const Extents4& sizes, void* dst,
                                   const Extents4& dst_stride, DType dtype, cudaStream_t stream);
 // dq = scale * dq_accum in q's dtype (fused mode).

@@ -411,8 +411,7 @@ void check_forward(const ForwardCase& c, std::uint64_t seed, bool twice) {
     const std::vector<double> ref_lse = ref.lse.to_double();
     const double lse_tol =
         fp32 ? fp32_tol
-             : fmha_test::tolerance(c.dtype, ref_lse, lse_to_library(c, lowp.lse),
-                                    DType::kFloat32);
+             : fmha_test::tolerance(c.dtype, ref_lse, lse_to_library(c, lowp.lse), DType::kFloat32);
     const std::vector<double> got_lse = t.lse.to_double();
     report("lse", c, got_lse, ref_lse, lse_tol);
     EXPECT_TRUE(fmha_test::close("lse", got_lse, ref_lse, t.lse.shape(), lse_tol));

@@ -198,6 +198,32 @@ TEST(CudaNeighborhood, HeadDimsAndGqa) {
   check_na(c, 52);
 }
 
+// fp32 (tf32 tensor cores, 3xTF32 split; SPEC §13 1e-5): 1-3 D grids, head dims up to 256 (the
+// bucket whose neighborhood bookkeeping takes shared memory past 99 KB), GQA, every score option.
+TEST(CudaNeighborhood, Float32) {
+  SKIP_WITHOUT_GPU();
+  const DType f = DType::kFloat32;
+  check_na(na_case(f, 1, {1000, 1, 1}, {7, 1, 1}, {1, 1, 1}), 61);
+  check_na(na_case(f, 2, {17, 23, 1}, {5, 7, 1}, {3, 2, 1}), 62);
+  check_na(na_case(f, 3, {6, 7, 9}, {3, 4, 2}, {2, 1, 3}, {false, true, false}), 63);
+  for (auto [d, dv] :
+       {std::pair<int, int>{32, 32}, {64, 32}, {128, 128}, {200, 200}, {256, 256}, {20, 36}}) {
+    AttentionCase c = na_case(f, 2, {9, 11, 1}, {3, 5, 1}, {2, 1, 1}, {false, true, false});
+    c.head_dim = d;
+    c.value_dim = dv;
+    c.heads = 4;
+    c.kv_heads = 2;
+    check_na(c, 64);
+  }
+  AttentionCase c = na_case(f, 2, {6, 5, 1}, {3, 2, 1}, {2, 2, 1}, {false, true, false});
+  c.sinks = true;
+  c.extra = 70;
+  c.options.softcap = 3.0f;
+  c.bias.given = true;
+  c.rel_hk = 6;
+  check_na(c, 65);
+}
+
 TEST(CudaNeighborhood, ExtraKeysSinksSoftcapBiasRelPos) {
   SKIP_WITHOUT_GPU();
   AttentionCase c =

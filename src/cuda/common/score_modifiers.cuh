@@ -70,9 +70,9 @@ struct ScoreModifiers {
     m.scale_log2 = p.scale_log2;
     m.softcap_log2 = p.softcap_log2;
     m.scale_over_softcap = p.scale_over_softcap;
-    m.bias = p.bias == nullptr ? nullptr
-                               : static_cast<const Elem*>(p.bias) + b * p.bias_stride[0] +
-                                     h * p.bias_stride[1];
+    m.bias = p.bias == nullptr
+                 ? nullptr
+                 : static_cast<const Elem*>(p.bias) + b * p.bias_stride[0] + h * p.bias_stride[1];
     m.rel_h = p.rel_h == nullptr ? nullptr
                                  : static_cast<const Elem*>(p.rel_h) + b * p.rel_h_stride[0] +
                                        h * p.rel_h_stride[1];

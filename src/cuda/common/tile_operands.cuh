@@ -36,14 +36,12 @@ namespace fmha::cuda::tile {
 template <typename T>
 inline constexpr bool kIsFloat = sizeof(typename Dtype<T>::Storage) == 4;
 
-// Elements of a 16-byte chunk (one cp.async, one ldmatrix row), of one k-step (32 bytes of a
-// row), and n8 accumulator tiles per k-step of an accumulator-fed A operand.
+// Elements of a 16-byte chunk (one cp.async, one ldmatrix row) and of one k-step (32 bytes of a
+// row).
 template <typename T>
 inline constexpr int kChunk = 16 / static_cast<int>(sizeof(typename Dtype<T>::Storage));
 template <typename T>
 inline constexpr int kStepK = 32 / static_cast<int>(sizeof(typename Dtype<T>::Storage));
-template <typename T>
-inline constexpr int kAccTilesPerStep = kStepK<T> / 8;
 
 template <typename T, bool kSplit>
 struct Frag {
@@ -57,8 +55,7 @@ struct Frag<float, true> {
 
 // x rounded to the nearest tf32 (ties away from zero), as fp32 bits: adding half a tf32 ulp to the
 // bit pattern carries into the kept bits exactly when the dropped ones are at least half of it
-// (a carry out of the mantissa correctly bumps the exponent). Two integer operations, where
-// cvt.rna.tf32.f32 is several on sm80.
+// (a carry out of the mantissa correctly bumps the exponent). Two integer operations.
 __device__ __forceinline__ std::uint32_t round_to_tf32(std::uint32_t x) {
   return (x + 0x1000u) & 0xffffe000u;
 }
@@ -97,7 +94,8 @@ __device__ __forceinline__ int b_cols_lane_offset(int lane) {
     return (((lane / 8) % 2) * 8 + lane % 8) * kPitch + (lane / 16) * 8;
   }
 }
-// 16-bit A from a [k][m] tile through ldmatrix.trans: matrix i covers k 8 * (i / 2).., m 8 * (i % 2)..
+// 16-bit A from a [k][m] tile through ldmatrix.trans: matrix i covers k rows 8 * (i / 2) on and
+// m columns 8 * (i % 2) on.
 template <typename T, int kPitch>
 __device__ __forceinline__ int a_cols_lane_offset(int lane) {
   if constexpr (kIsFloat<T>) {
@@ -173,8 +171,7 @@ __device__ __forceinline__ void mma(float (&d)[4], const Frag<T, kSplit>& a,
   if constexpr (kIsFloat<T>) {
     if constexpr (kSplit) {
       mma_m16n8k8_tf32(d, a.lo, b.x[2 * half], b.x[2 * half + 1]);
-      const std::uint32_t (&a_hi)[4] = a.x;
-      mma_m16n8k8_tf32(d, a_hi, b.lo[2 * half], b.lo[2 * half + 1]);
+      mma_m16n8k8_tf32(d, a.x, b.lo[2 * half], b.lo[2 * half + 1]);
     }
     mma_m16n8k8_tf32(d, a.x, b.x[2 * half], b.x[2 * half + 1]);
   } else {

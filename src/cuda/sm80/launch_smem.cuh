@@ -27,11 +27,11 @@ Status request_shared_memory(Kernel* kernel, const char* name, int smem_bytes) {
   }
   if (smem_bytes > limit) {
     return Status::not_supported(
-        std::string("fmha: the CUDA ") + name + " kernel (sm80) for this dtype and head dim needs " +
-        std::to_string(smem_bytes) + " bytes of shared memory per block; this GPU allows " +
-        std::to_string(limit) +
-        " (float32 at head dims above 128 needs an sm80 or sm90 GPU; 16-bit dtypes or a smaller "
-        "head dim fit everywhere)");
+        std::string("fmha: the CUDA ") + name +
+        " kernel (sm80) for this dtype and head dim needs " + std::to_string(smem_bytes) +
+        " bytes of shared memory per block; this GPU allows " + std::to_string(limit) +
+        " (float32 at head dims above 128 needs the shared memory of an sm80 or sm90 GPU, its "
+        "backward at head dims above 224 an sm90 GPU; 16-bit dtypes fit every sm80+ GPU)");
   }
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (e != cudaSuccess) {

@@ -229,12 +229,10 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
     const int h = step_head(u);
     if constexpr (kTokenTiles) {  // the queries of box u, staged in buffer u % 2
       const int* tokens = tt->query_token[u & 1];
-      const auto* q =
-          static_cast<const Elem*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
+      const auto* q = static_cast<const Elem*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
       const auto* dout =
           static_cast<const Elem*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
-      load_rows_async<T, kM, kD>(smem_q, q, f.q_row_stride, tokens, 1, f.head_dim,
-                                 f.vector_loads);
+      load_rows_async<T, kM, kD>(smem_q, q, f.q_row_stride, tokens, 1, f.head_dim, f.vector_loads);
       load_rows_async<T, kM, kD>(smem_do, dout, p.dout_row_stride, tokens, 1, f.value_dim,
                                  f.vector_loads);
       const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride;
@@ -252,8 +250,7 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
     const auto* dout = static_cast<const Elem*>(p.dout) + b * p.dout_batch_stride +
                        (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
     load_tile_async<T, kM, kD>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
-    load_tile_async<T, kM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim,
-                               f.vector_loads);
+    load_tile_async<T, kM, kD>(smem_do, dout, p.dout_row_stride, rows, f.value_dim, f.vector_loads);
     const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + m0;
     for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
       smem_lse[r] = r < rows ? p.lse_log2[stat + r] : INFINITY;  // rows past the end: P = 0

@@ -94,9 +94,9 @@ __device__ __forceinline__ void load_rows_async(Elem* smem, const Elem* gmem,
 // token of row r at tokens[4 * r] (TokenTileSmem::key).
 template <typename T, bool kGather, int kRows, int kD,
           typename Elem = typename tile::Dtype<T>::Storage>
-__device__ __forceinline__ void load_key_tile(Elem* smem, const Elem* gmem,
-                                              std::int64_t row_stride, int valid, const int* tokens,
-                                              int cols, bool vector_loads) {
+__device__ __forceinline__ void load_key_tile(Elem* smem, const Elem* gmem, std::int64_t row_stride,
+                                              int valid, const int* tokens, int cols,
+                                              bool vector_loads) {
   if constexpr (kGather) {
     if (tokens != nullptr) {
       load_rows_async<T, kRows, kD>(smem, gmem, row_stride, tokens, 4, cols, vector_loads);
@@ -217,8 +217,8 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
   constexpr int kRowBlocks = row_blocks<T>(kD);  // m16 row blocks per warp
   constexpr int kWarpRows = 16 * kRowBlocks;
   constexpr int kPitch = smem_row<T>(kD);
-  constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a row block's 16 x kN scores
-  constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a row block's 16 x kD output
+  constexpr int kScoreTiles = kN / 8;     // n8 accumulator tiles of a row block's 16 x kN scores
+  constexpr int kOutTiles = kD / 8;       // n8 accumulator tiles of a row block's 16 x kD output
   constexpr int kStep = tile::kStepK<T>;  // k elements per product step (32 bytes)
   constexpr int kChunk = tile::kChunk<T>;
   using Mask = typename Policy::Mask;
@@ -258,14 +258,14 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
 
   const auto* q = static_cast<const Elem*>(p.q) + b * p.q_batch_stride +
                   (q_start + m0) * p.q_row_stride + h * p.q_head_stride;
-  const auto* k = static_cast<const Elem*>(p.k) + b * p.k_batch_stride +
-                  k_start * p.k_row_stride + hk * p.k_head_stride;
-  const auto* v = static_cast<const Elem*>(p.v) + b * p.v_batch_stride +
-                  k_start * p.v_row_stride + hk * p.v_head_stride;
-  const auto* extra_k = static_cast<const Elem*>(p.extra_k) + b * p.extra_k_batch_stride +
-                        hk * p.extra_k_head_stride;
-  const auto* extra_v = static_cast<const Elem*>(p.extra_v) + b * p.extra_v_batch_stride +
-                        hk * p.extra_v_head_stride;
+  const auto* k = static_cast<const Elem*>(p.k) + b * p.k_batch_stride + k_start * p.k_row_stride +
+                  hk * p.k_head_stride;
+  const auto* v = static_cast<const Elem*>(p.v) + b * p.v_batch_stride + k_start * p.v_row_stride +
+                  hk * p.v_head_stride;
+  const auto* extra_k =
+      static_cast<const Elem*>(p.extra_k) + b * p.extra_k_batch_stride + hk * p.extra_k_head_stride;
+  const auto* extra_v =
+      static_cast<const Elem*>(p.extra_v) + b * p.extra_v_batch_stride + hk * p.extra_v_head_stride;
 
   const Mask mask = Mask::make(p, num_queries, num_keys);
   const Scores scores = Scores::make(p, b, h, num_queries, num_keys);
@@ -341,18 +341,18 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
   if (num_tiles > 0) {
     const KeyTile<Elem> t = key_tile(0);
     load_key_tile<T, kTokenTiles, kN, kD>(smem_k, t.k, t.k_row_stride, t.valid, key_tokens(t, 0),
-                                       p.head_dim, p.vector_loads);
+                                          p.head_dim, p.vector_loads);
   }
   tile::cp_async_commit();
 
   // ldmatrix row addresses of this lane (see tile_primitives.cuh for the fragment layouts), in
   // 16-byte chunks (8 elements of a 16-bit type, 4 floats).
   // A (Q): lanes 0-15 rows 0-15 at chunk 0, lanes 16-31 the same rows at chunk 1.
-  const std::uint32_t q_lane = tile::shared_address(
-      smem_q + (warp * kWarpRows + lane % 16) * kPitch + (lane / 16) * kChunk);
+  const std::uint32_t q_lane =
+      tile::shared_address(smem_q + (warp * kWarpRows + lane % 16) * kPitch + (lane / 16) * kChunk);
   // B (K, row = key): matrices (keys 0-7, chunk 0), (0-7, 1), (8-15, 0), (8-15, 1).
-  const std::uint32_t k_lane = tile::shared_address(
-      smem_k + ((lane / 16) * 8 + lane % 8) * kPitch + ((lane / 8) % 2) * kChunk);
+  const std::uint32_t k_lane = tile::shared_address(smem_k + ((lane / 16) * 8 + lane % 8) * kPitch +
+                                                    ((lane / 8) % 2) * kChunk);
   // B (V, row = key): column loads (tile_operands.cuh).
   const std::uint32_t v_lane =
       tile::shared_address(smem_v + tile::b_cols_lane_offset<T, kPitch>(lane));
@@ -377,7 +377,7 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
     tile::cp_async_wait<0>();
     __syncthreads();  // K(u) visible to all; every warp is done with V(u - 1)
     load_key_tile<T, kTokenTiles, kN, kD>(smem_v, tile.v, tile.v_row_stride, tile.valid,
-                                       key_tokens(tile, u), p.value_dim, p.vector_loads);
+                                          key_tokens(tile, u), p.value_dim, p.vector_loads);
     tile::cp_async_commit();
     if constexpr (kTokenTiles) {
       // Key box u + 1 into the other buffer, last read by tile u - 1 before the barrier above.
@@ -443,7 +443,7 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
     if (u + 1 < num_tiles) {
       const KeyTile<Elem> next = key_tile(u + 1);
       load_key_tile<T, kTokenTiles, kN, kD>(smem_k, next.k, next.k_row_stride, next.valid,
-                                         key_tokens(next, u + 1), p.head_dim, p.vector_loads);
+                                            key_tokens(next, u + 1), p.head_dim, p.vector_loads);
     }
     tile::cp_async_commit();
 
@@ -503,7 +503,8 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
   __syncwarp();
 
   if constexpr (kTokenTiles) {
-    store_gathered_rows<T, kD, kWarpRows>(p, b, h, smem_o, tt->query_token + warp * kWarpRows, lane);
+    store_gathered_rows<T, kD, kWarpRows>(p, b, h, smem_o, tt->query_token + warp * kWarpRows,
+                                          lane);
     return;
   }
   const int warp_rows = rows - warp * kWarpRows;  // rows of this warp that exist (may be <= 0)
