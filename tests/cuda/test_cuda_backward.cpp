@@ -737,6 +737,16 @@ TEST(CudaBackward, RelativePositionSam) {
   r.rel_hk = 15;
   r.drel = true;
   check_backward(r, 103);
+  // Above D 128 the sm80 dK/dV kernel runs two column chunks that both recompute dS: the atomic
+  // sums into drel and a broadcast dbias must come from one of them only.
+  BackwardCase w = shape_case(DType::kBFloat16, 77, 12 * 10, 200, 160, 2, 1);
+  w.rel_hk = 12;
+  w.drel = true;
+  w.bias = true;
+  w.dbias = true;
+  w.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: dbias sums over B
+  w.batch = 2;
+  check_backward(w, 104);
 }
 
 // Rel-pos alone on a power-of-two grid width dividing the key tiles: on sm90 the split kernels

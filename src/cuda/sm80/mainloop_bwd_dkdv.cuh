@@ -347,7 +347,8 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
     // P^T in s, dS^T in dp. Rows past Lq and fully masked rows have lse_log2 = +inf: P = 0.
     const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
     const bool additive = !extra && has_additive(scores);
-    const bool additive_grad = !extra && has_additive_grad(p);
+    // dS is the same in every column chunk's block: its sums into dbias / drel are the first's.
+    const bool additive_grad = !extra && chunk == 0 && has_additive_grad(p);
     if constexpr (kTokenTiles) {
       // Per key of this thread (entries 0, 1 on key row g, 2, 3 on g + 8), the queries of box u
       // inside its transposed window on every axis (all of them on a full box): a few byte
