@@ -16,6 +16,7 @@
 
 #include "cuda/common/forward_params.h"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/score_modifiers.cuh"
 #include "cuda/common/tile_primitives.cuh"
 
 namespace fmha::cuda {
@@ -111,11 +112,7 @@ struct ScoreRelPos {
   // Extra keys: the scale only.
   template <int kTiles>
   __device__ void transform(float (&s)[kTiles][4]) const {
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] *= scale_log2;
-    }
+    ScoreScale{scale_log2}.transform(s);
   }
 
   // Scale and rel-pos of a tile of ordinary keys starting at first_key (a multiple of Wk):

@@ -110,26 +110,7 @@ __device__ __forceinline__ void backward_dq_body(const BackwardParams& p) {
   const Scores scores = Scores::make(f, b, h, num_queries, num_keys);
   std::int64_t first_tile = 0, main_tiles = 0;
   if constexpr (kTokenTiles) {
-    // The block's query box and key boxes, its rows' tokens and windows, key box 0 (as the
-    // forward).
-    if (threadIdx.x == 0)
-      tt->tiles = neighborhood::block_tiles(*mask.grid, static_cast<int>(m_block), kBlockM, kN);
-    __syncthreads();
-    for (int r = static_cast<int>(threadIdx.x); r < kBlockM; r += kThreads) {
-      int yp[3];
-      const int token =
-          neighborhood::box_token(*mask.grid, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
-      tt->query_token[r] = token;
-      for (int a = 0; a < 3; ++a) {
-        const neighborhood::AxisWindow w =
-            token >= 0 ? neighborhood::group_major_window(*mask.grid, a, yp[a])
-                       : neighborhood::AxisWindow{1, 0};
-        tt->query_window[r][a] = make_int2(w.lo, w.hi);
-      }
-    }
-    stage_key_box(tt, *mask.grid, 0);
-    __syncthreads();
-    main_tiles = tt->tiles.num_seen_tiles;
+    main_tiles = stage_block_boxes(tt, *mask.grid, static_cast<int>(m_block));
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
     if (range.end > range.begin) {

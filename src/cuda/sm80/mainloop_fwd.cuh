@@ -134,6 +134,29 @@ __device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN>* tt, const N
   if (threadIdx.x == 0) tt->full[u & 1] = neighborhood::seen_box_is_full(g, tt->tiles, u, kN);
 }
 
+// A token-tile block's setup (the forward and the dQ kernel): its query box and key boxes, its
+// rows' tokens and group-major windows, and key box 0. Every thread of the block calls it; returns
+// the number of key boxes.
+template <int kM, int kN>
+__device__ __forceinline__ int stage_block_boxes(TokenTileSmem<kM, kN>* tt,
+                                                 const NeighborhoodGrid& g, int m_block) {
+  if (threadIdx.x == 0) tt->tiles = neighborhood::block_tiles(g, m_block, kM, kN);
+  __syncthreads();
+  for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
+    int yp[3];
+    const int token = neighborhood::box_token(g, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
+    tt->query_token[r] = token;
+    for (int a = 0; a < 3; ++a) {
+      const neighborhood::AxisWindow w = token >= 0 ? neighborhood::group_major_window(g, a, yp[a])
+                                                    : neighborhood::AxisWindow{1, 0};
+      tt->query_window[r][a] = make_int2(w.lo, w.hi);
+    }
+  }
+  stage_key_box(tt, g, 0);
+  __syncthreads();
+  return tt->tiles.num_seen_tiles;
+}
+
 // Scores of one row block against a gathered key tile: bias / rel-pos by token, then (partial
 // tiles) -inf where a key lies outside the row's window on some axis. This thread's entries 0, 1
 // sit on local row `row`, 2, 3 on row + 8; entry 0 of n8 tile t is key col + 8t. One row at a
@@ -271,25 +294,7 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
   const Scores scores = Scores::make(p, b, h, num_queries, num_keys);
   std::int64_t first_tile = 0, main_tiles = 0;
   if constexpr (kTokenTiles) {
-    // The block's query box and key boxes, its rows' tokens and windows, key box 0.
-    if (threadIdx.x == 0)
-      tt->tiles = neighborhood::block_tiles(*mask.grid, static_cast<int>(m_block), kM, kN);
-    __syncthreads();
-    for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
-      int yp[3];
-      const int token =
-          neighborhood::box_token(*mask.grid, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
-      tt->query_token[r] = token;
-      for (int a = 0; a < 3; ++a) {
-        const neighborhood::AxisWindow w =
-            token >= 0 ? neighborhood::group_major_window(*mask.grid, a, yp[a])
-                       : neighborhood::AxisWindow{1, 0};
-        tt->query_window[r][a] = make_int2(w.lo, w.hi);
-      }
-    }
-    stage_key_box(tt, *mask.grid, 0);
-    __syncthreads();
-    main_tiles = tt->tiles.num_seen_tiles;
+    main_tiles = stage_block_boxes(tt, *mask.grid, static_cast<int>(m_block));
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
     if (range.end > range.begin) {
