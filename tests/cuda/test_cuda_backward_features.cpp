@@ -1,0 +1,238 @@
+// The CUDA backward against the CPU reference (cuda_backward_case.h), part two: softcap, sinks and
+// extra keys, bias and dbias, rel-pos and drel (both the sm80 and the sm90 paths), fp32, and the
+// refusals.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "cuda_backward_case.h"
+
+namespace fmha_cuda_test {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device present"
+
+TEST(CudaBackward, Softcap) {
+  SKIP_WITHOUT_GPU();
+  BackwardCase c = shape_case(DType::kFloat16, 113, 239, 80, 80, 4, 1);
+  c.options.softcap = 5.0f;
+  c.options.scale = 2.0f;  // large scores so that the cap bends them
+  check_backward(c, 71);
+  c.options.causal = true;
+  c.dtype = DType::kBFloat16;
+  check_backward(c, 72);
+}
+
+TEST(CudaBackward, SinksAndExtraKeys) {
+  SKIP_WITHOUT_GPU();
+  BackwardCase c = shape_case(DType::kFloat16, 113, 239, 64, 64, 4, 2, 2);
+  c.sinks = true;
+  check_backward(c, 81);
+  c.extra = 5;
+  check_backward(c, 82);
+  c.extra = 70;  // more than one key tile of extra keys
+  c.options.causal = true;
+  c.options.softcap = 8.0f;
+  c.head_dim = c.value_dim = 200;  // two column chunks
+  check_backward(c, 83);
+  // Fully masked rows with sinks (P_sink = 1) and with extra keys (only those are seen).
+  BackwardCase m = shape_case(DType::kBFloat16, 77, 30, 40, 40, 2, 1);
+  m.options.causal = true;
+  m.options.causal_alignment = CausalAlignment::kBottomRight;
+  m.sinks = true;
+  check_backward(m, 84);
+  m.extra = 3;
+  check_backward(m, 85);
+}
+
+TEST(CudaBackward, BiasAndItsGradient) {
+  SKIP_WITHOUT_GPU();
+  BackwardCase c = shape_case(DType::kFloat16, 113, 239, 64, 64, 4, 2, 2);
+  c.bias = true;
+  c.options.causal = true;
+  check_backward(c, 91);  // bias read, no dbias
+  c.dbias = true;
+  check_backward(c, 92);
+  c.bias_broadcast = {true, false, true, false};  // [1, H, 1, Lk]: dbias sums over B and Lq
+  check_backward(c, 93);
+  c.bias_broadcast = {false, true, false, true};  // sums over H and Lk
+  c.options.softcap = 10.0f;
+  c.dtype = DType::kBFloat16;
+  check_backward(c, 94);
+}
+
+TEST(CudaBackward, RelativePositionSam) {
+  SKIP_WITHOUT_GPU();
+  // SAM-like: a 14 x 14 key grid, D = 80, with and without an additive bias on top.
+  BackwardCase c = shape_case(DType::kFloat16, 196, 196, 80, 80, 2, 2);
+  c.rel_hk = 14;
+  c.drel = true;
+  check_backward(c, 101);
+  c.bias = true;
+  c.dbias = true;
+  c.dtype = DType::kBFloat16;
+  check_backward(c, 102);
+  BackwardCase r = shape_case(DType::kFloat16, 17, 15 * 7, 64, 64, 2, 1);  // Hk 15, Wk 7
+  r.rel_hk = 15;
+  r.drel = true;
+  check_backward(r, 103);
+  // Above D 128 the sm80 dK/dV kernel runs two column chunks that both recompute dS: the atomic
+  // sums into drel and a broadcast dbias must come from one of them only.
+  BackwardCase w = shape_case(DType::kBFloat16, 77, 12 * 10, 200, 160, 2, 1);
+  w.rel_hk = 12;
+  w.drel = true;
+  w.bias = true;
+  w.dbias = true;
+  w.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: dbias sums over B
+  w.batch = 2;
+  check_backward(w, 104);
+}
+
+// Rel-pos alone on a power-of-two grid width dividing the key tiles: on sm90 the split kernels
+// with PolicyRelPos (drel_h / drel_w summed per query row in the dQ kernel, no atomics, hence
+// deterministic); other widths and head dims fall back to the sm80 kernels.
+TEST(CudaBackward, RelativePositionPowerOfTwoGrid) {
+  SKIP_WITHOUT_GPU();
+  struct Grid {
+    std::int64_t lq, hk, wk, d;
+  };
+  std::uint64_t seed = 104;
+  for (DType dt : {DType::kBFloat16, DType::kFloat16})
+    for (Grid g : {Grid{300, 16, 16, 64}, Grid{129, 5, 64, 80}, Grid{77, 3, 128, 32},
+                   Grid{65, 8, 8, 40}, Grid{90, 2, 128, 80}}) {
+      BackwardCase c = shape_case(dt, g.lq, g.hk * g.wk, g.d, g.d, 4, 2, 2);
+      c.rel_hk = g.hk;
+      c.drel = true;
+      check_backward(c, seed++);
+    }
+  BackwardCase c = shape_case(DType::kBFloat16, 200, 4 * 64, 64, 64, 6, 1, 2);
+  c.rel_hk = 4;
+  c.drel = true;
+  c.options.deterministic = true;
+  // The sm80 kernels (before Hopper, or FMHA_CUDA_KERNELS=sm80) sum drel with atomics: they
+  // refuse; the sm90 ones must give bitwise-equal gradients twice.
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  const char* kernels = std::getenv("FMHA_CUDA_KERNELS");
+  if (major == 9 && (kernels == nullptr || std::string(kernels) != "sm80")) {
+    check_backward(c, seed, /*twice=*/true);
+  } else {
+    std::mt19937_64 rng(seed);
+    Tensors t = make_tensors(c, c.dtype, DType::kFloat32, &rng);
+    DeviceTensors dev;
+    dev.upload(t);
+    if (::testing::Test::HasFatalFailure()) return;
+    const fmha::Status s = run_backward(c, dev.views(), BackwardImpl::kAuto);
+    EXPECT_EQ(s.code(), fmha::StatusCode::kNotSupported);
+    EXPECT_NE(s.message().find("deterministic=true with grads.drel_h"), std::string::npos)
+        << s.message();
+  }
+}
+
+// fp32 (tf32 tensor cores, 3xTF32 split): every gradient within norm-wise 1e-5 of the float64
+// reference, fused and split, every head-dim bucket and the features of the 16-bit kernels.
+TEST(CudaBackward, Float32ShapesAndHeadDims) {
+  SKIP_WITHOUT_GPU();
+  const DType f = DType::kFloat32;
+  check_backward(shape_case(f, 1, 1, 8, 8, 2, 1), 201);
+  check_backward(shape_case(f, 17, 113, 40, 40, 8, 2), 202);
+  check_backward(shape_case(f, 113, 17, 80, 80, 4, 1, 2), 203);
+  check_backward(shape_case(f, 239, 113, 128, 128, 8, 2), 204);
+  check_backward(shape_case(f, 64, 128, 32, 32, 2, 2, 2), 205);
+  check_backward(shape_case(f, 113, 239, 160, 160, 2, 1), 206);
+  check_backward(shape_case(f, 40, 41, 200, 72, 2, 1), 207);
+  check_backward(shape_case(f, 113, 239, 224, 224, 2, 1), 208);
+  check_backward(shape_case(f, 113, 239, 256, 256, 4, 1), 209);
+  check_backward(shape_case(f, 113, 239, 128, 64, 4, 2), 210);  // Dv != D
+  check_backward(shape_case(f, 113, 17, 3, 5, 4, 1), 211);      // element-wise loads
+  check_backward(shape_case(f, 65, 70, 100, 36, 4, 2), 212);
+}
+
+TEST(CudaBackward, Float32Features) {
+  SKIP_WITHOUT_GPU();
+  const DType f = DType::kFloat32;
+  BackwardCase l = shape_case(f, 113, 239, 64, 64, 4, 2, 2);
+  l.q_layout.order = {0, 2, 1, 3};
+  l.kv_layout.pad = 3;  // unaligned rows
+  l.grad_layout.pad = 1;
+  l.dlse = false;
+  check_backward(l, 221);
+  for (auto align : {CausalAlignment::kTopLeft, CausalAlignment::kBottomRight}) {
+    BackwardCase m = shape_case(f, 239, 113, 96, 96, 4, 2);
+    m.options.causal = true;
+    m.options.window_left = 16;
+    m.options.causal_alignment = align;
+    check_backward(m, 222);
+  }
+  BackwardCase s = shape_case(f, 113, 239, 80, 80, 4, 1);
+  s.options.softcap = 5.0f;
+  s.options.scale = 2.0f;
+  s.sinks = true;
+  s.extra = 70;
+  check_backward(s, 223);
+  BackwardCase b = shape_case(f, 113, 239, 64, 64, 4, 2, 2);
+  b.bias = true;
+  b.dbias = true;
+  b.options.causal = true;
+  check_backward(b, 224);
+  b.bias_broadcast = {true, false, true, false};  // dbias sums over B and Lq
+  check_backward(b, 225);
+  BackwardCase r = shape_case(f, 196, 196, 80, 80, 2, 2);
+  r.rel_hk = 14;
+  r.drel = true;
+  check_backward(r, 226);
+  BackwardCase v = shape_case(f, 0, 0, 64, 64, 4, 2);
+  v.varlen_q = {17, 0, 113, 64, 1};
+  v.varlen_k = {33, 5, 113, 0, 70};
+  v.options.causal = true;
+  v.options.causal_alignment = CausalAlignment::kBottomRight;
+  v.sinks = true;
+  v.extra = 3;
+  v.bias = true;
+  v.dbias = true;
+  check_backward(v, 227);
+  check_backward(shape_case(f, 17, 0, 64, 64, 2, 1), 228);  // every row fully masked
+}
+
+TEST(CudaBackward, Float32AllowTf32AndDeterminism) {
+  SKIP_WITHOUT_GPU();
+  BackwardCase c = shape_case(DType::kFloat32, 239, 577, 64, 64, 4, 2);
+  c.options.allow_tf32 = true;  // one tf32 product: SPEC §13 bound 2e-3
+  check_backward(c, 231);
+  BackwardCase d = shape_case(DType::kFloat32, 239, 577, 128, 128, 8, 2);
+  d.options.causal = true;
+  d.options.deterministic = true;
+  d.sinks = true;
+  d.extra = 5;
+  d.bias = true;
+  d.dbias = true;
+  d.impls = {BackwardImpl::kAuto};
+  check_backward(d, 232, /*twice=*/true);
+}
+
+TEST(CudaBackward, RefusesDeterministicBroadcastBiasGradient) {
+  SKIP_WITHOUT_GPU();
+  BackwardCase c = shape_case(DType::kFloat16, 17, 17, 64, 64, 2, 1, 2);
+  c.bias = true;
+  c.dbias = true;
+  c.bias_broadcast = {true, false, false, false};
+  c.options.deterministic = true;
+  std::mt19937_64 rng(5);
+  Tensors t = make_tensors(c, c.dtype, DType::kFloat32, &rng);
+  DeviceTensors dev;
+  dev.upload(t);
+  if (::testing::Test::HasFatalFailure()) return;
+  const fmha::Status s = run_backward(c, dev.views(), BackwardImpl::kAuto);
+  EXPECT_EQ(s.code(), fmha::StatusCode::kNotSupported);
+  EXPECT_NE(s.message().find("CUDA backward does not support deterministic=true with grads.dbias"),
+            std::string::npos)
+      << s.message();
+}
+
+}  // namespace
+}  // namespace fmha_cuda_test
