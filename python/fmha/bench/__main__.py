@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         "check": ("off" if not run_settings.check else
                   "norm-wise relative error of out and every gradient against a "
                   f"{'fp64' if device == 'cpu' else 'fp32'} materialised reference; tolerance "
-                  "fp32 1e-4, fp16/bf16 2 x the naive peer's error + 1e-4 (SPEC §13) or, "
+                  "fp32 1e-5, fp16/bf16 2 x the naive peer's error + 1e-4 (SPEC §13) or, "
                   "without naive, 1e-2 / 3e-2"),
         "flops": report.FLOP_CONVENTION,
         "cases": len(cases), "impls": [i.name for i in impls],

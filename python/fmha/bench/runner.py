@@ -22,8 +22,9 @@ from .timing import Timer
 # Largest allowed norm-wise relative error against the fp32 (CUDA) / fp64 (CPU) reference, for the
 # output and every gradient. fp16 / bf16 follow SPEC §13 whenever the naive peer ran on the case:
 # 2 x the naive same-dtype error of the same tensor + 1e-4; otherwise (scores too large to
-# materialise) these fixed bounds, a few times that error at the suites' sizes, apply.
-TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}
+# materialise) these fixed bounds, a few times that error at the suites' sizes, apply. fp32 is
+# SPEC §13's exact-mode bound itself: the fp32 reference's own error is about 1e-6 at these sizes.
+TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 3e-2}
 SPEC_FLOOR = 1e-4
 REFERENCE_CHUNK_BYTES = 256 << 20
 
