@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "cuda/cuda_case_util.h"
 #include "naive/naive_masks.h"
 #include "naive/naive_problem.h"
 
@@ -15,25 +16,8 @@ namespace fmha_cuda_test {
 
 std::string BackwardCase::describe() const {
   std::ostringstream s;
-  s << fmha::to_string(dtype) << ' ';
-  if (varlen()) {
-    s << "varlen q[";
-    for (auto l : varlen_q) s << l << ',';
-    s << "] k[";
-    for (auto l : varlen_k) s << l << ',';
-    s << ']';
-  } else {
-    s << 'B' << batch << " Lq" << seqlen_q << " Lk" << seqlen_k;
-  }
-  s << " H" << heads << '/' << kv_heads << " D" << head_dim << " Dv" << value_dim;
-  if (options.scale) s << " scale" << *options.scale;
-  if (options.causal) s << " causal";
-  if (options.causal_alignment == CausalAlignment::kBottomRight) s << "(br)";
-  if (options.window_left >= 0 || options.window_right >= 0)
-    s << " window(" << options.window_left << ',' << options.window_right << ')';
-  if (options.softcap > 0) s << " softcap" << options.softcap;
-  if (options.deterministic) s << " deterministic";
-  if (options.allow_tf32) s << " allow_tf32";
+  describe_problem(s, dtype, varlen_q, varlen_k, batch, seqlen_q, seqlen_k, heads, kv_heads,
+                   head_dim, value_dim, options);
   if (!dlse) s << " no-dlse";
   if (sinks) s << " sinks";
   if (extra > 0) s << " extra" << extra;
@@ -47,33 +31,6 @@ std::string BackwardCase::describe() const {
   if (grad_layout.pad) s << " grads-padded";
   return s.str();
 }
-
-namespace {
-
-#define CUDA_CHECK(expr)                                                   \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
-
-HostTensor cu_seqlens(const std::vector<std::int32_t>& lengths) {
-  HostTensor t(DType::kInt32, {static_cast<std::int64_t>(lengths.size()) + 1});
-  std::int64_t sum = 0;
-  t.set(0, 0);
-  for (std::size_t b = 0; b < lengths.size(); ++b) {
-    sum += lengths[b];
-    t.set(static_cast<std::int64_t>(b) + 1, static_cast<double>(sum));
-  }
-  return t;
-}
-
-std::int64_t total(const std::vector<std::int32_t>& lengths) {
-  std::int64_t n = 0;
-  for (auto l : lengths) n += l;
-  return n;
-}
-
-}  // namespace
 
 Tensors make_tensors(const BackwardCase& c, DType dtype, DType stat, std::mt19937_64* rng) {
   const std::int64_t b = c.batches(), h = c.heads, hkv = c.kv_heads;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <utility>
 
+#include "cuda/cuda_case_util.h"
 #include "naive/naive_masks.h"
 #include "naive/naive_problem.h"
 
@@ -39,17 +40,6 @@ constexpr std::pair<HostTensor Tensors::*, fmha::TensorView Views::*> kMembers[]
     {&Tensors::cu_q, &Views::cu_q},
     {&Tensors::cu_k, &Views::cu_k}};
 
-std::int64_t total(const std::vector<std::int32_t>& lengths) {
-  std::int64_t n = 0;
-  for (std::int32_t l : lengths) n += l;
-  return n;
-}
-std::int64_t longest(const std::vector<std::int32_t>& lengths) {
-  std::int64_t n = 0;
-  for (std::int32_t l : lengths) n = std::max<std::int64_t>(n, l);
-  return n;
-}
-
 std::int64_t num_batches(const ForwardCase& c) {
   return c.varlen() ? static_cast<std::int64_t>(c.varlen_q.size()) : c.batch;
 }
@@ -58,17 +48,6 @@ std::int64_t rows_q(const ForwardCase& c) {
 }
 std::int64_t rows_k(const ForwardCase& c) {
   return c.varlen() ? longest(c.varlen_k) : c.seqlen_k;
-}
-
-HostTensor cu_seqlens(const std::vector<std::int32_t>& lengths) {
-  HostTensor t(DType::kInt32, {static_cast<std::int64_t>(lengths.size()) + 1});
-  std::int64_t sum = 0;
-  t.set(0, 0);
-  for (std::size_t b = 0; b < lengths.size(); ++b) {
-    sum += lengths[b];
-    t.set(static_cast<std::int64_t>(b) + 1, static_cast<double>(sum));
-  }
-  return t;
 }
 
 Tensors make_tensors(const ForwardCase& c, std::mt19937_64& rng) {
@@ -181,12 +160,6 @@ std::size_t storage_bytes(const fmha::TensorView& v) {
   }
   return static_cast<std::size_t>(elements) * fmha::element_size(v.dtype);
 }
-
-#define CUDA_CHECK(expr)                                                   \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
 
 // Device copies of every defined tensor, with the host's strides.
 class DeviceTensors {
@@ -319,24 +292,8 @@ void report(const char* name, const ForwardCase& c, const std::vector<double>& g
 
 std::string ForwardCase::describe() const {
   std::ostringstream s;
-  s << fmha::to_string(dtype) << ' ';
-  if (varlen()) {
-    s << "varlen q[";
-    for (auto l : varlen_q) s << l << ',';
-    s << "] k[";
-    for (auto l : varlen_k) s << l << ',';
-    s << "]";
-  } else {
-    s << "B" << batch << " Lq" << seqlen_q << " Lk" << seqlen_k;
-  }
-  s << " H" << heads << "/" << kv_heads << " D" << head_dim << " Dv" << value_dim;
-  if (options.scale) s << " scale" << *options.scale;
-  if (options.causal) s << " causal";
-  if (options.causal_alignment == fmha::CausalAlignment::kBottomRight) s << "(br)";
-  if (options.window_left >= 0 || options.window_right >= 0)
-    s << " window(" << options.window_left << "," << options.window_right << ")";
-  if (options.softcap > 0) s << " softcap" << options.softcap;
-  if (options.allow_tf32) s << " allow_tf32";
+  describe_problem(s, dtype, varlen_q, varlen_k, batch, seqlen_q, seqlen_k, heads, kv_heads,
+                   head_dim, value_dim, options);
   if (bias) {
     s << " bias";
     for (bool x : bias_broadcast) s << (x ? (bias_size_one ? '1' : '0') : '.');
