@@ -33,14 +33,32 @@ Status unsupported_head_dim(const BackwardParams& p) {
                                "1..256 each)");
 }
 
-template <typename T, bool kDkDv, typename P>
+// The dK/dV and dQ launches of one kernel generation, for launch_policy.
+struct Sm80Kernels {
+  template <typename T, int kD, typename P, bool kDkDv>
+  static Status launch(const BackwardParams& p, cudaStream_t stream) {
+    return kDkDv ? sm80::launch_backward_dkdv<T, kD, P>(p, stream)
+                 : sm80::launch_backward_dq<T, kD, P>(p, stream);
+  }
+};
+#if FMHA_WITH_SM90
+struct Sm90Kernels {
+  template <typename T, int kD, typename P, bool kDkDv>
+  static Status launch(const BackwardParams& p, cudaStream_t stream) {
+    return kDkDv ? sm90::launch_backward_dkdv<T, kD, P>(p, stream)
+                 : sm90::launch_backward_dq<T, kD, P>(p, stream);
+  }
+};
+#endif
+
+// max(D, Dv) -> head-dim bucket; a bucket left out of the build is refused with a message.
+template <typename Kernels, typename T, bool kDkDv, typename P>
 Status launch_policy(const BackwardParams& p, cudaStream_t stream) {
   switch (sm80::head_dim_bucket(max_dim(p))) {
 #define FMHA_CASE(D)                                                        \
   case D:                                                                   \
     if constexpr (head_dim_bucket_built(D)) {                               \
-      return kDkDv ? sm80::launch_backward_dkdv<T, D, P>(p, stream)         \
-                   : sm80::launch_backward_dq<T, D, P>(p, stream);          \
+      return Kernels::template launch<T, D, P, kDkDv>(p, stream);           \
     } else {                                                                \
       return head_dim_bucket_not_built(p.fwd.head_dim, p.fwd.value_dim, D); \
     }
@@ -60,8 +78,10 @@ Status launch_policy(const BackwardParams& p, cudaStream_t stream) {
 
 template <typename T, bool kDkDv>
 Status launch(const BackwardParams& p, cudaStream_t stream) {
-  if (p.fwd.neighborhood.rank > 0) return launch_policy<T, kDkDv, PolicyNeighborhood>(p, stream);
-  return launch_policy<T, kDkDv, PolicyGeneral>(p, stream);
+  if (p.fwd.neighborhood.rank > 0) {
+    return launch_policy<Sm80Kernels, T, kDkDv, PolicyNeighborhood>(p, stream);
+  }
+  return launch_policy<Sm80Kernels, T, kDkDv, PolicyGeneral>(p, stream);
 }
 
 template <bool kDkDv>
@@ -80,31 +100,6 @@ Status dispatch_dtype(const BackwardParams& p, DType dtype, cudaStream_t stream)
 }
 
 #if FMHA_WITH_SM90
-template <typename T, bool kDkDv, typename P>
-Status launch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
-  switch (sm80::head_dim_bucket(max_dim(p))) {
-#define FMHA_CASE(D)                                                        \
-  case D:                                                                   \
-    if constexpr (head_dim_bucket_built(D)) {                               \
-      return kDkDv ? sm90::launch_backward_dkdv<T, D, P>(p, stream)         \
-                   : sm90::launch_backward_dq<T, D, P>(p, stream);          \
-    } else {                                                                \
-      return head_dim_bucket_not_built(p.fwd.head_dim, p.fwd.value_dim, D); \
-    }
-    FMHA_CASE(32)
-    FMHA_CASE(64)
-    FMHA_CASE(96)
-    FMHA_CASE(128)
-    FMHA_CASE(160)
-    FMHA_CASE(192)
-    FMHA_CASE(224)
-    FMHA_CASE(256)
-#undef FMHA_CASE
-    default:
-      return unsupported_head_dim(p);
-  }
-}
-
 bool masked(const BackwardParams& p) {
   return p.fwd.window_left != kUnboundedWindow || p.fwd.window_right != kUnboundedWindow;
 }
@@ -128,9 +123,9 @@ bool sm90_rel_pos_applies(const BackwardParams& p) {
 
 template <typename T, bool kDkDv>
 Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
-  if (p.fwd.rel_h != nullptr) return launch_sm90_policy<T, kDkDv, PolicyRelPos>(p, stream);
-  if (masked(p)) return launch_sm90_policy<T, kDkDv, PolicyWindow>(p, stream);
-  return launch_sm90_policy<T, kDkDv, PolicyPlain>(p, stream);
+  if (p.fwd.rel_h != nullptr) return launch_policy<Sm90Kernels, T, kDkDv, PolicyRelPos>(p, stream);
+  if (masked(p)) return launch_policy<Sm90Kernels, T, kDkDv, PolicyWindow>(p, stream);
+  return launch_policy<Sm90Kernels, T, kDkDv, PolicyPlain>(p, stream);
 }
 
 template <bool kDkDv>
