@@ -170,10 +170,19 @@ __device__ __forceinline__ void mma(float (&d)[4], const Frag<T, kSplit>& a,
                                     const Frag<T, kSplit>& b, int half) {
   if constexpr (kIsFloat<T>) {
     if constexpr (kSplit) {
-      mma_m16n8k8_tf32(d, a.lo, b.x[2 * half], b.x[2 * half + 1]);
-      mma_m16n8k8_tf32(d, a.x, b.lo[2 * half], b.lo[2 * half + 1]);
+      // The tensor cores add into their accumulator with truncation (round toward zero), so three
+      // products a k-step added straight into the running sum bias it by about 3 ulps of the sum
+      // per step: a relative error that grows with the depth (L keys for P V). The step's products
+      // go to a zeroed fragment and reach the sum through a rounded fp32 add.
+      float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_m16n8k8_tf32(t, a.lo, b.x[2 * half], b.x[2 * half + 1]);
+      mma_m16n8k8_tf32(t, a.x, b.lo[2 * half], b.lo[2 * half + 1]);
+      mma_m16n8k8_tf32(t, a.x, b.x[2 * half], b.x[2 * half + 1]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) d[i] += t[i];
+    } else {
+      mma_m16n8k8_tf32(d, a.x, b.x[2 * half], b.x[2 * half + 1]);
     }
-    mma_m16n8k8_tf32(d, a.x, b.x[2 * half], b.x[2 * half + 1]);
   } else {
     mma_m16n8k16<T>(d, a.x, b.x[2 * half], b.x[2 * half + 1]);
   }
