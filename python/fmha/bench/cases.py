@@ -29,7 +29,9 @@ class Case:
     dtype: str = "bf16"
     causal: bool = False
     window: Optional[tuple] = None  # (left, right), -1 unbounded
-    bias: bool = False  # full [B, H, Lq, Lk] additive bias, no gradient (a fixed mask-like bias)
+    bias: bool = False  # [B, H, Lq, Lk] additive bias, no gradient (a fixed mask-like bias)
+    bias_shared: bool = False  # the bias is [1, H, Lq, Lk]: one for every batch (a learned bias)
+    bias_grad: bool = False  # the bias receives its gradient (dbias; summed over B when shared)
     rel_pos: Optional[tuple] = None  # (Hk, Wk) key grid of SAM-style rel_h / rel_w (with gradients)
     softcap: float = 0.0
     sinks: bool = False  # [H] fp32 sink logits (with gradients)
@@ -113,6 +115,11 @@ def _standard_gpu() -> list:
 def _features_gpu() -> list:
     return [
         dense("bias B2 H16 L2048 D128", B=2, H=16, L=2048, D=128, bias=True),
+        # Issue 4's general-bias case: a [1, H, L, L] bias at the SAM-B shape, fixed and learned.
+        dense("bias [1,H,L,L] SAM-B B8 H12 L4096 D64", B=8, H=12, L=4096, D=64, bias=True,
+              bias_shared=True),
+        dense("dbias [1,H,L,L] SAM-B B8 H12 L4096 D64", B=8, H=12, L=4096, D=64, bias=True,
+              bias_shared=True, bias_grad=True),
         dense("rel-pos SAM-B B8 H12 64x64 D64", B=8, H=12, L=4096, D=64, rel_pos=(64, 64)),
         dense("rel-pos SAM-H B8 H16 64x64 D80", B=8, H=16, L=4096, D=80, rel_pos=(64, 64)),
         # The same attention without the bias: the rel-pos cost is the ratio of the two.
@@ -177,6 +184,8 @@ def _standard_cpu() -> list:
 def _features_cpu() -> list:
     return [
         dense("bias B1 H4 L256 D32", B=1, H=4, L=256, D=32, bias=True, dtype="fp32"),
+        dense("dbias [1,H,L,L] B2 H2 L128 D32", B=2, H=2, L=128, D=32, bias=True,
+              bias_shared=True, bias_grad=True, dtype="fp32"),
         dense("rel-pos B1 H2 16x16 D32", B=1, H=2, L=256, D=32, rel_pos=(16, 16), dtype="fp32"),
         dense("GQA H8/Hkv2 L256 D32 causal", B=1, H=8, Hkv=2, L=256, D=32, causal=True,
               dtype="fp32"),

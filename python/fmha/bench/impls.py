@@ -207,14 +207,18 @@ class Sdpa(Impl):
                 raise NotAvailable(f"would materialise a {case.Lq}x{case.Lk} mask "
                                    f"(limit {self.settings.mask_limit_elements} elements)")
             bool_mask = _dense_bool_mask(case, t["q"].device)
-        bias = x.get("bias")  # a fixed bias (no gradient): shared by both input dicts
-        if bias is not None and bool_mask is not None:
-            bias = bias.masked_fill(~bool_mask, float("-inf"))
+        # A fixed bias (no gradient) is merged with the mask once here; a learned one per call.
+        fixed_bias = None if case.bias_grad else x.get("bias")
+        if fixed_bias is not None and bool_mask is not None:
+            fixed_bias = fixed_bias.masked_fill(~bool_mask, float("-inf"))
             bool_mask = None
         gqa = case.H != case.hkv
         backend = self.backend
 
         def forward(x):
+            bias = x["bias"] if case.bias_grad else fixed_bias
+            if case.bias_grad and bool_mask is not None:
+                bias = bias.masked_fill(~bool_mask, float("-inf"))
             mask = bias if bias is not None else bool_mask
             if case.rel_pos is not None:  # SAM's decomposed rel-pos, materialised as SAM does
                 b, h, lq, hk = x["rel_h"].shape
@@ -295,12 +299,13 @@ class Flex(Impl):
         cap = case.softcap
         bias, rel_h, rel_w = x.get("bias"), x.get("rel_h"), x.get("rel_w")
         wk = case.rel_pos[1] if case.rel_pos is not None else 1
+        shared = case.bias_shared
 
         def score_mod(score, b, h, q_idx, kv_idx):
             if cap > 0:
                 score = cap * torch.tanh(score / cap)
             if bias is not None:
-                score = score + bias[b, h, q_idx, kv_idx]
+                score = score + bias[0 if shared else b, h, q_idx, kv_idx]
             if rel_h is not None:
                 score = score + rel_h[b, h, q_idx, kv_idx // wk] + rel_w[b, h, q_idx, kv_idx % wk]
             return score

@@ -22,6 +22,8 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 def grad_names(case: Case) -> list:
     """Inputs that receive gradients in the timed backward (a fixed bias does not)."""
     names = ["q", "k", "v"]
+    if case.bias and case.bias_grad:
+        names.append("bias")
     if case.rel_pos is not None:
         names += ["rel_h", "rel_w"]
     if case.sinks:
@@ -48,7 +50,7 @@ def make_inputs(case: Case, device: str, seed: int) -> dict:
     t = {"q": randn(*lead_q, case.H, case.D), "k": randn(*lead_k, case.hkv, case.D),
          "v": randn(*lead_k, case.hkv, case.dv), "dout": randn(*lead_q, case.H, case.dv)}
     if case.bias:
-        t["bias"] = randn(case.B, case.H, case.Lq, case.Lk)
+        t["bias"] = randn(1 if case.bias_shared else case.B, case.H, case.Lq, case.Lk)
     if case.rel_pos is not None:
         hk, wk = case.rel_pos
         t["rel_h"] = randn(case.B, case.H, case.Lq, hk, scale=0.5)
