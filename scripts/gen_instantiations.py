@@ -32,9 +32,14 @@ VARIANTS = [
      [FP16, BF16], BUCKETS, ["PolicyNeighborhood"]),
     ("sm90", "bwd", "cuda/sm90/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
      "BackwardParams", [FP16, BF16], BUCKETS, ["PolicyPlain", "PolicyWindow", "PolicyRelPos"]),
+    # Score modifiers (softcap, bias) in files of their own, likewise.
+    ("sm90", "bwd_general", "cuda/sm90/launch_bwd.cuh",
+     ["launch_backward_dkdv", "launch_backward_dq"], "BackwardParams", [FP16, BF16], BUCKETS,
+     ["PolicyGeneral"]),
 ]
 
-DIRECTION_NAMES = {"fwd": "forward", "fwd_na": "neighborhood forward", "bwd": "backward"}
+DIRECTION_NAMES = {"fwd": "forward", "fwd_na": "neighborhood forward", "bwd": "backward",
+                   "bwd_general": "backward with score modifiers"}
 
 
 def render(gen, direction, header, functions, params, bucket, dtype_name, ctype, policies):

@@ -273,7 +273,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   FMHA_RETURN_IF_ERROR(guard.enter(device));
   int sm_count = 0, arch = 0;
   FMHA_RETURN_IF_ERROR(check_device(device, &sm_count, &arch));
-  const bool sm90_eligible = use_sm90_backward(p, dtype, arch);
+  const bool sm90_eligible = use_sm90_backward(p, additive.dbias != nullptr, dtype, arch);
   const bool fused = use_fused(p, o, impl, sm_count, sm90_eligible);
   const bool sm90 = sm90_eligible && !fused;
   // The sm90 dQ kernel sums drel_h / drel_w per query row without atomics; the sm80 kernels add

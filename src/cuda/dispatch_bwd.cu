@@ -124,6 +124,9 @@ bool sm90_rel_pos_applies(const BackwardParams& p) {
 template <typename T, bool kDkDv>
 Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
   if (p.fwd.rel_h != nullptr) return launch_policy<Sm90Kernels, T, kDkDv, PolicyRelPos>(p, stream);
+  if (p.fwd.bias != nullptr || p.fwd.softcap_log2 > 0.0f) {
+    return launch_policy<Sm90Kernels, T, kDkDv, PolicyGeneral>(p, stream);
+  }
   if (masked(p)) return launch_policy<Sm90Kernels, T, kDkDv, PolicyWindow>(p, stream);
   return launch_policy<Sm90Kernels, T, kDkDv, PolicyPlain>(p, stream);
 }
@@ -144,16 +147,20 @@ Status dispatch_sm90(const BackwardParams& p, DType dtype, cudaStream_t stream) 
 
 }  // namespace
 
-bool use_sm90_backward(const BackwardParams& p, DType dtype, int arch) {
+bool use_sm90_backward(const BackwardParams& p, bool wants_dbias, DType dtype, int arch) {
 #if FMHA_WITH_SM90
   const ForwardParams& f = p.fwd;
   // The sm90 kernels are 16-bit only: fp32 runs the sm80 kernels on Hopper too.
   const bool sixteen_bit = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+  // Softcap and bias run the general policy; its dQ kernel writes dbias as the score's gradient,
+  // which differs from the one it accumulates by softcap's factor: both together stay on sm80.
+  const bool softcap_and_dbias = f.softcap_log2 > 0.0f && wants_dbias;
   return sixteen_bit && use_sm90_kernels(arch) && f.neighborhood.rank == 0 &&
-         max_dim(p) <= sm90::kBwdMaxHeadDim && f.softcap_log2 == 0.0f && f.bias == nullptr &&
-         f.num_extra == 0 && (f.rel_h == nullptr || sm90_rel_pos_applies(p));
+         max_dim(p) <= sm90::kBwdMaxHeadDim && !softcap_and_dbias && f.num_extra == 0 &&
+         (f.rel_h == nullptr || sm90_rel_pos_applies(p));
 #else
   (void)p;
+  (void)wants_dbias;
   (void)dtype;
   (void)arch;
   return false;

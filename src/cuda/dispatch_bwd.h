@@ -25,10 +25,11 @@ Status dispatch_backward_dkdv(const BackwardParams& p, DType dtype, cudaStream_t
 Status dispatch_backward_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);
 
 // Whether the sm90 split backward (dK/dV and dQ kernels on wgmma, sm90/) takes this problem on a
-// device of compute capability `arch` (major * 10 + minor): dense or varlen attention with no mask
-// or a causal/window mask, D and Dv up to 128, no softcap, bias, rel-pos or extra keys (sinks and
-// GQA run), fp16/bf16 only. Everything else (fp32 included) runs the sm80 kernels.
-bool use_sm90_backward(const BackwardParams& p, DType dtype, int arch);
+// device of compute capability `arch` (major * 10 + minor): dense or varlen attention, fp16/bf16,
+// every head dim, no mask or a causal/window mask, softcap or bias (with dbias, `wants_dbias`, but
+// not both), SAM rel-pos alone where its layout applies; sinks and GQA run. Neighborhood
+// attention, extra keys and fp32 run the sm80 kernels.
+bool use_sm90_backward(const BackwardParams& p, bool wants_dbias, DType dtype, int arch);
 // The sm90 dK/dV kernel (no dQ work) and the sm90 dQ kernel; only when use_sm90_backward.
 Status dispatch_backward_sm90_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream);
 Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);

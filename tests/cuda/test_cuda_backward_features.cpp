@@ -65,6 +65,39 @@ TEST(CudaBackward, BiasAndItsGradient) {
   check_backward(c, 94);
 }
 
+// Bias rows in whole 16-byte chunks (Lk % 8 == 0, contiguous): the Hopper kernels stage the bias
+// tiles in shared memory (the cases above, Lk 239, read it from global memory), and GQA, where the
+// dK/dV kernel walks the group's heads with a bias tile per head.
+TEST(CudaBackward, BiasOnWholeChunkRows) {
+  SKIP_WITHOUT_GPU();
+  BackwardCase c = shape_case(DType::kBFloat16, 200, 256, 64, 64, 4, 2, 2);
+  c.bias = true;
+  c.dbias = true;
+  check_backward(c, 95);
+  c.options.causal = true;
+  c.head_dim = c.value_dim = 128;
+  check_backward(c, 96);
+  c.head_dim = c.value_dim = 200;  // two dK/dV column chunks; dbias comes from the dQ kernel
+  c.dtype = DType::kFloat16;
+  check_backward(c, 97);
+  BackwardCase w = shape_case(DType::kBFloat16, 136, 264, 96, 96, 4, 1, 3);
+  w.bias = true;
+  w.dbias = true;
+  w.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk], SAM's case: summed over B
+  check_backward(w, 98);
+  w.dbias = false;
+  w.options.softcap = 6.0f;  // softcap and bias, no dbias: the general policy on Hopper too
+  w.options.window_left = 40;
+  w.options.window_right = 17;
+  check_backward(w, 99);
+  BackwardCase d = shape_case(DType::kFloat16, 136, 264, 64, 64, 4, 2, 2);
+  d.bias = true;
+  d.dbias = true;  // full size: stored, not summed, so bitwise identical run to run
+  d.options.deterministic = true;
+  d.impls = {BackwardImpl::kAuto};
+  check_backward(d, 100, /*twice=*/true);
+}
+
 TEST(CudaBackward, RelativePositionSam) {
   SKIP_WITHOUT_GPU();
   // SAM-like: a 14 x 14 key grid, D = 80, with and without an additive bias on top.

@@ -146,4 +146,69 @@ __device__ __forceinline__ void accumulate_additive_grad(const BackwardParams& p
   }
 }
 
+// Softcap's chain-rule factor: with s = softcap * tanh(scale q.k / softcap) (log2 units, before
+// any bias is added), ds / d(scale q.k) = 1 - tanh^2 = 1 - (s / softcap)^2. Folds it into
+// dp := (dp - Delta) * (1 - tanh^2), so that P dp is the gradient wrt scale q.k; delta(t, e) is
+// the Delta of entry e of tile t (per row in the dQ kernel, per column in the transposed dK/dV).
+template <typename T, int kTiles, typename DeltaOf>
+__device__ __forceinline__ void fold_softcap_grad(const ScoreModifiers<T>& scores,
+                                                  const float (&s)[kTiles][4],
+                                                  float (&dp)[kTiles][4], DeltaOf delta) {
+  const float inv_softcap = 1.0f / scores.softcap_log2;
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float tanh = s[t][e] * inv_softcap;
+      dp[t][e] = (dp[t][e] - delta(t, e)) * (1.0f - tanh * tanh);
+    }
+  }
+}
+
+// dS of a warp's m16n8 score tiles (entries 0, 1 of a thread on query `row`, 2, 3 on row + 8;
+// entry 0 of tile t on key col + 8t; col even) into the dbias accumulator: plain stores where every
+// element has a slot of its own, atomic adds where dbias broadcasts (pairs at once where the
+// accumulator's rows keep them 8-byte aligned). Elements past the sequence are skipped.
+template <int kTiles>
+__device__ __forceinline__ void store_dbias_tiles(const BackwardParams& p, std::int64_t b,
+                                                  std::int64_t h, std::int64_t row,
+                                                  std::int64_t col, std::int64_t num_queries,
+                                                  std::int64_t num_keys,
+                                                  const float (&ds)[kTiles][4]) {
+  const std::int64_t* const stride = p.dbias_accum_stride;
+  float* const base = p.dbias_accum + b * stride[0] + h * stride[1];
+  const bool pairs = stride[3] == 1 && stride[2] % 2 == 0 && stride[1] % 2 == 0 &&
+                     stride[0] % 2 == 0 && reinterpret_cast<std::uintptr_t>(p.dbias_accum) % 8 == 0;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t i = row + 8 * r;
+    if (i >= num_queries) continue;
+    float* const line = base + i * stride[2];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const std::int64_t j = col + 8 * t;
+      const float x0 = ds[t][2 * r], x1 = ds[t][2 * r + 1];
+      if (j + 1 < num_keys && pairs) {
+        float2* const at = reinterpret_cast<float2*>(line + j);
+        if (p.dbias_atomic) {
+          atomicAdd(at, make_float2(x0, x1));
+        } else {
+          *at = make_float2(x0, x1);
+        }
+        continue;
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (j + e >= num_keys) continue;
+        float* const at = line + (j + e) * stride[3];
+        if (p.dbias_atomic) {
+          atomicAdd(at, e == 0 ? x0 : x1);
+        } else {
+          *at = e == 0 ? x0 : x1;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace fmha::cuda

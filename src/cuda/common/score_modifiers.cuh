@@ -192,6 +192,43 @@ struct ScoreModifiers {
     }
   }
 
+  // The bias of transposed score tiles (rows = keys, columns = queries; the sm90 dK/dV kernel's
+  // S^T) from a staged tile of query rows x kCols keys (load_bias_tile_async's layout): entries
+  // 0, 1 of this thread on tile key `key_local`, 2, 3 on key_local + 8; entry 0 of tile t on tile
+  // query `query_local` + 8t. Rows past the sequence read the staged zeros.
+  template <int kCols, int kTiles>
+  __device__ void add_bias_tile_transposed(float (&s)[kTiles][4], const std::uint8_t* tile,
+                                           int key_local, int query_local) const {
+    using Convert = tile::Dtype<T>;
+    constexpr int kRowBytes = kCols * 2;
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = query_local + t * 8 + (e & 1);
+        const int c = key_local + (e >= 2 ? 8 : 0);
+        const std::uint16_t x = *reinterpret_cast<const std::uint16_t*>(
+            tile + r * kRowBytes + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2);
+        s[t][e] += Convert::to_float(x) * kLog2e;
+      }
+    }
+  }
+
+  // The same read element by element from global memory (bias not staged), on this thread's
+  // keys `key`, key + 8 and queries `query` + 8t (+1).
+  template <int kTiles>
+  __device__ void add_bias_transposed(float (&s)[kTiles][4], std::int64_t key,
+                                      std::int64_t query) const {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[t][e] += additive_log2(query + t * 8 + (e & 1), key + (e >= 2 ? 8 : 0),
+                                 /*with_bias=*/true, /*with_rel=*/false);
+      }
+    }
+  }
+
   // Bias and / or rel-pos read from global memory element by element.
   template <int kTiles>
   __device__ void add_global_additive(float (&s)[kTiles][4], std::int64_t row, std::int64_t col,

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "cuda/sm90/launch_bwd.h"
+#include "cuda/sm90/launch_limits.h"
 #include "cuda/sm90/mainloop_bwd_dkdv.cuh"
 #include "cuda/sm90/mainloop_bwd_dq.cuh"
 
@@ -30,10 +31,19 @@ Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardPara
   return Status::ok_status();
 }
 
+// The general policy stages its bias tiles (one a stage) when their rows are whole 16-byte chunks
+// and they fit next to the kernel's other shared memory `smem`; sets p.fwd.bias_staged.
+inline int stage_bias(BackwardParams& p, int smem, int tile_bytes) {
+  const int bytes = kBwdStages * tile_bytes;
+  p.fwd.bias_staged = bias_stageable(p.fwd) && smem + bytes <= max_block_smem();
+  return p.fwd.bias_staged ? bytes : 0;
+}
+
 }  // namespace detail
 
 template <typename T, int kD, typename Policy>
-Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
+Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
+  BackwardParams p = params;
   const dim3 grid(static_cast<unsigned>((p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock),
                   static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
                   static_cast<unsigned>(p.fwd.batch));
@@ -41,6 +51,8 @@ Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
   if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
     smem += static_cast<int>(bwd_rel_w_rows_bytes(p.fwd, kD));
   }
+  if constexpr (kBwdModifiers<Policy>)
+    smem += detail::stage_bias(p, smem, bwd_dkdv_bias_tile_bytes(kD));
   Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0>, grid, smem, p,
                                        stream, "dK/dV");
   if constexpr (bwd_num_chunks(kD) > 1) {
@@ -54,12 +66,15 @@ Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
 }
 
 template <typename T, int kD, typename Policy>
-Status launch_backward_dq(const BackwardParams& p, cudaStream_t stream) {
+Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
+  BackwardParams p = params;
   const dim3 grid(
       static_cast<unsigned>((p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock),
       static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(p.fwd.batch));
-  int smem = bwd_dq_smem_bytes<kD>();
+  int smem = bwd_dq_smem_bytes<kD, Policy>();
   if constexpr (kBwdRelPos<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
+  if constexpr (kBwdModifiers<Policy>)
+    smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD));
   return detail::launch_bwd_kernel(&backward_dq_kernel<T, kD, Policy>, grid, smem, p, stream, "dQ");
 }
 

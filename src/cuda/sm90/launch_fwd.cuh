@@ -5,37 +5,18 @@
 #include <string>
 
 #include "cuda/sm90/launch_fwd.h"
+#include "cuda/sm90/launch_limits.h"
 #include "cuda/sm90/mainloop_fwd.cuh"
 
 namespace fmha::cuda::sm90 {
 
 namespace detail {
 
-// Shared memory a block may opt into on the current device.
-inline int max_block_smem() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    return 0;
-  }
-  return bytes;
-}
-
 // Pitch of the staged rel_h | rel_w rows (rel_h padded to an even count): a byte stride of 16
 // modulo 128, so that the 8 rows x 4 pair loads of a warp's fragment fall in 32 different banks.
 inline int rel_staged_pitch(std::int64_t rel_h_size, std::int64_t rel_w_size) {
   const std::int64_t width = (rel_h_size + 1) / 2 * 2 + rel_w_size;
   return static_cast<int>((width + 63) / 64 * 64 + 8);
-}
-
-// Whether the bias rows can be copied 16 bytes at a time: keys contiguous, every (b, h, row)
-// start 16-byte aligned, and Lk a multiple of 8 (no partial chunk at a row's end; dense only,
-// since varlen sequences have their own lengths).
-inline bool bias_stageable(const ForwardParams& p) {
-  return p.bias != nullptr && p.cu_seqlens_q == nullptr && p.seqlen_k % 8 == 0 &&
-         p.bias_stride[3] == 1 && p.bias_stride[0] % 8 == 0 && p.bias_stride[1] % 8 == 0 &&
-         p.bias_stride[2] % 8 == 0 && reinterpret_cast<std::uintptr_t>(p.bias) % 16 == 0;
 }
 
 }  // namespace detail
@@ -49,10 +30,10 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   // (their rows are no ranges of the sequence).
   int smem = tile_smem_bytes<kD, Policy>() + kSmemAlignSlack +
              (kTokenTiles ? static_cast<int>(sizeof(TokenTileSmem<kM, block_n(kD)>)) : 0);
-  const int max_smem = detail::max_block_smem();
+  const int max_smem = max_block_smem();
   // Bias: stage its tiles next to the K/V tiles (cp.async) when their rows are whole 16-byte
   // chunks and the tiles fit.
-  if (kHasModifiers<Policy> && detail::bias_stageable(p) &&
+  if (kHasModifiers<Policy> && bias_stageable(p) &&
       smem + kv_stages(kD, true) * bias_tile_bytes(kD) <= max_smem) {
     p.bias_staged = true;
     smem += kv_stages(kD, true) * bias_tile_bytes(kD);

@@ -9,6 +9,8 @@
 // Per query tile (rows of every product are this warpgroup's keys):
 //   S^T = K Q^T, dP^T = V dO^T          (wgmma, all operands K-major in shared memory)
 //   P^T = exp2(scale * S^T - lse), dS^T = P^T (dP^T - Delta)   (column statistics in shared memory)
+//     (the general policy: softcap's factor and the bias as in the dQ kernel, the bias tile read
+//     transposed; dbias is the dQ kernel's)
 //   dV += P^T dO, dK += dS^T Q          (wgmma, P^T / dS^T from registers, dO / Q MN-major)
 // and writes dv and dk = scale * dK once. One barrier per tile; the Q/dO/statistics of tile
 // u + stages - 1 load behind it.
@@ -27,7 +29,8 @@
 
 namespace fmha::cuda::sm90 {
 
-// Shared memory of the tiles; under rel-pos the staged rel_w rows follow (bwd_rel_w_rows_bytes).
+// Shared memory of the tiles; under rel-pos the staged rel_w rows follow (bwd_rel_w_rows_bytes),
+// under the general policy the staged bias tiles (bwd_dkdv_bias_tile_bytes a stage).
 template <int kD>
 constexpr int bwd_dkdv_smem_bytes() {
   constexpr int bytes = 2 * SwizzledTile<kBwdKeysPerBlock, kD>::kBytes +
@@ -71,6 +74,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   using Mask = typename Policy::Mask;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
+  constexpr bool kModifiers = std::is_same_v<Policy, PolicyGeneral>;  // softcap, bias
   const ForwardParams& f = p.fwd;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
@@ -88,6 +92,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   // Rel-pos: rel_w rows of each stage's query tile.
   [[maybe_unused]] const int rel_pitch = static_cast<int>(rel_w_rows_pitch(f.rel_w_size));
   [[maybe_unused]] const std::uint32_t smem_rel = smem_stats + 2 * kStages * kM * 4;
+  // General policy: the bias tile of each stage's query tile, in the same place.
+  [[maybe_unused]] auto smem_bias = [&](int stage) {
+    return smem_stats + 2 * kStages * kM * 4 + stage * bwd_dkdv_bias_tile_bytes(kD);
+  };
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -143,6 +151,12 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
       scores.template load_rel_w_async<kM, kBwdThreads>(smem_rel + stage * kM * rel_pitch,
                                                         rel_pitch, b, h, m0);
     }
+    if constexpr (kModifiers) {
+      if (f.bias_staged) {  // the step's head's bias: query rows m0.., the block's keys
+        Scores::make(f, b, h, num_queries, num_keys)
+            .template load_bias_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), m0, n0);
+      }
+    }
   };
 
   load_tile_async<kN, kD, kBwdThreads>(smem_k, k_tile, f.k_row_stride, valid_keys, f.head_dim,
@@ -195,6 +209,23 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     fence_accumulators(dp);
 
     scores.transform(s);
+    const float* lse = stats_ptr + stage * kM;
+    const float* delta = stats_ptr + (kStages + stage) * kM;
+    bool softcap_folded = false;  // dP^T - Delta already holds softcap's factor
+    if constexpr (kModifiers) {
+      if (scores.softcap_log2 > 0.0f) {
+        fold_softcap_grad(scores, s, dp,
+                          [&](int t, int e) { return delta[t * 8 + fragment_col + (e & 1)]; });
+        softcap_folded = true;
+      }
+      if (f.bias_staged) {
+        scores.template add_bias_tile_transposed<kN>(s, smem_k_ptr + (smem_bias(stage) - smem_k),
+                                                     warp * 16 + lane / 4, fragment_col);
+      } else {
+        Scores::make(f, b, step_head(u), num_queries, num_keys)
+            .add_bias_transposed(s, key_row, m0 + fragment_col);
+      }
+    }
     if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
       scores.add_transposed(s, b, step_head(u), key_row, m0 + fragment_col, fragment_col,
                             smem_k_ptr + (smem_rel - smem_k) + stage * kM * rel_pitch, rel_pitch,
@@ -203,12 +234,12 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     const bool full =
         m0 + kM <= num_queries && mask.tile_is_full(m0, m0 + kM - 1, warpgroup_first_key, 64);
     if (!full) hide_invisible_transposed(mask, s, key_row, m0 + fragment_col, num_queries);
-    const float* lse = stats_ptr + stage * kM;
-    const float* delta = stats_ptr + (kStages + stage) * kM;
 #pragma unroll
     for (int t = 0; t < kScoreTiles; ++t) {
       const float2 l = *reinterpret_cast<const float2*>(lse + t * 8 + fragment_col);
-      const float2 d = *reinterpret_cast<const float2*>(delta + t * 8 + fragment_col);
+      const float2 d = softcap_folded
+                           ? make_float2(0.0f, 0.0f)
+                           : *reinterpret_cast<const float2*>(delta + t * 8 + fragment_col);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float prob = exp2f(s[t][e] - ((e & 1) ? l.y : l.x));

@@ -4,6 +4,9 @@
 // the key tiles its mask policy leaves visible, recomputing per tile:
 //   S = Q K^T, dP = dO V^T            (wgmma, all operands K-major in shared memory)
 //   P = exp2(scale * S - lse), dS = P (dP - Delta)   (row statistics in registers)
+//     (the general policy: softcap's factor 1 - tanh^2 joins dP - Delta while S still holds the
+//     capped scores, then the bias tile is added; dS goes to dbias here, the kernel that owns
+//     each (query, key) element once per head)
 //   dQ += dS K                        (wgmma, dS from registers, K MN-major)
 // and writes dq = scale * dQ once. Pipeline as the forward's: one barrier per tile, the loads of
 // tile u + stages - 1 issued right after it.
@@ -14,6 +17,7 @@
 #include <type_traits>
 
 #include "cuda/common/backward_params.h"
+#include "cuda/common/backward_policies.cuh"
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
@@ -25,13 +29,19 @@ namespace fmha::cuda::sm90 {
 
 template <typename Policy>
 inline constexpr bool kBwdRelPos = std::is_same_v<Policy, PolicyRelPos>;
+// Score modifiers (softcap, bias and dbias) on the backward: the general policy.
+template <typename Policy>
+inline constexpr bool kBwdModifiers = std::is_same_v<Policy, PolicyGeneral>;
 
-// Shared memory of the tiles; under rel-pos its rows and table follow (bwd_rel_pos_smem_bytes).
-template <int kD>
+// Shared memory of the tiles; under rel-pos its rows and table follow (bwd_rel_pos_smem_bytes),
+// under the general policy the staged bias tiles (bwd_dq_bias_tile_bytes a stage).
+template <int kD, typename Policy>
 constexpr int bwd_dq_smem_bytes() {
+  constexpr int kN = bwd_keys_per_tile(kD, kBwdModifiers<Policy>);
   constexpr int bytes = 2 * SwizzledTile<kBwdQueriesPerBlock, kD>::kBytes +
-                        2 * kBwdStages * SwizzledTile<bwd_keys_per_tile(kD), kD>::kBytes + 1024;
-  static_assert(bytes == bwd_dq_tile_bytes(kD, kBwdStages), "as the dispatch counts");
+                        2 * kBwdStages * SwizzledTile<kN, kD>::kBytes + 1024;
+  static_assert(bytes == bwd_dq_tile_bytes(kD, kBwdStages, kBwdModifiers<Policy>),
+                "as the dispatch counts");
   return bytes;
 }
 
@@ -39,7 +49,7 @@ template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kM = kBwdQueriesPerBlock;
-  constexpr int kN = bwd_keys_per_tile(kD);
+  constexpr int kN = bwd_keys_per_tile(kD, kBwdModifiers<Policy>);
   constexpr int kStages = kBwdStages;
   constexpr int kScoreTiles = kN / 8;
   constexpr int kOutTiles = kD / 8;
@@ -57,6 +67,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   auto smem_k = [&](int stage) { return smem_do + QTile::kBytes + stage * KVTile::kBytes; };
   auto smem_v = [&](int stage) {
     return smem_do + QTile::kBytes + (kStages + stage) * KVTile::kBytes;
+  };
+  [[maybe_unused]] auto smem_bias = [&](int stage) {
+    return smem_q + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes +
+           stage * bwd_dq_bias_tile_bytes(kD);
   };
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
@@ -103,6 +117,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                          f.k_row_stride, valid, f.head_dim, f.vector_loads);
     load_tile_async<kN, kD, kBwdThreads>(smem_v(stage), v + first_key * f.v_row_stride,
                                          f.v_row_stride, valid, f.value_dim, f.vector_loads);
+    if constexpr (kBwdModifiers<Policy>) {
+      if (f.bias_staged) {
+        scores.template load_bias_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), m0, first_key);
+      }
+    }
   };
 
   load_tile_async<kM, kD, kBwdThreads>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
@@ -191,6 +210,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     } else {
       scores.transform(s);
     }
+    float row_delta[2] = {delta[0], delta[1]};  // what dS subtracts from dP below
+    if constexpr (kBwdModifiers<Policy>) {
+      if (scores.softcap_log2 > 0.0f) {
+        fold_softcap_grad(scores, s, dp, [&](int, int e) { return row_delta[e / 2]; });
+        row_delta[0] = row_delta[1] = 0.0f;
+      }
+      if (f.bias_staged) {
+        scores.add_bias_tile(s, fragment_row, first_key + fragment_col,
+                             smem_q_ptr + (smem_bias(stage) - smem_q), warp * 16 + lane / 4);
+      } else {
+        scores.add_bias(s, fragment_row, first_key + fragment_col);
+      }
+    }
     if (!mask.tile_is_full(m0, last_row, first_key, kN)) {
       hide_invisible(mask, s, fragment_row, first_key + fragment_col);
     }
@@ -199,11 +231,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float prob = exp2f(s[t][e] - lse_log2[e / 2]);
-        s[t][e] = prob * (dp[t][e] - delta[e / 2]);  // dS, the gradient wrt scale * q.k
+        s[t][e] = prob * (dp[t][e] - row_delta[e / 2]);  // dS, the gradient wrt scale * q.k
       }
     }
     if constexpr (kBwdRelPos<Policy>) {
       scores.accumulate_grads(s, first_key, fragment_col, dh0, dh8, dw0, dw8);
+    }
+    if constexpr (kBwdModifiers<Policy>) {
+      // Without softcap (the dispatch's rule for dbias here) dS is also the score's gradient.
+      if (p.dbias_accum != nullptr) {
+        store_dbias_tiles(p, b, h, fragment_row, first_key + fragment_col, num_queries, num_keys,
+                          s);
+      }
     }
 
     std::uint32_t a[kN / 16][4];

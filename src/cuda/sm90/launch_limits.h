@@ -1,0 +1,32 @@
+// Host-side questions both sm90 launchers (forward and backward) ask before sizing shared memory.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/forward_params.h"
+
+namespace fmha::cuda::sm90 {
+
+// Shared memory a block may opt into on the current device.
+inline int max_block_smem() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    return 0;
+  }
+  return bytes;
+}
+
+// Whether the bias rows can be copied 16 bytes at a time: keys contiguous, every (b, h, row)
+// start 16-byte aligned, and Lk a multiple of 8 (no partial chunk at a row's end; dense only,
+// since varlen sequences have their own lengths).
+inline bool bias_stageable(const ForwardParams& p) {
+  return p.bias != nullptr && p.cu_seqlens_q == nullptr && p.seqlen_k % 8 == 0 &&
+         p.bias_stride[3] == 1 && p.bias_stride[0] % 8 == 0 && p.bias_stride[1] % 8 == 0 &&
+         p.bias_stride[2] % 8 == 0 && reinterpret_cast<std::uintptr_t>(p.bias) % 16 == 0;
+}
+
+}  // namespace fmha::cuda::sm90
