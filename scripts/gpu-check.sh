@@ -5,6 +5,8 @@
 #
 #   bash scripts/gpu-check.sh                 # everything
 #   STEPS="build cuda-tests" bash scripts/gpu-check.sh
+#   STEPS="build cuda-tests bench" CUDA_TESTS_FILTER="CudaBackward*" BENCH_SUITE=features \
+#     BENCH_ARGS="--cases bias|softcap --impls fmha,sdpa-cudnn,flex" bash scripts/gpu-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${OUT:-$PWD/build-gpu}
@@ -45,7 +47,10 @@ python_install() {
   FMHA_CUDA_ARCHITECTURES="$ARCHS" FMHA_HEAD_DIM_BUCKETS="$BUCKETS" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
     python3 -m pip install -q --no-build-isolation --no-deps .
 }
-cuda_tests() { timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests --gtest_brief=1; }
+cuda_tests() {
+  timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests --gtest_brief=1 \
+      --gtest_filter="${CUDA_TESTS_FILTER:-*}"
+}
 # On Hopper dense attention and the neighborhood forward run the sm90 kernels; run their tests again
 # on the sm80 kernels (fp32 runs the sm80 kernels everywhere: its tests need no second pass).
 sm80_tests() {
