@@ -13,7 +13,8 @@ RESULTS=${OUT:-$PWD/build-gpu}
 OUT=$RESULTS/gpu-check  # every log and the benchmark output; packed into one archive at the end
 mkdir -p "$OUT"
 ARCHS=${FMHA_CUDA_ARCHITECTURES:-90a-real}
-# Fewer head-dim buckets build faster (e.g. "64;128" for a quick benchmark; the GPU tests need all).
+# Fewer head-dim buckets build faster (e.g. "64;128" for a quick benchmark; the GPU tests need all;
+# PIP_BUCKETS narrows only the Python package, for the benchmark).
 BUCKETS=${FMHA_HEAD_DIM_BUCKETS:-"32;64;96;128;160;192;224;256"}
 STEPS=${STEPS:-"build cuda-tests sm80-tests sanitizer python bench"}
 SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*:*WideHeads*"}
@@ -44,7 +45,7 @@ build() {
 # The Python package builds in the background while the C++ suite builds and runs: `pip install`
 # offline with the machine's own torch/nanobind/scikit-build-core, as a user would.
 python_install() {
-  FMHA_CUDA_ARCHITECTURES="$ARCHS" FMHA_HEAD_DIM_BUCKETS="$BUCKETS" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
+  FMHA_CUDA_ARCHITECTURES="$ARCHS" FMHA_HEAD_DIM_BUCKETS="${PIP_BUCKETS:-$BUCKETS}" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
     python3 -m pip install -q --no-build-isolation --no-deps .
 }
 cuda_tests() {
