@@ -142,6 +142,13 @@ struct ScoreModifiers {
     if (bias != nullptr) add_global_additive(s, row, col, /*with_bias=*/true, /*with_rel=*/false);
   }
 
+  // The staged bias tiles' layout: row r's 16-byte chunk c sits at chunk c ^ (r mod 8) of the
+  // row (mod the row's chunk count when it has fewer than 8, so that it stays in its row).
+  template <int kChunks>
+  __device__ static int swizzled_chunk(int c, int r) {
+    return c ^ (r & ((kChunks < 8 ? kChunks : 8) - 1));
+  }
+
   // Copies the bias of query rows [first_row, +kRows) x keys [first_key, +kCols) to shared
   // address `dst` (layout: tile_sizes.h bias_tile_bytes) with 16-byte cp.async, zeros past the
   // sequence; only when the launch set params->bias_staged.
@@ -160,7 +167,8 @@ struct ScoreModifiers {
       const std::int64_t i = first_row + r;
       const bool inside = i < num_queries && j < num_keys;  // Lk % 8 == 0: whole chunks
       const std::uint16_t* src = inside ? bias + i * params->bias_stride[2] + j : bias;
-      tile::cp_async_16(dst + r * kCols * 2 + ((c ^ (r & 7)) << 4), src, inside ? 16 : 0);
+      tile::cp_async_16(dst + r * kCols * 2 + (swizzled_chunk<kChunks>(c, r) << 4), src,
+                        inside ? 16 : 0);
     }
   }
 
@@ -185,7 +193,7 @@ struct ScoreModifiers {
       for (int r = 0; r < 2; ++r) {
         const int lr = local_row + 8 * r;
         const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(
-            tile + lr * kRowBytes + ((t ^ (lr & 7)) << 4) + c * 2);
+            tile + lr * kRowBytes + (swizzled_chunk<kTiles>(t, lr) << 4) + c * 2);
         s[t][2 * r] += Convert::to_float(static_cast<std::uint16_t>(w)) * kLog2e;
         s[t][2 * r + 1] += Convert::to_float(static_cast<std::uint16_t>(w >> 16)) * kLog2e;
       }
@@ -208,7 +216,7 @@ struct ScoreModifiers {
         const int r = query_local + t * 8 + (e & 1);
         const int c = key_local + (e >= 2 ? 8 : 0);
         const std::uint16_t x = *reinterpret_cast<const std::uint16_t*>(
-            tile + r * kRowBytes + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2);
+            tile + r * kRowBytes + (swizzled_chunk<kCols / 8>(c >> 3, r) << 4) + (c & 7) * 2);
         s[t][e] += Convert::to_float(x) * kLog2e;
       }
     }
