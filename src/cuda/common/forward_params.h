@@ -88,6 +88,8 @@ struct ForwardParams {
   // True when a kernel stages bias tiles in shared memory next to its K/V tiles (cp.async): keys
   // contiguous, rows and the (b, h) offsets 16-byte aligned, Lk a multiple of 8 (dense only).
   bool bias_staged = false;
+  // Grid order (block_coords.cuh): the batch varies fastest, within grid.x.
+  bool batch_innermost = false;
 
   // Sinks [H] fp32; nullptr when absent.
   const float* sinks = nullptr;

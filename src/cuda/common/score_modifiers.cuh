@@ -201,23 +201,29 @@ struct ScoreModifiers {
   }
 
   // The bias of transposed score tiles (rows = keys, columns = queries; the sm90 dK/dV kernel's
-  // S^T) from a staged tile of query rows x kCols keys (load_bias_tile_async's layout): entries
-  // 0, 1 of this thread on tile key `key_local`, 2, 3 on key_local + 8; entry 0 of tile t on tile
-  // query `query_local` + 8t. Rows past the sequence read the staged zeros.
+  // S^T) from a staged tile of query rows x kCols keys at shared address `tile`
+  // (load_bias_tile_async's layout): this warp's 16 keys start at tile key `first_key`; entries
+  // 0, 1 of tile t on queries 8t + 2 (lane % 4) + {0, 1}, entries 2, 3 eight keys further. One
+  // transposing ldmatrix gives two tiles' pairs: its 8 x 8 matrices are (query tile, key half),
+  // and a thread's register of a transposed matrix holds rows 2 (lane % 4), + 1 of column lane / 4,
+  // i.e. its own entries. Rows past the sequence read the staged zeros.
   template <int kCols, int kTiles>
-  __device__ void add_bias_tile_transposed(float (&s)[kTiles][4], const std::uint8_t* tile,
-                                           int key_local, int query_local) const {
+  __device__ void add_bias_tile_transposed(float (&s)[kTiles][4], std::uint32_t tile, int first_key,
+                                           int lane) const {
     using Convert = tile::Dtype<T>;
-    constexpr int kRowBytes = kCols * 2;
+    static_assert(kTiles % 2 == 0, "two query tiles per ldmatrix");
+    const int m = lane / 8;                     // the matrix this lane addresses a row of
+    const int chunk = first_key / 8 + (m & 1);  // key half
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
+    for (int t = 0; t < kTiles; t += 2) {
+      const int r = (t + m / 2) * 8 + lane % 8;  // query row of the tile
+      std::uint32_t x[4];
+      tile::ldmatrix_x4_trans(x, tile + r * kCols * 2 + (swizzled_chunk<kCols / 8>(chunk, r) << 4));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = query_local + t * 8 + (e & 1);
-        const int c = key_local + (e >= 2 ? 8 : 0);
-        const std::uint16_t x = *reinterpret_cast<const std::uint16_t*>(
-            tile + r * kRowBytes + (swizzled_chunk<kCols / 8>(c >> 3, r) << 4) + (c & 7) * 2);
-        s[t][e] += Convert::to_float(x) * kLog2e;
+      for (int i = 0; i < 4; ++i) {  // matrix i: query tile t + i / 2, key half i % 2
+        float(&st)[4] = s[t + i / 2];
+        st[2 * (i & 1)] += Convert::to_float(static_cast<std::uint16_t>(x[i])) * kLog2e;
+        st[2 * (i & 1) + 1] += Convert::to_float(static_cast<std::uint16_t>(x[i] >> 16)) * kLog2e;
       }
     }
   }

@@ -44,9 +44,9 @@ inline int stage_bias(BackwardParams& p, int smem, int tile_bytes) {
 template <typename T, int kD, typename Policy>
 Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   BackwardParams p = params;
-  const dim3 grid(static_cast<unsigned>((p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock),
-                  static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
-                  static_cast<unsigned>(p.fwd.batch));
+  p.fwd.batch_innermost = kBwdModifiers<Policy> && bias_shared_by_batches(p.fwd);
+  const dim3 grid = batch_grid(p.fwd, (p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock,
+                               p.fwd.heads / p.fwd.kv_group);
   int smem = bwd_dkdv_smem_bytes<kD>();
   if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
     smem += static_cast<int>(bwd_rel_w_rows_bytes(p.fwd, kD));
@@ -68,9 +68,9 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
 template <typename T, int kD, typename Policy>
 Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   BackwardParams p = params;
-  const dim3 grid(
-      static_cast<unsigned>((p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock),
-      static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(p.fwd.batch));
+  p.fwd.batch_innermost = kBwdModifiers<Policy> && bias_shared_by_batches(p.fwd);
+  const dim3 grid = batch_grid(
+      p.fwd, (p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock, p.fwd.heads);
   int smem = bwd_dq_smem_bytes<kD, Policy>();
   if constexpr (kBwdRelPos<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
   if constexpr (kBwdModifiers<Policy>)

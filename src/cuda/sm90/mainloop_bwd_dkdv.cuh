@@ -22,6 +22,7 @@
 
 #include "cuda/common/backward_params.h"
 #include "cuda/common/backward_policies.cuh"
+#include "cuda/common/block_coords.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
@@ -100,7 +101,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t b = blockIdx.z;
+  const std::int64_t b = block_coords(f).batch;
   const int hk = static_cast<int>(blockIdx.y);
   const std::int64_t n0 = key_tile * kN;
 
@@ -219,8 +220,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
         softcap_folded = true;
       }
       if (f.bias_staged) {
-        scores.template add_bias_tile_transposed<kN>(s, smem_k_ptr + (smem_bias(stage) - smem_k),
-                                                     warp * 16 + lane / 4, fragment_col);
+        scores.template add_bias_tile_transposed<kN>(s, smem_bias(stage), warp * 16, lane);
       } else {
         Scores::make(f, b, step_head(u), num_queries, num_keys)
             .add_bias_transposed(s, key_row, m0 + fragment_col);
@@ -295,15 +295,15 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
                                          p.dv_row_stride, f.value_dim, lane);
 }
 
-// Column chunk kChunk of dK/dV for every key tile (blockIdx.x). One kernel per chunk rather than a
-// branch on the block index: with both chunk bodies in one kernel the compiler hoists across them
-// and spills (752 bytes at D = 256, none with one body).
+// Column chunk kChunk of dK/dV for every key tile (block_coords' tile). One kernel per chunk rather
+// than a branch on the block index: with both chunk bodies in one kernel the compiler hoists across
+// them and spills (752 bytes at D = 256, none with one body).
 template <typename T, int kD, typename Policy, int kChunk>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kCol0 = kChunk * bwd_chunk(kD);
   constexpr int kCols = kD - kCol0 < bwd_chunk(kD) ? kD - kCol0 : bwd_chunk(kD);
-  dkdv_block<T, kD, kCol0, kCols, Policy>(p, blockIdx.x);
+  dkdv_block<T, kD, kCol0, kCols, Policy>(p, block_coords(p.fwd).tile);
 }
 
 }  // namespace fmha::cuda::sm90

@@ -18,6 +18,7 @@
 
 #include "cuda/common/backward_params.h"
 #include "cuda/common/backward_policies.cuh"
+#include "cuda/common/block_coords.cuh"
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
@@ -76,9 +77,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t b = blockIdx.z;
+  const BlockCoords block = block_coords(f);
+  const std::int64_t b = block.batch;
   const int h = static_cast<int>(blockIdx.y);
-  const std::int64_t m_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
+  const std::int64_t m_block = block.tiles - 1 - block.tile;
 
   std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;
   if (f.cu_seqlens_q != nullptr) {
