@@ -68,8 +68,8 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   }
   std::int64_t blocks = (p.seqlen_q + kM - 1) / kM;
   if constexpr (kTokenTiles) blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
-  p.batch_innermost = kHasModifiers<Policy> && bias_shared_by_batches(p);
-  const dim3 grid = batch_grid(p, blocks, p.heads);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads),
+                  static_cast<unsigned>(p.batch));
   kernel<<<grid, threads(kD), smem, stream>>>(p);
   e = cudaGetLastError();
   if (e != cudaSuccess) {

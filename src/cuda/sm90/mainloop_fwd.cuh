@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/common/block_coords.cuh"
 #include "cuda/common/forward_params.h"
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/common/neighborhood_mask.cuh"
@@ -203,11 +202,10 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;  // 16 rows each, in block order
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const BlockCoords block = block_coords(p);
-  const std::int64_t b = block.batch;
+  const std::int64_t b = blockIdx.z;
   const int h = static_cast<int>(blockIdx.y);
   // Last row blocks first: under a causal mask they have the most key tiles.
-  const std::int64_t m_block = block.tiles - 1 - block.tile;
+  const std::int64_t m_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
 
   std::int64_t q_start = 0, k_start = 0, num_queries = p.seqlen_q, num_keys = p.seqlen_k;
   if (p.cu_seqlens_q != nullptr) {
