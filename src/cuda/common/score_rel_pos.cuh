@@ -239,40 +239,15 @@ struct ScoreRelPos {
       }
       h0 += ds[t][0] + ds[t][1];
       h8 += ds[t][2] + ds[t][3];
+      if (dw0 != nullptr) {
+        float2* const a = reinterpret_cast<float2*>(dw0 + jw + col);
+        float2* const c = reinterpret_cast<float2*>(dw8 + jw + col);
+        const float2 x = *a, y = *c;
+        *a = make_float2(x.x + ds[t][0], x.y + ds[t][1]);
+        *c = make_float2(y.x + ds[t][2], y.y + ds[t][3]);
+      }
     }
     flush();
-    if (dw0 != nullptr) accumulate_w_grads<1>(ds, col, dw0, dw8);
-  }
-
-  // drel_w: tiles t, t + Wk / 8, t + 2 Wk / 8, ... meet the same slots (kSlots = Wk / 8 of them,
-  // the runtime width picked among the powers of two up to the tile), so they are summed in
-  // registers first: one read-modify-write per slot and tile rather than a chain of dependent ones.
-  template <int kSlots, int kTiles>
-  __device__ void accumulate_w_grads(const float (&ds)[kTiles][4], int col, float* dw0,
-                                     float* dw8) const {
-    if constexpr (kSlots < kTiles) {
-      if (rel_w_size != 8 * kSlots) {
-        accumulate_w_grads<2 * kSlots>(ds, col, dw0, dw8);
-        return;
-      }
-    }
-#pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) {
-      float2 x = make_float2(ds[slot][0], ds[slot][1]);
-      float2 y = make_float2(ds[slot][2], ds[slot][3]);
-#pragma unroll
-      for (int t = slot + kSlots; t < kTiles; t += kSlots) {
-        x.x += ds[t][0];
-        x.y += ds[t][1];
-        y.x += ds[t][2];
-        y.y += ds[t][3];
-      }
-      float2* const a = reinterpret_cast<float2*>(dw0 + slot * 8 + col);
-      float2* const c = reinterpret_cast<float2*>(dw8 + slot * 8 + col);
-      const float2 u = *a, v = *c;
-      *a = make_float2(u.x + x.x, u.y + x.y);
-      *c = make_float2(v.x + y.x, v.y + y.y);
-    }
   }
 };
 
