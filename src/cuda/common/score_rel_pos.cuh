@@ -47,6 +47,15 @@ __host__ __device__ inline bool rel_w_staged_in_chunks(const ForwardParams& p) {
          p.rel_w_stride[2] % 8 == 0 && reinterpret_cast<std::uintptr_t>(p.rel_w) % 16 == 0;
 }
 
+// Whether the dK/dV kernel also stages the rel_h entries its 128 keys meet (128 / Wk per query
+// row, in the 16 bytes after each staged rel_w row) with 4-byte copies: 2 to 8 entries (Wk 16 to
+// 64), contiguous and 4-byte aligned. Otherwise they are read from global memory per score.
+__host__ __device__ inline bool rel_h_staged_in_pairs(const ForwardParams& p, int keys_per_block) {
+  return p.rel_w_size >= 16 && p.rel_w_size <= 64 && keys_per_block % p.rel_w_size == 0 &&
+         p.rel_h_stride[3] == 1 && p.rel_h_stride[0] % 2 == 0 && p.rel_h_stride[1] % 2 == 0 &&
+         p.rel_h_stride[2] % 2 == 0 && reinterpret_cast<std::uintptr_t>(p.rel_h) % 4 == 0;
+}
+
 // Whether a problem's rel-pos fits this layout for key tiles of kN keys.
 __host__ __device__ constexpr bool rel_pos_tiles_apply(std::int64_t rel_w_size, int kN) {
   return rel_w_size >= 8 && rel_w_size <= kN && (rel_w_size & (rel_w_size - 1)) == 0;
@@ -151,9 +160,12 @@ struct ScoreRelPos {
   // Copies rel_w of queries [first_row, first_row + kRows) of head `h` (rows pitch bytes apart,
   // zeros past the sequence) to shared address `dst` with 16-byte cp.async: the backward dK/dV
   // kernel's per-query-tile rows (rel_w_staged_in_chunks() must hold). `this` is any head's.
-  template <int kRows, int kThreads>
+  // With `h_staged` (rel_h_staged_in_pairs), each row's 16 bytes after rel_w get rel_h entries
+  // first_key / Wk .. + kKeys / Wk - 1: those of the block's kKeys keys.
+  template <int kRows, int kKeys, int kThreads>
   __device__ void load_rel_w_async(std::uint32_t dst, int pitch_bytes, std::int64_t b,
-                                   std::int64_t h, std::int64_t first_row) const {
+                                   std::int64_t h, std::int64_t first_row, bool h_staged,
+                                   std::int64_t first_key) const {
     const std::uint16_t* const w = static_cast<const std::uint16_t*>(params->rel_w) +
                                    b * params->rel_w_stride[0] + h * params->rel_w_stride[1];
     const int chunks = rel_w_size / 8;
@@ -165,6 +177,25 @@ struct ScoreRelPos {
       tile::cp_async_16(dst + r * pitch_bytes + c * 16,
                         inside ? w + i * params->rel_w_stride[2] + c * 8 : w, inside ? 16 : 0);
     }
+    if (!h_staged) return;
+    const std::uint16_t* const rh = rel_h_row0(b, h) + first_key / rel_w_size;
+    const int pairs = kKeys / rel_w_size / 2;
+    for (int index = static_cast<int>(threadIdx.x); index < kRows * pairs; index += kThreads) {
+      const int r = index / pairs;
+      const int c = index - r * pairs;
+      const std::int64_t i = first_row + r;
+      const bool inside = i < num_queries;
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + r * pitch_bytes +
+                                                                          2 * rel_w_size + 4 * c),
+                   "l"(inside ? rh + i * params->rel_h_stride[2] + 2 * c : rh),
+                   "r"(inside ? 4 : 0));
+    }
+  }
+
+  // rel_h of (b, h), row 0.
+  __device__ const std::uint16_t* rel_h_row0(std::int64_t b, std::int64_t h) const {
+    return static_cast<const std::uint16_t*>(params->rel_h) + b * params->rel_h_stride[0] +
+           h * params->rel_h_stride[1];
   }
 
   // Rel-pos added to a transposed tile (rows = keys: entries 0, 1 of this thread on `key`, 2, 3
@@ -172,14 +203,15 @@ struct ScoreRelPos {
   // `local_query` + 8t), for head h: rel_w from the query tile's staged rows (`rows`, pitch_bytes
   // apart), rel_h from global memory, one load per query when both keys share a grid row. Keys
   // and queries past the sequence get nothing.
+  // With `h_staged`, rel_h comes from the rows' staged entries of the block's keys (the block
+  // starts at key `first_key`; load_rel_w_async).
   template <int kTiles>
   __device__ void add_transposed(float (&s)[kTiles][4], std::int64_t b, std::int64_t h,
                                  std::int64_t key, std::int64_t query, int local_query,
-                                 const std::uint8_t* rows, int pitch_bytes,
-                                 std::int64_t num_keys) const {
+                                 const std::uint8_t* rows, int pitch_bytes, std::int64_t num_keys,
+                                 bool h_staged, std::int64_t first_key) const {
     using Convert = tile::Dtype<T>;
-    const std::uint16_t* const rh = static_cast<const std::uint16_t*>(params->rel_h) +
-                                    b * params->rel_h_stride[0] + h * params->rel_h_stride[1];
+    const std::uint16_t* const rh = rel_h_row0(b, h);
     const std::int64_t h_row = params->rel_h_stride[2], h_col = params->rel_h_stride[3];
     const std::int64_t jh0 = key / rel_w_size, jh8 = (key + 8) / rel_w_size;
     const int jw0 = static_cast<int>(key - jh0 * rel_w_size);
@@ -188,6 +220,10 @@ struct ScoreRelPos {
     const std::uint16_t* const h0 = rh + (valid0 ? jh0 : 0) * h_col;
     const std::uint16_t* const h8 = rh + (valid8 ? jh8 : 0) * h_col;
     const bool same_row = jh0 == jh8;
+    // Staged: entries of a row's rel_h slice, after its rel_w.
+    const int first_jh = static_cast<int>(first_key / rel_w_size);
+    const int staged0 = rel_w_size + static_cast<int>(jh0) - first_jh;
+    const int staged8 = rel_w_size + static_cast<int>(jh8) - first_jh;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
@@ -196,8 +232,14 @@ struct ScoreRelPos {
         if (i >= num_queries) continue;
         const auto* w =
             reinterpret_cast<const std::uint16_t*>(rows + (local_query + 8 * t + e) * pitch_bytes);
-        const float a = Convert::to_float(h0[i * h_row]);
-        const float c = same_row ? a : Convert::to_float(h8[i * h_row]);
+        float a, c;
+        if (h_staged) {
+          a = Convert::to_float(w[staged0]);
+          c = same_row ? a : Convert::to_float(w[staged8]);
+        } else {
+          a = Convert::to_float(h0[i * h_row]);
+          c = same_row ? a : Convert::to_float(h8[i * h_row]);
+        }
         if (valid0) s[t][e] += (a + Convert::to_float(w[jw0])) * kLog2e;
         if (valid8) s[t][2 + e] += (c + Convert::to_float(w[jw8])) * kLog2e;
       }

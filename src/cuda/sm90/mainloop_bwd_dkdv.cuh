@@ -93,6 +93,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   // Rel-pos: rel_w rows of each stage's query tile.
   [[maybe_unused]] const int rel_pitch = static_cast<int>(rel_w_rows_pitch(f.rel_w_size));
   [[maybe_unused]] const std::uint32_t smem_rel = smem_stats + 2 * kStages * kM * 4;
+  [[maybe_unused]] const bool rel_h_staged = rel_h_staged_in_pairs(f, kN);
   // General policy: the bias tile of each stage's query tile, in the same place.
   [[maybe_unused]] auto smem_bias = [&](int stage) {
     return smem_stats + 2 * kStages * kM * 4 + stage * bwd_dkdv_bias_tile_bytes(kD);
@@ -149,8 +150,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     load_floats_async(smem_lse(stage), p.lse_log2 + stat, kM, rows, 0);
     load_floats_async(smem_delta(stage), p.delta + stat, kM, rows, kM);
     if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
-      scores.template load_rel_w_async<kM, kBwdThreads>(smem_rel + stage * kM * rel_pitch,
-                                                        rel_pitch, b, h, m0);
+      scores.template load_rel_w_async<kM, kN, kBwdThreads>(smem_rel + stage * kM * rel_pitch,
+                                                            rel_pitch, b, h, m0, rel_h_staged, n0);
     }
     if constexpr (kModifiers) {
       if (f.bias_staged) {  // the step's head's bias: query rows m0.., the block's keys
@@ -229,7 +230,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
       scores.add_transposed(s, b, step_head(u), key_row, m0 + fragment_col, fragment_col,
                             smem_k_ptr + (smem_rel - smem_k) + stage * kM * rel_pitch, rel_pitch,
-                            num_keys);
+                            num_keys, rel_h_staged, n0);
     }
     const bool full =
         m0 + kM <= num_queries && mask.tile_is_full(m0, m0 + kM - 1, warpgroup_first_key, 64);
