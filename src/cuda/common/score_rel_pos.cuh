@@ -178,17 +178,19 @@ struct ScoreRelPos {
                         inside ? w + i * params->rel_w_stride[2] + c * 8 : w, inside ? 16 : 0);
     }
     if (!h_staged) return;
-    const std::uint16_t* const rh = rel_h_row0(b, h) + first_key / rel_w_size;
+    const int first_jh = static_cast<int>(first_key / rel_w_size);
+    const std::uint16_t* const rh = rel_h_row0(b, h) + first_jh;
     const int pairs = kKeys / rel_w_size / 2;
     for (int index = static_cast<int>(threadIdx.x); index < kRows * pairs; index += kThreads) {
       const int r = index / pairs;
       const int c = index - r * pairs;
       const std::int64_t i = first_row + r;
-      const bool inside = i < num_queries;
+      // Entries past the grid's last row (the block's keys past Lk) are zero-filled, not read.
+      const int left = rel_h_size - first_jh - 2 * c;
+      const int bytes = i < num_queries ? (left >= 2 ? 4 : (left == 1 ? 2 : 0)) : 0;
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + r * pitch_bytes +
                                                                           2 * rel_w_size + 4 * c),
-                   "l"(inside ? rh + i * params->rel_h_stride[2] + 2 * c : rh),
-                   "r"(inside ? 4 : 0));
+                   "l"(bytes > 0 ? rh + i * params->rel_h_stride[2] + 2 * c : rh), "r"(bytes));
     }
   }
 
@@ -209,7 +211,8 @@ struct ScoreRelPos {
   __device__ void add_transposed(float (&s)[kTiles][4], std::int64_t b, std::int64_t h,
                                  std::int64_t key, std::int64_t query, int local_query,
                                  const std::uint8_t* rows, int pitch_bytes, std::int64_t num_keys,
-                                 bool h_staged, std::int64_t first_key) const {
+                                 bool h_staged, std::int64_t first_key, std::uint32_t rows_smem,
+                                 int lane) const {
     using Convert = tile::Dtype<T>;
     const std::uint16_t* const rh = rel_h_row0(b, h);
     const std::int64_t h_row = params->rel_h_stride[2], h_col = params->rel_h_stride[3];
@@ -224,6 +227,35 @@ struct ScoreRelPos {
     const int first_jh = static_cast<int>(first_key / rel_w_size);
     const int staged0 = rel_w_size + static_cast<int>(jh0) - first_jh;
     const int staged8 = rel_w_size + static_cast<int>(jh8) - first_jh;
+    if (h_staged) {
+      // rel_w pairs by one transposing ldmatrix per two query tiles (as the bias tiles': its
+      // 8 x 8 matrices are (query tile, key half); Wk >= 16 keeps the warp's 16 keys one run of
+      // grid columns), rel_h from each row's staged slice.
+      const int m = lane / 8;
+      const int jw_first = jw0 - lane / 4;
+      const std::uint32_t col_bytes = 2 * (jw_first + 8 * (m & 1));
+#pragma unroll
+      for (int t = 0; t < kTiles; t += 2) {
+        std::uint32_t x[4];
+        tile::ldmatrix_x4_trans(x,
+                                rows_smem + (8 * (t + m / 2) + lane % 8) * pitch_bytes + col_bytes);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // matrix i: query tile t + i / 2, key half i % 2
+          const int tt = t + i / 2, half = i & 1;
+          if (!(half == 0 ? valid0 : valid8)) continue;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const auto* row = reinterpret_cast<const std::uint16_t*>(
+                rows + (local_query + 8 * tt + e) * pitch_bytes);
+            const float hv = Convert::to_float(row[half == 0 ? staged0 : staged8]);
+            const float wv =
+                Convert::to_float(static_cast<std::uint16_t>(e == 0 ? x[i] : x[i] >> 16));
+            s[tt][2 * half + e] += (hv + wv) * kLog2e;
+          }
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
@@ -232,14 +264,8 @@ struct ScoreRelPos {
         if (i >= num_queries) continue;
         const auto* w =
             reinterpret_cast<const std::uint16_t*>(rows + (local_query + 8 * t + e) * pitch_bytes);
-        float a, c;
-        if (h_staged) {
-          a = Convert::to_float(w[staged0]);
-          c = same_row ? a : Convert::to_float(w[staged8]);
-        } else {
-          a = Convert::to_float(h0[i * h_row]);
-          c = same_row ? a : Convert::to_float(h8[i * h_row]);
-        }
+        const float a = Convert::to_float(h0[i * h_row]);
+        const float c = same_row ? a : Convert::to_float(h8[i * h_row]);
         if (valid0) s[t][e] += (a + Convert::to_float(w[jw0])) * kLog2e;
         if (valid8) s[t][2 + e] += (c + Convert::to_float(w[jw8])) * kLog2e;
       }

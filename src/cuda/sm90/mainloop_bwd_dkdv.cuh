@@ -230,7 +230,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
       scores.add_transposed(s, b, step_head(u), key_row, m0 + fragment_col, fragment_col,
                             smem_k_ptr + (smem_rel - smem_k) + stage * kM * rel_pitch, rel_pitch,
-                            num_keys, rel_h_staged, n0);
+                            num_keys, rel_h_staged, n0, smem_rel + stage * kM * rel_pitch, lane);
     }
     const bool full =
         m0 + kM <= num_queries && mask.tile_is_full(m0, m0 + kM - 1, warpgroup_first_key, 64);
