@@ -1,0 +1,72 @@
+"""Per-kernel device time of one fmha call, forward and backward, from torch.profiler: which kernel
+of a split backward (preprocess, dK/dV, dQ, conversions) takes the time. A diagnostic for the
+perf log, not a benchmark (no L2 flush, no peers): python bench/profile_kernels.py --case sam-b-rel
+
+Cases name a shape and its options; see CASES below."""
+import argparse
+import collections
+
+import torch
+
+import fmha
+
+CASES = {
+    # SAM-B global attention: B 8, H 12, 64 x 64 tokens, D 64.
+    "sam-b": dict(B=8, H=12, L=4096, D=64),
+    "sam-b-rel": dict(B=8, H=12, L=4096, D=64, rel=(64, 64)),
+    "sam-b-bias": dict(B=8, H=12, L=4096, D=64, bias=True),
+    "sam-b-dbias": dict(B=8, H=12, L=4096, D=64, bias=True, dbias=True),
+}
+
+
+def inputs(c, dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
+
+    B, H, L, D = c["B"], c["H"], c["L"], c["D"]
+    q, k, v = (randn(B, L, H, D).requires_grad_() for _ in range(3))
+    kw = {}
+    leaves = [q, k, v]
+    if "rel" in c:
+        hk, wk = c["rel"]
+        rel_h = randn(B, H, L, hk, scale=0.5).requires_grad_()
+        rel_w = randn(B, H, L, wk, scale=0.5).requires_grad_()
+        kw["rel_pos"] = (rel_h, rel_w)
+        leaves += [rel_h, rel_w]
+    if c.get("bias"):
+        bias = randn(1, H, L, L)
+        if c.get("dbias"):
+            bias.requires_grad_()
+            leaves.append(bias)
+        kw["bias"] = bias
+    return q, k, v, kw, leaves, randn(B, L, H, D)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", default="sam-b-rel", choices=sorted(CASES))
+    ap.add_argument("--iters", type=int, default=5)
+    args = ap.parse_args()
+    q, k, v, kw, leaves, dout = inputs(CASES[args.case])
+    for _ in range(2):  # warm-up (lazy allocations, first launches)
+        out = fmha.attention(q, k, v, **kw)
+        torch.autograd.grad(out, leaves, dout)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.iters):
+            out = fmha.attention(q, k, v, **kw)
+            torch.autograd.grad(out, leaves, dout)
+        torch.cuda.synchronize()
+    total = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total[e.name] += e.device_time / args.iters  # microseconds per iteration
+    print(f"{args.case} ({torch.cuda.get_device_name()}): device time per forward + backward")
+    for name, us in sorted(total.items(), key=lambda x: -x[1])[:12]:
+        print(f"{us / 1000:9.3f} ms  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
