@@ -132,3 +132,17 @@ def test_plots_and_summary_from_synthetic_gpu_records(tmp_path):
     assert "1.50x" in summary and "sdpa-flash" in summary
     table = report.format_table(records, memory=True)
     assert "n/a: too big" in table
+
+
+def test_learned_shared_bias_is_a_checked_gradient(tmp_path):
+    """A [1, H, L, L] bias with bias_grad: every implementation's dbias (summed over the batch) is
+    checked against the reference, fmha's included."""
+    out = tmp_path / "results"
+    main(["--suite", "features", "--device", "cpu", "--out", str(out), "--impls",
+          "fmha,sdpa-math,naive", "--cases", r"^dbias \[1,H,L,L\]", "--directions", "bwd",
+          "--budget-ms", "1", "--min-reps", "2", "--max-reps", "2"])
+    records = json.loads((out / "features.json").read_text())["records"]
+    assert {r["impl"] for r in records} == {"fmha", "sdpa-math", "naive"}
+    for r in records:
+        assert r["status"] == "ok", r
+        assert "dbias" in r["check_errors"] and r["check_ok"], r
