@@ -28,7 +28,7 @@ for suite in $SUITES; do
   case $suite in
     standard) run standard 230 --impls $PEERS --directions fwd,bwd --budget-ms 25 ;;
     memory) run memory 90 --impls fmha,sdpa-flash,sdpa-cudnn,sdpa-efficient,flex ;;
-    features) run features ${FEATURES_SECONDS:-320} --impls $PEERS,flex,naive --directions fwd,bwd --budget-ms 25 \
+    features) run features ${FEATURES_SECONDS:-450} --impls $PEERS,flex,naive --directions fwd,bwd --budget-ms 25 \
                 --cases 'rel-pos|bias|GQA|fp32|softcap|window' ;;
     na) run na ${NA_SECONDS:-480} --impls fmha,flex --directions fwd,bwd --budget-ms 25 ;;
     *) echo "unknown suite $suite" ;;
