@@ -45,4 +45,16 @@ constexpr int bias_tile_bytes(int head_dim_bucket) {
   return block_m(head_dim_bucket) * block_n(head_dim_bucket) * 2;
 }
 
+// Ping-pong between the two warpgroups (mainloop_fwd.cuh): warpgroup 1 issues its products while
+// warpgroup 0 runs its softmax and the reverse, instead of both computing exponentials at once and
+// then both waiting for the tensor cores. At D 64 with 128-key tiles the exponentials of a tile
+// (16 a clock per SM) take as long as its two products, so overlapping them is worth up to 2x
+// there; above, the products dominate and the gain shrinks to the softmax's share. Every bucket,
+// for the policies that stage nothing per key tile that the softmax reads (all but the score
+// modifiers' bias tiles: the second warpgroup's softmax of tile u runs after the barrier that
+// frees tile u's stage).
+constexpr bool ping_pong(int) {
+  return true;
+}
+
 }  // namespace fmha::cuda::sm90
