@@ -395,8 +395,8 @@ __global__ void __launch_bounds__(threads(kD), 1)
         }
       }
       if (kTokenTiles && !t.extra) {
-        load_rows_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride,
-                                          tt->key_token[j % TokenTiles::kSlots], p.head_dim,
+        const int* tokens = tt->key_token[static_cast<int>(j) % TokenTiles::kSlots];
+        load_rows_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, tokens, p.head_dim,
                                           p.vector_loads);
       } else {
         load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid,
@@ -407,9 +407,9 @@ __global__ void __launch_bounds__(threads(kD), 1)
       const int stage = static_cast<int>((j - 1) % kStages);
       const KeySource t = key_source(j - 1);
       if (kTokenTiles && !t.extra) {
-        load_rows_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride,
-                                          tt->key_token[(j - 1) % TokenTiles::kSlots],
-                                          p.value_dim, p.vector_loads);
+        const int* tokens = tt->key_token[static_cast<int>(j - 1) % TokenTiles::kSlots];
+        load_rows_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, tokens, p.value_dim,
+                                          p.vector_loads);
       } else {
         load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid,
                                           p.value_dim, p.vector_loads);
