@@ -21,7 +21,8 @@
 // certifies that every warp has waited for its phase u - 1, the last reader of the stages that
 // group u + stages - 1 overwrites (K(u - 1), V(u - 2)).
 //
-// Ping-pong (kPingPong: every policy but the score modifiers'). Warpgroup 0, the leader, and
+// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D), for every policy but the score modifiers').
+// Warpgroup 0, the leader, and
 // warpgroup 1, the follower, meet at rendezvous u at different points of their own work:
 //   leader:    R(u)  issue phase u  arrive(turn)  wait               softmax u   | R(u + 1) ..
 //   follower:                       sync(turn)    issue phase u wait  R(u + 1)  softmax u ..
