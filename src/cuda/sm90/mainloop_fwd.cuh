@@ -8,11 +8,41 @@
 // boxes of the token grid whose rows are gathered by token (neighborhood_mask.cuh; resolved at
 // compile time, so the range policies keep their code).
 //
-// Per key tile u (K and V in kv_stages(D) shared-memory stages, tile_sizes.h):
-//   wait for tile u; barrier; issue the loads of tile u + stages - 1 into the stage freed
-//   S = Q K(u)^T       wgmma, A = Q and B = K from shared memory (K-major)
-//   scores, mask, online softmax on S in registers
-//   O += P V(u)        wgmma, A = P from registers, B = V from shared memory (MN-major)
+// Schedule. K and V sit in kv_stages(D) shared-memory stages (tile_sizes.h), tile j in stage
+// j % stages. Each warpgroup runs phases u = 0 .. num_tiles (none when there is no key tile):
+//   phase u    one wgmma group: O += P(u - 1) V(u - 1) (u > 0; A = P from registers, B = V
+//              MN-major), then S(u) = Q K(u)^T (u < num_tiles; A = Q, B = K, both K-major)
+//   wait       for the group
+//   softmax u  scores, mask, online softmax on S(u) in registers (u < num_tiles)
+// Copies are issued by all threads with cp.async in groups: group j = K(j) (and its bias tile)
+// and V(j - 1); groups 0 .. stages - 2 before the loop, group u + stages - 1 right after
+// rendezvous u. Rendezvous u (named barrier kPipelineBarrier, all threads; each thread first
+// waits for its own copies of group u and fences them for the async proxy) publishes group u and
+// certifies that every warp has waited for its phase u - 1, the last reader of the stages that
+// group u + stages - 1 overwrites (K(u - 1), V(u - 2)).
+//
+// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D), for every policy but the score modifiers').
+// Warpgroup 0, the leader, and
+// warpgroup 1, the follower, meet at rendezvous u at different points of their own work:
+//   leader:    R(u)  issue phase u  arrive(turn)  wait               softmax u   | R(u + 1) ..
+//   follower:                       sync(turn)    issue phase u wait  R(u + 1)  softmax u ..
+// (the follower runs R(0) before its loop). So the leader issues phase u + 1 only once the
+// follower's phase u has landed (R(u + 1) comes after the follower's wait), and the follower
+// issues phase u only after the leader did (the turn barrier, kTurnBarrier: 128 arrivals plus 128
+// waiters), and in steady state each warpgroup's softmax runs under the other's products. Without
+// ping-pong both warpgroups run the leader's line without the turn barrier.
+// Deadlock freedom: both lines run R(0) .. R(num_tiles) once each, in order (the follower R(u + 1)
+// only while u + 1 <= num_tiles), the leader arrives num_tiles + 1 times at the turn barrier and
+// the follower waits as often; the leader's arrival for phase u + 1 follows R(u + 1), which
+// follows the follower's wait for phase u, so a turn barrier generation is never joined early.
+// Every quantity that picks a branch (num_tiles, main_tiles, the varlen early exit before any
+// barrier) is the same for the whole block, so no warp skips a barrier that another waits at: a
+// block without key tiles (causal rows past the keys, an empty varlen sequence) runs no phase and
+// no rendezvous; one tile runs phases 0 (S) and 1 (P V).
+// Lifetimes the follower's lag adds: its softmax of tile u runs after R(u + 1), whose copies
+// overwrite the stages of K(u) and V(u - 1): it reads neither (S(u) is in registers), but a staged
+// bias tile of tile u would be overwritten, hence no ping-pong for the score modifiers; token-tile
+// key boxes keep a ring of stages + 2 (TokenTileSmem).
 #pragma once
 
 #include <cstdint>
@@ -51,11 +81,12 @@ inline constexpr bool kStagesScores = kHasModifiers<Policy> || kRelPosTiles<Poli
 
 // Shared-memory bookkeeping of a kTokenTiles mask (neighborhood attention): the block's boxes,
 // its query rows' tokens and group-major windows, and per staged key box (a ring of kSlots: box
-// u + stages is staged while tile u runs, one iteration before its loads are issued) its keys'
-// tokens, its group-major origin and whether every query sees it whole.
+// u + stages is staged at rendezvous u, one rendezvous before its loads are issued) its keys'
+// tokens, its group-major origin and whether every query sees it whole. Box j is last read by the
+// follower's softmax of tile j, after rendezvous j + 1, so the ring holds stages + 2 boxes.
 template <int kM, int kN>
 struct TokenTileSmem {
-  static constexpr int kSlots = 4;
+  static constexpr int kSlots = 5;
   neighborhood::BlockTiles tiles;
   int4 key_box[kSlots];  // (y'0, y'1, y'2) of the origin, full
   int key_token[kSlots][kN];
@@ -172,6 +203,53 @@ __device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt,
   }
 }
 
+// Named barriers of the forward kernel (__syncthreads is barrier 0): the rendezvous of all threads
+// once per key tile, and the leader's turn handed to the follower.
+inline constexpr int kPipelineBarrier = 1;
+inline constexpr int kTurnBarrier = 2;
+
+// exp2 on the multi-function unit alone. exp2f compiles to ex2.approx.f32, whose denormal-result
+// handling adds a compare and two predicated multiplies around every MUFU.EX2 (seen in the SASS);
+// flushing results below 2^-126 to zero changes no probability that a 16-bit P could hold.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// OnlineSoftmax::update (online_softmax.cuh) for scores still to be multiplied by `scale` (> 0;
+// 1 when the policy applied it), folded into the FMA that subtracts the running max, and with
+// exp2_ftz: per score one FMA and one MUFU.EX2 where exp2f(s * scale - max) took six instructions.
+template <int kScoreTiles, int kOutTiles>
+__device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kScoreTiles][4],
+                                               float (&o)[kOutTiles][4], float scale) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) {
+      tile_max = fmaxf(tile_max, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
+    }
+    const float new_max = fmaxf(sm.row_max[r], quad_max(tile_max) * scale);
+    const float base = new_max == -INFINITY ? 0.0f : new_max;
+    const float rescale = exp2_ftz(sm.row_max[r] - base);
+    sm.row_max[r] = new_max;
+    float sum = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) {
+      s[t][2 * r] = exp2_ftz(fmaf(s[t][2 * r], scale, -base));
+      s[t][2 * r + 1] = exp2_ftz(fmaf(s[t][2 * r + 1], scale, -base));
+      sum += s[t][2 * r] + s[t][2 * r + 1];
+    }
+    sm.row_sum[r] = sm.row_sum[r] * rescale + sum;
+#pragma unroll
+    for (int t = 0; t < kOutTiles; ++t) {
+      o[t][2 * r] *= rescale;
+      o[t][2 * r + 1] *= rescale;
+    }
+  }
+}
+
 template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(threads(kD), 1)
     forward_kernel(const __grid_constant__ ForwardParams p) {
@@ -189,7 +267,10 @@ __global__ void __launch_bounds__(threads(kD), 1)
   // Rows and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
   constexpr bool kTokenTiles = Mask::kTokenTiles;
   using TokenTiles = TokenTileSmem<kM, kN>;
-  static_assert(kStages + 1 <= TokenTiles::kSlots, "key boxes u .. u + stages staged at once");
+  static_assert(kStages + 2 <= TokenTiles::kSlots, "key boxes u - 1 .. u + stages live at once");
+  // Ping-pong (tile_sizes.h) where the softmax reads nothing that a rendezvous frees: the staged
+  // bias tiles of the score modifiers would be overwritten under the follower's softmax.
+  constexpr bool kPingPong = ping_pong(kD) && !kHasModifiers<Policy>;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
@@ -199,7 +280,9 @@ __global__ void __launch_bounds__(threads(kD), 1)
     return smem_q + QTile::kBytes + (kStages + stage) * KVTile::kBytes;
   };
 
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  // Broadcast from lane 0 so that the compiler sees a warp-uniform value: branches on the role
+  // (ping-pong) are then not divergent paths, around which it would serialize the wgmma.
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int warp = static_cast<int>(threadIdx.x) / 32;  // 16 rows each, in block order
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const std::int64_t b = blockIdx.z;
@@ -300,30 +383,44 @@ __global__ void __launch_bounds__(threads(kD), 1)
     return t;
   };
   const std::uint32_t smem_rel = smem_bias + (p.bias_staged ? kStages * bias_tile_bytes(kD) : 0);
-  auto load_keys = [&](std::int64_t u, int stage) {
-    const KeySource t = key_source(u);
-    if constexpr (kHasModifiers<Policy>) {
-      if (p.bias_staged && !t.extra) {
-        scores.template load_bias_tile_async<kM, kN, kThreads>(
-            smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
+  // Group j of the pipeline: K(j) (and its bias tile) and V(j - 1), each into the stage of its
+  // tile; V trails K by one group because P(j - 1) V(j - 1) is issued with S(j) (below).
+  auto load_group = [&](std::int64_t j) {
+    if (j < num_tiles) {
+      const int stage = static_cast<int>(j % kStages);
+      const KeySource t = key_source(j);
+      if constexpr (kHasModifiers<Policy>) {
+        if (p.bias_staged && !t.extra) {
+          scores.template load_bias_tile_async<kM, kN, kThreads>(
+              smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
+        }
+      }
+      if (kTokenTiles && !t.extra) {
+        const int* tokens = tt->key_token[static_cast<int>(j) % TokenTiles::kSlots];
+        load_rows_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, tokens, p.head_dim,
+                                          p.vector_loads);
+      } else {
+        load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid,
+                                          p.head_dim, p.vector_loads);
       }
     }
-    if (kTokenTiles && !t.extra) {
-      const int* tokens = tt->key_token[u % TokenTiles::kSlots];
-      load_rows_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, tokens, p.head_dim,
-                                        p.vector_loads);
-      load_rows_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, tokens, p.value_dim,
-                                        p.vector_loads);
-      return;
+    if (j >= 1 && j - 1 < num_tiles) {
+      const int stage = static_cast<int>((j - 1) % kStages);
+      const KeySource t = key_source(j - 1);
+      if (kTokenTiles && !t.extra) {
+        const int* tokens = tt->key_token[static_cast<int>(j - 1) % TokenTiles::kSlots];
+        load_rows_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, tokens, p.value_dim,
+                                          p.vector_loads);
+      } else {
+        load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid,
+                                          p.value_dim, p.vector_loads);
+      }
     }
-    load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
-                                      p.vector_loads);
-    load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
-                                      p.vector_loads);
   };
 
-  // Commit groups: {Q, tile 0}, {tile 1}, .., {tile stages - 2}, then one per iteration (maybe
-  // empty), so that when tile u is needed exactly stages - 2 later groups may still be in flight.
+  // Commit groups: {Q, group 0}, {group 1}, .., {group stages - 2}, then one per rendezvous (maybe
+  // empty), so that at rendezvous u, which needs group u, exactly stages - 2 later groups may
+  // still be in flight.
   if constexpr (kTokenTiles) {
     load_rows_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, tt->query_token, p.head_dim,
                                       p.vector_loads);
@@ -337,10 +434,28 @@ __global__ void __launch_bounds__(threads(kD), 1)
                          kM);
   }
 #pragma unroll
-  for (int u = 0; u < kStages - 1; ++u) {
-    if (u < num_tiles) load_keys(u, u);
+  for (int j = 0; j < kStages - 1; ++j) {
+    load_group(j);
     tile::cp_async_commit();
   }
+
+  // Rendezvous u of all threads (see the header): group u (K(u), V(u - 1)) has landed for
+  // everyone, and every warp is done with the stages that group u + stages - 1 overwrites.
+  auto rendezvous = [&](std::int64_t u) {
+    tile::cp_async_wait<kStages - 2>();
+    fence_proxy_async();
+    named_barrier_sync<kPipelineBarrier, kThreads>();
+    if (u + kStages - 1 <= num_tiles) load_group(u + kStages - 1);
+    tile::cp_async_commit();
+    if constexpr (kTokenTiles) {
+      // Key box u + stages into the slot of box u + stages - kSlots, which no warp reads any more
+      // (its last reader, the follower's softmax of that tile, ran before this rendezvous); its
+      // K loads are issued at the next rendezvous.
+      if (u + kStages < main_tiles) {
+        stage_key_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(u + kStages));
+      }
+    }
+  };
 
   // Row of accumulator entries 0, 1 (+8 for entries 2, 3).
   const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
@@ -355,32 +470,49 @@ __global__ void __launch_bounds__(threads(kD), 1)
   for (int t = 0; t < kScoreTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
   OnlineSoftmax softmax;
   softmax.init();
+  // The plain scale is folded into the exponentials' FMA (one multiply less per score) when it is
+  // positive, which keeps the order of the scores and -inf as -inf; else it is applied first.
+  bool scale_folded = false;
+  float exp_scale = 1.0f;
+  if constexpr (std::is_same_v<Scores, ScoreScale>) {
+    scale_folded = scores.scale_log2 > 0.0f;
+    if (scale_folded) exp_scale = scores.scale_log2;
+  }
 
-  for (std::int64_t u = 0; u < num_tiles; ++u) {
+  const bool follower = kPingPong && warpgroup == 1;
+  const std::int64_t num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
+  if (follower && num_phases > 0) rendezvous(0);
+  for (std::int64_t u = 0; u < num_phases; ++u) {
+    if (!follower) rendezvous(u);
+    if constexpr (kPingPong) {
+      if (follower) named_barrier_sync<kTurnBarrier, kThreads>();  // the leader issued phase u
+    }
+
+    // Phase u: O += P(u - 1) V(u - 1), then S(u) = Q K(u)^T over the head dim, one wgmma group.
+    const bool has_pv = u > 0;
+    const bool has_s = u < num_tiles;
+    std::uint32_t a[kN / 16][4];
+    if (has_pv) pack_fragments<T>(s, a);
+    fence_accumulators(o);
+    fence_accumulators(s);
+    wgmma_fence();
+    if (has_pv) rs_product<T, kN / 16, KVTile>(o, a, smem_v(static_cast<int>((u - 1) % kStages)));
+    if (has_s) {
+      ss_product_dim<T, kD, QTile, KVTile>(s, smem_q, q_first_row,
+                                           smem_k(static_cast<int>(u % kStages)), p.head_dim);
+    }
+    wgmma_commit();
+    if constexpr (kPingPong) {
+      if (!follower) named_barrier_arrive<kTurnBarrier, kThreads>();
+    }
+    wgmma_wait<0>();
+    fence_accumulators(o);
+    fence_accumulators(s);
+    if (follower && u + 1 < num_phases) rendezvous(u + 1);
+    if (!has_s) continue;
+
     const int stage = static_cast<int>(u % kStages);
     const KeySource tile = key_source(u);
-    tile::cp_async_wait<kStages - 2>();
-    fence_proxy_async();
-    __syncthreads();  // Q and tile u visible to all; every warp is done with iteration u - 1
-    if (u + kStages - 1 < num_tiles) {
-      load_keys(u + kStages - 1, static_cast<int>((u + kStages - 1) % kStages));
-    }
-    tile::cp_async_commit();
-    if constexpr (kTokenTiles) {
-      // Key box u + stages into the slot of box u - 1, whose tile every warp has left (barrier
-      // above); its loads are issued in the next iteration, after the next barrier.
-      if (u + kStages < main_tiles) {
-        stage_key_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(u + kStages));
-      }
-    }
-
-    // S = Q K^T over the head dim.
-    wgmma_fence();
-    ss_product_dim<T, kD, QTile, KVTile>(s, smem_q, q_first_row, smem_k(stage), p.head_dim);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(s);
-
     const std::int64_t first_col = tile.first_key + fragment_col;
     bool full = tile.valid == kN;  // extra keys (token tiles: gathered_scores reads its own)
     if constexpr (!kTokenTiles) {
@@ -392,7 +524,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
       } else {
         scores.transform(s);
       }
-    } else {
+    } else if (!scale_folded) {
       scores.transform(s);
     }
     if (kTokenTiles && !tile.extra) {
@@ -416,17 +548,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
       // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
       hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
     }
-    softmax.update(s, o);
-
-    // O += P V.
-    std::uint32_t a[kN / 16][4];
-    pack_fragments<T>(s, a);
-    fence_accumulators(o);
-    wgmma_fence();
-    rs_product<T, kN / 16, KVTile>(o, a, smem_v(stage));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(o);
+    softmax_update(softmax, s, o, exp_scale);
   }
 
   // Epilogue. Q's copy must have landed before its rows are reused for the output (it is still

@@ -45,4 +45,17 @@ constexpr int bias_tile_bytes(int head_dim_bucket) {
   return block_m(head_dim_bucket) * block_n(head_dim_bucket) * 2;
 }
 
+// Ping-pong between the two warpgroups (mainloop_fwd.cuh): warpgroup 1 issues its products while
+// warpgroup 0 runs its softmax and the reverse, instead of both computing exponentials at once and
+// then both waiting for the tensor cores. At D 64 with 128-key tiles the exponentials of a tile
+// (16 a clock per SM) take as long as its two products, so overlapping them is worth up to 2x
+// there; above, the products dominate and the gain shrinks to the softmax's share. Only up to
+// D 64 for now: at D 128 it compiles (plain 230 registers, no spill) but the causal/window kernel
+// spills 124 bytes with it against 64 without (not yet measured on a GPU). Policies that stage
+// per-tile data for the softmax (the score modifiers' bias tiles) never ping-pong: the follower's
+// softmax of tile u runs after the rendezvous that frees tile u's stage.
+constexpr bool ping_pong(int head_dim_bucket) {
+  return head_dim_bucket <= 64;
+}
+
 }  // namespace fmha::cuda::sm90

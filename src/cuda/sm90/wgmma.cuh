@@ -101,4 +101,20 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Named barriers (ids 1..15; id 0 is __syncthreads): bar.sync waits until kCount threads of the
+// block have arrived at barrier kId since it last completed, counting itself; bar.arrive counts
+// itself and goes on. Unlike __syncthreads, the arriving threads may sit at different program
+// points, which is what lets two warpgroups meet while doing different work. kCount is a multiple
+// of the warp size, and every warp arrives with all its threads.
+template <int kId, int kCount>
+__device__ __forceinline__ void named_barrier_sync() {
+  static_assert(kId > 0 && kId < 16 && kCount % 32 == 0, "named barrier id 1..15, whole warps");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
+template <int kId, int kCount>
+__device__ __forceinline__ void named_barrier_arrive() {
+  static_assert(kId > 0 && kId < 16 && kCount % 32 == 0, "named barrier id 1..15, whole warps");
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
+
 }  // namespace fmha::cuda::sm90
