@@ -16,6 +16,10 @@ CASES = {
     "sam-b-rel": dict(B=8, H=12, L=4096, D=64, rel=(64, 64)),
     "sam-b-bias": dict(B=8, H=12, L=4096, D=64, bias=True),
     "sam-b-dbias": dict(B=8, H=12, L=4096, D=64, bias=True, dbias=True),
+    # Issue 5's neighborhood cases at D 64 (H = 1024 / D).
+    "na1d-k2047": dict(B=1, H=16, D=64, grid=(32768,), kernel=(2047,)),
+    "na2d-k13": dict(B=8, H=16, D=64, grid=(64, 64), kernel=(13, 13)),
+    "na3d-k7": dict(B=2, H=16, D=64, grid=(16, 32, 32), kernel=(7, 7, 7)),
 }
 
 
@@ -25,8 +29,9 @@ def inputs(c, dtype=torch.bfloat16):
     def randn(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
 
-    B, H, L, D = c["B"], c["H"], c["L"], c["D"]
-    q, k, v = (randn(B, L, H, D).requires_grad_() for _ in range(3))
+    B, H, D = c["B"], c["H"], c["D"]
+    tokens = tuple(c["grid"]) if "grid" in c else (c["L"],)
+    q, k, v = (randn(B, *tokens, H, D).requires_grad_() for _ in range(3))
     kw = {}
     leaves = [q, k, v]
     if "rel" in c:
@@ -41,29 +46,47 @@ def inputs(c, dtype=torch.bfloat16):
             bias.requires_grad_()
             leaves.append(bias)
         kw["bias"] = bias
-    return q, k, v, kw, leaves, randn(B, L, H, D)
+    if "grid" in c:
+        kw["kernel_size"] = c["kernel"]
+    return q, k, v, kw, leaves, randn(B, *tokens, H, D)
+
+
+def call(q, k, v, kw, deterministic=False):
+    if "kernel_size" in kw:
+        if not deterministic:
+            return getattr(fmha, f"na{q.dim() - 3}d")(q, k, v, **kw)
+        # na*d take no deterministic flag; the op does (it forces the split backward).
+        dims = q.dim() - 3
+        o = fmha._api._options(None, False, "top_left", None, None, None, 0.0, None, None, True,
+                               False)  # fmt: skip
+        out, _ = fmha._api._ops.neighborhood_fwd(q, k, v, list(kw["kernel_size"]), [1] * dims,
+                                                 [False] * dims, *o)  # fmt: skip
+        return out
+    return fmha.attention(q, k, v, deterministic=deterministic, **kw)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="sam-b-rel", choices=sorted(CASES))
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--deterministic", action="store_true",
+                    help="deterministic=True (the split backward: a dQ kernel, no atomics)")
     args = ap.parse_args()
     q, k, v, kw, leaves, dout = inputs(CASES[args.case])
     for _ in range(2):  # warm-up (lazy allocations, first launches)
-        out = fmha.attention(q, k, v, **kw)
+        out = call(q, k, v, kw, args.deterministic)
         torch.autograd.grad(out, leaves, dout)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(args.iters):
-            out = fmha.attention(q, k, v, **kw)
+            out = call(q, k, v, kw, args.deterministic)
             torch.autograd.grad(out, leaves, dout)
         torch.cuda.synchronize()
     total = collections.defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             total[e.name] += e.device_time / args.iters  # microseconds per iteration
-    print(f"{args.case} ({torch.cuda.get_device_name()}): device time per forward + backward")
+    print(f"{args.case}{' deterministic' if args.deterministic else ''} ({torch.cuda.get_device_name()}): device time per forward + backward")
     for name, us in sorted(total.items(), key=lambda x: -x[1])[:12]:
         print(f"{us / 1000:9.3f} ms  {name[:110]}")
 

@@ -21,7 +21,7 @@
 // certifies that every warp has waited for its phase u - 1, the last reader of the stages that
 // group u + stages - 1 overwrites (K(u - 1), V(u - 2)).
 //
-// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D), for every policy but the score modifiers').
+// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D, masked), for every policy but the score modifiers').
 // Warpgroup 0, the leader, and
 // warpgroup 1, the follower, meet at rendezvous u at different points of their own work:
 //   leader:    R(u)  issue phase u  arrive(turn)  wait               softmax u   | R(u + 1) ..
@@ -270,7 +270,8 @@ __global__ void __launch_bounds__(threads(kD), 1)
   static_assert(kStages + 2 <= TokenTiles::kSlots, "key boxes u - 1 .. u + stages live at once");
   // Ping-pong (tile_sizes.h) where the softmax reads nothing that a rendezvous frees: the staged
   // bias tiles of the score modifiers would be overwritten under the follower's softmax.
-  constexpr bool kPingPong = ping_pong(kD) && !kHasModifiers<Policy>;
+  constexpr bool kPingPong =
+      ping_pong(kD, std::is_same_v<Policy, PolicyWindow> || kTokenTiles) && !kHasModifiers<Policy>;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
