@@ -29,9 +29,13 @@ VARIANTS = [
      [FP16, BF16], BUCKETS, ["PolicyPlain", "PolicyWindow", "PolicyGeneral", "PolicyRelPos"]),
     # Neighborhood attention in files of their own, so that they compile beside the dense ones.
     ("sm90", "fwd_na", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
-     [FP16, BF16], BUCKETS, ["PolicyNeighborhood"]),
+     [FP16, BF16], BUCKETS, ["PolicyNeighborhoodPlain", "PolicyNeighborhood"]),
     ("sm90", "bwd", "cuda/sm90/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
      "BackwardParams", [FP16, BF16], BUCKETS, ["PolicyPlain", "PolicyWindow", "PolicyRelPos"]),
+    # Neighborhood attention up to D 128 (tile_sizes_bwd.h: kBwdNeighborhoodMaxHeadDim).
+    ("sm90", "bwd_na", "cuda/sm90/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
+     "BackwardParams", [FP16, BF16], [b for b in BUCKETS if b <= 128],
+     ["PolicyNeighborhoodPlain"]),
     # Score modifiers (softcap, bias) in files of their own, likewise.
     ("sm90", "bwd_general", "cuda/sm90/launch_bwd.cuh",
      ["launch_backward_dkdv", "launch_backward_dq"], "BackwardParams", [FP16, BF16], BUCKETS,
@@ -39,7 +43,7 @@ VARIANTS = [
 ]
 
 DIRECTION_NAMES = {"fwd": "forward", "fwd_na": "neighborhood forward", "bwd": "backward",
-                   "bwd_general": "backward with score modifiers"}
+                   "bwd_na": "neighborhood backward", "bwd_general": "backward with score modifiers"}
 
 
 def render(gen, direction, header, functions, params, bucket, dtype_name, ctype, policies):

@@ -52,11 +52,11 @@ cuda_tests() {
   timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests --gtest_brief=1 \
       --gtest_filter="${CUDA_TESTS_FILTER:-*}"
 }
-# On Hopper dense attention and the neighborhood forward run the sm90 kernels; run their tests again
+# On Hopper dense and neighborhood attention run the sm90 kernels; run their tests again
 # on the sm80 kernels (fp32 runs the sm80 kernels everywhere: its tests need no second pass).
 sm80_tests() {
   FMHA_CUDA_KERNELS=sm80 timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests \
-      --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward*:CudaNeighborhood.*:CudaNeighborhoodSmall.*:-*Float32*"
+      --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward*:CudaNeighborhood*:-*Float32*"
 }
 sanitizer() {
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \

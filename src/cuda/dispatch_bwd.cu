@@ -1,8 +1,8 @@
 // The one place where the backward's runtime values become template parameters:
 // dtype -> T, max(D, Dv) -> head-dim bucket, layout -> policy. fp32 runs the sm80 kernels on every
 // arch (the sm90 ones are 16-bit only). One policy (PolicyGeneral) serves
-// every feature of dense and varlen attention; neighborhood attention has its own mask
-// (PolicyNeighborhood).
+// every feature of dense and varlen attention on sm80; neighborhood attention has its own mask
+// (PolicyNeighborhood; on sm90 without score modifiers PolicyNeighborhoodPlain).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -51,13 +51,16 @@ struct Sm90Kernels {
 };
 #endif
 
-// max(D, Dv) -> head-dim bucket; a bucket left out of the build is refused with a message.
-template <typename Kernels, typename T, bool kDkDv, typename P>
+// max(D, Dv) -> head-dim bucket; a bucket left out of the build is refused with a message, one
+// above kMaxBucket (instantiated for no policy that has one) as unsupported.
+template <typename Kernels, typename T, bool kDkDv, typename P, int kMaxBucket = 256>
 Status launch_policy(const BackwardParams& p, cudaStream_t stream) {
   switch (sm80::head_dim_bucket(max_dim(p))) {
 #define FMHA_CASE(D)                                                        \
   case D:                                                                   \
-    if constexpr (head_dim_bucket_built(D)) {                               \
+    if constexpr (D > kMaxBucket) {                                         \
+      return unsupported_head_dim(p);                                       \
+    } else if constexpr (head_dim_bucket_built(D)) {                        \
       return Kernels::template launch<T, D, P, kDkDv>(p, stream);           \
     } else {                                                                \
       return head_dim_bucket_not_built(p.fwd.head_dim, p.fwd.value_dim, D); \
@@ -123,6 +126,10 @@ bool sm90_rel_pos_applies(const BackwardParams& p) {
 
 template <typename T, bool kDkDv>
 Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
+  if (p.fwd.neighborhood.rank > 0) {
+    return launch_policy<Sm90Kernels, T, kDkDv, PolicyNeighborhoodPlain,
+                         sm90::kBwdNeighborhoodMaxHeadDim>(p, stream);
+  }
   if (p.fwd.rel_h != nullptr) return launch_policy<Sm90Kernels, T, kDkDv, PolicyRelPos>(p, stream);
   if (p.fwd.bias != nullptr || p.fwd.softcap_log2 > 0.0f) {
     return launch_policy<Sm90Kernels, T, kDkDv, PolicyGeneral>(p, stream);
@@ -155,7 +162,12 @@ bool use_sm90_backward(const BackwardParams& p, bool wants_dbias, DType dtype, i
   // Softcap and bias run the general policy; its dQ kernel writes dbias as the score's gradient,
   // which differs from the one it accumulates by softcap's factor: both together stay on sm80.
   const bool softcap_and_dbias = f.softcap_log2 > 0.0f && wants_dbias;
-  return sixteen_bit && use_sm90_kernels(arch) && f.neighborhood.rank == 0 &&
+  // Neighborhood attention (token tiles) without score modifiers, up to D = 128.
+  const bool neighborhood = f.neighborhood.rank > 0;
+  const bool plain_neighborhood = f.bias == nullptr && f.rel_h == nullptr &&
+                                  f.softcap_log2 == 0.0f &&
+                                  max_dim(p) <= sm90::kBwdNeighborhoodMaxHeadDim;
+  return sixteen_bit && use_sm90_kernels(arch) && (!neighborhood || plain_neighborhood) &&
          max_dim(p) <= sm90::kBwdMaxHeadDim && !softcap_and_dbias && f.num_extra == 0 &&
          (f.rel_h == nullptr || sm90_rel_pos_applies(p));
 #else

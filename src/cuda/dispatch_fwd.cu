@@ -44,7 +44,9 @@ Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
     if (use_sm90_kernels(arch)) {
       if (p.neighborhood.rank > 0) {
-        return sm90::launch_forward<T, kD, PolicyNeighborhood>(p, stream);
+        return needs_score_modifiers(p)
+                   ? sm90::launch_forward<T, kD, PolicyNeighborhood>(p, stream)
+                   : sm90::launch_forward<T, kD, PolicyNeighborhoodPlain>(p, stream);
       }
       if (rel_pos_alone(p)) return sm90::launch_forward<T, kD, PolicyRelPos>(p, stream);
       if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);

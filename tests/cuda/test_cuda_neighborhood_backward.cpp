@@ -397,6 +397,27 @@ TEST(CudaNeighborhoodBackwardSmall, Deterministic) {
   c.sinks = true;
   c.bias.given = true;  // full size: each dbias element gets one contribution
   check_na_backward(c, 61, /*twice=*/true);
+  // Without score modifiers or extra keys (Hopper: the sm90 split kernels), sinks and GQA. dsinks
+  // has one entry a head, each a sum over every query: with few heads its norm-wise error is a
+  // ratio of two small random samples (ours against the naive baseline's), so many heads.
+  AttentionCase plain =
+      na_case(DType::kBFloat16, 2, {24, 20, 1}, {7, 5, 1}, {1, 2, 1}, {false, false, true});
+  plain.options.deterministic = true;
+  plain.sinks = true;
+  plain.heads = 16;
+  plain.kv_heads = 4;
+  check_na_backward(plain, 62, /*twice=*/true);
+}
+
+// Grids of many boxes a block with kernels of the benchmark's kind (2-D 13 x 13, 3-D 5 x 5 x 5),
+// sinks: whole seen boxes next to partial ones in both tilings.
+TEST(CudaNeighborhoodBackward, ManyBoxes) {
+  SKIP_WITHOUT_GPU();
+  AttentionCase c = na_case(DType::kBFloat16, 2, {40, 36, 1}, {13, 13, 1}, {1, 1, 1});
+  c.sinks = true;
+  check_na_backward(c, 81);
+  check_na_backward(na_case(DType::kFloat16, 3, {10, 12, 12}, {5, 5, 5}, {1, 2, 1}), 82);
+  check_na_backward(na_case(DType::kBFloat16, 1, {2500, 1, 1}, {255, 1, 1}, {4, 1, 1}), 83);
 }
 
 }  // namespace

@@ -48,6 +48,14 @@ struct PolicyNeighborhood {
   using Scores = ScoreModifiers<T>;
 };
 
+// Neighborhood attention without score modifiers: the plain policy's scores, so that the most
+// common case does not pay the modifiers' registers (the sm90 kernels; sinks and extra keys too).
+struct PolicyNeighborhoodPlain {
+  using Mask = MaskNeighborhood;
+  template <typename T>
+  using Scores = ScoreScale;
+};
+
 // Bias and rel-pos of element (i, j) in log2 units, one element at a time, for tiles that are not
 // row-major ranges of the sequence: the backward dK/dV kernel's (rows are keys) and the
 // neighborhood forward's (rows and keys gathered from a grid box).

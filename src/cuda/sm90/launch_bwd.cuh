@@ -44,10 +44,16 @@ inline int stage_bias(BackwardParams& p, int smem, int tile_bytes) {
 template <typename T, int kD, typename Policy>
 Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   BackwardParams p = params;
+  constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
+  static_assert(!kTokenTiles || kD <= kBwdNeighborhoodMaxHeadDim, "as the dispatch refuses");
   p.fwd.batch_innermost = kBwdModifiers<Policy> && bias_shared_by_batches(p.fwd);
-  const dim3 grid = batch_grid(p.fwd, (p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock,
-                               p.fwd.heads / p.fwd.kv_group);
-  int smem = bwd_dkdv_smem_bytes<kD>();
+  // Token tiles: one block a key box of the grid (neighborhood_mask.cuh).
+  const std::int64_t key_tiles =
+      kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdKeysPerBlock)
+                  : (p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock;
+  const dim3 grid = batch_grid(p.fwd, key_tiles, p.fwd.heads / p.fwd.kv_group);
+  int smem = bwd_dkdv_smem_bytes<kD, kTokenTiles>();
+  if constexpr (kTokenTiles) smem += static_cast<int>(sizeof(DkDvTokenTiles<kD>));
   if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
     smem += static_cast<int>(bwd_rel_w_rows_bytes(p.fwd, kD));
   }
@@ -68,10 +74,19 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
 template <typename T, int kD, typename Policy>
 Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   BackwardParams p = params;
+  constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
+  static_assert(!kTokenTiles || kD <= kBwdNeighborhoodMaxHeadDim, "as the dispatch refuses");
   p.fwd.batch_innermost = kBwdModifiers<Policy> && bias_shared_by_batches(p.fwd);
-  const dim3 grid = batch_grid(
-      p.fwd, (p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock, p.fwd.heads);
+  // Token tiles: one block a query box of the grid (neighborhood_mask.cuh).
+  const std::int64_t query_tiles =
+      kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdQueriesPerBlock)
+                  : (p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock;
+  const dim3 grid = batch_grid(p.fwd, query_tiles, p.fwd.heads);
   int smem = bwd_dq_smem_bytes<kD, Policy>();
+  if constexpr (kTokenTiles) {
+    smem +=
+        static_cast<int>(sizeof(TokenTileSmem<kBwdQueriesPerBlock, bwd_keys_per_tile(kD, true)>));
+  }
   if constexpr (kBwdRelPos<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
   if constexpr (kBwdModifiers<Policy>)
     smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD));

@@ -14,6 +14,9 @@
 //   dV += P^T dO, dK += dS^T Q          (wgmma, P^T / dS^T from registers, dO / Q MN-major)
 // and writes dv and dk = scale * dK once. One barrier per tile; the Q/dO/statistics of tile
 // u + stages - 1 load behind it.
+// Neighborhood attention (kTokenTiles) tiles the grid transposed (token_tiles.cuh): the block's
+// keys are a key box, its query tiles the boxes of the queries that see them, all gathered by
+// token.
 #pragma once
 
 #include <cmath>
@@ -26,21 +29,26 @@
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
+#include "cuda/sm90/token_tiles.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace fmha::cuda::sm90 {
 
 // Shared memory of the tiles; under rel-pos the staged rel_w rows follow (bwd_rel_w_rows_bytes),
-// under the general policy the staged bias tiles (bwd_dkdv_bias_tile_bytes a stage).
-template <int kD>
+// under the general policy the staged bias tiles (bwd_dkdv_bias_tile_bytes a stage), under token
+// tiles their bookkeeping (DkDvTokenTiles).
+template <int kD, bool kTokenTiles = false>
 constexpr int bwd_dkdv_smem_bytes() {
+  constexpr int kM = bwd_queries_per_tile(kD, kTokenTiles);
   constexpr int bytes = 2 * SwizzledTile<kBwdKeysPerBlock, kD>::kBytes +
-                        kBwdStages * (2 * SwizzledTile<bwd_queries_per_tile(kD), kD>::kBytes +
-                                      2 * bwd_queries_per_tile(kD) * 4) +
-                        1024;
-  static_assert(bytes == bwd_dkdv_tile_bytes(kD), "as the dispatch counts");
+                        kBwdStages * (2 * SwizzledTile<kM, kD>::kBytes + 2 * kM * 4) + 1024;
+  static_assert(bytes == bwd_dkdv_tile_bytes(kD, kTokenTiles), "as the dispatch counts");
   return bytes;
 }
+
+// Token-tile bookkeeping of a dK/dV block: query boxes u .. u + stages live at once.
+template <int kD>
+using DkDvTokenTiles = KeyBoxSmem<bwd_queries_per_tile(kD, true), kBwdKeysPerBlock, kBwdStages + 1>;
 
 // Sets to -inf the scores of transposed tiles (rows = keys, columns = queries) that the mask
 // hides or whose query is past the sequence: entries 0, 1 on key `key`, 2, 3 on key + 8; entry 0
@@ -64,15 +72,17 @@ __device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, floa
 // dP^T over the whole head dim).
 template <typename T, int kD, int kCol0, int kCols, typename Policy>
 __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t key_tile) {
+  using Mask = typename Policy::Mask;
+  constexpr bool kTokenTiles = Mask::kTokenTiles;
   constexpr int kN = kBwdKeysPerBlock;
-  constexpr int kM = bwd_queries_per_tile(kD);
+  constexpr int kM = bwd_queries_per_tile(kD, kTokenTiles);
   constexpr int kStages = kBwdStages;
   constexpr int kScoreTiles = kM / 8;
   constexpr int kOutTiles = kCols / 8;
   constexpr int kTile0 = kCol0 / 8;  // first 8-column tile of the chunk
   using KTile = SwizzledTile<kN, kD>;
   using QTile = SwizzledTile<kM, kD>;
-  using Mask = typename Policy::Mask;
+  using TokenTiles = DkDvTokenTiles<kD>;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
   constexpr bool kModifiers = std::is_same_v<Policy, PolicyGeneral>;  // softcap, bias
@@ -104,7 +114,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const std::int64_t b = block_coords(f).batch;
   const int hk = static_cast<int>(blockIdx.y);
-  const std::int64_t n0 = key_tile * kN;
+  // Token tiles: the block's keys are tokens of its grid box, so the pointers start at token 0.
+  const std::int64_t n0 = kTokenTiles ? 0 : key_tile * kN;
 
   std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;
   if (f.cu_seqlens_q != nullptr) {
@@ -114,7 +125,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     num_keys = f.cu_seqlens_k[b + 1] - k_start;
   }
   if (n0 >= num_keys) return;  // varlen: this sequence has fewer keys than the longest
-  const int valid_keys = static_cast<int>(num_keys - n0 < kN ? num_keys - n0 : kN);
+  const int valid_keys =
+      kTokenTiles ? kN : static_cast<int>(num_keys - n0 < kN ? num_keys - n0 : kN);
 
   const auto* k_tile = static_cast<const std::uint16_t*>(f.k) + b * f.k_batch_stride +
                        (k_start + n0) * f.k_row_stride + hk * f.k_head_stride;
@@ -123,19 +135,50 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
 
   const Mask mask = Mask::make(f, num_queries, num_keys);
   const Scores scores = Scores::make(f, b, hk * f.kv_group, num_queries, num_keys);
-  const QueryRange rows_range = query_range(mask, n0, n0 + valid_keys - 1, num_queries);
+  auto* const tt =
+      reinterpret_cast<TokenTiles*>(smem_k_ptr + (smem_stats - smem_k) + 2 * kStages * kM * 4);
   std::int64_t first_m = 0, m_tiles = 0;
-  if (rows_range.end > rows_range.begin) {
-    first_m = rows_range.begin / kM;
-    m_tiles = (rows_range.end + kM - 1) / kM - first_m;
+  if constexpr (kTokenTiles) {
+    // The block's key box, its keys' tokens and transposed windows; query boxes 0 .. stages - 1
+    // below, once the step count is known.
+    init_key_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(key_tile));
+    m_tiles = tt->tiles.num_seen_tiles;
+  } else {
+    const QueryRange rows_range = query_range(mask, n0, n0 + valid_keys - 1, num_queries);
+    if (rows_range.end > rows_range.begin) {
+      first_m = rows_range.begin / kM;
+      m_tiles = (rows_range.end + kM - 1) / kM - first_m;
+    }
   }
   const std::int64_t num_steps = m_tiles * f.kv_group;
+  if constexpr (kTokenTiles) {
+    for (int u = 0; u < kStages && u < num_steps; ++u) {
+      stage_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, u, static_cast<int>(u % m_tiles));
+    }
+    __syncthreads();
+  }
 
   // Step u: query head hk * group + u / m_tiles, query tile first_m + u % m_tiles.
   auto step_head = [&](std::int64_t u) { return hk * f.kv_group + static_cast<int>(u / m_tiles); };
   auto step_m0 = [&](std::int64_t u) { return (first_m + u % m_tiles) * kM; };
   auto load_step = [&](std::int64_t u, int stage) {
     const int h = step_head(u);
+    if constexpr (kTokenTiles) {  // query box u % m_tiles, gathered by token (from token 0)
+      const int* tokens = tt->query_token[u % TokenTiles::kSlots];
+      const auto* q =
+          static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
+      const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                         h * p.dout_head_stride;
+      load_rows_async<kM, kD, kBwdThreads>(smem_q(stage), q, f.q_row_stride, tokens, f.head_dim,
+                                           f.vector_loads);
+      load_rows_async<kM, kD, kBwdThreads>(smem_do(stage), dout, p.dout_row_stride, tokens,
+                                           f.value_dim, f.vector_loads);
+      const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride;
+      // Rows without a token: lse +inf (P = 0).
+      load_floats_by_token_async(smem_lse(stage), p.lse_log2 + stat, tokens, kM, INFINITY, 0);
+      load_floats_by_token_async(smem_delta(stage), p.delta + stat, tokens, kM, 0.0f, kM);
+      return;
+    }
     const std::int64_t m0 = step_m0(u);
     const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
     const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
@@ -161,10 +204,17 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     }
   };
 
-  load_tile_async<kN, kD, kBwdThreads>(smem_k, k_tile, f.k_row_stride, valid_keys, f.head_dim,
-                                       f.vector_loads);
-  load_tile_async<kN, kD, kBwdThreads>(smem_v, v_tile, f.v_row_stride, valid_keys, f.value_dim,
-                                       f.vector_loads);
+  if constexpr (kTokenTiles) {
+    load_rows_async<kN, kD, kBwdThreads>(smem_k, k_tile, f.k_row_stride, tt->key_token, f.head_dim,
+                                         f.vector_loads);
+    load_rows_async<kN, kD, kBwdThreads>(smem_v, v_tile, f.v_row_stride, tt->key_token, f.value_dim,
+                                         f.vector_loads);
+  } else {
+    load_tile_async<kN, kD, kBwdThreads>(smem_k, k_tile, f.k_row_stride, valid_keys, f.head_dim,
+                                         f.vector_loads);
+    load_tile_async<kN, kD, kBwdThreads>(smem_v, v_tile, f.v_row_stride, valid_keys, f.value_dim,
+                                         f.vector_loads);
+  }
 #pragma unroll
   for (int u = 0; u < kStages - 1; ++u) {
     if (u < num_steps) load_step(u, u);
@@ -201,6 +251,14 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
       load_step(u + kStages - 1, static_cast<int>((u + kStages - 1) % kStages));
     }
     tile::cp_async_commit();
+    if constexpr (kTokenTiles) {
+      // Query box of step u + stages into the slot of step u - 1, whose last reader (the scores
+      // of step u - 1) is done; its loads are issued after the next barrier.
+      if (u + kStages < num_steps) {
+        stage_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, u + kStages,
+                                             static_cast<int>((u + kStages) % m_tiles));
+      }
+    }
 
     wgmma_fence();
     ss_product_dim<T, kD, KTile, QTile>(s, smem_k, first_key_row, smem_q(stage), f.head_dim);
@@ -232,9 +290,14 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
                             smem_k_ptr + (smem_rel - smem_k) + stage * kM * rel_pitch, rel_pitch,
                             num_keys, rel_h_staged, n0, smem_rel + stage * kM * rel_pitch, lane);
     }
-    const bool full =
-        m0 + kM <= num_queries && mask.tile_is_full(m0, m0 + kM - 1, warpgroup_first_key, 64);
-    if (!full) hide_invisible_transposed(mask, s, key_row, m0 + fragment_col, num_queries);
+    if constexpr (kTokenTiles) {
+      hide_unseen_transposed(tt, static_cast<int>(u % TokenTiles::kSlots), s, warp * 16 + lane / 4,
+                             fragment_col);
+    } else {
+      const bool full =
+          m0 + kM <= num_queries && mask.tile_is_full(m0, m0 + kM - 1, warpgroup_first_key, 64);
+      if (!full) hide_invisible_transposed(mask, s, key_row, m0 + fragment_col, num_queries);
+    }
 #pragma unroll
     for (int t = 0; t < kScoreTiles; ++t) {
       const float2 l = *reinterpret_cast<const float2*>(lse + t * 8 + fragment_col);
@@ -285,15 +348,17 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   }
   __syncwarp();
   const int warp_keys = valid_keys - warp * 16;
-  const std::int64_t key = k_start + n0 + warp * 16;
+  // Token tiles store by token from token 0.
+  const std::int64_t key = k_start + n0 + (kTokenTiles ? 0 : warp * 16);
+  const int* key_tokens = kTokenTiles ? tt->key_token + warp * 16 : nullptr;
   store_tile_rows<kD, kTile0, kOutTiles>(smem_k_ptr, KTile{}, warp * 16, warp_keys,
                                          static_cast<std::uint16_t*>(p.dk) + b * p.dk_batch_stride +
                                              key * p.dk_row_stride + hk * p.dk_head_stride,
-                                         p.dk_row_stride, f.head_dim, lane);
+                                         p.dk_row_stride, f.head_dim, lane, key_tokens);
   store_tile_rows<kD, kTile0, kOutTiles>(smem_k_ptr + KTile::kBytes, KTile{}, warp * 16, warp_keys,
                                          static_cast<std::uint16_t*>(p.dv) + b * p.dv_batch_stride +
                                              key * p.dv_row_stride + hk * p.dv_head_stride,
-                                         p.dv_row_stride, f.value_dim, lane);
+                                         p.dv_row_stride, f.value_dim, lane, key_tokens);
 }
 
 // Column chunk kChunk of dK/dV for every key tile (block_coords' tile). One kernel per chunk rather

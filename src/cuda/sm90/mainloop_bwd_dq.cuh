@@ -10,6 +10,8 @@
 //   dQ += dS K                        (wgmma, dS from registers, K MN-major)
 // and writes dq = scale * dQ once. Pipeline as the forward's: one barrier per tile, the loads of
 // tile u + stages - 1 issued right after it.
+// Neighborhood attention (kTokenTiles) tiles as the forward does (token_tiles.cuh): the block's
+// rows are a query box, its key tiles the key boxes they see, all gathered by token.
 #pragma once
 
 #include <cmath>
@@ -24,6 +26,7 @@
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
+#include "cuda/sm90/token_tiles.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace fmha::cuda::sm90 {
@@ -33,15 +36,19 @@ inline constexpr bool kBwdRelPos = std::is_same_v<Policy, PolicyRelPos>;
 // Score modifiers (softcap, bias and dbias) on the backward: the general policy.
 template <typename Policy>
 inline constexpr bool kBwdModifiers = std::is_same_v<Policy, PolicyGeneral>;
+// Policies whose per-tile code takes the registers of wider key tiles (bwd_keys_per_tile).
+template <typename Policy>
+inline constexpr bool kBwdNarrowKeys = kBwdModifiers<Policy> || Policy::Mask::kTokenTiles;
 
 // Shared memory of the tiles; under rel-pos its rows and table follow (bwd_rel_pos_smem_bytes),
-// under the general policy the staged bias tiles (bwd_dq_bias_tile_bytes a stage).
+// under the general policy the staged bias tiles (bwd_dq_bias_tile_bytes a stage), under token
+// tiles their bookkeeping (TokenTileSmem).
 template <int kD, typename Policy>
 constexpr int bwd_dq_smem_bytes() {
-  constexpr int kN = bwd_keys_per_tile(kD, kBwdModifiers<Policy>);
+  constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
   constexpr int bytes = 2 * SwizzledTile<kBwdQueriesPerBlock, kD>::kBytes +
                         2 * kBwdStages * SwizzledTile<kN, kD>::kBytes + 1024;
-  static_assert(bytes == bwd_dq_tile_bytes(kD, kBwdStages, kBwdModifiers<Policy>),
+  static_assert(bytes == bwd_dq_tile_bytes(kD, kBwdStages, kBwdNarrowKeys<Policy>),
                 "as the dispatch counts");
   return bytes;
 }
@@ -50,7 +57,7 @@ template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kM = kBwdQueriesPerBlock;
-  constexpr int kN = bwd_keys_per_tile(kD, kBwdModifiers<Policy>);
+  constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
   constexpr int kStages = kBwdStages;
   constexpr int kScoreTiles = kN / 8;
   constexpr int kOutTiles = kD / 8;
@@ -59,6 +66,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   using Mask = typename Policy::Mask;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
+  constexpr bool kTokenTiles = Mask::kTokenTiles;
+  using TokenTiles = TokenTileSmem<kM, kN>;
+  static_assert(kStages + 1 <= TokenTiles::kSlots, "key boxes u .. u + stages live at once");
   const ForwardParams& f = p.fwd;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
@@ -89,9 +99,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     k_start = f.cu_seqlens_k[b];
     num_keys = f.cu_seqlens_k[b + 1] - k_start;
   }
-  const std::int64_t m0 = m_block * kM;
+  // Token tiles: the block's rows are tokens of its grid box, so the pointers start at token 0.
+  const std::int64_t m0 = kTokenTiles ? 0 : m_block * kM;
   if (m0 >= num_queries) return;
-  const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
+  const int rows =
+      kTokenTiles ? kM : static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
   const std::int64_t last_row = m0 + rows - 1;
   const int hk = h / f.kv_group;
 
@@ -106,13 +118,33 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const Mask mask = Mask::make(f, num_queries, num_keys);
   Scores scores = Scores::make(f, b, h, num_queries, num_keys);
-  const KeyRange range = mask.key_range(m0, last_row);
+  auto* const tt =
+      reinterpret_cast<TokenTiles*>(smem_q_ptr + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes);
   std::int64_t first_tile = 0, num_tiles = 0;
-  if (range.end > range.begin) {
-    first_tile = range.begin / kN;
-    num_tiles = (range.end + kN - 1) / kN - first_tile;
+  if constexpr (kTokenTiles) {
+    // The block's query box, its rows' tokens and windows, key boxes 0 .. stages - 1.
+    init_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(m_block));
+    num_tiles = tt->tiles.num_seen_tiles;
+    for (int u = 0; u < kStages && u < num_tiles; ++u) {
+      stage_key_box<kM, kN, kBwdThreads>(tt, *mask.grid, u);
+    }
+    __syncthreads();
+  } else {
+    const KeyRange range = mask.key_range(m0, last_row);
+    if (range.end > range.begin) {
+      first_tile = range.begin / kN;
+      num_tiles = (range.end + kN - 1) / kN - first_tile;
+    }
   }
   auto load_keys = [&](std::int64_t u, int stage) {
+    if constexpr (kTokenTiles) {  // key box u, gathered by token
+      const int* tokens = tt->key_token[u % TokenTiles::kSlots];
+      load_rows_async<kN, kD, kBwdThreads>(smem_k(stage), k, f.k_row_stride, tokens, f.head_dim,
+                                           f.vector_loads);
+      load_rows_async<kN, kD, kBwdThreads>(smem_v(stage), v, f.v_row_stride, tokens, f.value_dim,
+                                           f.vector_loads);
+      return;
+    }
     const std::int64_t first_key = (first_tile + u) * kN;
     const int valid = static_cast<int>(num_keys - first_key < kN ? num_keys - first_key : kN);
     load_tile_async<kN, kD, kBwdThreads>(smem_k(stage), k + first_key * f.k_row_stride,
@@ -126,9 +158,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
   };
 
-  load_tile_async<kM, kD, kBwdThreads>(smem_q, q, f.q_row_stride, rows, f.head_dim, f.vector_loads);
-  load_tile_async<kM, kD, kBwdThreads>(smem_do, dout, p.dout_row_stride, rows, f.value_dim,
-                                       f.vector_loads);
+  if constexpr (kTokenTiles) {
+    load_rows_async<kM, kD, kBwdThreads>(smem_q, q, f.q_row_stride, tt->query_token, f.head_dim,
+                                         f.vector_loads);
+    load_rows_async<kM, kD, kBwdThreads>(smem_do, dout, p.dout_row_stride, tt->query_token,
+                                         f.value_dim, f.vector_loads);
+  } else {
+    load_tile_async<kM, kD, kBwdThreads>(smem_q, q, f.q_row_stride, rows, f.head_dim,
+                                         f.vector_loads);
+    load_tile_async<kM, kD, kBwdThreads>(smem_do, dout, p.dout_row_stride, rows, f.value_dim,
+                                         f.vector_loads);
+  }
 #pragma unroll
   for (int u = 0; u < kStages - 1; ++u) {
     if (u < num_tiles) load_keys(u, u);
@@ -172,10 +212,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float lse_log2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const std::int64_t i = fragment_row + 8 * r;
+    // Token tiles: the row's token (m0 is 0: fragment_row is the block-local row), -1 for none.
+    const std::int64_t i =
+        kTokenTiles ? tt->query_token[fragment_row + 8 * r] : fragment_row + 8 * r;
+    const bool exists = i >= 0 && i < num_queries;
     const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + i;
-    lse_log2[r] = i < num_queries ? p.lse_log2[stat] : INFINITY;  // past the end: P = 0
-    delta[r] = i < num_queries ? p.delta[stat] : 0.0f;
+    lse_log2[r] = exists ? p.lse_log2[stat] : INFINITY;  // past the end: P = 0
+    delta[r] = exists ? p.delta[stat] : 0.0f;
   }
 
   float dq[kOutTiles][4];
@@ -198,6 +241,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       load_keys(u + kStages - 1, static_cast<int>((u + kStages - 1) % kStages));
     }
     tile::cp_async_commit();
+    if constexpr (kTokenTiles) {
+      // Key box u + stages into the slot of box u + stages - kSlots, whose last reader (the
+      // scores of its tile) is done; its loads are issued after the next barrier.
+      if (u + kStages < num_tiles) {
+        stage_key_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(u + kStages));
+      }
+    }
 
     wgmma_fence();
     ss_product_dim<T, kD, QTile, KVTile>(s, smem_q, first_row, smem_k(stage), f.head_dim);
@@ -225,7 +275,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         scores.add_bias(s, fragment_row, first_key + fragment_col);
       }
     }
-    if (!mask.tile_is_full(m0, last_row, first_key, kN)) {
+    if constexpr (kTokenTiles) {
+      gathered_scores(tt, static_cast<int>(u % TokenTiles::kSlots), scores, s,
+                      static_cast<int>(fragment_row), fragment_col);
+    } else if (!mask.tile_is_full(m0, last_row, first_key, kN)) {
       hide_invisible(mask, s, fragment_row, first_key + fragment_col);
     }
 #pragma unroll
@@ -285,10 +338,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
   }
   __syncwarp();
-  store_tile_rows<kD>(smem_q_ptr, QTile{}, warp * 16, rows - warp * 16,
-                      static_cast<std::uint16_t*>(p.dq) + b * p.dq_batch_stride +
-                          (q_start + m0 + warp * 16) * p.dq_row_stride + h * p.dq_head_stride,
-                      p.dq_row_stride, f.head_dim, lane);
+  // Token tiles store by token from token 0.
+  store_tile_rows<kD>(
+      smem_q_ptr, QTile{}, warp * 16, rows - warp * 16,
+      static_cast<std::uint16_t*>(p.dq) + b * p.dq_batch_stride +
+          (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.dq_row_stride + h * p.dq_head_stride,
+      p.dq_row_stride, f.head_dim, lane, kTokenTiles ? tt->query_token + warp * 16 : nullptr);
 }
 
 }  // namespace fmha::cuda::sm90

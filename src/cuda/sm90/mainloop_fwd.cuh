@@ -21,9 +21,9 @@
 // certifies that every warp has waited for its phase u - 1, the last reader of the stages that
 // group u + stages - 1 overwrites (K(u - 1), V(u - 2)).
 //
-// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D, masked), for every policy but the score modifiers').
-// Warpgroup 0, the leader, and
-// warpgroup 1, the follower, meet at rendezvous u at different points of their own work:
+// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D, masked), for every policy but the score
+// modifiers'). Warpgroup 0, the leader, and warpgroup 1, the follower, meet at rendezvous u at
+// different points of their own work:
 //   leader:    R(u)  issue phase u  arrive(turn)  wait               softmax u   | R(u + 1) ..
 //   follower:                       sync(turn)    issue phase u wait  R(u + 1)  softmax u ..
 // (the follower runs R(0) before its loop). So the leader issues phase u + 1 only once the
@@ -55,6 +55,7 @@
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/tile_sizes.h"
 #include "cuda/sm90/tiles.cuh"
+#include "cuda/sm90/token_tiles.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "cuda/sm90/wgmma_ops.cuh"
 
@@ -79,21 +80,6 @@ inline constexpr bool kRelPosTiles = std::is_same_v<Policy, PolicyRelPos>;
 template <typename Policy>
 inline constexpr bool kStagesScores = kHasModifiers<Policy> || kRelPosTiles<Policy>;
 
-// Shared-memory bookkeeping of a kTokenTiles mask (neighborhood attention): the block's boxes,
-// its query rows' tokens and group-major windows, and per staged key box (a ring of kSlots: box
-// u + stages is staged at rendezvous u, one rendezvous before its loads are issued) its keys'
-// tokens, its group-major origin and whether every query sees it whole. Box j is last read by the
-// follower's softmax of tile j, after rendezvous j + 1, so the ring holds stages + 2 boxes.
-template <int kM, int kN>
-struct TokenTileSmem {
-  static constexpr int kSlots = 5;
-  neighborhood::BlockTiles tiles;
-  int4 key_box[kSlots];  // (y'0, y'1, y'2) of the origin, full
-  int key_token[kSlots][kN];
-  int query_token[kM];       // -1 past the grid or on a hole
-  int2 query_window[kM][3];  // (lo, hi) per axis; lo > hi for rows without a token
-};
-
 // The 227 KB of shared memory a block may opt into on sm90; + 1024: the dynamic shared-memory
 // base is rounded up to the swizzle period.
 inline constexpr int kMaxBlockSmem = 227 * 1024;
@@ -116,91 +102,6 @@ template <int kD, typename Policy>
 constexpr int tile_smem_bytes() {
   return SwizzledTile<block_m(kD), kD>::kBytes +
          2 * stages_of<kD, Policy>() * SwizzledTile<block_n(kD), kD>::kBytes;
-}
-
-// Writes key box u into its slot (every thread of the block calls it; the caller's next barrier
-// publishes it).
-template <int kM, int kN, int kThreads>
-__device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN>* tt, const NeighborhoodGrid& g,
-                                              int u) {
-  const int slot = u % TokenTileSmem<kM, kN>::kSlots;
-  int origin[3];
-  neighborhood::seen_box_origin(tt->tiles, u, origin);
-  for (int c = static_cast<int>(threadIdx.x); c < kN; c += kThreads) {
-    int yp[3];
-    tt->key_token[slot][c] = neighborhood::box_token(g, tt->tiles.seen_shape, origin, c, yp);
-  }
-  if (threadIdx.x == kThreads - 1) {  // a thread without a token when kN < kThreads
-    tt->key_box[slot] = make_int4(origin[0], origin[1], origin[2],
-                                  neighborhood::seen_box_is_full(g, tt->tiles, u, kN));
-  }
-}
-
-// Scores of a warp's rows against gathered key box `slot`: bias / rel-pos by token, then (partial
-// boxes) -inf where a key lies outside the row's window on some axis. This thread's entries 0, 1
-// sit on block row `row`, 2, 3 on row + 8; entry c of n8 tile t is key col + 8t + c of the box.
-// The test is byte-wise: a key's coordinates inside its box (powers of two per axis: shifts and
-// masks of the key's index) against the row's window clipped to the box, one byte an axis, all
-// below 128, so one subtraction per bound compares the four bytes at once (their high bits carry
-// the answers, no borrow crosses a byte).
-template <typename Scores, int kM, int kN, int kTiles>
-__device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt, int slot,
-                                                const Scores& scores, float (&s)[kTiles][4],
-                                                int row, int col) {
-  constexpr unsigned kHigh = 0x80808080u;
-  static_assert(kN <= 128, "box coordinates below 128");
-  const int4 box = tt->key_box[slot];
-  const bool additive = has_additive(scores);
-  if (box.w != 0 && !additive) return;
-  if (additive) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int query = tt->query_token[row + 8 * half];
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int key = tt->key_token[slot][col + 8 * t + c];
-          if (query >= 0 && key >= 0) s[t][2 * half + c] += additive_log2(scores, query, key);
-        }
-      }
-    }
-    if (box.w != 0) return;
-  }
-  const int shape[3] = {tt->tiles.seen_shape[0], tt->tiles.seen_shape[1], tt->tiles.seen_shape[2]};
-  const int origin[3] = {box.x, box.y, box.z};
-  unsigned lo[2], hi[2];  // per row: the window clipped to the box, byte a = axis a
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    lo[half] = 0;
-    hi[half] = kHigh;
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      const int2 w = tt->query_window[row + 8 * half][a];
-      int l = neighborhood::max_int(w.x - origin[a], 0);
-      int h = neighborhood::min_int(w.y - origin[a], shape[a] - 1);
-      if (l > h) l = 127, h = 0;
-      lo[half] |= static_cast<unsigned>(l) << (8 * a);
-      hi[half] |= static_cast<unsigned>(h) << (8 * a);
-    }
-  }
-  const int shift2 = neighborhood::log2_pow2(shape[2]);
-  const int shift1 = shift2 + neighborhood::log2_pow2(shape[1]);
-  const unsigned mask1 = static_cast<unsigned>(shape[1] - 1),
-                 mask2 = static_cast<unsigned>(shape[2] - 1);
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const unsigned key = static_cast<unsigned>(col + 8 * t + c);
-      const unsigned x = key >> shift1 | ((key >> shift2) & mask1) << 8 | (key & mask2) << 16;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const unsigned within = ((x | kHigh) - lo[half]) & (hi[half] - x) & kHigh;
-        if (within != kHigh) s[t][2 * half + c] = -INFINITY;
-      }
-    }
-  }
 }
 
 // Named barriers of the forward kernel (__syncthreads is barrier 0): the rendezvous of all threads
@@ -328,21 +229,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   if constexpr (kTokenTiles) {
     // The block's query box and key boxes, its rows' tokens and windows, key boxes 0 .. stages - 1.
     const NeighborhoodGrid& grid = *mask.grid;
-    if (threadIdx.x == 0)
-      tt->tiles = neighborhood::block_tiles(grid, static_cast<int>(m_block), kM, kN);
-    __syncthreads();
-    for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
-      int yp[3];
-      const int token =
-          neighborhood::box_token(grid, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
-      tt->query_token[r] = token;
-      for (int a = 0; a < 3; ++a) {
-        const neighborhood::AxisWindow w = token >= 0
-                                               ? neighborhood::group_major_window(grid, a, yp[a])
-                                               : neighborhood::AxisWindow{1, 0};
-        tt->query_window[r][a] = make_int2(w.lo, w.hi);
-      }
-    }
+    init_query_box<kM, kN, kThreads>(tt, grid, static_cast<int>(m_block));
     main_tiles = tt->tiles.num_seen_tiles;
     for (int u = 0; u < kStages && u < main_tiles; ++u)
       stage_key_box<kM, kN, kThreads>(tt, grid, u);
@@ -401,8 +288,8 @@ __global__ void __launch_bounds__(threads(kD), 1)
         load_rows_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, tokens, p.head_dim,
                                           p.vector_loads);
       } else {
-        load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid,
-                                          p.head_dim, p.vector_loads);
+        load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
+                                          p.vector_loads);
       }
     }
     if (j >= 1 && j - 1 < num_tiles) {
@@ -413,8 +300,8 @@ __global__ void __launch_bounds__(threads(kD), 1)
         load_rows_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, tokens, p.value_dim,
                                           p.vector_loads);
       } else {
-        load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid,
-                                          p.value_dim, p.vector_loads);
+        load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
+                                          p.vector_loads);
       }
     }
   };

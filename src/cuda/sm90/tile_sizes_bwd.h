@@ -16,6 +16,9 @@ namespace fmha::cuda::sm90 {
 // (6 products instead of 4 in the dK/dV kernel at D = 256, instead of spilling).
 inline constexpr int kBwdMaxHeadDim = 256;
 inline constexpr int kBwdMaxChunk = 128;
+// Neighborhood attention: up to D = 128 (one chunk; the token-tile bookkeeping takes the shared
+// memory a second chunk's tiles would need).
+inline constexpr int kBwdNeighborhoodMaxHeadDim = 128;
 constexpr int bwd_chunk(int head_dim_bucket) {
   return head_dim_bucket < kBwdMaxChunk ? head_dim_bucket : kBwdMaxChunk;
 }
@@ -32,43 +35,44 @@ inline constexpr int kBwdThreads = 256;
 // tiles (fewer barriers and statistics loads per product).
 inline constexpr int kBwdKeysPerBlock = 128;
 // Above D = 128 the tiles shrink to 32 queries so that K, V and three Q/dO stages fit in 227 KB.
-constexpr int bwd_queries_per_tile(int head_dim_bucket) {
-  return head_dim_bucket <= 64 ? 96 : (head_dim_bucket <= 128 ? 64 : 32);
+// Token tiles (neighborhood attention) gather query boxes of a power-of-two size: 64.
+constexpr int bwd_queries_per_tile(int head_dim_bucket, bool token_tiles = false) {
+  return head_dim_bucket <= 64 && !token_tiles ? 96 : (head_dim_bucket <= 128 ? 64 : 32);
 }
 
 // dQ kernel: 128 queries per block (64 per warpgroup), walking key tiles: S and dP cost N / 2
 // floats a thread each next to the D / 2 of dQ: 64 keys, 128 up to D = 64 except under score
-// modifiers (`modifiers`: softcap's and the bias tile's code spilled 208 bytes there at 128).
+// modifiers or token tiles (`narrow`: softcap's and the bias tile's code spilled 208 bytes there
+// at 128, the gathered neighborhood mask's 108).
 inline constexpr int kBwdQueriesPerBlock = 128;
 // Above D = 128: 32 keys (dQ then takes up to 128 floats a thread, and Q, dO and three K/V
 // stages fill the 227 KB).
-constexpr int bwd_keys_per_tile(int head_dim_bucket, bool modifiers = false) {
-  return head_dim_bucket <= 64 ? (modifiers ? 64 : 128) : (head_dim_bucket <= 128 ? 64 : 32);
+constexpr int bwd_keys_per_tile(int head_dim_bucket, bool narrow = false) {
+  return head_dim_bucket <= 64 ? (narrow ? 64 : 128) : (head_dim_bucket <= 128 ? 64 : 32);
 }
 
 inline constexpr int kBwdStages = 3;
 
 // Shared memory of a dQ block's 16-bit tiles: Q and dO, `stages` K/V stages, and the slack that
 // rounds the base up to the swizzle period.
-constexpr int bwd_dq_tile_bytes(int head_dim_bucket, int stages, bool modifiers = false) {
+constexpr int bwd_dq_tile_bytes(int head_dim_bucket, int stages, bool narrow = false) {
   return 2 * kBwdQueriesPerBlock * head_dim_bucket * 2 +
-         2 * stages * bwd_keys_per_tile(head_dim_bucket, modifiers) * head_dim_bucket * 2 + 1024;
+         2 * stages * bwd_keys_per_tile(head_dim_bucket, narrow) * head_dim_bucket * 2 + 1024;
 }
 
 // Shared memory of a dK/dV block's 16-bit tiles: K and V, and per stage Q, dO and their rows'
 // lse and Delta; plus the alignment slack.
-constexpr int bwd_dkdv_tile_bytes(int head_dim_bucket) {
+constexpr int bwd_dkdv_tile_bytes(int head_dim_bucket, bool token_tiles = false) {
+  const int queries = bwd_queries_per_tile(head_dim_bucket, token_tiles);
   return 2 * kBwdKeysPerBlock * head_dim_bucket * 2 +
-         kBwdStages * (2 * bwd_queries_per_tile(head_dim_bucket) * head_dim_bucket * 2 +
-                       2 * bwd_queries_per_tile(head_dim_bucket) * 4) +
-         1024;
+         kBwdStages * (2 * queries * head_dim_bucket * 2 + 2 * queries * 4) + 1024;
 }
 
 // A staged bias tile (PolicyGeneral), one per stage after the tiles, 16-bit in 16-byte chunks
 // swizzled by row: the dQ block's queries x one key tile, or one query tile x the dK/dV block's
 // keys. The launches stage them when they fit (else the kernels read the bias from global memory).
 constexpr int bwd_dq_bias_tile_bytes(int head_dim_bucket) {
-  return kBwdQueriesPerBlock * bwd_keys_per_tile(head_dim_bucket, /*modifiers=*/true) * 2;
+  return kBwdQueriesPerBlock * bwd_keys_per_tile(head_dim_bucket, /*narrow=*/true) * 2;
 }
 constexpr int bwd_dkdv_bias_tile_bytes(int head_dim_bucket) {
   return bwd_queries_per_tile(head_dim_bucket) * kBwdKeysPerBlock * 2;

@@ -107,6 +107,23 @@ __device__ __forceinline__ void load_floats_async(std::uint32_t dst, const float
   }
 }
 
+// Gathered by token: entry i is src[tokens[i]] (4-byte asynchronous copies), or `fill` where the
+// token is -1 (a plain store, published by the same barrier as the copies).
+__device__ __forceinline__ void load_floats_by_token_async(std::uint32_t dst, const float* src,
+                                                           const int* tokens, int count, float fill,
+                                                           int first_thread) {
+  const int i = static_cast<int>(threadIdx.x) - first_thread;
+  if (i >= 0 && i < count) {
+    const int token = tokens[i];
+    if (token >= 0) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst + 4 * i),
+                   "l"(src + token));
+    } else {
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(dst + 4 * i), "f"(fill) : "memory");
+    }
+  }
+}
+
 // acc = A B^T over kSteps k16 steps, both operands K-major in shared memory: A's rows
 // [a_first_row, +64) (the warpgroup's), all of B's rows (N = 8 * kTiles). Steps past the head
 // dim would hold zero columns only; callers pick kSteps so that a branch never splits the run.
@@ -164,18 +181,23 @@ __device__ __forceinline__ void pack_fragments(const float (&c)[kTiles][4],
 // memory at `smem`) to global rows `row_stride` apart, rows < valid_rows and columns < cols only;
 // 16-byte stores when the destination allows them. One warp; `lane` its lane.
 // Only the 16-byte chunks [kFirstChunk, kFirstChunk + kChunks) of each row (a column chunk).
+// With `tokens` (token tiles: a shared-memory array of the 16 rows' tokens), row r goes to global
+// row tokens[r] instead, and rows whose token is -1 are not stored.
 template <int kD, int kFirstChunk = 0, int kChunks = kD / 8, typename Tile>
 __device__ __forceinline__ void store_tile_rows(const std::uint8_t* smem, Tile, int first_row,
                                                 int valid_rows, std::uint16_t* gmem,
-                                                std::int64_t row_stride, int cols, int lane) {
+                                                std::int64_t row_stride, int cols, int lane,
+                                                const int* tokens = nullptr) {
   const bool vector =
       cols % 8 == 0 && row_stride % 8 == 0 && reinterpret_cast<std::uintptr_t>(gmem) % 16 == 0;
   for (int index = lane; index < 16 * kChunks; index += 32) {
     const int r = index / kChunks;
     const int c = kFirstChunk + index % kChunks;
     if (r >= valid_rows || c * 8 >= cols) continue;
+    const std::int64_t row = tokens != nullptr ? tokens[r] : r;
+    if (row < 0) continue;
     const std::uint8_t* staged = smem + Tile::chunk_offset(first_row + r, c);
-    std::uint16_t* dst = gmem + r * row_stride + c * 8;
+    std::uint16_t* dst = gmem + row * row_stride + c * 8;
     if (vector) {
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(staged);
     } else {
