@@ -31,6 +31,7 @@ def inputs(c, dtype=torch.bfloat16):
 
     B, H, D = c["B"], c["H"], c["D"]
     tokens = tuple(c["grid"]) if "grid" in c else (c["L"],)
+    L = c.get("L")
     q, k, v = (randn(B, *tokens, H, D).requires_grad_() for _ in range(3))
     kw = {}
     leaves = [q, k, v]
