@@ -65,7 +65,7 @@ __device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN>* tt, const N
   }
   if (threadIdx.x == kThreads - 1) {  // a thread without a token when kN < kThreads
     tt->key_box[slot] = make_int4(origin[0], origin[1], origin[2],
-                                  neighborhood::seen_box_is_full(g, tt->tiles, u, kN));
+                                  neighborhood::seen_box_is_full_at(tt->tiles, origin, kN));
   }
 }
 
@@ -188,9 +188,8 @@ __device__ __forceinline__ void stage_query_box(KeyBoxSmem<kM, kN, kSlots>* tt,
     tt->query_token[slot][c] = neighborhood::box_token(g, tt->tiles.seen_shape, origin, c, yp);
   }
   if (threadIdx.x == kThreads - 1) {
-    tt->query_box[slot] =
-        make_int4(origin[0], origin[1], origin[2],
-                  neighborhood::seen_box_is_full(g, tt->tiles, box, kM, /*transposed=*/true));
+    tt->query_box[slot] = make_int4(origin[0], origin[1], origin[2],
+                                    neighborhood::seen_box_is_full_at(tt->tiles, origin, kM));
   }
 }
 
