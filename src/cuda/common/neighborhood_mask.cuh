@@ -344,6 +344,19 @@ __host__ __device__ __forceinline__ int div_small(int u, int n, int* remainder) 
 #endif
 }
 
+// Entry `index` of a block's own box: its token (box_token) and its group-major window per axis
+// (transposed: the queries that see it); an empty window (lo > hi) where it has no token.
+__host__ __device__ __forceinline__ int own_box_entry(const NeighborhoodGrid& g,
+                                                      const BlockTiles& t, int index,
+                                                      bool transposed, AxisWindow (&window)[3]) {
+  int yp[3];
+  const int token = box_token(g, t.box_shape, t.box_origin, index, yp);
+  for (int a = 0; a < 3; ++a) {
+    window[a] = token >= 0 ? group_major_window(g, a, yp[a], transposed) : AxisWindow{1, 0};
+  }
+  return token;
+}
+
 // Origin of key box u of a block.
 __host__ __device__ __forceinline__ void seen_box_origin(const BlockTiles& t, int u,
                                                          int (&origin)[3]) {

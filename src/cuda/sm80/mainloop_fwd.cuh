@@ -143,14 +143,9 @@ __device__ __forceinline__ int stage_block_boxes(TokenTileSmem<kM, kN>* tt,
   if (threadIdx.x == 0) tt->tiles = neighborhood::block_tiles(g, m_block, kM, kN);
   __syncthreads();
   for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
-    int yp[3];
-    const int token = neighborhood::box_token(g, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
-    tt->query_token[r] = token;
-    for (int a = 0; a < 3; ++a) {
-      const neighborhood::AxisWindow w = token >= 0 ? neighborhood::group_major_window(g, a, yp[a])
-                                                    : neighborhood::AxisWindow{1, 0};
-      tt->query_window[r][a] = make_int2(w.lo, w.hi);
-    }
+    neighborhood::AxisWindow w[3];
+    tt->query_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/false, w);
+    for (int a = 0; a < 3; ++a) tt->query_window[r][a] = make_int2(w[a].lo, w[a].hi);
   }
   stage_key_box(tt, g, 0);
   __syncthreads();

@@ -123,12 +123,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   std::int64_t first_tile = 0, num_tiles = 0;
   if constexpr (kTokenTiles) {
     // The block's query box, its rows' tokens and windows, key boxes 0 .. stages - 1.
-    init_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(m_block));
-    num_tiles = tt->tiles.num_seen_tiles;
-    for (int u = 0; u < kStages && u < num_tiles; ++u) {
-      stage_key_box<kM, kN, kBwdThreads>(tt, *mask.grid, u);
-    }
-    __syncthreads();
+    num_tiles =
+        init_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages);
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
     if (range.end > range.begin) {

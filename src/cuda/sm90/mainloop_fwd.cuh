@@ -228,12 +228,8 @@ __global__ void __launch_bounds__(threads(kD), 1)
   std::int64_t first_tile = 0, main_tiles = 0;
   if constexpr (kTokenTiles) {
     // The block's query box and key boxes, its rows' tokens and windows, key boxes 0 .. stages - 1.
-    const NeighborhoodGrid& grid = *mask.grid;
-    init_query_box<kM, kN, kThreads>(tt, grid, static_cast<int>(m_block));
-    main_tiles = tt->tiles.num_seen_tiles;
-    for (int u = 0; u < kStages && u < main_tiles; ++u)
-      stage_key_box<kM, kN, kThreads>(tt, grid, u);
-    __syncthreads();
+    main_tiles =
+        init_query_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages);
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
     if (range.end > range.begin) {

@@ -5,8 +5,8 @@
 //     row's window, and a ring of key boxes; gathered_scores tests a score tile against them.
 //   keys own (the dK/dV kernel): KeyBoxSmem, the block's key box with each key's transposed window
 //     (the queries that see it), and a ring of query boxes; hide_unseen_transposed tests S^T.
-// Every thread of the block calls the init_* and stage_* functions; the caller's next barrier
-// publishes what they write.
+// Every thread of the block calls the init_* and stage_* functions; init_query_box publishes what
+// it writes with its own barrier, for the others the caller's next barrier does.
 #pragma once
 
 #include <cmath>
@@ -32,25 +32,6 @@ struct TokenTileSmem {
   int2 query_window[kM][3];  // (lo, hi) per axis; lo > hi for rows without a token
 };
 
-// The block's query box `block`: its tiles (published by a block barrier here), its rows' tokens
-// and group-major windows.
-template <int kM, int kN, int kThreads>
-__device__ __forceinline__ void init_query_box(TokenTileSmem<kM, kN>* tt, const NeighborhoodGrid& g,
-                                               int block) {
-  if (threadIdx.x == 0) tt->tiles = neighborhood::block_tiles(g, block, kM, kN);
-  __syncthreads();
-  for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
-    int yp[3];
-    const int token = neighborhood::box_token(g, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
-    tt->query_token[r] = token;
-    for (int a = 0; a < 3; ++a) {
-      const neighborhood::AxisWindow w = token >= 0 ? neighborhood::group_major_window(g, a, yp[a])
-                                                    : neighborhood::AxisWindow{1, 0};
-      tt->query_window[r][a] = make_int2(w.lo, w.hi);
-    }
-  }
-}
-
 // Writes key box u into its slot (every thread of the block calls it; the caller's next barrier
 // publishes it).
 template <int kM, int kN, int kThreads>
@@ -67,6 +48,24 @@ __device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN>* tt, const N
     tt->key_box[slot] = make_int4(origin[0], origin[1], origin[2],
                                   neighborhood::seen_box_is_full_at(tt->tiles, origin, kN));
   }
+}
+
+// The block's query box `block`: its tiles, its rows' tokens and group-major windows, and key
+// boxes 0 .. stages - 1, published by a block barrier; returns the number of key boxes.
+template <int kM, int kN, int kThreads>
+__device__ __forceinline__ int init_query_box(TokenTileSmem<kM, kN>* tt, const NeighborhoodGrid& g,
+                                              int block, int stages) {
+  if (threadIdx.x == 0) tt->tiles = neighborhood::block_tiles(g, block, kM, kN);
+  __syncthreads();
+  for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
+    neighborhood::AxisWindow w[3];
+    tt->query_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/false, w);
+    for (int a = 0; a < 3; ++a) tt->query_window[r][a] = make_int2(w[a].lo, w[a].hi);
+  }
+  const int boxes = tt->tiles.num_seen_tiles;
+  for (int u = 0; u < stages && u < boxes; ++u) stage_key_box<kM, kN, kThreads>(tt, g, u);
+  __syncthreads();
+  return boxes;
 }
 
 // Scores of a warp's rows against gathered key box `slot`: bias / rel-pos by token, then (partial
@@ -160,15 +159,9 @@ __device__ __forceinline__ void init_key_box(KeyBoxSmem<kM, kN, kSlots>* tt,
     tt->tiles = neighborhood::block_tiles(g, block, kN, kM, /*transposed=*/true);
   __syncthreads();
   for (int r = static_cast<int>(threadIdx.x); r < kN; r += kThreads) {
-    int yp[3];
-    const int token = neighborhood::box_token(g, tt->tiles.box_shape, tt->tiles.box_origin, r, yp);
-    tt->key_token[r] = token;
-    for (int a = 0; a < 3; ++a) {
-      const neighborhood::AxisWindow w = token >= 0
-                                             ? neighborhood::group_major_window(g, a, yp[a], true)
-                                             : neighborhood::AxisWindow{1, 0};
-      tt->key_window[r][a] = make_int2(w.lo, w.hi);
-    }
+    neighborhood::AxisWindow w[3];
+    tt->key_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/true, w);
+    for (int a = 0; a < 3; ++a) tt->key_window[r][a] = make_int2(w[a].lo, w[a].hi);
   }
   for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
     tt->query_local[r] = neighborhood::box_local_bytes(tt->tiles.seen_shape, r);
