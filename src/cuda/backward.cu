@@ -386,7 +386,7 @@ Status run_dense_backward(const AttentionBackwardParams& a, const detail::Proble
                           const NeighborhoodGrid& grid, void* stream) {
   FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype));
   BackwardParams p = make_params(a, shape, /*varlen=*/false);
-  p.fwd.neighborhood = grid;
+  set_neighborhood_mask(grid, &p.fwd);
   return run_backward(p, a.options, a.backward_impl, plan_additive(a.grads, shape), a.q.dtype,
                       a.q.device.index, shape.batch, shape.seqlen_q, /*varlen=*/false, stream);
 }

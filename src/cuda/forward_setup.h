@@ -17,6 +17,12 @@ void fill_forward_options(const AttentionOptions& o, const detail::ProblemShape&
 // Whether tiles load and store with 16-byte vectors (call after fill_forward_options).
 void fill_forward_alignment(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const AttentionOptions& o, ForwardParams* p);
+// Neighborhood attention's mask (SPEC §6): a grid with one axis of more than one token and no
+// dilation is a window of consecutive keys that shifts at the borders, and runs as the window
+// mask on the dense kernels (range tiles, unmasked full tiles); any other grid keeps the
+// neighborhood mask policy (token tiles). A grid of rank 0 (dense attention) changes nothing.
+// Defined in neighborhood.cu.
+void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p);
 // Dtype and grid-limit checks, the device guard, then the dispatch; asynchronous on `stream`.
 Status launch_forward_kernel(const ForwardParams& p, const TensorView& q, void* stream);
 

@@ -113,6 +113,27 @@ Status check_token_count(const detail::ProblemShape& shape) {
 
 }  // namespace
 
+void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p) {
+  if (grid.rank == 0) return;  // dense attention: its own mask stays
+  int long_axes = 0, axis = 0;
+  for (int r = 0; r < grid.rank; ++r) {
+    if (grid.size[r] > 1) ++long_axes, axis = r;
+  }
+  if (long_axes > 1 || grid.dilation[axis] != 1) {
+    p->neighborhood = grid;
+    return;
+  }
+  // One axis, tokens consecutive: query p sees keys max(p - K + 1, 0) .. p when causal, else
+  // start .. start + K - 1 with start = clamp(p - K/2, 0, X - K), i.e. the window
+  // (K/2, K - 1 - K/2) shifted inward at the borders. Axes of size 1 have kernel 1.
+  const int k = grid.kernel[axis];
+  p->neighborhood = NeighborhoodGrid{};
+  p->bottom_right = false;
+  p->window_left = grid.causal[axis] ? k - 1 : k / 2;
+  p->window_right = grid.causal[axis] ? 0 : k - 1 - k / 2;
+  p->window_shifts_at_borders = !grid.causal[axis];
+}
+
 Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape, void* stream) {
   FMHA_RETURN_IF_ERROR(check_forward_dtype(a.q.dtype));
   const int rank = shape.grid_rank;
@@ -140,8 +161,8 @@ Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape
     p.lse_batch_stride = a.lse.stride[0];
     p.lse_head_stride = a.lse.stride[1];
   }
-  p.neighborhood = grid_of(a.neighborhood, shape);
   fill_forward_options(a.options, shape, &p);
+  set_neighborhood_mask(grid_of(a.neighborhood, shape), &p);
   fill_forward_alignment(a.q, a.k, a.v, a.out, a.options, &p);
   return launch_forward_kernel(p, a.q, stream);
 }

@@ -115,6 +115,14 @@ TEST(CudaForward, WindowsAndFullyMaskedRows) {
     }
   // Lk = 0: every row fully masked.
   check_forward(shape_case(DType::kBFloat16, 17, 0, 64, 64, 2, 1), 62);
+  // Long sliding windows: key tiles start at the window's first key (not a multiple of the tile),
+  // partial tiles at both ends of every block's range.
+  for (int d : {64, 128}) {
+    ForwardCase c = shape_case(DType::kBFloat16, 1000, 1000, d, d, 2, 1);
+    c.options.window_left = 301;
+    c.options.window_right = 45;
+    check_forward(c, 63);
+  }
 }
 
 TEST(CudaForward, Softcap) {

@@ -161,6 +161,26 @@ TEST(CudaNeighborhood, OneDimLong) {
   check_na(na_case(DType::kFloat16, 1, {300, 1, 1}, {300, 1, 1}, {1, 1, 1}), 25);  // dense
 }
 
+// One long axis without dilation runs as a window that shifts at the borders on the dense
+// kernels (neighborhood.cu): windows close to the grid (shift over most rows), odd and even, a
+// 2-D grid with one axis of size 1, and the features that run beside the mask.
+TEST(CudaNeighborhood, OneAxisWindows) {
+  SKIP_WITHOUT_GPU();
+  check_na(na_case(DType::kBFloat16, 1, {1000, 1, 1}, {999, 1, 1}, {1, 1, 1}), 26);
+  check_na(na_case(DType::kFloat16, 1, {1000, 1, 1}, {998, 1, 1}, {1, 1, 1}), 27);
+  check_na(na_case(DType::kBFloat16, 1, {777, 1, 1}, {255, 1, 1}, {1, 1, 1}), 28);
+  check_na(na_case(DType::kFloat16, 2, {1, 517, 1}, {1, 130, 1}, {1, 1, 1}), 29);
+  check_na(na_case(DType::kBFloat16, 3, {1, 1, 300}, {1, 1, 17}, {1, 1, 1}, {false, false, true}),
+           30);
+  AttentionCase c = na_case(DType::kBFloat16, 1, {613, 1, 1}, {201, 1, 1}, {1, 1, 1});
+  c.extra = 5;
+  c.sinks = true;
+  c.options.softcap = 10.0f;
+  c.bias.given = true;
+  c.heads = 4;
+  check_na(c, 31);
+}
+
 TEST(CudaNeighborhood, TwoDim) {
   SKIP_WITHOUT_GPU();
   check_na(na_case(DType::kFloat16, 2, {17, 23, 1}, {5, 7, 1}, {3, 2, 1}), 31);

@@ -304,6 +304,23 @@ TEST(CudaNeighborhoodBackward, Larger) {
       na_case(DType::kFloat16, 3, {6, 7, 9}, {3, 4, 2}, {2, 1, 3}, {false, true, false}), 25);
 }
 
+// One long axis without dilation: the dense kernels' shifting window (neighborhood.cu).
+TEST(CudaNeighborhoodBackward, OneAxisWindows) {
+  SKIP_WITHOUT_GPU();
+  check_na_backward(na_case(DType::kBFloat16, 1, {1000, 1, 1}, {999, 1, 1}, {1, 1, 1}), 26);
+  check_na_backward(na_case(DType::kFloat16, 1, {777, 1, 1}, {254, 1, 1}, {1, 1, 1}), 27);
+  check_na_backward(na_case(DType::kBFloat16, 2, {1, 517, 1}, {1, 131, 1}, {1, 1, 1}), 28);
+  check_na_backward(
+      na_case(DType::kFloat16, 1, {700, 1, 1}, {200, 1, 1}, {1, 1, 1}, {true, false, false}), 29);
+  AttentionCase c = na_case(DType::kFloat16, 1, {613, 1, 1}, {201, 1, 1}, {1, 1, 1});
+  c.extra = 5;
+  c.sinks = true;
+  c.options.softcap = 10.0f;
+  c.bias.given = true;
+  c.heads = 4;
+  check_na_backward(c, 30);
+}
+
 // Dilated windows wider than a block: boxes of queries of one dilation group that see a key box
 // whole (no mask), next to partial boxes and holes.
 TEST(CudaNeighborhoodBackward, DilatedWideWindows) {

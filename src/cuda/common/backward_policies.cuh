@@ -31,27 +31,13 @@ __device__ inline QueryRange query_range(const MaskNone&, std::int64_t, std::int
   return {0, num_queries};
 }
 
-// visible iff i + offset - left <= j <= i + offset + right, i.e.
-// j - offset - right <= i <= j - offset + left: the union over keys [first, last] is
-// [first - offset - right, last - offset + left].
+// The queries that see a key form an interval whose bounds grow with the key (MaskWindow::seen_by):
+// the union over keys [first, last] spans the first key's first query to the last key's last.
 __device__ inline QueryRange query_range(const MaskWindow& m, std::int64_t first_key,
                                          std::int64_t last_key, std::int64_t num_queries) {
-  const std::int64_t lo = first_key - m.offset - m.right;
-  const std::int64_t hi = last_key - m.offset + m.left + 1;
+  const std::int64_t lo = m.seen_by(first_key).first;
+  const std::int64_t hi = m.seen_by(last_key).last + 1;
   return {lo > 0 ? lo : 0, hi < num_queries ? hi : num_queries};
-}
-
-// Inclusive interval of offsets in a tile; empty when lo > hi.
-struct TileBounds {
-  int lo, hi;
-  __device__ bool contains(int x) const { return x >= lo && x <= hi; }
-  // Offsets 0 .. count - 1 (extra keys: every query sees each one that exists).
-  __device__ static TileBounds prefix(int count) { return {0, count - 1}; }
-};
-
-__device__ inline TileBounds clamp_bounds(std::int64_t lo, std::int64_t hi, int tile) {
-  return {static_cast<int>(lo < 0 ? 0 : (lo > tile ? tile : lo)),
-          static_cast<int>(hi < -1 ? -1 : (hi >= tile ? tile - 1 : hi))};
 }
 
 // Offsets r in [0, tile) for which query first_query + r sees key j.
@@ -62,20 +48,8 @@ __device__ inline TileBounds visible_queries(const MaskNone& m, std::int64_t j, 
 __device__ inline TileBounds visible_queries(const MaskWindow& m, std::int64_t j,
                                              std::int64_t first_query, int tile) {
   if (j >= m.num_keys) return {0, -1};
-  return clamp_bounds(j - m.offset - m.right - first_query, j - m.offset + m.left - first_query,
-                      tile);
-}
-
-// Offsets c in [0, tile) for which query i sees key first_key + c.
-__device__ inline TileBounds visible_keys(const MaskNone& m, std::int64_t, std::int64_t first_key,
-                                          int tile) {
-  return clamp_bounds(0, m.num_keys - 1 - first_key, tile);
-}
-__device__ inline TileBounds visible_keys(const MaskWindow& m, std::int64_t i,
-                                          std::int64_t first_key, int tile) {
-  const std::int64_t d = i + m.offset;
-  const std::int64_t hi = d + m.right < m.num_keys - 1 ? d + m.right : m.num_keys - 1;
-  return clamp_bounds(d - m.left - first_key, hi - first_key, tile);
+  const KeySeenBy q = m.seen_by(j);
+  return clamp_bounds(q.first - first_query, q.last - first_query, tile);
 }
 
 // Neighborhood masks: the visible offsets of a tile of consecutive tokens are no interval (grid

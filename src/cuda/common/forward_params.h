@@ -71,6 +71,9 @@ struct ForwardParams {
   bool bottom_right = false;
   std::int64_t window_left = kUnboundedWindow;
   std::int64_t window_right = kUnboundedWindow;
+  // Neighborhood attention on one axis without dilation (neighborhood.cu): the window keeps its
+  // width left + right + 1 at the borders, its first key clamped to [0, Lk - width] (SPEC §6).
+  bool window_shifts_at_borders = false;
 
   // Additive bias [B, H, Lq, Lk], any strides (0 broadcasts); nullptr when not given.
   const void* bias = nullptr;

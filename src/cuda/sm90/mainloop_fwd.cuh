@@ -21,7 +21,7 @@
 // certifies that every warp has waited for its phase u - 1, the last reader of the stages that
 // group u + stages - 1 overwrites (K(u - 1), V(u - 2)).
 //
-// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D, masked), for every policy but the score
+// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D), for every policy but the score
 // modifiers'). Warpgroup 0, the leader, and warpgroup 1, the follower, meet at rendezvous u at
 // different points of their own work:
 //   leader:    R(u)  issue phase u  arrive(turn)  wait               softmax u   | R(u + 1) ..
@@ -171,8 +171,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   static_assert(kStages + 2 <= TokenTiles::kSlots, "key boxes u - 1 .. u + stages live at once");
   // Ping-pong (tile_sizes.h) where the softmax reads nothing that a rendezvous frees: the staged
   // bias tiles of the score modifiers would be overwritten under the follower's softmax.
-  constexpr bool kPingPong =
-      ping_pong(kD, std::is_same_v<Policy, PolicyWindow> || kTokenTiles) && !kHasModifiers<Policy>;
+  constexpr bool kPingPong = ping_pong(kD) && !kHasModifiers<Policy>;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
@@ -225,7 +224,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   // bookkeeping (which has neither) too.
   const std::uint32_t smem_bias = smem_q + tile_smem_bytes<kD, Policy>();
   auto* const tt = reinterpret_cast<TokenTiles*>(smem_q_ptr + (smem_bias - smem_q));
-  std::int64_t first_tile = 0, main_tiles = 0;
+  std::int64_t first_key = 0, main_tiles = 0;
   if constexpr (kTokenTiles) {
     // The block's query box and key boxes, its rows' tokens and windows, key boxes 0 .. stages - 1.
     main_tiles =
@@ -233,8 +232,11 @@ __global__ void __launch_bounds__(threads(kD), 1)
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
     if (range.end > range.begin) {
-      first_tile = range.begin / kN;
-      main_tiles = (range.end + kN - 1) / kN - first_tile;
+      // Tiles start at the range's first key, rounded down to 8 keys only (16-byte rows of the
+      // staged bias tiles): a sliding window of w keys takes ceil(w / kN) tiles, not one more
+      // whenever it straddles a multiple of kN.
+      first_key = range.begin / 8 * 8;
+      main_tiles = (range.end - first_key + kN - 1) / kN;
     }
   }
   const std::int64_t num_tiles = main_tiles + (p.num_extra + kN - 1) / kN;
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
       t.v = v;
       t.valid = kN;
     } else if (!t.extra) {
-      t.first_key = (first_tile + u) * kN;
+      t.first_key = first_key + u * kN;
       t.k_row_stride = p.k_row_stride;
       t.v_row_stride = p.v_row_stride;
       t.k = k + t.first_key * p.k_row_stride;

@@ -50,14 +50,14 @@ constexpr int bias_tile_bytes(int head_dim_bucket) {
 // then both waiting for the tensor cores. At D 64 with 128-key tiles the exponentials of a tile
 // (16 a clock per SM) take as long as its two products, so overlapping them is worth up to 2x
 // there; above, the products dominate and the gain shrinks to the softmax's share. Measured on an
-// H100 (bf16, 16k tokens): D 64 forward +9 to +15% (259 -> 296 TFLOP/s at L 4096). Up to D 128
-// only for masks without per-element bounds (`masked`: windows, causal, neighborhoods): their
-// kernels spill at D 128 with it (window 124 bytes against 64 without; plain 230 registers, no
-// spill). Policies that stage per-tile data for the softmax (the score modifiers' bias tiles)
+// H100 (bf16, 16k tokens): D 64 forward +9 to +15% (259 -> 296 TFLOP/s at L 4096). Up to D 128,
+// masks included since partial tiles test one column interval a row (mask_policies.cuh; the
+// per-element test spilled 124 bytes at D 128 with it); above, the output accumulator leaves no
+// room. Policies that stage per-tile data for the softmax (the score modifiers' bias tiles)
 // never ping-pong: the follower's softmax of tile u runs after the rendezvous that frees tile u's
 // stage.
-constexpr bool ping_pong(int head_dim_bucket, bool masked) {
-  return head_dim_bucket <= 64 || (head_dim_bucket <= 128 && !masked);
+constexpr bool ping_pong(int head_dim_bucket) {
+  return head_dim_bucket <= 128;
 }
 
 }  // namespace fmha::cuda::sm90
