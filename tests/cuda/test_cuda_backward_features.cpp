@@ -90,6 +90,17 @@ TEST(CudaBackward, BiasOnWholeChunkRows) {
   w.options.window_left = 40;
   w.options.window_right = 17;
   check_backward(w, 99);
+  // Long sliding windows: key tiles (dQ) and query tiles (dK/dV) start at the first visible key
+  // or query, not at a multiple of the tile; with dbias (staged bias tiles, pair stores).
+  for (int dim : {64, 128}) {
+    BackwardCase s = shape_case(DType::kBFloat16, 1000, 1000, dim, dim, 2, 1);
+    s.options.window_left = 301;
+    s.options.window_right = 45;
+    check_backward(s, 101);
+    s.bias = true;
+    s.dbias = true;
+    check_backward(s, 102);
+  }
   BackwardCase d = shape_case(DType::kFloat16, 136, 264, 64, 64, 4, 2, 2);
   d.bias = true;
   d.dbias = true;  // full size: stored, not summed, so bitwise identical run to run

@@ -66,6 +66,39 @@ __device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, floa
     }
   }
 }
+// Range masks: the queries that see a key are an interval, found once per key.
+template <typename RangeMask, int kTiles>
+__device__ __forceinline__ void hide_outside_query_bounds(const RangeMask& mask,
+                                                          float (&s)[kTiles][4], std::int64_t key,
+                                                          std::int64_t query,
+                                                          std::int64_t num_queries) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    TileBounds rows = visible_queries(mask, key + 8 * r, query, kTiles * 8);
+    if (num_queries - 1 - query < rows.hi) rows.hi = static_cast<int>(num_queries - 1 - query);
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (!rows.contains(t * 8 + e)) s[t][2 * r + e] = -INFINITY;
+      }
+    }
+  }
+}
+template <int kTiles>
+__device__ __forceinline__ void hide_invisible_transposed(const MaskWindow& mask,
+                                                          float (&s)[kTiles][4], std::int64_t key,
+                                                          std::int64_t query,
+                                                          std::int64_t num_queries) {
+  hide_outside_query_bounds(mask, s, key, query, num_queries);
+}
+template <int kTiles>
+__device__ __forceinline__ void hide_invisible_transposed(const MaskNone& mask,
+                                                          float (&s)[kTiles][4], std::int64_t key,
+                                                          std::int64_t query,
+                                                          std::int64_t num_queries) {
+  hide_outside_query_bounds(mask, s, key, query, num_queries);
+}
 
 // One block's work: dK and dV of its keys for head-dim columns [kCol0, kCol0 + kCols) (all of
 // them up to D = 128; column chunks of 128 above, each chunk its own block recomputing S^T and
@@ -146,8 +179,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   } else {
     const QueryRange rows_range = query_range(mask, n0, n0 + valid_keys - 1, num_queries);
     if (rows_range.end > rows_range.begin) {
-      first_m = rows_range.begin / kM;
-      m_tiles = (rows_range.end + kM - 1) / kM - first_m;
+      // From the first query that sees a key, rounded down to 8 rows (16-byte rows of the staged
+      // statistics), not to a whole tile: a window of w queries takes ceil(w / kM) tiles.
+      first_m = rows_range.begin / 8 * 8;
+      m_tiles = (rows_range.end - first_m + kM - 1) / kM;
     }
   }
   const std::int64_t num_steps = m_tiles * f.kv_group;
@@ -158,9 +193,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     __syncthreads();
   }
 
-  // Step u: query head hk * group + u / m_tiles, query tile first_m + u % m_tiles.
+  // Step u: query head hk * group + u / m_tiles, the query tile u % m_tiles from row first_m.
   auto step_head = [&](std::int64_t u) { return hk * f.kv_group + static_cast<int>(u / m_tiles); };
-  auto step_m0 = [&](std::int64_t u) { return (first_m + u % m_tiles) * kM; };
+  auto step_m0 = [&](std::int64_t u) { return first_m + u % m_tiles * kM; };
   auto load_step = [&](std::int64_t u, int stage) {
     const int h = step_head(u);
     if constexpr (kTokenTiles) {  // query box u % m_tiles, gathered by token (from token 0)
