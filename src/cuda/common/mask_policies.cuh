@@ -128,43 +128,28 @@ __host__ __device__ inline TileBounds visible_keys(const MaskWindow& m, std::int
 // Sets to -inf the scores a mask hides in a warp's m16n8 accumulator tiles: this thread's entries
 // 0, 1 sit on `row`, entries 2, 3 on row + 8; entry 0 of tile t is at column col + 8t. Run only on
 // partial tiles. Range masks answer once per row with the interval of visible columns (two int
-// compares an element); other masks per element.
+// compares an element); token-tile masks per element.
 template <typename Mask, int kTiles>
 __device__ __forceinline__ void hide_invisible(const Mask& mask, float (&s)[kTiles][4],
                                                std::int64_t row, std::int64_t col) {
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (!mask.visible(row + (e >= 2 ? 8 : 0), col + t * 8 + (e & 1))) s[t][e] = -INFINITY;
-    }
-  }
-}
-
-template <typename RangeMask, int kTiles>
-__device__ __forceinline__ void hide_outside_bounds(const RangeMask& mask, float (&s)[kTiles][4],
-                                                    std::int64_t row, std::int64_t col) {
-#pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const TileBounds cols = visible_keys(mask, row + 8 * r, col, kTiles * 8);
+    [[maybe_unused]] TileBounds cols{0, -1};
+    if constexpr (!Mask::kTokenTiles) cols = visible_keys(mask, row + 8 * r, col, kTiles * 8);
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        if (!cols.contains(t * 8 + e)) s[t][2 * r + e] = -INFINITY;
+        bool seen;
+        if constexpr (Mask::kTokenTiles) {
+          seen = mask.visible(row + 8 * r, col + t * 8 + e);
+        } else {
+          seen = cols.contains(t * 8 + e);
+        }
+        if (!seen) s[t][2 * r + e] = -INFINITY;
       }
     }
   }
-}
-template <int kTiles>
-__device__ __forceinline__ void hide_invisible(const MaskNone& mask, float (&s)[kTiles][4],
-                                               std::int64_t row, std::int64_t col) {
-  hide_outside_bounds(mask, s, row, col);
-}
-template <int kTiles>
-__device__ __forceinline__ void hide_invisible(const MaskWindow& mask, float (&s)[kTiles][4],
-                                               std::int64_t row, std::int64_t col) {
-  hide_outside_bounds(mask, s, row, col);
 }
 
 }  // namespace fmha::cuda

@@ -52,26 +52,13 @@ using DkDvTokenTiles = KeyBoxSmem<bwd_queries_per_tile(kD, true), kBwdKeysPerBlo
 
 // Sets to -inf the scores of transposed tiles (rows = keys, columns = queries) that the mask
 // hides or whose query is past the sequence: entries 0, 1 on key `key`, 2, 3 on key + 8; entry 0
-// of tile t on query `query` + 8t.
+// of tile t on query `query` + 8t. Range masks only (token tiles: hide_unseen_transposed): the
+// queries that see a key are an interval, found once per key.
 template <typename Mask, int kTiles>
 __device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, float (&s)[kTiles][4],
                                                           std::int64_t key, std::int64_t query,
                                                           std::int64_t num_queries) {
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const std::int64_t i = query + t * 8 + (e & 1);
-      if (i >= num_queries || !mask.visible(i, key + (e >= 2 ? 8 : 0))) s[t][e] = -INFINITY;
-    }
-  }
-}
-// Range masks: the queries that see a key are an interval, found once per key.
-template <typename RangeMask, int kTiles>
-__device__ __forceinline__ void hide_outside_query_bounds(const RangeMask& mask,
-                                                          float (&s)[kTiles][4], std::int64_t key,
-                                                          std::int64_t query,
-                                                          std::int64_t num_queries) {
+  static_assert(!Mask::kTokenTiles, "token tiles test their boxes (hide_unseen_transposed)");
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     TileBounds rows = visible_queries(mask, key + 8 * r, query, kTiles * 8);
@@ -84,20 +71,6 @@ __device__ __forceinline__ void hide_outside_query_bounds(const RangeMask& mask,
       }
     }
   }
-}
-template <int kTiles>
-__device__ __forceinline__ void hide_invisible_transposed(const MaskWindow& mask,
-                                                          float (&s)[kTiles][4], std::int64_t key,
-                                                          std::int64_t query,
-                                                          std::int64_t num_queries) {
-  hide_outside_query_bounds(mask, s, key, query, num_queries);
-}
-template <int kTiles>
-__device__ __forceinline__ void hide_invisible_transposed(const MaskNone& mask,
-                                                          float (&s)[kTiles][4], std::int64_t key,
-                                                          std::int64_t query,
-                                                          std::int64_t num_queries) {
-  hide_outside_query_bounds(mask, s, key, query, num_queries);
 }
 
 // One block's work: dK and dV of its keys for head-dim columns [kCol0, kCol0 + kCols) (all of
