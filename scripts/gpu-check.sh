@@ -7,6 +7,8 @@
 #   STEPS="build cuda-tests" bash scripts/gpu-check.sh
 #   STEPS="build cuda-tests bench" CUDA_TESTS_FILTER="CudaBackward*" BENCH_SUITE=features \
 #     BENCH_ARGS="--cases bias|softcap --impls fmha,sdpa-cudnn,flex" bash scripts/gpu-check.sh
+#   PREBUILT=.gpu/prebuilt bash scripts/gpu-check.sh   # the test binary built here beforehand by
+#                                                      # scripts/build-gpu-tests.sh (carry .gpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${OUT:-$PWD/build-gpu}
@@ -21,6 +23,10 @@ SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*:
 JOBS=$(nproc)
 GTEST_SRC=${GTEST_SRC:-$PWD/.gpu/googletest}
 [ -f /usr/include/gtest/gtest.h ] && GTEST_SRC=""
+# PREBUILT: a carried folder with fmha_cuda_tests built on another machine (scripts/build-gpu-tests.sh);
+# the build step then only checks that it runs here, and builds as usual when it does not.
+PREBUILT=${PREBUILT:-}
+TESTS=build-gpu/tests/fmha_cuda_tests
 
 rows=()
 run_step() {  # name, then the command; records PASS/FAIL, seconds and the log's last summary line
@@ -37,6 +43,22 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 
 build() {
   nvidia-smi -L && nvcc --version | tail -n 2
+  if [ -n "$PREBUILT" ]; then
+    # libcudart.so of this machine's toolkit, wherever it lives; python's lzma unpacks the binary.
+    local cuda_root
+    cuda_root="$(dirname "$(command -v nvcc)")/.."
+    export LD_LIBRARY_PATH="$cuda_root/lib64:$cuda_root/lib:${LD_LIBRARY_PATH:-}"
+    mkdir -p build-gpu/prebuilt
+    python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+      "$PREBUILT/fmha_cuda_tests.xz" build-gpu/prebuilt/fmha_cuda_tests &&
+      chmod +x build-gpu/prebuilt/fmha_cuda_tests
+    if build-gpu/prebuilt/fmha_cuda_tests --gtest_list_tests >/dev/null; then
+      TESTS=build-gpu/prebuilt/fmha_cuda_tests
+      echo "prebuilt test binary runs here, built from:"; cat "$PREBUILT/revision.txt"
+      return 0
+    fi
+    echo "prebuilt test binary does not run here: building"
+  fi
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_ENABLE_CUDA=ON \
         -DFMHA_CUDA_ARCHITECTURES="$ARCHS" -DFMHA_HEAD_DIM_BUCKETS="$BUCKETS" \
         ${GTEST_SRC:+-DFMHA_GTEST_SOURCE_DIR=$GTEST_SRC} &&
@@ -49,19 +71,19 @@ python_install() {
     python3 -m pip install -q --no-build-isolation --no-deps .
 }
 cuda_tests() {
-  timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests --gtest_brief=1 \
+  timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" --gtest_brief=1 \
       --gtest_filter="${CUDA_TESTS_FILTER:-*}"
 }
 # On Hopper dense and neighborhood attention run the sm90 kernels; run their tests again
 # on the sm80 kernels (fp32 runs the sm80 kernels everywhere: its tests need no second pass).
 sm80_tests() {
-  FMHA_CUDA_KERNELS=sm80 timeout "${CUDA_TESTS_SECONDS:-300}" build-gpu/tests/fmha_cuda_tests \
+  FMHA_CUDA_KERNELS=sm80 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
       --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward*:CudaNeighborhood*:-*Float32*"
 }
 sanitizer() {
-  timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
+  timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 "$TESTS" \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER" &&
-  timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/fmha_cuda_tests \
+  timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER"
 }
 PIP_STATUS=""

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds the CUDA test binary on this machine (no GPU needed) for the device machine to run, so that
+# a `run` call spends its device time testing rather than compiling: `scripts/gpu-check.sh` takes it
+# with PREBUILT=.gpu/prebuilt (carry [".gpu"]) and builds there instead when the binary does not run
+# on the device's image (other system libraries). Same configuration as gpu-check's build:
+# sm_90a, every head-dim bucket unless FMHA_HEAD_DIM_BUCKETS says otherwise.
+#
+#   bash scripts/build-gpu-tests.sh            # -> .gpu/prebuilt/fmha_cuda_tests (+ its source revision)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUCKETS=${FMHA_HEAD_DIM_BUCKETS:-"32;64;96;128;160;192;224;256"}
+cmake -S . -B build-prebuilt -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_ENABLE_CUDA=ON \
+      -DFMHA_CUDA_ARCHITECTURES=90a-real -DFMHA_HEAD_DIM_BUCKETS="$BUCKETS" >/dev/null
+cmake --build build-prebuilt --target fmha_cuda_tests -j "${JOBS:-$(nproc)}"
+# Stripped and xz-compressed: every bucket's kernels make a binary of about 240 MB, 25 MB packed,
+# within the 64 MiB a call may carry.
+mkdir -p .gpu/prebuilt
+strip -o .gpu/prebuilt/fmha_cuda_tests build-prebuilt/tests/fmha_cuda_tests
+xz -T0 -6 -f .gpu/prebuilt/fmha_cuda_tests
+# What the binary was built from, for the device log (the working tree may hold uncommitted edits).
+{ git rev-parse HEAD; git status --short; } >.gpu/prebuilt/revision.txt
+ls -la .gpu/prebuilt/
