@@ -16,6 +16,11 @@ CASES = {
     "sam-b-rel": dict(B=8, H=12, L=4096, D=64, rel=(64, 64)),
     "sam-b-bias": dict(B=8, H=12, L=4096, D=64, bias=True),
     "sam-b-dbias": dict(B=8, H=12, L=4096, D=64, bias=True, dbias=True),
+    # The standard suite's dense shapes (16k tokens, hidden 2048): the D 64 / 128 kernels alone.
+    "dense-d64": dict(B=4, H=32, L=4096, D=64),
+    "dense-d64-causal": dict(B=4, H=32, L=4096, D=64, causal=True),
+    "dense-d128": dict(B=4, H=16, L=4096, D=128),
+    "dense-d128-causal": dict(B=4, H=16, L=4096, D=128, causal=True),
     # Issue 5's neighborhood cases at D 64 (H = 1024 / D).
     "na1d-k2047": dict(B=1, H=16, D=64, grid=(32768,), kernel=(2047,)),
     "na2d-k13": dict(B=8, H=16, D=64, grid=(64, 64), kernel=(13, 13)),
@@ -49,6 +54,8 @@ def inputs(c, dtype=torch.bfloat16):
         kw["bias"] = bias
     if "grid" in c:
         kw["kernel_size"] = c["kernel"]
+    if c.get("causal"):
+        kw["causal"] = True
     return q, k, v, kw, leaves, randn(B, *tokens, H, D)
 
 
@@ -72,22 +79,36 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--deterministic", action="store_true",
                     help="deterministic=True (the split backward: a dQ kernel, no atomics)")
+    ap.add_argument("--forward-only", action="store_true", help="no backward")
+    ap.add_argument("--no-profiler", action="store_true",
+                    help="only run the calls (under Nsight Compute: scripts/ncu-kernels.sh)")
     args = ap.parse_args()
     q, k, v, kw, leaves, dout = inputs(CASES[args.case])
+
+    def step():
+        with torch.set_grad_enabled(not args.forward_only):
+            out = call(q, k, v, kw, args.deterministic)
+        if not args.forward_only:
+            torch.autograd.grad(out, leaves, dout)
+
     for _ in range(2):  # warm-up (lazy allocations, first launches)
-        out = call(q, k, v, kw, args.deterministic)
-        torch.autograd.grad(out, leaves, dout)
+        step()
     torch.cuda.synchronize()
+    if args.no_profiler:
+        for _ in range(args.iters):
+            step()
+        torch.cuda.synchronize()
+        return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(args.iters):
-            out = call(q, k, v, kw, args.deterministic)
-            torch.autograd.grad(out, leaves, dout)
+            step()
         torch.cuda.synchronize()
     total = collections.defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             total[e.name] += e.device_time / args.iters  # microseconds per iteration
-    print(f"{args.case}{' deterministic' if args.deterministic else ''} ({torch.cuda.get_device_name()}): device time per forward + backward")
+    what = "forward" if args.forward_only else "forward + backward"
+    print(f"{args.case}{' deterministic' if args.deterministic else ''} ({torch.cuda.get_device_name()}): device time per {what}")
     for name, us in sorted(total.items(), key=lambda x: -x[1])[:12]:
         print(f"{us / 1000:9.3f} ms  {name[:110]}")
 

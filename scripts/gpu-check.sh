@@ -7,6 +7,7 @@
 #   STEPS="build cuda-tests" bash scripts/gpu-check.sh
 #   STEPS="build cuda-tests bench" CUDA_TESTS_FILTER="CudaBackward*" BENCH_SUITE=features \
 #     BENCH_ARGS="--cases bias|softcap --impls fmha,sdpa-cudnn,flex" bash scripts/gpu-check.sh
+#   STEPS="ncu" NCU_CASES="dense-d64:forward_kernel na2d-k13:forward_kernel" bash scripts/gpu-check.sh
 #   PREBUILT=.gpu/prebuilt bash scripts/gpu-check.sh   # the test binary built here beforehand by
 #                                                      # scripts/build-gpu-tests.sh (carry .gpu)
 set -uo pipefail
@@ -101,7 +102,17 @@ bench() {
       --out "$OUT/bench" ${BENCH_ARGS:-}
 }
 
-if has python || has bench; then
+# Nsight Compute on one launch per "case:kernel" of NCU_CASES (scripts/ncu-kernels.sh).
+ncu_profiles() {
+  pip_ready || return 1
+  local item status=0
+  for item in ${NCU_CASES:-dense-d64:forward_kernel}; do
+    CASE=${item%%:*} KERNEL=${item#*:} OUT=$OUT bash scripts/ncu-kernels.sh || status=1
+  done
+  return $status
+}
+
+if has python || has bench || has ncu; then
   python_install >"$OUT/pip-install.log" 2>&1 &
   PIP_PID=$!
 fi
@@ -111,11 +122,13 @@ has sm80-tests && run_step sm80-tests sm80_tests
 has sanitizer && run_step sanitizer sanitizer
 has python && run_step python python_tests
 has bench && run_step bench bench
+has ncu && run_step ncu ncu_profiles
 
 echo
 echo "== gpu-check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
 printf '%s\n' "${rows[@]}"
 [ -f "$OUT/bench/summary.txt" ] && { echo; cat "$OUT/bench/summary.txt"; }
+has ncu && { echo; grep -v "^ncu\|^==PROF==" "$OUT/ncu.log" | tail -n 60; }
 # The device tool brings back a handful of files: pack everything into one archive.
 tar -czf "$RESULTS/gpu-check.tgz" -C "$RESULTS" gpu-check && [ -n "${PACK_ONLY:-}" ] && rm -rf "$OUT"
 exit 0
