@@ -4,10 +4,11 @@
 //     can see any key of a block (the dK/dV kernel skips every other query tile);
 //   visible_queries / visible_keys: visible(i, j) for one key against a tile of queries (or one
 //     query against a tile of keys), computed once per row, with contains(offset): an interval of
-//     tile offsets for causal / window masks (two int compares per element), one token's per-axis
-//     window for neighborhood masks (visible_keys only, for the dQ kernel at bucket 256, which
-//     walks flattened rows; elsewhere both kernels tile neighborhood masks in boxes,
-//     neighborhood_mask.cuh);
+//     tile offsets for causal / window masks (two int compares per element; visible_keys of the
+//     range masks lives with them in mask_policies.cuh, where the forward uses it too), one
+//     token's per-axis window for neighborhood masks (visible_keys only, for the dQ kernel at
+//     bucket 256, which walks flattened rows; elsewhere both kernels tile neighborhood masks in
+//     boxes, neighborhood_mask.cuh);
 //   accumulate_additive_grad(p, b, h, i, j, ds): the gradient hook of the additive modifiers,
 //     dS of element (i, j) into dbias / drel_h / drel_w (SPEC §4, §5);
 //   score_with_grad(scores, dot, &grad): the forward's transform, plus d(score)/d(scale * dot),
