@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   }
 
   const bool follower = kPingPong && warpgroup == 1;
-  // Whether S takes the head dim's last k-step (ss_product_dim's rule, decided once).
+  // Whether S takes the bucket's last k-step: skipped when it would hold zero columns only.
   const bool full_dim = p.head_dim > kD - 16;
   const std::int64_t num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
   // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero), so that every phase with

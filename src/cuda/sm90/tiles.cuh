@@ -150,18 +150,6 @@ __device__ __forceinline__ void ss_product(float (&acc)[kTiles][4], std::uint32_
   }
 }
 
-// The same over the head dim `dim` of a bucket kD: the last step is skipped when it would hold
-// zero columns only (D = 80 in bucket 96), as two straight runs of wgmma.
-template <typename T, int kD, typename ATile, typename BTile, int kTiles>
-__device__ __forceinline__ void ss_product_dim(float (&acc)[kTiles][4], std::uint32_t smem_a,
-                                               int a_first_row, std::uint32_t smem_b, int dim) {
-  if (dim <= kD - 16) {
-    ss_product<T, kD / 16 - 1, ATile, BTile>(acc, smem_a, a_first_row, smem_b);
-  } else {
-    ss_product<T, kD / 16, ATile, BTile>(acc, smem_a, a_first_row, smem_b);
-  }
-}
-
 // acc += A B over kSteps k16 steps: A from registers (fragments of 16 k-columns each), B in
 // shared memory MN-major (rows = k). N = 8 * kTiles.
 template <typename T, int kSteps, typename BTile, int kTiles>
