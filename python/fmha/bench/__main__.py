@@ -72,9 +72,12 @@ def parse_args(argv):
                    help="largest fp32 score matrix naive / sdpa-math may build "
                         "(default 1/16 of GPU memory; 0.25 on CPU)")
     p.add_argument("--flex-cpu", action="store_true", help="also compile FlexAttention on CPU")
-    p.add_argument("--flex-dynamic", choices=("auto", "on", "off"), default="auto",
-                   help="torch.compile(dynamic=...) for flex_attention; auto recompiles "
-                        "dynamically after the first shape change")
+    p.add_argument("--flex-dynamic", choices=("auto", "on", "off"), default="off",
+                   help="torch.compile(dynamic=...) for flex_attention. off (default): one "
+                        "kernel specialised to each case's shapes, as a user with fixed shapes "
+                        "gets; auto recompiles with symbolic shapes after the first shape change, "
+                        "which made later cases of a suite slower (session 6: NA1d D128 "
+                        "forward 333 -> 285 TFLOP/s in a longer suite)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness checks")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)
@@ -143,6 +146,8 @@ def main(argv=None) -> int:
                    f"{timer_settings.min_reps}..{timer_settings.max_reps} runs filling "
                    f"{timer_settings.budget_ms:g} ms, {run_settings.input_sets} rotating input "
                    "set(s), random normal inputs"),
+        "flex": "torch.compile(flex_attention, dynamic="
+                f"{ {'auto': None, 'on': True, 'off': False}[args.flex_dynamic]})",
         "check": ("off" if not run_settings.check else
                   "norm-wise relative error of out and every gradient against a "
                   f"{'fp64' if device == 'cpu' else 'fp32'} materialised reference; tolerance "

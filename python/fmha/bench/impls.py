@@ -47,7 +47,7 @@ class Settings:
     materialize_limit_bytes: int = 1 << 30  # largest fp32 score matrix naive / sdpa-math may build
     mask_limit_elements: int = 1 << 28  # largest [Lq, Lk] bool mask an SDPA peer may be given
     flex_on_cpu: bool = False
-    flex_dynamic: object = None  # torch.compile(dynamic=...) for flex_attention
+    flex_dynamic: object = False  # torch.compile(dynamic=...) for flex_attention (--flex-dynamic)
 
 
 _LAYOUT_NAMES = ("q", "k", "v", "out")

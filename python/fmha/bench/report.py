@@ -142,7 +142,7 @@ def write_json(path: str, meta: dict, records: list) -> None:
 def write_markdown(path: str, meta: dict, records: list, memory: bool, plots: list) -> None:
     lines = [f"# fmha benchmark: {meta['suite']} suite on {meta['device_name']}", ""]
     for key in ("device_name", "torch_version", "cuda_version", "fmha_version", "command",
-                "date_utc", "timing", "check"):
+                "date_utc", "timing", "flex", "check"):
         lines.append(f"- **{key.replace('_', ' ')}**: `{meta.get(key)}`" if key == "command"
                      else f"- **{key.replace('_', ' ')}**: {meta.get(key)}")
     lines += [f"- **FLOPs**: {FLOP_CONVENTION}", ""]
