@@ -1,5 +1,5 @@
-// fmha-na-tiles: how much of the work of the neighborhood kernels' token tiles is useful, computed on
-// the host from the kernels' own tiling (src/cuda/common/neighborhood_mask.cuh), no GPU needed.
+// fmha-na-tiles: how much of the work of the neighborhood kernels' token tiles is useful, computed
+// on the host from the kernels' own tiling (src/cuda/common/neighborhood_mask.cuh), no GPU needed.
 // For each grid and each (query rows, keys) tile size: the query box and key box shapes, blocks per
 // (batch, head), key tiles per block, and the visible pairs over the computed ones (every key tile
 // is a full tile of products). Grids with one axis of more than one token and no dilation do not
