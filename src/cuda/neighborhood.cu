@@ -117,7 +117,10 @@ void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p) {
   if (grid.rank == 0) return;  // dense attention: its own mask stays
   int long_axes = 0, axis = 0;
   for (int r = 0; r < grid.rank; ++r) {
-    if (grid.size[r] > 1) ++long_axes, axis = r;
+    if (grid.size[r] > 1) {
+      ++long_axes;
+      axis = r;
+    }
   }
   if (long_axes > 1 || grid.dilation[axis] != 1) {
     p->neighborhood = grid;
