@@ -268,9 +268,13 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
       }
     }
 
+    // S^T and dP^T as one straight run of wgmma over every k-step of the bucket: a branch
+    // inside the run (to skip a last step of zero columns, D 80 in 96) makes ptxas end the group
+    // and inject warpgroup.arrive (warning C7519), and two runs chosen before the fence cost
+    // this kernel 20-36 bytes of spill at D 128; the columns past the head dim are zeros.
     wgmma_fence();
-    ss_product_dim<T, kD, KTile, QTile>(s, smem_k, first_key_row, smem_q(stage), f.head_dim);
-    ss_product_dim<T, kD, KTile, QTile>(dp, smem_v, first_key_row, smem_do(stage), f.value_dim);
+    ss_product<T, kD / 16, KTile, QTile>(s, smem_k, first_key_row, smem_q(stage));
+    ss_product<T, kD / 16, KTile, QTile>(dp, smem_v, first_key_row, smem_do(stage));
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(s);

@@ -229,6 +229,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     dp[t][0] = dp[t][1] = dp[t][2] = dp[t][3] = 0.0f;
   }
 
+  // Whether S and dP skip the bucket's last k-step, which would hold zero columns only for both.
+  const bool short_dims = f.head_dim <= kD - 16 && f.value_dim <= kD - 16;
   for (std::int64_t u = 0; u < num_tiles; ++u) {
     const int stage = static_cast<int>(u % kStages);
     const std::int64_t first_key = first_key0 + u * kN;
@@ -247,10 +249,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
 
-    wgmma_fence();
-    ss_product_dim<T, kD, QTile, KVTile>(s, smem_q, first_row, smem_k(stage), f.head_dim);
-    ss_product_dim<T, kD, QTile, KVTile>(dp, smem_do, first_row, smem_v(stage), f.value_dim);
-    wgmma_commit();
+    // S and dP as one straight run of wgmma, its k-steps chosen before the fence (a branch
+    // inside the run makes ptxas end the group and inject warpgroup.arrive, warning C7519); the
+    // last k-step is skipped when it holds zero columns only for both products (D 80 in 96).
+    auto issue_s_dp = [&](auto steps) {
+      wgmma_fence();
+      ss_product<T, decltype(steps)::value, QTile, KVTile>(s, smem_q, first_row, smem_k(stage));
+      ss_product<T, decltype(steps)::value, QTile, KVTile>(dp, smem_do, first_row, smem_v(stage));
+      wgmma_commit();
+    };
+    if (short_dims) {
+      issue_s_dp(std::integral_constant<int, kD / 16 - 1>{});
+    } else {
+      issue_s_dp(std::integral_constant<int, kD / 16>{});
+    }
     wgmma_wait<0>();
     fence_accumulators(s);
     fence_accumulators(dp);
@@ -300,6 +312,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
     std::uint32_t a[kN / 16][4];
     pack_fragments<T>(s, a);
+    fence_fragments(a);
     fence_accumulators(dq);
     wgmma_fence();
     rs_product<T, kN / 16, KVTile>(dq, a, smem_k(stage));

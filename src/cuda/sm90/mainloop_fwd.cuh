@@ -366,7 +366,14 @@ __global__ void __launch_bounds__(threads(kD), 1)
   }
 
   const bool follower = kPingPong && warpgroup == 1;
+  // Whether S takes the bucket's last k-step: skipped when it would hold zero columns only.
+  const bool full_dim = p.head_dim > kD - 16;
   const std::int64_t num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
+  // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero), so that every phase with
+  // an S product is the same straight run of wgmma. The V stage it reads, the last one, first
+  // receives a tile at rendezvous 1 (group `stages`, V(stages - 1)): zeroed here, as garbage
+  // could hold NaN and 0 x NaN is NaN, and published by rendezvous 0's fence and barrier.
+  zero_shared<KVTile::kBytes, kThreads>(smem_v(kStages - 1));
   if (follower && num_phases > 0) rendezvous(0);
   for (std::int64_t u = 0; u < num_phases; ++u) {
     if (!follower) rendezvous(u);
@@ -374,20 +381,37 @@ __global__ void __launch_bounds__(threads(kD), 1)
       if (follower) named_barrier_sync<kTurnBarrier, kThreads>();  // the leader issued phase u
     }
 
-    // Phase u: O += P(u - 1) V(u - 1), then S(u) = Q K(u)^T over the head dim, one wgmma group.
-    const bool has_pv = u > 0;
+    // Phase u: O += P(u - 1) V(u - 1) (P = 0 at u = 0, above), then S(u) = Q K(u)^T over the
+    // head dim (u < num_tiles), one wgmma group issued as one straight run from the fence to the
+    // commit: a branch inside the run makes ptxas end the group there and inject
+    // warpgroup.arrive (warning C7519) before the next product; with those branches the D 64
+    // kernel also took 33 registers more. So the three kinds of phase (with S over all k-steps of
+    // the bucket, with S short of the last one when it would hold zero columns only, D 80 in
+    // bucket 96, and the last phase without S) are runs of their own, chosen before the fence.
     const bool has_s = u < num_tiles;
-    std::uint32_t a[kN / 16][4];
-    if (has_pv) pack_fragments<T>(s, a);
-    fence_accumulators(o);
-    fence_accumulators(s);
-    wgmma_fence();
-    if (has_pv) rs_product<T, kN / 16, KVTile>(o, a, smem_v(static_cast<int>((u - 1) % kStages)));
-    if (has_s) {
-      ss_product_dim<T, kD, QTile, KVTile>(s, smem_q, q_first_row,
-                                           smem_k(static_cast<int>(u % kStages)), p.head_dim);
+    const int v_stage = static_cast<int>((u - 1 + kStages) % kStages);
+    const int k_stage = static_cast<int>(u % kStages);
+    auto issue_phase = [&](auto with_s, auto s_steps) {
+      std::uint32_t a[kN / 16][4];
+      pack_fragments<T>(s, a);
+      fence_fragments(a);
+      fence_accumulators(o);
+      fence_accumulators(s);
+      wgmma_fence();
+      rs_product<T, kN / 16, KVTile>(o, a, smem_v(v_stage));
+      if constexpr (decltype(with_s)::value) {
+        ss_product<T, decltype(s_steps)::value, QTile, KVTile>(s, smem_q, q_first_row,
+                                                               smem_k(k_stage));
+      }
+      wgmma_commit();
+    };
+    if (!has_s) {
+      issue_phase(std::false_type{}, std::integral_constant<int, 0>{});
+    } else if (full_dim) {
+      issue_phase(std::true_type{}, std::integral_constant<int, kD / 16>{});
+    } else {
+      issue_phase(std::true_type{}, std::integral_constant<int, kD / 16 - 1>{});
     }
-    wgmma_commit();
     if constexpr (kPingPong) {
       if (!follower) named_barrier_arrive<kTurnBarrier, kThreads>();
     }

@@ -124,9 +124,21 @@ __device__ __forceinline__ void load_floats_by_token_async(std::uint32_t dst, co
   }
 }
 
+// Zeros kBytes of shared memory from `dst` (16-byte stores by all kThreads threads); the tensor
+// cores see them after each writer's fence_proxy_async and a barrier.
+template <int kBytes, int kThreads>
+__device__ __forceinline__ void zero_shared(std::uint32_t dst) {
+  static_assert(kBytes % 16 == 0, "whole 16-byte chunks");
+  for (int i = static_cast<int>(threadIdx.x); i < kBytes / 16; i += kThreads) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst + 16 * i), "r"(0)
+                 : "memory");
+  }
+}
+
 // acc = A B^T over kSteps k16 steps, both operands K-major in shared memory: A's rows
 // [a_first_row, +64) (the warpgroup's), all of B's rows (N = 8 * kTiles). Steps past the head
-// dim would hold zero columns only; callers pick kSteps so that a branch never splits the run.
+// dim would hold zero columns only; callers pick kSteps before the run (a branch inside a run of
+// wgmma makes ptxas end the group and inject warpgroup.arrive, warning C7519).
 template <typename T, int kSteps, typename ATile, typename BTile, int kTiles>
 __device__ __forceinline__ void ss_product(float (&acc)[kTiles][4], std::uint32_t smem_a,
                                            int a_first_row, std::uint32_t smem_b) {
@@ -135,18 +147,6 @@ __device__ __forceinline__ void ss_product(float (&acc)[kTiles][4], std::uint32_
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
     Wgmma<T, kTiles * 8>::template ss<0>(acc, a + ATile::k_step(kk), b + BTile::k_step(kk), kk > 0);
-  }
-}
-
-// The same over the head dim `dim` of a bucket kD: the last step is skipped when it would hold
-// zero columns only (D = 80 in bucket 96), as two straight runs of wgmma.
-template <typename T, int kD, typename ATile, typename BTile, int kTiles>
-__device__ __forceinline__ void ss_product_dim(float (&acc)[kTiles][4], std::uint32_t smem_a,
-                                               int a_first_row, std::uint32_t smem_b, int dim) {
-  if (dim <= kD - 16) {
-    ss_product<T, kD / 16 - 1, ATile, BTile>(acc, smem_a, a_first_row, smem_b);
-  } else {
-    ss_product<T, kD / 16, ATile, BTile>(acc, smem_a, a_first_row, smem_b);
   }
 }
 

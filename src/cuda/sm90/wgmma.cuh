@@ -94,6 +94,15 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[t][e])::"memory");
   }
 }
+// The same for A fragments held in registers: their packing stays before wgmma_fence.
+template <int kSteps>
+__device__ __forceinline__ void fence_fragments(std::uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[kk][e])::"memory");
+  }
+}
 
 // Makes shared memory written through the generic proxy (cp.async, st.shared) visible to the
 // async proxy that wgmma reads through; each writing thread runs it before the barrier.
