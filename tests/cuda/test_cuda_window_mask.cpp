@@ -142,5 +142,28 @@ TEST(CudaWindowMaskSmall, NeighborhoodOneAxis) {
   EXPECT_EQ(p.neighborhood.rank, 2);
 }
 
+// The tiles a kernel visits for a range of rows: they cover it, start at a multiple of 8 at most
+// 7 rows early, and are no more than the range's own rows need from that start.
+TEST(CudaWindowMaskSmall, TilesOverRanges) {
+  for (std::int64_t begin : {0, 1, 7, 8, 9, 127, 128, 300, 1001}) {
+    for (std::int64_t length : {0, 1, 8, 63, 64, 65, 127, 128, 129, 2174}) {
+      for (int tile : {64, 128}) {
+        const fmha::cuda::TileSpan span = fmha::cuda::tiles_over(begin, begin + length, tile);
+        SCOPED_TRACE("begin=" + std::to_string(begin) + " length=" + std::to_string(length) +
+                     " tile=" + std::to_string(tile));
+        if (length == 0) {
+          EXPECT_EQ(span.count, 0);
+          continue;
+        }
+        EXPECT_EQ(span.first_row % 8, 0);
+        EXPECT_LE(span.first_row, begin);
+        EXPECT_GT(span.first_row, begin - 8);
+        EXPECT_GE(span.first_row + span.count * tile, begin + length);        // covers the range
+        EXPECT_LT(span.first_row + (span.count - 1) * tile, begin + length);  // no empty tile
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fmha_cuda_test

@@ -21,6 +21,19 @@ struct KeyRange {
   std::int64_t begin, end;  // [begin, end); empty when end <= begin
 };
 
+// The tiles of `tile` rows that cover the rows [begin, end) of a range mask (keys of a block of
+// queries, or queries of a block of keys): the first starts at `begin` rounded down to 8 rows (the
+// staged 16-bit tiles and fp32 statistics keep 16-byte rows), not to a whole tile, so a band of w
+// rows takes ceil(w / tile) tiles and not one more whenever it straddles a multiple of `tile`.
+struct TileSpan {
+  std::int64_t first_row, count;  // count 0 when end <= begin
+};
+__host__ __device__ inline TileSpan tiles_over(std::int64_t begin, std::int64_t end, int tile) {
+  if (end <= begin) return {0, 0};
+  const std::int64_t first = begin / 8 * 8;
+  return {first, (end - first + tile - 1) / tile};
+}
+
 // The queries that see one key, as an inclusive interval (the backward's transposed question);
 // bounds may lie far outside the sequence, callers clip them.
 struct KeySeenBy {

@@ -143,7 +143,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   const Scores scores = Scores::make(f, b, hk * f.kv_group, num_queries, num_keys);
   auto* const tt =
       reinterpret_cast<TokenTiles*>(smem_k_ptr + (smem_stats - smem_k) + 2 * kStages * kM * 4);
-  std::int64_t first_m = 0, m_tiles = 0;
+  TileSpan query_tiles{0, 0};  // range masks: the query tiles that see the block's keys
+  std::int64_t m_tiles = 0;
   if constexpr (kTokenTiles) {
     // The block's key box, its keys' tokens and transposed windows; query boxes 0 .. stages - 1
     // below, once the step count is known.
@@ -151,12 +152,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     m_tiles = tt->tiles.num_seen_tiles;
   } else {
     const QueryRange rows_range = query_range(mask, n0, n0 + valid_keys - 1, num_queries);
-    if (rows_range.end > rows_range.begin) {
-      // From the first query that sees a key, rounded down to 8 rows (16-byte rows of the staged
-      // statistics), not to a whole tile: a window of w queries takes ceil(w / kM) tiles.
-      first_m = rows_range.begin / 8 * 8;
-      m_tiles = (rows_range.end - first_m + kM - 1) / kM;
-    }
+    query_tiles = tiles_over(rows_range.begin, rows_range.end, kM);
+    m_tiles = query_tiles.count;
   }
   const std::int64_t num_steps = m_tiles * f.kv_group;
   if constexpr (kTokenTiles) {
@@ -166,9 +163,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     __syncthreads();
   }
 
-  // Step u: query head hk * group + u / m_tiles, the query tile u % m_tiles from row first_m.
+  // Step u: query head hk * group + u / m_tiles, query tile u % m_tiles of query_tiles.
   auto step_head = [&](std::int64_t u) { return hk * f.kv_group + static_cast<int>(u / m_tiles); };
-  auto step_m0 = [&](std::int64_t u) { return first_m + u % m_tiles * kM; };
+  auto step_m0 = [&](std::int64_t u) { return query_tiles.first_row + u % m_tiles * kM; };
   auto load_step = [&](std::int64_t u, int stage) {
     const int h = step_head(u);
     if constexpr (kTokenTiles) {  // query box u % m_tiles, gathered by token (from token 0)

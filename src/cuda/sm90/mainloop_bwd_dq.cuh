@@ -120,19 +120,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   Scores scores = Scores::make(f, b, h, num_queries, num_keys);
   auto* const tt =
       reinterpret_cast<TokenTiles*>(smem_q_ptr + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes);
-  std::int64_t first_key0 = 0, num_tiles = 0;
+  TileSpan key_tiles{0, 0};  // range masks: the key tiles the block visits
+  std::int64_t num_tiles = 0;
   if constexpr (kTokenTiles) {
     // The block's query box, its rows' tokens and windows, key boxes 0 .. stages - 1.
     num_tiles =
         init_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages);
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
-    if (range.end > range.begin) {
-      // From the first visible key, rounded down to 8 keys (16-byte rows of the staged bias
-      // tiles), not to a whole tile: a window of w keys takes ceil(w / kN) tiles.
-      first_key0 = range.begin / 8 * 8;
-      num_tiles = (range.end - first_key0 + kN - 1) / kN;
-    }
+    key_tiles = tiles_over(range.begin, range.end, kN);
+    num_tiles = key_tiles.count;
   }
   auto load_keys = [&](std::int64_t u, int stage) {
     if constexpr (kTokenTiles) {  // key box u, gathered by token
@@ -143,7 +140,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                            f.vector_loads);
       return;
     }
-    const std::int64_t first_key = first_key0 + u * kN;
+    const std::int64_t first_key = key_tiles.first_row + u * kN;
     const int valid = static_cast<int>(num_keys - first_key < kN ? num_keys - first_key : kN);
     load_tile_async<kN, kD, kBwdThreads>(smem_k(stage), k + first_key * f.k_row_stride,
                                          f.k_row_stride, valid, f.head_dim, f.vector_loads);
@@ -233,7 +230,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const bool short_dims = f.head_dim <= kD - 16 && f.value_dim <= kD - 16;
   for (std::int64_t u = 0; u < num_tiles; ++u) {
     const int stage = static_cast<int>(u % kStages);
-    const std::int64_t first_key = first_key0 + u * kN;
+    const std::int64_t first_key = key_tiles.first_row + u * kN;
     tile::cp_async_wait<kStages - 2>();
     fence_proxy_async();
     __syncthreads();

@@ -224,20 +224,16 @@ __global__ void __launch_bounds__(threads(kD), 1)
   // bookkeeping (which has neither) too.
   const std::uint32_t smem_bias = smem_q + tile_smem_bytes<kD, Policy>();
   auto* const tt = reinterpret_cast<TokenTiles*>(smem_q_ptr + (smem_bias - smem_q));
-  std::int64_t first_key = 0, main_tiles = 0;
+  TileSpan key_tiles{0, 0};  // range masks: the key tiles the block visits
+  std::int64_t main_tiles = 0;
   if constexpr (kTokenTiles) {
     // The block's query box and key boxes, its rows' tokens and windows, key boxes 0 .. stages - 1.
     main_tiles =
         init_query_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages);
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
-    if (range.end > range.begin) {
-      // Tiles start at the range's first key, rounded down to 8 keys only (16-byte rows of the
-      // staged bias tiles): a sliding window of w keys takes ceil(w / kN) tiles, not one more
-      // whenever it straddles a multiple of kN.
-      first_key = range.begin / 8 * 8;
-      main_tiles = (range.end - first_key + kN - 1) / kN;
-    }
+    key_tiles = tiles_over(range.begin, range.end, kN);
+    main_tiles = key_tiles.count;
   }
   const std::int64_t num_tiles = main_tiles + (p.num_extra + kN - 1) / kN;
 
@@ -252,7 +248,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
       t.v = v;
       t.valid = kN;
     } else if (!t.extra) {
-      t.first_key = first_key + u * kN;
+      t.first_key = key_tiles.first_row + u * kN;
       t.k_row_stride = p.k_row_stride;
       t.v_row_stride = p.v_row_stride;
       t.k = k + t.first_key * p.k_row_stride;
