@@ -68,6 +68,11 @@ struct SwizzledTile {
   __device__ __forceinline__ static std::uint64_t mn_major(std::uint32_t base, int kk) {
     return descriptor(base + kk * 16 * kSwizzleBytes, kBlockBytes, 8 * kSwizzleBytes);
   }
+  // The same as an offset of step 0's descriptor: mn_major(base, kk) == mn_major(base, 0) +
+  // mn_step(kk) (a compile-time constant, as k_step).
+  static constexpr std::uint64_t mn_step(int kk) {
+    return static_cast<std::uint64_t>((kk * 16 * kSwizzleBytes) >> 4);
+  }
 };
 
 // Orders this thread's earlier register and shared-memory accesses before the warpgroup's next
