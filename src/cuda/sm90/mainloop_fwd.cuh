@@ -225,19 +225,21 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const std::uint32_t smem_bias = smem_q + tile_smem_bytes<kD, Policy>();
   auto* const tt = reinterpret_cast<TokenTiles*>(smem_q_ptr + (smem_bias - smem_q));
   TileSpan key_tiles{0, 0};  // range masks: the key tiles the block visits
-  std::int64_t main_tiles = 0;
+  // Tile counts and indices are 32-bit (a sequence has fewer than 2^31 keys): the loop's index
+  // arithmetic (stage = u % stages, comparisons) runs on every tile.
+  int main_tiles = 0;
   if constexpr (kTokenTiles) {
     // The block's query box and key boxes, its rows' tokens and windows, key boxes 0 .. stages - 1.
-    main_tiles =
-        init_query_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages);
+    main_tiles = static_cast<int>(
+        init_query_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages));
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
     key_tiles = tiles_over(range.begin, range.end, kN);
-    main_tiles = key_tiles.count;
+    main_tiles = static_cast<int>(key_tiles.count);
   }
-  const std::int64_t num_tiles = main_tiles + (p.num_extra + kN - 1) / kN;
+  const int num_tiles = main_tiles + static_cast<int>((p.num_extra + kN - 1) / kN);
 
-  auto key_source = [&](std::int64_t u) {
+  auto key_source = [&](int u) {
     KeySource t;
     t.extra = u >= main_tiles;
     if (!t.extra && kTokenTiles) {  // gathered by token from key box u (stage_key_box)
@@ -248,14 +250,14 @@ __global__ void __launch_bounds__(threads(kD), 1)
       t.v = v;
       t.valid = kN;
     } else if (!t.extra) {
-      t.first_key = key_tiles.first_row + u * kN;
+      t.first_key = key_tiles.first_row + static_cast<std::int64_t>(u) * kN;
       t.k_row_stride = p.k_row_stride;
       t.v_row_stride = p.v_row_stride;
       t.k = k + t.first_key * p.k_row_stride;
       t.v = v + t.first_key * p.v_row_stride;
       t.valid = static_cast<int>(num_keys - t.first_key < kN ? num_keys - t.first_key : kN);
     } else {
-      t.first_key = (u - main_tiles) * kN;
+      t.first_key = static_cast<std::int64_t>(u - main_tiles) * kN;
       t.k_row_stride = p.extra_k_row_stride;
       t.v_row_stride = p.extra_v_row_stride;
       t.k = extra_k + t.first_key * p.extra_k_row_stride;
@@ -265,39 +267,72 @@ __global__ void __launch_bounds__(threads(kD), 1)
     return t;
   };
   const std::uint32_t smem_rel = smem_bias + (p.bias_staged ? kStages * bias_tile_bytes(kD) : 0);
+  // Range key tiles of 16-byte rows take the loaders set up once per thread (tiles.cuh); token
+  // tiles, extra keys and unaligned rows the general copies.
+  using RangeLoader = RangeTileLoader<kN, kD, kThreads>;
+  constexpr bool kRangeLoads = !kTokenTiles && RangeLoader::kUsable;
+  const bool range_loads = kRangeLoads && p.vector_loads;
+  const RangeLoader k_loader(k + key_tiles.first_row * p.k_row_stride, p.k_row_stride, p.head_dim);
+  const RangeLoader v_loader(v + key_tiles.first_row * p.v_row_stride, p.v_row_stride,
+                             p.value_dim);
+  // Keys of main tile u that exist (the last tile of a range may be partial).
+  auto range_rows = [&](int u) {
+    const std::int64_t left = num_keys - key_tiles.first_row - static_cast<std::int64_t>(u) * kN;
+    return static_cast<int>(left < kN ? left : kN);
+  };
+  // K(j) (and its bias tile), V(j), each into the given stage.
+  auto load_k = [&](int j, int stage) {
+    if constexpr (kRangeLoads) {
+      if (range_loads && j < main_tiles) {
+        if constexpr (kHasModifiers<Policy>) {
+          if (p.bias_staged) {
+            scores.template load_bias_tile_async<kM, kN, kThreads>(
+                smem_bias + stage * bias_tile_bytes(kD), m0,
+                key_tiles.first_row + static_cast<std::int64_t>(j) * kN);
+          }
+        }
+        k_loader.load(smem_k(stage), j, range_rows(j));
+        return;
+      }
+    }
+    const KeySource t = key_source(j);
+    if constexpr (kHasModifiers<Policy>) {
+      if (p.bias_staged && !t.extra) {
+        scores.template load_bias_tile_async<kM, kN, kThreads>(
+            smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
+      }
+    }
+    if (kTokenTiles && !t.extra) {
+      load_rows_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride,
+                                        tt->key_token[j % TokenTiles::kSlots], p.head_dim,
+                                        p.vector_loads);
+    } else {
+      load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
+                                        p.vector_loads);
+    }
+  };
+  auto load_v = [&](int j, int stage) {
+    if constexpr (kRangeLoads) {
+      if (range_loads && j < main_tiles) {
+        v_loader.load(smem_v(stage), j, range_rows(j));
+        return;
+      }
+    }
+    const KeySource t = key_source(j);
+    if (kTokenTiles && !t.extra) {
+      load_rows_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride,
+                                        tt->key_token[j % TokenTiles::kSlots], p.value_dim,
+                                        p.vector_loads);
+    } else {
+      load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
+                                        p.vector_loads);
+    }
+  };
   // Group j of the pipeline: K(j) (and its bias tile) and V(j - 1), each into the stage of its
   // tile; V trails K by one group because P(j - 1) V(j - 1) is issued with S(j) (below).
-  auto load_group = [&](std::int64_t j) {
-    if (j < num_tiles) {
-      const int stage = static_cast<int>(j % kStages);
-      const KeySource t = key_source(j);
-      if constexpr (kHasModifiers<Policy>) {
-        if (p.bias_staged && !t.extra) {
-          scores.template load_bias_tile_async<kM, kN, kThreads>(
-              smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
-        }
-      }
-      if (kTokenTiles && !t.extra) {
-        const int* tokens = tt->key_token[static_cast<int>(j) % TokenTiles::kSlots];
-        load_rows_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, tokens, p.head_dim,
-                                          p.vector_loads);
-      } else {
-        load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
-                                          p.vector_loads);
-      }
-    }
-    if (j >= 1 && j - 1 < num_tiles) {
-      const int stage = static_cast<int>((j - 1) % kStages);
-      const KeySource t = key_source(j - 1);
-      if (kTokenTiles && !t.extra) {
-        const int* tokens = tt->key_token[static_cast<int>(j - 1) % TokenTiles::kSlots];
-        load_rows_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, tokens, p.value_dim,
-                                          p.vector_loads);
-      } else {
-        load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
-                                          p.vector_loads);
-      }
-    }
+  auto load_group = [&](int j) {
+    if (j < num_tiles) load_k(j, j % kStages);
+    if (j >= 1 && j - 1 < num_tiles) load_v(j - 1, (j - 1) % kStages);
   };
 
   // Commit groups: {Q, group 0}, {group 1}, .., {group stages - 2}, then one per rendezvous (maybe
@@ -323,7 +358,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
 
   // Rendezvous u of all threads (see the header): group u (K(u), V(u - 1)) has landed for
   // everyone, and every warp is done with the stages that group u + stages - 1 overwrites.
-  auto rendezvous = [&](std::int64_t u) {
+  auto rendezvous = [&](int u) {
     tile::cp_async_wait<kStages - 2>();
     fence_proxy_async();
     named_barrier_sync<kPipelineBarrier, kThreads>();
@@ -334,7 +369,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
       // (its last reader, the follower's softmax of that tile, ran before this rendezvous); its
       // K loads are issued at the next rendezvous.
       if (u + kStages < main_tiles) {
-        stage_key_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(u + kStages));
+        stage_key_box<kM, kN, kThreads>(tt, *mask.grid, u + kStages);
       }
     }
   };
@@ -364,14 +399,14 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const bool follower = kPingPong && warpgroup == 1;
   // Whether S takes the bucket's last k-step: skipped when it would hold zero columns only.
   const bool full_dim = p.head_dim > kD - 16;
-  const std::int64_t num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
+  const int num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
   // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero), so that every phase with
   // an S product is the same straight run of wgmma. The V stage it reads, the last one, first
   // receives a tile at rendezvous 1 (group `stages`, V(stages - 1)): zeroed here, as garbage
   // could hold NaN and 0 x NaN is NaN, and published by rendezvous 0's fence and barrier.
   zero_shared<KVTile::kBytes, kThreads>(smem_v(kStages - 1));
   if (follower && num_phases > 0) rendezvous(0);
-  for (std::int64_t u = 0; u < num_phases; ++u) {
+  for (int u = 0; u < num_phases; ++u) {
     if (!follower) rendezvous(u);
     if constexpr (kPingPong) {
       if (follower) named_barrier_sync<kTurnBarrier, kThreads>();  // the leader issued phase u
@@ -385,8 +420,8 @@ __global__ void __launch_bounds__(threads(kD), 1)
     // the bucket, with S short of the last one when it would hold zero columns only, D 80 in
     // bucket 96, and the last phase without S) are runs of their own, chosen before the fence.
     const bool has_s = u < num_tiles;
-    const int v_stage = static_cast<int>((u - 1 + kStages) % kStages);
-    const int k_stage = static_cast<int>(u % kStages);
+    const int v_stage = (u - 1 + kStages) % kStages;
+    const int k_stage = u % kStages;
     auto issue_phase = [&](auto with_s, auto s_steps) {
       std::uint32_t a[kN / 16][4];
       pack_fragments<T>(s, a);
@@ -417,7 +452,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
     if (follower && u + 1 < num_phases) rendezvous(u + 1);
     if (!has_s) continue;
 
-    const int stage = static_cast<int>(u % kStages);
+    const int stage = u % kStages;
     const KeySource tile = key_source(u);
     const std::int64_t first_col = tile.first_key + fragment_col;
     bool full = tile.valid == kN;  // extra keys (token tiles: gathered_scores reads its own)
@@ -436,7 +471,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
     if (kTokenTiles && !tile.extra) {
       // m0 is 0: fragment_row is the block-local row.
       if constexpr (kTokenTiles) {
-        gathered_scores(tt, static_cast<int>(u % TokenTiles::kSlots), scores, s,
+        gathered_scores(tt, u % TokenTiles::kSlots, scores, s,
                         static_cast<int>(fragment_row), fragment_col);
       }
     } else if (!tile.extra) {
