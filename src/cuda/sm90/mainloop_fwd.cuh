@@ -121,9 +121,12 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // OnlineSoftmax::update (online_softmax.cuh) for scores still to be multiplied by `scale` (> 0;
 // 1 when the policy applied it), folded into the FMA that subtracts the running max, and with
 // exp2_ftz: per score one FMA and one MUFU.EX2 where exp2f(s * scale - max) took six instructions.
+// The output's rescale is skipped when it multiplies every row of the warp by exactly 1 (no row
+// max moved: most tiles of a long row), which changes no bit of the result.
 template <int kScoreTiles, int kOutTiles>
 __device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kScoreTiles][4],
                                                float (&o)[kOutTiles][4], float scale) {
+  float rescale[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float tile_max = -INFINITY;
@@ -133,7 +136,7 @@ __device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kSc
     }
     const float new_max = fmaxf(sm.row_max[r], quad_max(tile_max) * scale);
     const float base = new_max == -INFINITY ? 0.0f : new_max;
-    const float rescale = exp2_ftz(sm.row_max[r] - base);
+    rescale[r] = exp2_ftz(sm.row_max[r] - base);
     sm.row_max[r] = new_max;
     float sum = 0.0f;
 #pragma unroll
@@ -142,11 +145,15 @@ __device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kSc
       s[t][2 * r + 1] = exp2_ftz(fmaf(s[t][2 * r + 1], scale, -base));
       sum += s[t][2 * r] + s[t][2 * r + 1];
     }
-    sm.row_sum[r] = sm.row_sum[r] * rescale + sum;
+    sm.row_sum[r] = sm.row_sum[r] * rescale[r] + sum;
+  }
+  if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
 #pragma unroll
     for (int t = 0; t < kOutTiles; ++t) {
-      o[t][2 * r] *= rescale;
-      o[t][2 * r + 1] *= rescale;
+      o[t][0] *= rescale[0];
+      o[t][1] *= rescale[0];
+      o[t][2] *= rescale[1];
+      o[t][3] *= rescale[1];
     }
   }
 }
