@@ -121,17 +121,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   auto* const tt =
       reinterpret_cast<TokenTiles*>(smem_q_ptr + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes);
   TileSpan key_tiles{0, 0};  // range masks: the key tiles the block visits
-  std::int64_t num_tiles = 0;
+  int num_tiles = 0;  // 32-bit: the loop's index arithmetic runs on every tile
   if constexpr (kTokenTiles) {
     // The block's query box, its rows' tokens and windows, key boxes 0 .. stages - 1.
-    num_tiles =
-        init_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages);
+    num_tiles = static_cast<int>(
+        init_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages));
   } else {
     const KeyRange range = mask.key_range(m0, last_row);
     key_tiles = tiles_over(range.begin, range.end, kN);
-    num_tiles = key_tiles.count;
+    num_tiles = static_cast<int>(key_tiles.count);
   }
-  auto load_keys = [&](std::int64_t u, int stage) {
+  // Range key tiles of 16-byte rows: per-thread loaders set up once (tiles.cuh).
+  using RangeLoader = RangeTileLoader<kN, kD, kBwdThreads>;
+  constexpr bool kRangeLoads = !kTokenTiles && RangeLoader::kUsable;
+  const RangeLoader k_loader(k + key_tiles.first_row * f.k_row_stride, f.k_row_stride, f.head_dim);
+  const RangeLoader v_loader(v + key_tiles.first_row * f.v_row_stride, f.v_row_stride,
+                             f.value_dim);
+  auto load_keys = [&](int u, int stage) {
     if constexpr (kTokenTiles) {  // key box u, gathered by token
       const int* tokens = tt->key_token[u % TokenTiles::kSlots];
       load_rows_async<kN, kD, kBwdThreads>(smem_k(stage), k, f.k_row_stride, tokens, f.head_dim,
@@ -140,12 +146,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                            f.vector_loads);
       return;
     }
-    const std::int64_t first_key = key_tiles.first_row + u * kN;
+    const std::int64_t first_key = key_tiles.first_row + static_cast<std::int64_t>(u) * kN;
     const int valid = static_cast<int>(num_keys - first_key < kN ? num_keys - first_key : kN);
-    load_tile_async<kN, kD, kBwdThreads>(smem_k(stage), k + first_key * f.k_row_stride,
-                                         f.k_row_stride, valid, f.head_dim, f.vector_loads);
-    load_tile_async<kN, kD, kBwdThreads>(smem_v(stage), v + first_key * f.v_row_stride,
-                                         f.v_row_stride, valid, f.value_dim, f.vector_loads);
+    bool loaded = false;
+    if constexpr (kRangeLoads) {
+      if (f.vector_loads) {
+        k_loader.load(smem_k(stage), u, valid);
+        v_loader.load(smem_v(stage), u, valid);
+        loaded = true;
+      }
+    }
+    if (!loaded) {
+      load_tile_async<kN, kD, kBwdThreads>(smem_k(stage), k + first_key * f.k_row_stride,
+                                           f.k_row_stride, valid, f.head_dim, f.vector_loads);
+      load_tile_async<kN, kD, kBwdThreads>(smem_v(stage), v + first_key * f.v_row_stride,
+                                           f.v_row_stride, valid, f.value_dim, f.vector_loads);
+    }
     if constexpr (kBwdModifiers<Policy>) {
       if (f.bias_staged) {
         scores.template load_bias_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), m0, first_key);
@@ -228,21 +244,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   // Whether S and dP skip the bucket's last k-step, which would hold zero columns only for both.
   const bool short_dims = f.head_dim <= kD - 16 && f.value_dim <= kD - 16;
-  for (std::int64_t u = 0; u < num_tiles; ++u) {
-    const int stage = static_cast<int>(u % kStages);
-    const std::int64_t first_key = key_tiles.first_row + u * kN;
+  for (int u = 0; u < num_tiles; ++u) {
+    const int stage = u % kStages;
+    const std::int64_t first_key = key_tiles.first_row + static_cast<std::int64_t>(u) * kN;
     tile::cp_async_wait<kStages - 2>();
     fence_proxy_async();
     __syncthreads();
     if (u + kStages - 1 < num_tiles) {
-      load_keys(u + kStages - 1, static_cast<int>((u + kStages - 1) % kStages));
+      load_keys(u + kStages - 1, (u + kStages - 1) % kStages);
     }
     tile::cp_async_commit();
     if constexpr (kTokenTiles) {
       // Key box u + stages into the slot of box u + stages - kSlots, whose last reader (the
       // scores of its tile) is done; its loads are issued after the next barrier.
       if (u + kStages < num_tiles) {
-        stage_key_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(u + kStages));
+        stage_key_box<kM, kN, kBwdThreads>(tt, *mask.grid, u + kStages);
       }
     }
 
@@ -283,7 +299,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
     if constexpr (kTokenTiles) {
-      gathered_scores(tt, static_cast<int>(u % TokenTiles::kSlots), scores, s,
+      gathered_scores(tt, u % TokenTiles::kSlots, scores, s,
                       static_cast<int>(fragment_row), fragment_col);
     } else if (!mask.tile_is_full(m0, last_row, first_key, kN)) {
       hide_invisible(mask, s, fragment_row, first_key + fragment_col);
