@@ -144,29 +144,31 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   auto* const tt =
       reinterpret_cast<TokenTiles*>(smem_k_ptr + (smem_stats - smem_k) + 2 * kStages * kM * 4);
   TileSpan query_tiles{0, 0};  // range masks: the query tiles that see the block's keys
-  std::int64_t m_tiles = 0;
+  int m_tiles = 0;  // 32-bit, as the step count: the loop divides by it on every step
   if constexpr (kTokenTiles) {
     // The block's key box, its keys' tokens and transposed windows; query boxes 0 .. stages - 1
     // below, once the step count is known.
     init_key_box<kM, kN, kBwdThreads>(tt, *mask.grid, static_cast<int>(key_tile));
-    m_tiles = tt->tiles.num_seen_tiles;
+    m_tiles = static_cast<int>(tt->tiles.num_seen_tiles);
   } else {
     const QueryRange rows_range = query_range(mask, n0, n0 + valid_keys - 1, num_queries);
     query_tiles = tiles_over(rows_range.begin, rows_range.end, kM);
-    m_tiles = query_tiles.count;
+    m_tiles = static_cast<int>(query_tiles.count);
   }
-  const std::int64_t num_steps = m_tiles * f.kv_group;
+  const int num_steps = m_tiles * f.kv_group;
   if constexpr (kTokenTiles) {
     for (int u = 0; u < kStages && u < num_steps; ++u) {
-      stage_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, u, static_cast<int>(u % m_tiles));
+      stage_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, u, u % m_tiles);
     }
     __syncthreads();
   }
 
   // Step u: query head hk * group + u / m_tiles, query tile u % m_tiles of query_tiles.
-  auto step_head = [&](std::int64_t u) { return hk * f.kv_group + static_cast<int>(u / m_tiles); };
-  auto step_m0 = [&](std::int64_t u) { return query_tiles.first_row + u % m_tiles * kM; };
-  auto load_step = [&](std::int64_t u, int stage) {
+  auto step_head = [&](int u) { return hk * f.kv_group + u / m_tiles; };
+  auto step_m0 = [&](int u) {
+    return query_tiles.first_row + static_cast<std::int64_t>(u % m_tiles) * kM;
+  };
+  auto load_step = [&](int u, int stage) {
     const int h = step_head(u);
     if constexpr (kTokenTiles) {  // query box u % m_tiles, gathered by token (from token 0)
       const int* tokens = tt->query_token[u % TokenTiles::kSlots];
@@ -246,14 +248,14 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     dp[t][0] = dp[t][1] = dp[t][2] = dp[t][3] = 0.0f;
   }
 
-  for (std::int64_t u = 0; u < num_steps; ++u) {
-    const int stage = static_cast<int>(u % kStages);
+  for (int u = 0; u < num_steps; ++u) {
+    const int stage = u % kStages;
     const std::int64_t m0 = step_m0(u);
     tile::cp_async_wait<kStages - 2>();
     fence_proxy_async();
     __syncthreads();
     if (u + kStages - 1 < num_steps) {
-      load_step(u + kStages - 1, static_cast<int>((u + kStages - 1) % kStages));
+      load_step(u + kStages - 1, (u + kStages - 1) % kStages);
     }
     tile::cp_async_commit();
     if constexpr (kTokenTiles) {
@@ -261,7 +263,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
       // of step u - 1) is done; its loads are issued after the next barrier.
       if (u + kStages < num_steps) {
         stage_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, u + kStages,
-                                             static_cast<int>((u + kStages) % m_tiles));
+                                             (u + kStages) % m_tiles);
       }
     }
 
@@ -300,7 +302,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
                             num_keys, rel_h_staged, n0, smem_rel + stage * kM * rel_pitch, lane);
     }
     if constexpr (kTokenTiles) {
-      hide_unseen_transposed(tt, static_cast<int>(u % TokenTiles::kSlots), s, warp * 16 + lane / 4,
+      hide_unseen_transposed(tt, u % TokenTiles::kSlots, s, warp * 16 + lane / 4,
                              fragment_col);
     } else {
       const bool full =
