@@ -34,6 +34,22 @@ std::string describe(const Geometry& g) {
   return s;
 }
 
+// The launchers' shapes found once on the host (set_box_shapes) give a block the same tiles as
+// block_tiles' own search.
+void expect_same_tiles(const fmha::cuda::neighborhood::BlockTiles& searched,
+                       const fmha::cuda::neighborhood::BlockTiles& preset, int block) {
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(searched.box_shape[r], preset.box_shape[r]) << "block " << block << " axis " << r;
+    EXPECT_EQ(searched.box_origin[r], preset.box_origin[r]) << "block " << block << " axis " << r;
+    EXPECT_EQ(searched.seen_shape[r], preset.seen_shape[r]) << "block " << block << " axis " << r;
+    EXPECT_EQ(searched.seen_origin[r], preset.seen_origin[r]) << "block " << block << " axis " << r;
+    EXPECT_EQ(searched.seen_tiles[r], preset.seen_tiles[r]) << "block " << block << " axis " << r;
+    EXPECT_EQ(searched.full_lo[r], preset.full_lo[r]) << "block " << block << " axis " << r;
+    EXPECT_EQ(searched.full_hi[r], preset.full_hi[r]) << "block " << block << " axis " << r;
+  }
+  EXPECT_EQ(searched.num_seen_tiles, preset.num_seen_tiles) << "block " << block;
+}
+
 void check_geometry(const Geometry& geo) {
   SCOPED_TRACE(describe(geo));
   fmha::cuda::NeighborhoodGrid grid;
@@ -75,8 +91,11 @@ void check_geometry(const Geometry& geo) {
     for (int keys : {32, 64, 128}) {
       std::vector<int> owner(static_cast<std::size_t>(tokens), 0);
       const int blocks = nb::num_block_boxes(grid, rows);
+      fmha::cuda::NeighborhoodGrid preset = grid;
+      nb::set_box_shapes(preset, rows, keys);
       for (int block = 0; block < blocks; ++block) {
         const nb::BlockTiles bt = nb::block_tiles(grid, block, rows, keys);
+        expect_same_tiles(bt, nb::block_tiles(preset, block, rows, keys), block);
         std::vector<int> key_seen(static_cast<std::size_t>(tokens), 0);
         std::vector<std::array<int, 3>> key_pos(static_cast<std::size_t>(tokens));
         for (int u = 0; u < bt.num_seen_tiles; ++u) {
@@ -149,8 +168,12 @@ void check_geometry(const Geometry& geo) {
     for (int rows : {16, 32, 64}) {
       std::vector<int> owner(static_cast<std::size_t>(tokens), 0);
       const int blocks = nb::num_block_boxes(grid, keys);
+      fmha::cuda::NeighborhoodGrid preset = grid;
+      nb::set_box_shapes(preset, keys, rows);
       for (int block = 0; block < blocks; ++block) {
         const nb::BlockTiles bt = nb::block_tiles(grid, block, keys, rows, /*transposed=*/true);
+        expect_same_tiles(bt, nb::block_tiles(preset, block, keys, rows, /*transposed=*/true),
+                          block);
         std::vector<int> query_seen(static_cast<std::size_t>(tokens), 0);
         std::vector<std::array<int, 3>> query_pos(static_cast<std::size_t>(tokens));
         for (int u = 0; u < bt.num_seen_tiles; ++u) {

@@ -20,6 +20,11 @@ struct NeighborhoodGrid {
   int kernel[3] = {1, 1, 1};
   int dilation[3] = {1, 1, 1};
   bool causal[3] = {false, false, false};
+  // The box shapes of the token-tile kernel about to run (neighborhood_mask.cuh: block_box_shape,
+  // seen_box_shape), found once on the host by its launcher (set_box_shapes) instead of by one
+  // thread of every block while the others wait; 0: block_tiles searches them itself.
+  int box_shape[3] = {0, 0, 0};
+  int seen_shape[3] = {0, 0, 0};
 };
 
 struct ForwardParams {

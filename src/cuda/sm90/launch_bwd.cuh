@@ -51,6 +51,10 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   const std::int64_t key_tiles =
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdKeysPerBlock)
                   : (p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock;
+  if constexpr (kTokenTiles) {  // the kernel's key box and query boxes (init_key_box)
+    neighborhood::set_box_shapes(p.fwd.neighborhood, kBwdKeysPerBlock,
+                                 bwd_queries_per_tile(kD, kTokenTiles));
+  }
   const dim3 grid = batch_grid(p.fwd, key_tiles, p.fwd.heads / p.fwd.kv_group);
   int smem = bwd_dkdv_smem_bytes<kD, kTokenTiles>();
   if constexpr (kTokenTiles) smem += static_cast<int>(sizeof(DkDvTokenTiles<kD>));
@@ -64,8 +68,8 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (bwd_num_chunks(kD) > 1) {
     static_assert(bwd_num_chunks(kD) == 2, "at most two column chunks (D <= 256)");
     if (s.ok()) {
-      s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 1>, grid, smem, p, stream,
-                                    "dK/dV");
+      return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 1>, grid, smem, p,
+                                       stream, "dK/dV");
     }
   }
   return s;
@@ -81,6 +85,10 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   const std::int64_t query_tiles =
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdQueriesPerBlock)
                   : (p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock;
+  if constexpr (kTokenTiles) {  // the kernel's query box and key boxes (init_query_box)
+    neighborhood::set_box_shapes(p.fwd.neighborhood, kBwdQueriesPerBlock,
+                                 bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>));
+  }
   const dim3 grid = batch_grid(p.fwd, query_tiles, p.fwd.heads);
   int smem = bwd_dq_smem_bytes<kD, Policy>();
   if constexpr (kTokenTiles) {

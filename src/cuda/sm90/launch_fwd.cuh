@@ -67,7 +67,10 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
                                  " bytes of shared memory: " + cudaGetErrorString(e));
   }
   std::int64_t blocks = (p.seqlen_q + kM - 1) / kM;
-  if constexpr (kTokenTiles) blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
+  if constexpr (kTokenTiles) {
+    blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
+    neighborhood::set_box_shapes(p.neighborhood, kM, block_n(kD));
+  }
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, threads(kD), smem, stream>>>(p);
