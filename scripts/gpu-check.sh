@@ -10,6 +10,10 @@
 #   STEPS="ncu" NCU_CASES="dense-d64:forward_kernel na2d-k13:forward_kernel" bash scripts/gpu-check.sh
 #   PREBUILT=.gpu/prebuilt bash scripts/gpu-check.sh   # the test binary built here beforehand by
 #                                                      # scripts/build-gpu-tests.sh (carry .gpu)
+#   BENCH_RUNS="standard|--cases D64 --impls fmha,sdpa-flash;na|--impls fmha,flex" \
+#     STEPS="build cuda-tests bench" bash scripts/gpu-check.sh   # several bench runs, one process each
+# A failed cuda-tests step skips the bench and ncu steps (their device time would time a broken build;
+# GATE=0 runs them anyway).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${OUT:-$PWD/build-gpu}
@@ -96,10 +100,28 @@ python_tests() {
   pip_ready || return 1
   timeout "${PYTEST_SECONDS:-600}" python3 -m pytest -q tests/python -k "${PYTEST_FILTER:-cuda}" -p no:cacheprovider
 }
+# BENCH_RUNS: runs separated by ';', each "suite|arguments" (arguments split at spaces, so a --cases
+# pattern holds no space: `D64.*L512$`), each in its own process and folder $OUT/bench/<n>-<suite>;
+# without it, one run of BENCH_SUITE with BENCH_ARGS into $OUT/bench.
 bench() {
   pip_ready || return 1
-  timeout "${BENCH_SECONDS:-240}" python3 -m fmha.bench --suite "${BENCH_SUITE:-quick}" \
-      --out "$OUT/bench" ${BENCH_ARGS:-}
+  if [ -z "${BENCH_RUNS:-}" ]; then
+    timeout "${BENCH_SECONDS:-240}" python3 -m fmha.bench --suite "${BENCH_SUITE:-quick}" \
+        --out "$OUT/bench" ${BENCH_ARGS:-}
+    return
+  fi
+  local run n=0 status=0
+  local -; set -f  # no pathname expansion of the patterns in the arguments
+  IFS=';' read -ra runs <<<"$BENCH_RUNS"
+  for run in "${runs[@]}"; do
+    n=$((n + 1))
+    local suite=${run%%|*} args=""
+    [[ "$run" == *"|"* ]] && args=${run#*|}
+    # shellcheck disable=SC2086  # the arguments are meant to split
+    timeout "${BENCH_SECONDS:-240}" python3 -m fmha.bench --suite "$suite" \
+        --out "$OUT/bench/$n-$suite" $args || status=1
+  done
+  return $status
 }
 
 # Nsight Compute on one launch per "case:kernel" of NCU_CASES (scripts/ncu-kernels.sh).
@@ -118,6 +140,11 @@ if has python || has bench || has ncu; then
 fi
 has build && run_step build build
 has cuda-tests && run_step cuda-tests cuda_tests
+# The gate: a build whose tests fail is not benchmarked or profiled.
+if has cuda-tests && [ "${GATE:-1}" = 1 ] && [[ "${rows[-1]}" == *" FAIL "* ]]; then
+  echo "cuda-tests failed: skipping bench and ncu (GATE=0 runs them)"
+  STEPS=${STEPS// bench/}; STEPS=${STEPS// ncu/}
+fi
 has sm80-tests && run_step sm80-tests sm80_tests
 has sanitizer && run_step sanitizer sanitizer
 has python && run_step python python_tests
@@ -127,7 +154,9 @@ has ncu && run_step ncu ncu_profiles
 echo
 echo "== gpu-check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
 printf '%s\n' "${rows[@]}"
-[ -f "$OUT/bench/summary.txt" ] && { echo; cat "$OUT/bench/summary.txt"; }
+for summary in "$OUT"/bench/summary.txt "$OUT"/bench/*/summary.txt; do
+  [ -f "$summary" ] && { echo; cat "$summary"; }
+done
 has ncu && { echo; grep -v "^ncu\|^==PROF==" "$OUT/ncu.log" | tail -n 60; }
 # The device tool brings back a handful of files: pack everything into one archive.
 tar -czf "$RESULTS/gpu-check.tgz" -C "$RESULTS" gpu-check && [ -n "${PACK_ONLY:-}" ] && rm -rf "$OUT"
