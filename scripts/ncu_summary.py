@@ -1,6 +1,7 @@
 """Short table from an Nsight Compute report exported by scripts/ncu-kernels.sh: the headline metrics
 of the details page, the warp stall reasons (cycles per issued instruction) from the raw page, and the
-executed instruction mix by SASS opcode from the source page. Tolerant of missing pages and names
+executed instruction mix by SASS opcode and the instructions that collect the most stall samples
+from the source page. Tolerant of missing pages and names
 (they differ between ncu versions): prints what it finds."""
 import collections
 import csv
@@ -55,24 +56,39 @@ def stalls(prefix):
             print(f"{n:36s} {v:14.2f}")
 
 
-def instruction_mix(prefix):
+def source_table(prefix):
+    """The source page's header and rows: the header is the row naming Address and Source (ncu 2025+
+    writes a kernel-name line above it)."""
     table = rows(prefix + ".sass.csv")
-    if not table:
+    for at, r in enumerate(table[:5]):
+        if any(c.lower() in ("source", "sass") for c in r) and "Address" in r:
+            return r, table[at + 1:]
+    return (table[0], table[1:]) if table else ([], [])
+
+
+def number(text):
+    try:
+        return float(text.replace(",", "")) if text else 0.0
+    except ValueError:
+        return None
+
+
+def instruction_mix(prefix):
+    head, body = source_table(prefix)
+    if not head:
         return
-    head = table[0]
     src = next((i for i, c in enumerate(head) if c.lower() in ("source", "sass")), None)
-    exe = next((i for i, c in enumerate(head) if "instructions executed" in c.lower()), None)
+    exe = next((i for i, c in enumerate(head) if c.lower() == "instructions executed"), None)
     if src is None or exe is None:
         print("-- source page: columns", head[:8])
         return
     by_op = collections.Counter()
     total = 0
-    for r in table[1:]:
+    for r in body:
         if len(r) <= max(src, exe):
             continue
-        try:
-            n = float(r[exe].replace(",", ""))
-        except ValueError:
+        n = number(r[exe])
+        if n is None:
             continue
         m = re.match(r"\s*(@!?U?P\w+\s+)?([A-Z0-9_]+)", r[src])
         if m:
@@ -84,9 +100,38 @@ def instruction_mix(prefix):
             print(f"{op:16s} {n:14.4g} {100 * n / total:6.1f}%")
 
 
+def stalled_instructions(prefix, count=12):
+    """The instructions where the warps' stall samples fall, with each one's main stall reason: a
+    barrier that every warp waits at once per block shows up here (session 7: 21% of the NA 2-D
+    forward's samples at the barrier after thread 0's box search)."""
+    head, body = source_table(prefix)
+    names = {c: i for i, c in enumerate(head)}
+    src, exe = names.get("Source"), names.get("Instructions Executed")
+    samples = names.get("Warp Stall Sampling (All Samples)")
+    if None in (src, exe, samples):
+        return
+    reasons = [(i, c[len("stall_"):]) for i, c in enumerate(head)
+               if c.startswith("stall_") and "Not Issued" not in c]
+    found, total = [], 0.0
+    for r in body:
+        if len(r) <= max(src, exe, samples):
+            continue
+        n = number(r[samples])
+        if not n:
+            continue
+        total += n
+        top = max(reasons, key=lambda x: number(r[x[0]]) or 0.0)[1] if reasons else "?"
+        found.append((n, r[names.get("Address", src)][-6:], number(r[exe]) or 0.0, top, r[src].strip()))
+    if total:
+        print(f"-- instructions with the most stall samples (of {total:.0f})")
+        for n, address, executed, top, text in sorted(found, reverse=True)[:count]:
+            print(f"{address:>6s} {100 * n / total:5.1f}%  executed {executed:10.0f}  {top:16s} {text[:60]}")
+
+
 if __name__ == "__main__":
     prefix = sys.argv[1]
     print(f"== {prefix}")
     details(prefix)
     stalls(prefix)
     instruction_mix(prefix)
+    stalled_instructions(prefix)
