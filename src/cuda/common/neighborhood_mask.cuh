@@ -314,13 +314,8 @@ __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGri
 // NA 2-D 64x64 K 13 forward at D 64: warps waiting at the barrier after thread 0's block_tiles
 // were 21% of the kernel's stall samples.)
 inline void set_box_shapes(NeighborhoodGrid& g, int rows, int keys) {
-  NeighborhoodGrid searched = g;
-  for (int r = 0; r < 3; ++r) searched.box_shape[r] = searched.seen_shape[r] = 0;
-  const BlockTiles t = block_tiles(searched, 0, rows, keys);
-  for (int r = 0; r < 3; ++r) {
-    g.box_shape[r] = t.box_shape[r];
-    g.seen_shape[r] = t.seen_shape[r];
-  }
+  block_box_shape(g, rows, g.box_shape);  // both read the grid's sizes and kernels only
+  seen_box_shape(g, g.box_shape, keys, g.seen_shape);
 }
 
 // Group-major coordinates of entry `index` of a box of `shape` at `origin` (axis 2 innermost), and

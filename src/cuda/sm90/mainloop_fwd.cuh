@@ -459,7 +459,6 @@ __global__ void __launch_bounds__(threads(kD), 1)
     if (follower && u + 1 < num_phases) rendezvous(u + 1);
     if (!has_s) continue;
 
-    const int stage = u % kStages;
     const KeySource tile = key_source(u);
     const std::int64_t first_col = tile.first_key + fragment_col;
     bool full = tile.valid == kN;  // extra keys (token tiles: gathered_scores reads its own)
@@ -485,7 +484,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
       if constexpr (!kRelPosTiles<Policy>) {
         if (p.bias_staged) {
           scores.add_bias_tile(s, fragment_row, first_col,
-                               smem_q_ptr + (smem_bias - smem_q) + stage * bias_tile_bytes(kD),
+                               smem_q_ptr + (smem_bias - smem_q) + k_stage * bias_tile_bytes(kD),
                                warp * 16 + lane / 4);
         } else {
           scores.add_bias(s, fragment_row, first_col);

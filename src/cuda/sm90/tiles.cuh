@@ -205,7 +205,7 @@ template <typename T, int kSteps, typename BTile, int kTiles>
 __device__ __forceinline__ void rs_product(float (&acc)[kTiles][4],
                                            const std::uint32_t (&a)[kSteps][4],
                                            std::uint32_t smem_b) {
-  const std::uint64_t b = BTile::mn_major(smem_b, 0);
+  const std::uint64_t b = BTile::mn_major(smem_b);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
     Wgmma<T, kTiles * 8>::template rs<1>(acc, a[kk], b + BTile::mn_step(kk), 1);

@@ -64,12 +64,12 @@ struct SwizzledTile {
         ((kk * 16) / kBlockCols * kBlockBytes + (kk * 16) % kBlockCols * 2) >> 4);
   }
 
-  // MN-major operand: the whole tile, rows 16kk..16kk+15 as the k16 step.
-  __device__ __forceinline__ static std::uint64_t mn_major(std::uint32_t base, int kk) {
-    return descriptor(base + kk * 16 * kSwizzleBytes, kBlockBytes, 8 * kSwizzleBytes);
+  // MN-major operand: the whole tile, rows 0..15 as the first k16 step.
+  __device__ __forceinline__ static std::uint64_t mn_major(std::uint32_t base) {
+    return descriptor(base, kBlockBytes, 8 * kSwizzleBytes);
   }
-  // The same as an offset of step 0's descriptor: mn_major(base, kk) == mn_major(base, 0) +
-  // mn_step(kk) (a compile-time constant, as k_step).
+  // Step kk (rows 16kk..16kk+15) as an offset of mn_major's descriptor (the start address field
+  // counts 16-byte units and never carries out): a compile-time constant, as k_step.
   static constexpr std::uint64_t mn_step(int kk) {
     return static_cast<std::uint64_t>((kk * 16 * kSwizzleBytes) >> 4);
   }
