@@ -204,8 +204,9 @@ TEST(CudaForward, RelativePositionSam) {
   check_forward(r, 103);
 }
 
-// Rel-pos alone on a power-of-two grid width that divides the key tile: the sm90 forward's
-// PolicyRelPos (rel_w per thread column fixed across tiles); widths it does not cover fall back.
+// Rel-pos alone on power-of-two grid widths: the sm90 forward's PolicyRelPos register form where a
+// key tile is two grid rows (Wk 64 up to D 128, Wk 32 above; odd Hk: a last tile with one grid
+// row, partial), the general policy for the other widths.
 TEST(CudaForward, RelativePositionPowerOfTwoGrid) {
   SKIP_WITHOUT_GPU();
   struct Grid {
@@ -214,7 +215,8 @@ TEST(CudaForward, RelativePositionPowerOfTwoGrid) {
   std::uint64_t seed = 105;
   for (DType dt : {DType::kBFloat16, DType::kFloat16})
     for (Grid g : {Grid{300, 16, 16, 64}, Grid{129, 5, 64, 80}, Grid{77, 3, 128, 32},
-                   Grid{200, 4, 64, 64}, Grid{65, 9, 8, 200}, Grid{40, 2, 128, 160}}) {
+                   Grid{200, 4, 64, 64}, Grid{65, 9, 8, 200}, Grid{40, 2, 128, 160},
+                   Grid{333, 7, 64, 128}, Grid{90, 5, 32, 192}, Grid{31, 3, 64, 24}}) {
       ForwardCase c = shape_case(dt, g.lq, g.hk * g.wk, g.d, g.d, 4, 2, 2);
       c.rel_hk = g.hk;
       check_forward(c, seed++);

@@ -32,8 +32,9 @@ struct PolicyGeneral {
 };
 
 // SAM-style rel-pos alone on a power-of-two key grid width (score_rel_pos.cuh): the general
-// policy's result at about the plain policy's cost. The sm90 forward only; its launch falls back to
-// the general policy where the layout does not apply.
+// policy's result at about the plain policy's cost. The sm90 kernels only: the forward's register
+// form (two grid rows a key tile), the backward's staged form; their launches fall back to the
+// general policy where the layout does not apply.
 struct PolicyRelPos {
   using Mask = MaskNone;
   template <typename T>

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/forward_params.h"
 #include "cuda/common/online_softmax.cuh"
@@ -44,6 +45,18 @@ struct ScoreScale {
   __device__ void add_bias_tile(float (&)[kTiles][4], std::int64_t, std::int64_t,
                                 const std::uint8_t*, int) const {}
 };
+
+// Whether a kernel may fold the plain scale into its exponentials' FMA instead of calling
+// transform(): ScoreScale with a positive scale, which keeps the scores' order and -inf as -inf
+// (a mask may then hide raw scores). Every other policy transforms first (softcap, bias, rel-pos).
+template <typename Scores>
+__device__ __forceinline__ bool scale_foldable(const Scores& scores) {
+  if constexpr (std::is_same_v<Scores, ScoreScale>) {
+    return scores.scale_log2 > 0.0f;
+  } else {
+    return false;
+  }
+}
 
 template <typename T>
 struct ScoreModifiers {

@@ -1,15 +1,18 @@
 // SAM-style decomposed relative-position bias alone (SPEC §5: no bias, softcap or mask besides it),
-// laid out so that it costs about one extra add per score:
+// laid out so that it costs about one extra instruction per score:
 //   s = scale * q.k + rel_h[i, j / Wk] + rel_w[i, j % Wk]          (log2 units)
-// It applies when Wk is a power of two between 8 and the key tile's width (SAM's 64 x 64 grid and
-// every square power-of-two grid): every key tile then starts at j % Wk = 0, so the rel_w entries
-// of a thread's columns are the same in every tile, and a tile's 8-column groups each sit on one
-// grid row. The block's rows are staged once in shared memory: rel_h as fp32 already scaled by
-// log2(e) (one load per grid row a tile meets), rel_w in its own 16-bit type, two entries a word
-// (shared-memory bandwidth, not arithmetic, is what the scores compete for with the wgmma
-// operands): a score then takes half a word load, a conversion and a fused multiply-add next to
-// the scale's, which the multiply-add absorbs. ScoreModifiers (score_modifiers.cuh) covers every
-// other layout and combination.
+// Two forms, both for a power-of-two Wk that divides the key tile, so that every key tile starts at
+// j % Wk = 0 and the rel_w entries of a thread's columns are the same in every tile:
+// - The forward's register form (rel_pos_registers_apply: Wk = kN / 2, a key tile is two grid
+//   rows, SAM's 64 x 64 grid under 128-key tiles): the thread's rel_w entries sit in registers
+//   for the whole block (load_rel_w), a score takes one fused multiply-add (scale, rel_w), and
+//   rel_h, constant over each half of a tile, is folded into the half's exponent base by the
+//   forward's softmax (four 16-bit loads a tile, fetched one tile ahead: fetch_rel_h).
+// - The backward's staged form (rel_pos_tiles_apply: Wk from 8 to the key tile): the block's rows
+//   are staged once in shared memory, rel_h as fp32 already scaled by log2(e), rel_w in its own
+//   16-bit type, two entries a word: a score then takes half a word load, a conversion and a
+//   fused multiply-add next to the scale's.
+// ScoreModifiers (score_modifiers.cuh) covers every other layout and combination.
 #pragma once
 
 #include <cstdint>
@@ -56,10 +59,20 @@ __host__ __device__ inline bool rel_h_staged_in_pairs(const ForwardParams& p, in
          p.rel_h_stride[2] % 2 == 0 && reinterpret_cast<std::uintptr_t>(p.rel_h) % 4 == 0;
 }
 
-// Whether a problem's rel-pos fits this layout for key tiles of kN keys.
+// Whether a problem's rel-pos fits the staged layout for key tiles of kN keys.
 __host__ __device__ constexpr bool rel_pos_tiles_apply(std::int64_t rel_w_size, int kN) {
   return rel_w_size >= 8 && rel_w_size <= kN && (rel_w_size & (rel_w_size - 1)) == 0;
 }
+
+// Whether it fits the forward's register form for key tiles of kN keys: two grid rows a tile.
+__host__ __device__ constexpr bool rel_pos_registers_apply(std::int64_t rel_w_size, int kN) {
+  return rel_w_size >= 8 && 2 * rel_w_size == kN;
+}
+
+// The register form's rel_h of one key tile, as loaded: [row, row + 8][first grid row, second].
+struct RelHFetch {
+  std::uint16_t x[2][2];
+};
 
 template <typename T>
 struct ScoreRelPos {
@@ -90,38 +103,124 @@ struct ScoreRelPos {
     return m;
   }
 
-  __device__ int rel_w_offset() const { return (rel_h_size + 1) & ~1; }
+  // ---- The forward's register form (rel_pos_registers_apply) ----
+  // Entries 0, 1 of a thread's n8 tile t are on `row`, 2, 3 on row + 8, entry 0 on key column
+  // 8t + col of the tile (col = 2 * (lane % 4)); tiles t and t + kTiles / 2 sit on the same grid
+  // column, one grid row apart. Rows past the sequence read the last row's entries (their output
+  // is never stored), keys past it the last grid row's (they are masked).
 
-  // Stages rows [first_row, first_row + rows) (layout above), zeros past the sequence. Every
-  // thread of the block calls it; the caller's next barrier publishes the rows.
-  __device__ void stage(std::uint32_t* smem, std::int64_t first_row, int rows) {
+  // This thread's rel_w entries in log2 units: w[t][e] for tile t < kTiles / 2 (and t + kTiles / 2).
+  template <int kHalfTiles>
+  __device__ void load_rel_w(float (&w)[kHalfTiles][4], std::int64_t row, int col) const {
     using Convert = tile::Dtype<T>;
-    const int width = rel_h_size + rel_w_size / 2;
-    for (int index = static_cast<int>(threadIdx.x); index < rows * width;
-         index += static_cast<int>(blockDim.x)) {
-      const int r = index / width;
-      const int c = index % width;
-      const std::int64_t i = first_row + r;
-      std::uint32_t word = 0;
-      if (i < num_queries && c < rel_h_size) {
-        word = __float_as_uint(
-            Convert::to_float(rel_h[i * params->rel_h_stride[2] + c * params->rel_h_stride[3]]) *
-            kLog2e);
-      } else if (i < num_queries) {
-        const std::uint16_t* w =
-            rel_w + i * params->rel_w_stride[2] + 2 * (c - rel_h_size) * params->rel_w_stride[3];
-        word = w[0] | (static_cast<std::uint32_t>(w[params->rel_w_stride[3]]) << 16);
+    const std::int64_t row_stride = params->rel_w_stride[2], col_stride = params->rel_w_stride[3];
+    const std::uint16_t* const w0 = rel_w + clamp_row(row) * row_stride + col * col_stride;
+    const std::uint16_t* const w8 = rel_w + clamp_row(row + 8) * row_stride + col * col_stride;
+#pragma unroll
+    for (int t = 0; t < kHalfTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const std::int64_t offset = (8 * t + e) * col_stride;
+        w[t][e] = Convert::to_float(w0[offset]) * kLog2e;
+        w[t][2 + e] = Convert::to_float(w8[offset]) * kLog2e;
       }
-      smem[r * pitch + c] = word;
     }
-    staged = smem;
-    staged_first_row = first_row;
   }
 
-  // Extra keys: the scale only.
+  // rel_h of the two grid rows of the key tile starting at first_key (a multiple of 2 Wk), for
+  // rows `row` and row + 8, as raw 16-bit values: issued one tile ahead of rel_h_offsets.
+  __device__ RelHFetch fetch_rel_h(std::int64_t row, std::int64_t first_key) const {
+    const std::int64_t row_stride = params->rel_h_stride[2], col_stride = params->rel_h_stride[3];
+    const int jh = static_cast<int>(first_key) >> (__ffs(rel_w_size) - 1);  // Wk: a power of two
+    const std::int64_t c0 = (jh < rel_h_size ? jh : rel_h_size - 1) * col_stride;
+    const std::int64_t c1 = (jh + 1 < rel_h_size ? jh + 1 : rel_h_size - 1) * col_stride;
+    const std::uint16_t* const h0 = rel_h + clamp_row(row) * row_stride;
+    const std::uint16_t* const h8 = rel_h + clamp_row(row + 8) * row_stride;
+    RelHFetch f;
+    f.x[0][0] = h0[c0];
+    f.x[0][1] = h0[c1];
+    f.x[1][0] = h8[c0];
+    f.x[1][1] = h8[c1];
+    return f;
+  }
+
+  // The fetched rel_h in log2 units: offset[r][half], the softmax's per-half offsets.
+  __device__ void rel_h_offsets(const RelHFetch& f, float (&offset)[2][2]) const {
+    using Convert = tile::Dtype<T>;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int g = 0; g < 2; ++g) offset[r][g] = Convert::to_float(f.x[r][g]) * kLog2e;
+    }
+  }
+
+  // Scale and rel_w of a tile of ordinary keys: s = scale * s + rel_w, one fused multiply-add.
+  template <int kTiles>
+  __device__ void scale_and_add_w(float (&s)[kTiles][4], const float (&w)[kTiles / 2][4]) const {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = fmaf(s[t][e], scale_log2, w[t % (kTiles / 2)][e]);
+    }
+  }
+
+  __device__ std::int64_t clamp_row(std::int64_t row) const {
+    return row < num_queries ? row : num_queries - 1;
+  }
+
+  // Extra keys (both forms): the scale only.
   template <int kTiles>
   __device__ void transform(float (&s)[kTiles][4]) const {
     ScoreScale{scale_log2}.transform(s);
+  }
+
+  // ---- The backward's staged form (rel_pos_tiles_apply) ----
+
+  __device__ int rel_w_offset() const { return (rel_h_size + 1) & ~1; }
+
+  // Stages rows [first_row, first_row + rows) (layout above), zeros past the sequence. Every
+  // thread of the block calls it; the caller's next barrier publishes the rows. Latency-bound (one
+  // block per SM, nothing overlaps it): each thread issues kBatch words' loads before it converts
+  // and stores them, branch-free (rows past the sequence read row first_row, rel_h words read
+  // their entry twice), where one dependent load a word took a sixth of the forward's stall
+  // samples (Nsight Compute, SAM-B, when the forward still staged).
+  __device__ void stage(std::uint32_t* smem, std::int64_t first_row, int rows) {
+    using Convert = tile::Dtype<T>;
+    constexpr int kBatch = 8;
+    const int width = rel_h_size + rel_w_size / 2;
+    const int total = rows * width;
+    const int threads = static_cast<int>(blockDim.x);
+    const std::int64_t h_row = params->rel_h_stride[2], h_col = params->rel_h_stride[3];
+    const std::int64_t w_row = params->rel_w_stride[2], w_col = params->rel_w_stride[3];
+    for (int first = static_cast<int>(threadIdx.x); first < total; first += kBatch * threads) {
+      std::uint16_t lo[kBatch], hi[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int index = first + k * threads < total ? first + k * threads : 0;
+        const int r = index / width;
+        const int c = index - r * width;
+        const std::int64_t i = first_row + r < num_queries ? first_row + r : first_row;
+        const std::uint16_t* x = c < rel_h_size ? rel_h + i * h_row + c * h_col
+                                                : rel_w + i * w_row + 2 * (c - rel_h_size) * w_col;
+        lo[k] = x[0];
+        hi[k] = x[c < rel_h_size ? 0 : w_col];
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int index = first + k * threads;
+        if (index >= total) break;
+        const int r = index / width;
+        const int c = index - r * width;
+        std::uint32_t word = 0;
+        if (first_row + r < num_queries) {
+          word = c < rel_h_size ? __float_as_uint(Convert::to_float(lo[k]) * kLog2e)
+                                : lo[k] | (static_cast<std::uint32_t>(hi[k]) << 16);
+        }
+        smem[r * pitch + c] = word;
+      }
+    }
+    staged = smem;
+    staged_first_row = first_row;
   }
 
   // Scale and rel-pos of a tile of ordinary keys starting at first_key (a multiple of Wk):

@@ -39,15 +39,11 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     smem += kv_stages(kD, true) * bias_tile_bytes(kD);
   }
   if constexpr (kRelPosTiles<Policy>) {
-    // Its rows in fp32 must fit, on a grid width that tiles the key tiles; else the general path.
-    const std::int64_t rel_h_size = (p.seqlen_k + p.rel_w_size - 1) / p.rel_w_size;
-    const std::int64_t staged =
-        std::int64_t{block_m(kD)} * 4 * rel_pos_tile_pitch(rel_h_size, p.rel_w_size);
-    if (!rel_pos_tiles_apply(p.rel_w_size, block_n(kD)) || p.cu_seqlens_q != nullptr ||
-        p.seqlen_k >= (std::int64_t{1} << 31) || smem + staged > max_smem) {
+    // The register form (two grid rows a key tile, nothing staged); else the general path.
+    if (!rel_pos_registers_apply(p.rel_w_size, block_n(kD)) || p.cu_seqlens_q != nullptr ||
+        p.seqlen_k >= (std::int64_t{1} << 31)) {
       return launch_forward<T, kD, PolicyGeneral>(params, stream);
     }
-    smem += static_cast<int>(staged);
   } else if (!kTokenTiles && p.rel_h != nullptr && p.cu_seqlens_q == nullptr &&
              p.seqlen_k < (std::int64_t{1} << 31)) {
     // SAM-style rel-pos: stage the block's rel_h | rel_w rows in shared memory when they fit.

@@ -26,6 +26,7 @@
 #include "cuda/common/backward_params.h"
 #include "cuda/common/backward_policies.cuh"
 #include "cuda/common/block_coords.cuh"
+#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
@@ -141,6 +142,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
 
   const Mask mask = Mask::make(f, num_queries, num_keys);
   const Scores scores = Scores::make(f, b, hk * f.kv_group, num_queries, num_keys);
+  // The plain scale rides on the exponentials' FMA where it may (scale_foldable).
+  const bool scale_folded = scale_foldable(scores);
+  const float exp_scale = scale_folded ? scores.scale_log2 : 1.0f;
   auto* const tt =
       reinterpret_cast<TokenTiles*>(smem_k_ptr + (smem_stats - smem_k) + 2 * kStages * kM * 4);
   TileSpan query_tiles{0, 0};  // range masks: the query tiles that see the block's keys
@@ -279,7 +283,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     fence_accumulators(s);
     fence_accumulators(dp);
 
-    scores.transform(s);
+    if (!scale_folded) scores.transform(s);
     const float* lse = stats_ptr + stage * kM;
     const float* delta = stats_ptr + (kStages + stage) * kM;
     bool softcap_folded = false;  // dP^T - Delta already holds softcap's factor
@@ -317,7 +321,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
                            : *reinterpret_cast<const float2*>(delta + t * 8 + fragment_col);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float prob = exp2f(s[t][e] - ((e & 1) ? l.y : l.x));
+        const float prob = exp2_ftz(fmaf(s[t][e], exp_scale, -((e & 1) ? l.y : l.x)));
         dp[t][e] = prob * (dp[t][e] - ((e & 1) ? d.y : d.x));  // dS^T
         s[t][e] = prob;                                        // P^T
       }

@@ -242,6 +242,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     dp[t][0] = dp[t][1] = dp[t][2] = dp[t][3] = 0.0f;
   }
 
+  // The plain scale rides on the exponentials' FMA where it may (scale_foldable).
+  const bool scale_folded = scale_foldable(scores);
+  const float exp_scale = scale_folded ? scores.scale_log2 : 1.0f;
   // Whether S and dP skip the bucket's last k-step, which would hold zero columns only for both.
   const bool short_dims = f.head_dim <= kD - 16 && f.value_dim <= kD - 16;
   for (int u = 0; u < num_tiles; ++u) {
@@ -282,7 +285,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
     if constexpr (kBwdRelPos<Policy>) {
       scores.scale_and_add(s, fragment_row, first_key, fragment_col);
-    } else {
+    } else if (!scale_folded) {
       scores.transform(s);
     }
     float row_delta[2] = {delta[0], delta[1]};  // what dS subtracts from dP below
@@ -308,7 +311,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     for (int t = 0; t < kScoreTiles; ++t) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float prob = exp2f(s[t][e] - lse_log2[e / 2]);
+        const float prob = exp2_ftz(fmaf(s[t][e], exp_scale, -lse_log2[e / 2]));
         s[t][e] = prob * (dp[t][e] - row_delta[e / 2]);  // dS, the gradient wrt scale * q.k
       }
     }

@@ -74,11 +74,12 @@ struct KeySource {
 
 template <typename Policy>
 inline constexpr bool kHasModifiers = std::is_same_v<Policy, PolicyGeneral>;
+// SAM rel-pos in the register form (score_rel_pos.cuh): rel_w in registers, rel_h per half tile.
 template <typename Policy>
 inline constexpr bool kRelPosTiles = std::is_same_v<Policy, PolicyRelPos>;
 // Policies whose staged rows or tiles take shared memory besides the K/V stages.
 template <typename Policy>
-inline constexpr bool kStagesScores = kHasModifiers<Policy> || kRelPosTiles<Policy>;
+inline constexpr bool kStagesScores = kHasModifiers<Policy>;
 
 // The 227 KB of shared memory a block may opt into on sm90; + 1024: the dynamic shared-memory
 // base is rounded up to the swizzle period.
@@ -109,41 +110,53 @@ constexpr int tile_smem_bytes() {
 inline constexpr int kPipelineBarrier = 1;
 inline constexpr int kTurnBarrier = 2;
 
-// exp2 on the multi-function unit alone. exp2f compiles to ex2.approx.f32, whose denormal-result
-// handling adds a compare and two predicated multiplies around every MUFU.EX2 (seen in the SASS);
-// flushing results below 2^-126 to zero changes no probability that a 16-bit P could hold.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // OnlineSoftmax::update (online_softmax.cuh) for scores still to be multiplied by `scale` (> 0;
 // 1 when the policy applied it), folded into the FMA that subtracts the running max, and with
 // exp2_ftz: per score one FMA and one MUFU.EX2 where exp2f(s * scale - max) took six instructions.
+// With kRuns = 2 the scores of each half of the tile (n8 tiles [0, kScoreTiles / 2) and the rest)
+// also get a per-row offset, offset[r][half] (the rel-pos register form's rel_h: one grid row
+// each), folded the same way: into the half's maximum and its exponent base, none per score.
 // The output's rescale is skipped when it multiplies every row of the warp by exactly 1 (no row
 // max moved: most tiles of a long row), which changes no bit of the result.
-template <int kScoreTiles, int kOutTiles>
+template <int kRuns, int kScoreTiles, int kOutTiles>
 __device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kScoreTiles][4],
-                                               float (&o)[kOutTiles][4], float scale) {
+                                               float (&o)[kOutTiles][4], float scale,
+                                               const float (&offset)[2][kRuns]) {
+  static_assert(kRuns == 1 || kRuns == 2, "the whole tile, or its two halves");
+  constexpr int kRunTiles = kScoreTiles / kRuns;
   float rescale[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float tile_max = -INFINITY;
+    float run_max[kRuns];
 #pragma unroll
-    for (int t = 0; t < kScoreTiles; ++t) {
-      tile_max = fmaxf(tile_max, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
+    for (int g = 0; g < kRuns; ++g) {
+      run_max[g] = -INFINITY;
+#pragma unroll
+      for (int t = g * kRunTiles; t < (g + 1) * kRunTiles; ++t) {
+        run_max[g] = fmaxf(run_max[g], fmaxf(s[t][2 * r], s[t][2 * r + 1]));
+      }
     }
-    const float new_max = fmaxf(sm.row_max[r], quad_max(tile_max) * scale);
+    float tile_max;
+    if constexpr (kRuns == 1) {
+      tile_max = quad_max(run_max[0]) * scale;  // one run: no offset
+    } else {
+      tile_max = quad_max(fmaxf(fmaf(run_max[0], scale, offset[r][0]),
+                                fmaf(run_max[1], scale, offset[r][1])));
+    }
+    const float new_max = fmaxf(sm.row_max[r], tile_max);
     const float base = new_max == -INFINITY ? 0.0f : new_max;
     rescale[r] = exp2_ftz(sm.row_max[r] - base);
     sm.row_max[r] = new_max;
     float sum = 0.0f;
 #pragma unroll
-    for (int t = 0; t < kScoreTiles; ++t) {
-      s[t][2 * r] = exp2_ftz(fmaf(s[t][2 * r], scale, -base));
-      s[t][2 * r + 1] = exp2_ftz(fmaf(s[t][2 * r + 1], scale, -base));
-      sum += s[t][2 * r] + s[t][2 * r + 1];
+    for (int g = 0; g < kRuns; ++g) {
+      const float shift = kRuns == 1 ? -base : offset[r][g] - base;
+#pragma unroll
+      for (int t = g * kRunTiles; t < (g + 1) * kRunTiles; ++t) {
+        s[t][2 * r] = exp2_ftz(fmaf(s[t][2 * r], scale, shift));
+        s[t][2 * r + 1] = exp2_ftz(fmaf(s[t][2 * r + 1], scale, shift));
+        sum += s[t][2 * r] + s[t][2 * r + 1];
+      }
     }
     sm.row_sum[r] = sm.row_sum[r] * rescale[r] + sum;
   }
@@ -351,9 +364,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   } else {
     load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
   }
-  if constexpr (kRelPosTiles<Policy>) {
-    scores.stage(reinterpret_cast<std::uint32_t*>(smem_q_ptr + (smem_rel - smem_q)), m0, kM);
-  } else {
+  if constexpr (!kRelPosTiles<Policy>) {
     scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)), m0,
                          kM);
   }
@@ -385,6 +396,16 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
   const int fragment_col = 2 * (lane % 4);  // +1 for entries 1, 3
   const int q_first_row = warpgroup * 64;
+
+  // Rel-pos register form: this thread's rel_w entries for the whole block, and rel_h of tile u
+  // fetched at the softmax of tile u - 1 (tile 0's here). Main tiles start at key 0 (no mask).
+  constexpr int kRuns = kRelPosTiles<Policy> ? 2 : 1;
+  [[maybe_unused]] float rel_w[kRelPosTiles<Policy> ? kScoreTiles / 2 : 1][4];
+  [[maybe_unused]] RelHFetch rel_h_next{};
+  if constexpr (kRelPosTiles<Policy>) {
+    scores.load_rel_w(rel_w, fragment_row, fragment_col);
+    rel_h_next = scores.fetch_rel_h(fragment_row, 0);
+  }
 
   float o[kOutTiles][4];
   float s[kScoreTiles][4];
@@ -465,9 +486,12 @@ __global__ void __launch_bounds__(threads(kD), 1)
     if constexpr (!kTokenTiles) {
       full = tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
     }
+    float offset[2][kRuns] = {};  // per-row offsets of the tile's halves (rel_h)
     if constexpr (kRelPosTiles<Policy>) {
       if (!tile.extra) {
-        scores.scale_and_add(s, fragment_row, tile.first_key, fragment_col);
+        scores.scale_and_add_w(s, rel_w);
+        scores.rel_h_offsets(rel_h_next, offset);
+        rel_h_next = scores.fetch_rel_h(fragment_row, tile.first_key + kN);
       } else {
         scores.transform(s);
       }
@@ -495,7 +519,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
       // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
       hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
     }
-    softmax_update(softmax, s, o, exp_scale);
+    softmax_update(softmax, s, o, exp_scale, offset);
   }
 
   // Epilogue. Q's copy must have landed before its rows are reused for the output (it is still
