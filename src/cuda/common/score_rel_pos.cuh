@@ -37,11 +37,14 @@ __host__ __device__ constexpr std::int64_t rel_pos_grad_pitch(std::int64_t rel_w
   return (rel_w_size + 23) / 32 * 32 + 8;
 }
 
-// Row pitch (bytes) of the backward dK/dV kernel's staged rel_w rows: whole 16-byte chunks, and
-// 32 modulo 128 for widths of 16 or more, so that the 4 query rows of a warp's loads (its 8 keys'
-// consecutive entries in each) fall in distinct banks.
+// Row pitch (bytes) of the backward dK/dV kernel's staged rel_w rows: whole 16-byte chunks plus
+// 16 bytes (rel_h entries, rel_h_staged_in_pairs). Widths up to 64 all take 64's pitch, a
+// compile-time constant there (a row's address is then an immediate offset, not a multiply per
+// element); 144 bytes is 16 modulo 128, so that the 8 rows of a transposing ldmatrix fall in
+// distinct banks.
+inline constexpr int kNarrowRelRowsPitch = 2 * 64 + 16;
 __host__ __device__ constexpr int rel_w_rows_pitch(std::int64_t rel_w_size) {
-  return static_cast<int>(2 * rel_w_size + 16);
+  return rel_w_size <= 64 ? kNarrowRelRowsPitch : static_cast<int>(2 * rel_w_size + 16);
 }
 
 // Whether rel_w rows can be copied 16 bytes at a time (the dK/dV kernel's staging).
@@ -69,9 +72,13 @@ __host__ __device__ constexpr bool rel_pos_registers_apply(std::int64_t rel_w_si
   return rel_w_size >= 8 && 2 * rel_w_size == kN;
 }
 
-// The register form's rel_h of one key tile, as loaded: [row, row + 8][first grid row, second].
+// The register form's rel_h of one key tile, as loaded: [row, row + 8][first grid row, second];
+// and the two rows it is loaded from.
 struct RelHFetch {
   std::uint16_t x[2][2];
+};
+struct RelHRows {
+  const std::uint16_t* row[2];
 };
 
 template <typename T>
@@ -127,20 +134,26 @@ struct ScoreRelPos {
     }
   }
 
-  // rel_h of the two grid rows of the key tile starting at first_key (a multiple of 2 Wk), for
-  // rows `row` and row + 8, as raw 16-bit values: issued one tile ahead of rel_h_offsets.
-  __device__ RelHFetch fetch_rel_h(std::int64_t row, std::int64_t first_key) const {
-    const std::int64_t row_stride = params->rel_h_stride[2], col_stride = params->rel_h_stride[3];
-    const int jh = static_cast<int>(first_key) >> (__ffs(rel_w_size) - 1);  // Wk: a power of two
+  // The rel_h rows of rows `row` and row + 8, for fetch_rel_h (set up once: the per-tile fetch
+  // then only adds column offsets, where the row arithmetic cost 26 IMADs a tile).
+  __device__ RelHRows rel_h_rows(std::int64_t row) const {
+    const std::int64_t row_stride = params->rel_h_stride[2];
+    return {{rel_h + clamp_row(row) * row_stride, rel_h + clamp_row(row + 8) * row_stride}};
+  }
+
+  // rel_h of the two grid rows of the key tile starting at first_key (a multiple of 2 Wk, below
+  // 2^31: the launcher's bound), as raw 16-bit values: issued one tile ahead of rel_h_offsets.
+  __device__ RelHFetch fetch_rel_h(const RelHRows& rows, std::int64_t first_key) const {
+    const std::int64_t col_stride = params->rel_h_stride[3];
+    const int jh = static_cast<int>(first_key) >> rel_w_shift();
     const std::int64_t c0 = (jh < rel_h_size ? jh : rel_h_size - 1) * col_stride;
     const std::int64_t c1 = (jh + 1 < rel_h_size ? jh + 1 : rel_h_size - 1) * col_stride;
-    const std::uint16_t* const h0 = rel_h + clamp_row(row) * row_stride;
-    const std::uint16_t* const h8 = rel_h + clamp_row(row + 8) * row_stride;
     RelHFetch f;
-    f.x[0][0] = h0[c0];
-    f.x[0][1] = h0[c1];
-    f.x[1][0] = h8[c0];
-    f.x[1][1] = h8[c1];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      f.x[r][0] = rows.row[r][c0];
+      f.x[r][1] = rows.row[r][c1];
+    }
     return f;
   }
 
@@ -163,6 +176,10 @@ struct ScoreRelPos {
       for (int e = 0; e < 4; ++e) s[t][e] = fmaf(s[t][e], scale_log2, w[t % (kTiles / 2)][e]);
     }
   }
+
+  // log2(Wk): both forms take power-of-two widths, so a key's grid row is a shift, not a 64-bit
+  // division (a subroutine call).
+  __device__ int rel_w_shift() const { return __ffs(rel_w_size) - 1; }
 
   __device__ std::int64_t clamp_row(std::int64_t row) const {
     return row < num_queries ? row : num_queries - 1;
@@ -226,17 +243,31 @@ struct ScoreRelPos {
   // Scale and rel-pos of a tile of ordinary keys starting at first_key (a multiple of Wk):
   // entries 0, 1 of this thread on `row`, 2, 3 on row + 8; entry 0 of n8 tile t on key column
   // first_key + 8t + col (col = 2 * (lane % 4)). Keys past the sequence read a clamped rel_h
-  // entry and are masked by the caller.
+  // entry and are masked by the caller. A tile of one or two grid rows (SAM's Wk = 64 under the
+  // dQ kernel's 64- and 128-key tiles) runs the same code with the width a constant, so that
+  // its per-n8-tile branches and offsets fold at compile time.
   template <int kTiles>
   __device__ void scale_and_add(float (&s)[kTiles][4], std::int64_t row, std::int64_t first_key,
                                 int col) const {
+    if (rel_w_size == kTiles * 8) {
+      scale_and_add_width(s, row, first_key, col, kTiles * 8);
+    } else if (rel_w_size == kTiles * 4) {
+      scale_and_add_width(s, row, first_key, col, kTiles * 4);
+    } else {
+      scale_and_add_width(s, row, first_key, col, rel_w_size);
+    }
+  }
+  template <int kTiles>
+  __device__ __forceinline__ void scale_and_add_width(float (&s)[kTiles][4], std::int64_t row,
+                                                      std::int64_t first_key, int col,
+                                                      int width) const {
     using Convert = tile::Dtype<T>;
     const std::uint32_t* row0 = staged + (row - staged_first_row) * pitch;
     const std::uint32_t* row8 = row0 + 8 * pitch;
     const std::uint32_t* w0 = row0 + rel_h_size + col / 2;
     const std::uint32_t* w8 = row8 + rel_h_size + col / 2;
-    const int mask = rel_w_size - 1;
-    int jh = static_cast<int>(first_key / rel_w_size);
+    const int mask = width - 1;
+    int jh = static_cast<int>(first_key >> rel_w_shift());
     float h0 = 0.0f, h8 = 0.0f;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
@@ -277,7 +308,7 @@ struct ScoreRelPos {
                         inside ? w + i * params->rel_w_stride[2] + c * 8 : w, inside ? 16 : 0);
     }
     if (!h_staged) return;
-    const int first_jh = static_cast<int>(first_key / rel_w_size);
+    const int first_jh = static_cast<int>(first_key >> rel_w_shift());
     const std::uint16_t* const rh = rel_h_row0(b, h) + first_jh;
     const int pairs = kKeys / rel_w_size / 2;
     for (int index = static_cast<int>(threadIdx.x); index < kRows * pairs; index += kThreads) {
@@ -315,41 +346,45 @@ struct ScoreRelPos {
     using Convert = tile::Dtype<T>;
     const std::uint16_t* const rh = rel_h_row0(b, h);
     const std::int64_t h_row = params->rel_h_stride[2], h_col = params->rel_h_stride[3];
-    const std::int64_t jh0 = key / rel_w_size, jh8 = (key + 8) / rel_w_size;
+    const std::int64_t jh0 = key >> rel_w_shift(), jh8 = (key + 8) >> rel_w_shift();
     const int jw0 = static_cast<int>(key - jh0 * rel_w_size);
     const int jw8 = static_cast<int>(key + 8 - jh8 * rel_w_size);
     const bool valid0 = key < num_keys, valid8 = key + 8 < num_keys;
     const std::uint16_t* const h0 = rh + (valid0 ? jh0 : 0) * h_col;
     const std::uint16_t* const h8 = rh + (valid8 ? jh8 : 0) * h_col;
     const bool same_row = jh0 == jh8;
-    // Staged: entries of a row's rel_h slice, after its rel_w.
-    const int first_jh = static_cast<int>(first_key / rel_w_size);
+    // Staged: the entry of a row's rel_h slice (after its rel_w) for both keys.
+    const int first_jh = static_cast<int>(first_key >> rel_w_shift());
     const int staged0 = rel_w_size + static_cast<int>(jh0) - first_jh;
-    const int staged8 = rel_w_size + static_cast<int>(jh8) - first_jh;
     if (h_staged) {
       // rel_w pairs by one transposing ldmatrix per two query tiles (as the bias tiles': its
       // 8 x 8 matrices are (query tile, key half); Wk >= 16 keeps the warp's 16 keys one run of
-      // grid columns), rel_h from each row's staged slice.
+      // grid columns), rel_h from each row's staged slice, rows kNarrowRelRowsPitch apart (Wk <=
+      // 64). A thread's two keys share their grid row (warps start at multiples of 16 keys and
+      // Wk >= 16, so key % Wk + 8 < Wk): one rel_h entry a query serves both. Branch-free: keys
+      // and queries past the sequence read zero-filled or finite entries and are masked after.
+      constexpr int kPitch = kNarrowRelRowsPitch;
       const int m = lane / 8;
       const int jw_first = jw0 - lane / 4;
       const std::uint32_t col_bytes = 2 * (jw_first + 8 * (m & 1));
+      const std::uint8_t* const h_entry = rows + local_query * kPitch + 2 * staged0;
 #pragma unroll
       for (int t = 0; t < kTiles; t += 2) {
         std::uint32_t x[4];
-        tile::ldmatrix_x4_trans(x,
-                                rows_smem + (8 * (t + m / 2) + lane % 8) * pitch_bytes + col_bytes);
+        tile::ldmatrix_x4_trans(x, rows_smem + (8 * (t + m / 2) + lane % 8) * kPitch + col_bytes);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // matrix i: query tile t + i / 2, key half i % 2
-          const int tt = t + i / 2, half = i & 1;
-          if (!(half == 0 ? valid0 : valid8)) continue;
+        for (int q = 0; q < 2; ++q) {  // query tile t + q: matrices 2q (key half 0), 2q + 1
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const auto* row = reinterpret_cast<const std::uint16_t*>(
-                rows + (local_query + 8 * tt + e) * pitch_bytes);
-            const float hv = Convert::to_float(row[half == 0 ? staged0 : staged8]);
-            const float wv =
-                Convert::to_float(static_cast<std::uint16_t>(e == 0 ? x[i] : x[i] >> 16));
-            s[tt][2 * half + e] += (hv + wv) * kLog2e;
+            const float hv = Convert::to_float(
+                *reinterpret_cast<const std::uint16_t*>(h_entry + (8 * (t + q) + e) * kPitch));
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const std::uint32_t pair = x[2 * q + half];
+              const float wv =
+                  Convert::to_float(static_cast<std::uint16_t>(e == 0 ? pair : pair >> 16));
+              s[t + q][2 * half + e] = fmaf(hv + wv, kLog2e, s[t + q][2 * half + e]);
+            }
           }
         }
       }
@@ -380,11 +415,25 @@ struct ScoreRelPos {
   //   drel_w: this thread's columns meet the same Wk entries in every tile, so each (row, jw) has
   //     one owner: it adds into its own slots dw0 / dw8 of a per-block shared table (nullptr
   //     without drel_w); the caller stores the table after the last tile.
+  // One or two grid rows a tile: the width a constant, as scale_and_add.
   template <int kTiles>
   __device__ void accumulate_grads(const float (&ds)[kTiles][4], std::int64_t first_key, int col,
                                    float* dh0, float* dh8, float* dw0, float* dw8) const {
-    const int mask = rel_w_size - 1;
-    int jh = static_cast<int>(first_key / rel_w_size);
+    if (rel_w_size == kTiles * 8) {
+      accumulate_grads_width(ds, first_key, col, dh0, dh8, dw0, dw8, kTiles * 8);
+    } else if (rel_w_size == kTiles * 4) {
+      accumulate_grads_width(ds, first_key, col, dh0, dh8, dw0, dw8, kTiles * 4);
+    } else {
+      accumulate_grads_width(ds, first_key, col, dh0, dh8, dw0, dw8, rel_w_size);
+    }
+  }
+  template <int kTiles>
+  __device__ __forceinline__ void accumulate_grads_width(const float (&ds)[kTiles][4],
+                                                         std::int64_t first_key, int col,
+                                                         float* dh0, float* dh8, float* dw0,
+                                                         float* dw8, int width) const {
+    const int mask = width - 1;
+    int jh = static_cast<int>(first_key >> rel_w_shift());
     float h0 = 0.0f, h8 = 0.0f;
     auto flush = [&]() {  // warp-uniform: every lane reaches it at the same t
       h0 += __shfl_xor_sync(0xffffffffu, h0, 1);

@@ -401,10 +401,12 @@ __global__ void __launch_bounds__(threads(kD), 1)
   // fetched at the softmax of tile u - 1 (tile 0's here). Main tiles start at key 0 (no mask).
   constexpr int kRuns = kRelPosTiles<Policy> ? 2 : 1;
   [[maybe_unused]] float rel_w[kRelPosTiles<Policy> ? kScoreTiles / 2 : 1][4];
+  [[maybe_unused]] RelHRows rel_h_rows{};
   [[maybe_unused]] RelHFetch rel_h_next{};
   if constexpr (kRelPosTiles<Policy>) {
     scores.load_rel_w(rel_w, fragment_row, fragment_col);
-    rel_h_next = scores.fetch_rel_h(fragment_row, 0);
+    rel_h_rows = scores.rel_h_rows(fragment_row);
+    rel_h_next = scores.fetch_rel_h(rel_h_rows, 0);
   }
 
   float o[kOutTiles][4];
@@ -491,7 +493,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
       if (!tile.extra) {
         scores.scale_and_add_w(s, rel_w);
         scores.rel_h_offsets(rel_h_next, offset);
-        rel_h_next = scores.fetch_rel_h(fragment_row, tile.first_key + kN);
+        rel_h_next = scores.fetch_rel_h(rel_h_rows, tile.first_key + kN);
       } else {
         scores.transform(s);
       }
