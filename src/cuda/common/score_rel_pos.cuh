@@ -415,24 +415,27 @@ struct ScoreRelPos {
   //   drel_w: this thread's columns meet the same Wk entries in every tile, so each (row, jw) has
   //     one owner: it adds into its own slots dw0 / dw8 of a per-block shared table (nullptr
   //     without drel_w); the caller stores the table after the last tile.
-  // One or two grid rows a tile: the width a constant, as scale_and_add.
+  // One or two grid rows a tile: the width a constant, as scale_and_add; with two, tiles t and
+  // t + Wk / 8 meet the same drel_w slots and are summed in registers first (one shared-memory
+  // read-modify-write a slot and tile instead of two).
   template <int kTiles>
   __device__ void accumulate_grads(const float (&ds)[kTiles][4], std::int64_t first_key, int col,
                                    float* dh0, float* dh8, float* dw0, float* dw8) const {
     if (rel_w_size == kTiles * 8) {
-      accumulate_grads_width(ds, first_key, col, dh0, dh8, dw0, dw8, kTiles * 8);
+      accumulate_grads_width<kTiles * 8>(ds, first_key, col, dh0, dh8, dw0, dw8);
     } else if (rel_w_size == kTiles * 4) {
-      accumulate_grads_width(ds, first_key, col, dh0, dh8, dw0, dw8, kTiles * 4);
+      accumulate_grads_width<kTiles * 4>(ds, first_key, col, dh0, dh8, dw0, dw8);
     } else {
-      accumulate_grads_width(ds, first_key, col, dh0, dh8, dw0, dw8, rel_w_size);
+      accumulate_grads_width<0>(ds, first_key, col, dh0, dh8, dw0, dw8);
     }
   }
-  template <int kTiles>
+  // kWidth: Wk when a compile-time constant, else 0 (read at run time).
+  template <int kWidth, int kTiles>
   __device__ __forceinline__ void accumulate_grads_width(const float (&ds)[kTiles][4],
                                                          std::int64_t first_key, int col,
                                                          float* dh0, float* dh8, float* dw0,
-                                                         float* dw8, int width) const {
-    const int mask = width - 1;
+                                                         float* dw8) const {
+    const int mask = (kWidth > 0 ? kWidth : rel_w_size) - 1;
     int jh = static_cast<int>(first_key >> rel_w_shift());
     float h0 = 0.0f, h8 = 0.0f;
     auto flush = [&]() {  // warp-uniform: every lane reaches it at the same t
@@ -445,6 +448,13 @@ struct ScoreRelPos {
         if (dh8 != nullptr) dh8[jh] = h8;
       }
     };
+    auto add_to_slots = [&](int jw, float2 a, float2 c) {
+      float2* const x = reinterpret_cast<float2*>(dw0 + jw + col);
+      float2* const y = reinterpret_cast<float2*>(dw8 + jw + col);
+      const float2 u = *x, v = *y;
+      *x = make_float2(u.x + a.x, u.y + a.y);
+      *y = make_float2(v.x + c.x, v.y + c.y);
+    };
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
       const int jw = (t * 8) & mask;
@@ -455,15 +465,28 @@ struct ScoreRelPos {
       }
       h0 += ds[t][0] + ds[t][1];
       h8 += ds[t][2] + ds[t][3];
-      if (dw0 != nullptr) {
-        float2* const a = reinterpret_cast<float2*>(dw0 + jw + col);
-        float2* const c = reinterpret_cast<float2*>(dw8 + jw + col);
-        const float2 x = *a, y = *c;
-        *a = make_float2(x.x + ds[t][0], x.y + ds[t][1]);
-        *c = make_float2(y.x + ds[t][2], y.y + ds[t][3]);
+      if constexpr (kWidth == 0 || kWidth == kTiles * 8) {
+        if (dw0 != nullptr) {
+          add_to_slots(jw, make_float2(ds[t][0], ds[t][1]), make_float2(ds[t][2], ds[t][3]));
+        }
       }
     }
     flush();
+    if constexpr (kWidth > 0 && kWidth < kTiles * 8) {
+      constexpr int kPeriod = kWidth / 8;  // n8 tiles a grid row
+      if (dw0 != nullptr) {
+#pragma unroll
+        for (int t0 = 0; t0 < kPeriod; ++t0) {
+          float2 a = make_float2(0.0f, 0.0f), c = make_float2(0.0f, 0.0f);
+#pragma unroll
+          for (int t = t0; t < kTiles; t += kPeriod) {
+            a = make_float2(a.x + ds[t][0], a.y + ds[t][1]);
+            c = make_float2(c.x + ds[t][2], c.y + ds[t][3]);
+          }
+          add_to_slots(8 * t0, a, c);
+        }
+      }
+    }
   }
 };
 
