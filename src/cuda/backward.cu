@@ -20,6 +20,7 @@
 #include "cuda/device_guard.h"
 #include "cuda/dispatch_bwd.h"
 #include "cuda/forward_setup.h"
+#include "cuda/workspace_pool.h"
 
 namespace fmha::cuda {
 namespace {
@@ -293,8 +294,9 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
       2 * stats + (p.dsinks != nullptr ? stats : 0) + accum + additive_floats;
   float* workspace = nullptr;
   if (floats > 0) {
-    const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&workspace),
-                                          static_cast<std::size_t>(floats) * sizeof(float), stream);
+    const cudaError_t e =
+        workspace_malloc_async(reinterpret_cast<void**>(&workspace),
+                               static_cast<std::size_t>(floats) * sizeof(float), device, stream);
     if (e != cudaSuccess) return cuda_error("cudaMallocAsync of the backward workspace failed", e);
   }
   p.delta = workspace;
