@@ -1,7 +1,7 @@
-#include "cuda/workspace_pool.h"
-
 #include <array>
 #include <mutex>
+
+#include "cuda/workspace_pool.h"
 
 namespace fmha::cuda {
 namespace {
@@ -39,8 +39,7 @@ cudaMemPool_t pool_of(int device) {
 
 }  // namespace
 
-cudaError_t workspace_malloc_async(void** ptr, std::size_t bytes, int device,
-                                   cudaStream_t stream) {
+cudaError_t workspace_malloc_async(void** ptr, std::size_t bytes, int device, cudaStream_t stream) {
   cudaMemPool_t pool = pool_of(device);
   if (pool == nullptr) return cudaMallocAsync(ptr, bytes, stream);
   return cudaMallocFromPoolAsync(ptr, bytes, pool, stream);

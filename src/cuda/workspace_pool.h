@@ -18,7 +18,6 @@ inline constexpr std::uint64_t kWorkspaceCacheBytes = std::uint64_t{1} << 30;
 
 // cudaMallocAsync from that pool on `device` (the current one); the default pool where a pool of
 // its own cannot be made. Free with cudaFreeAsync.
-cudaError_t workspace_malloc_async(void** ptr, std::size_t bytes, int device,
-                                   cudaStream_t stream);
+cudaError_t workspace_malloc_async(void** ptr, std::size_t bytes, int device, cudaStream_t stream);
 
 }  // namespace fmha::cuda

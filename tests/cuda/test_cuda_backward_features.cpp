@@ -147,9 +147,9 @@ TEST(CudaBackward, RelativePositionPowerOfTwoGrid) {
   };
   std::uint64_t seed = 104;
   for (DType dt : {DType::kBFloat16, DType::kFloat16})
-    for (Grid g : {Grid{300, 16, 16, 64}, Grid{129, 5, 64, 80}, Grid{77, 3, 128, 32},
-                   Grid{65, 8, 8, 40}, Grid{90, 2, 128, 80}, Grid{100, 4, 32, 64},
-                   Grid{150, 7, 64, 64}, Grid{70, 3, 64, 128}}) {
+    for (Grid g :
+         {Grid{300, 16, 16, 64}, Grid{129, 5, 64, 80}, Grid{77, 3, 128, 32}, Grid{65, 8, 8, 40},
+          Grid{90, 2, 128, 80}, Grid{100, 4, 32, 64}, Grid{150, 7, 64, 64}, Grid{70, 3, 64, 128}}) {
       BackwardCase c = shape_case(dt, g.lq, g.hk * g.wk, g.d, g.d, 4, 2, 2);
       c.rel_hk = g.hk;
       c.drel = true;

@@ -116,7 +116,7 @@ struct ScoreRelPos {
   // column, one grid row apart. Rows past the sequence read the last row's entries (their output
   // is never stored), keys past it the last grid row's (they are masked).
 
-  // This thread's rel_w entries in log2 units: w[t][e] for tile t < kTiles / 2 (and t + kTiles / 2).
+  // This thread's rel_w entries in log2 units: w[t][e] for n8 tiles t and t + kTiles / 2.
   template <int kHalfTiles>
   __device__ void load_rel_w(float (&w)[kHalfTiles][4], std::int64_t row, int col) const {
     using Convert = tile::Dtype<T>;
@@ -179,7 +179,9 @@ struct ScoreRelPos {
 
   // log2(Wk): both forms take power-of-two widths, so a key's grid row is a shift, not a 64-bit
   // division (a subroutine call).
-  __device__ int rel_w_shift() const { return __ffs(rel_w_size) - 1; }
+  __device__ int rel_w_shift() const {
+    return __ffs(rel_w_size) - 1;
+  }
 
   __device__ std::int64_t clamp_row(std::int64_t row) const {
     return row < num_queries ? row : num_queries - 1;
@@ -192,8 +194,6 @@ struct ScoreRelPos {
   }
 
   // ---- The backward's staged form (rel_pos_tiles_apply) ----
-
-  __device__ int rel_w_offset() const { return (rel_h_size + 1) & ~1; }
 
   // Stages rows [first_row, first_row + rows) (layout above), zeros past the sequence. Every
   // thread of the block calls it; the caller's next barrier publishes the rows. Latency-bound (one

@@ -140,8 +140,8 @@ __device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kSc
     if constexpr (kRuns == 1) {
       tile_max = quad_max(run_max[0]) * scale;  // one run: no offset
     } else {
-      tile_max = quad_max(fmaxf(fmaf(run_max[0], scale, offset[r][0]),
-                                fmaf(run_max[1], scale, offset[r][1])));
+      tile_max = quad_max(
+          fmaxf(fmaf(run_max[0], scale, offset[r][0]), fmaf(run_max[1], scale, offset[r][1])));
     }
     const float new_max = fmaxf(sm.row_max[r], tile_max);
     const float base = new_max == -INFINITY ? 0.0f : new_max;
