@@ -39,9 +39,10 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     smem += kv_stages(kD, true) * bias_tile_bytes(kD);
   }
   if constexpr (kRelPosTiles<Policy>) {
-    // The register form (two grid rows a key tile, nothing staged); else the general path.
+    // The register form (two grid rows a key tile, nothing staged); else the general path. Its
+    // rel_h fetch takes key positions as 32-bit, one tile past the last (fetch_rel_h).
     if (!rel_pos_registers_apply(p.rel_w_size, block_n(kD)) || p.cu_seqlens_q != nullptr ||
-        p.seqlen_k >= (std::int64_t{1} << 31)) {
+        p.seqlen_k > (std::int64_t{1} << 31) - 2 * block_n(kD)) {
       return launch_forward<T, kD, PolicyGeneral>(params, stream);
     }
   } else if (!kTokenTiles && p.rel_h != nullptr && p.cu_seqlens_q == nullptr &&
