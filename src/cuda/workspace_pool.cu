@@ -32,7 +32,8 @@ cudaMemPool_t pool_of(int device) {
         cudaMemPoolDestroy(pool);
       }
     }
-    cudaGetLastError();  // a failed attempt leaves no sticky error for the caller's next check
+    // A failed attempt's error must not surface at the caller's next launch check.
+    if (pools[device] == nullptr) cudaGetLastError();
   }
   return pools[device];
 }
