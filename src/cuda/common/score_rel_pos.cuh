@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/forward_params.h"
 #include "cuda/common/online_softmax.cuh"
@@ -249,24 +250,34 @@ struct ScoreRelPos {
   template <int kTiles>
   __device__ void scale_and_add(float (&s)[kTiles][4], std::int64_t row, std::int64_t first_key,
                                 int col) const {
+    with_tile_width<kTiles>(
+        [&](auto width) { scale_and_add_width<decltype(width)::value>(s, row, first_key, col); });
+  }
+
+  // Calls f(std::integral_constant<int, W>{}) with W = Wk when a tile of kTiles n8 tiles is one or
+  // two grid rows, else W = 0 (the width read at run time): the staged form's per-tile code with
+  // the width a constant, so that its per-n8-tile branches and offsets fold at compile time.
+  template <int kTiles, typename F>
+  __device__ __forceinline__ void with_tile_width(F&& f) const {
     if (rel_w_size == kTiles * 8) {
-      scale_and_add_width(s, row, first_key, col, kTiles * 8);
+      f(std::integral_constant<int, kTiles * 8>{});
     } else if (rel_w_size == kTiles * 4) {
-      scale_and_add_width(s, row, first_key, col, kTiles * 4);
+      f(std::integral_constant<int, kTiles * 4>{});
     } else {
-      scale_and_add_width(s, row, first_key, col, rel_w_size);
+      f(std::integral_constant<int, 0>{});
     }
   }
-  template <int kTiles>
+
+  // kWidth: Wk when a compile-time constant, else 0 (with_tile_width).
+  template <int kWidth, int kTiles>
   __device__ __forceinline__ void scale_and_add_width(float (&s)[kTiles][4], std::int64_t row,
-                                                      std::int64_t first_key, int col,
-                                                      int width) const {
+                                                      std::int64_t first_key, int col) const {
     using Convert = tile::Dtype<T>;
     const std::uint32_t* row0 = staged + (row - staged_first_row) * pitch;
     const std::uint32_t* row8 = row0 + 8 * pitch;
     const std::uint32_t* w0 = row0 + rel_h_size + col / 2;
     const std::uint32_t* w8 = row8 + rel_h_size + col / 2;
-    const int mask = width - 1;
+    const int mask = (kWidth > 0 ? kWidth : rel_w_size) - 1;
     int jh = static_cast<int>(first_key >> rel_w_shift());
     float h0 = 0.0f, h8 = 0.0f;
 #pragma unroll
@@ -415,21 +426,17 @@ struct ScoreRelPos {
   //   drel_w: this thread's columns meet the same Wk entries in every tile, so each (row, jw) has
   //     one owner: it adds into its own slots dw0 / dw8 of a per-block shared table (nullptr
   //     without drel_w); the caller stores the table after the last tile.
-  // One or two grid rows a tile: the width a constant, as scale_and_add; with two, tiles t and
+  // One or two grid rows a tile: the width a constant (with_tile_width); with two, tiles t and
   // t + Wk / 8 meet the same drel_w slots and are summed in registers first (one shared-memory
   // read-modify-write a slot and tile instead of two).
   template <int kTiles>
   __device__ void accumulate_grads(const float (&ds)[kTiles][4], std::int64_t first_key, int col,
                                    float* dh0, float* dh8, float* dw0, float* dw8) const {
-    if (rel_w_size == kTiles * 8) {
-      accumulate_grads_width<kTiles * 8>(ds, first_key, col, dh0, dh8, dw0, dw8);
-    } else if (rel_w_size == kTiles * 4) {
-      accumulate_grads_width<kTiles * 4>(ds, first_key, col, dh0, dh8, dw0, dw8);
-    } else {
-      accumulate_grads_width<0>(ds, first_key, col, dh0, dh8, dw0, dw8);
-    }
+    with_tile_width<kTiles>([&](auto width) {
+      accumulate_grads_width<decltype(width)::value>(ds, first_key, col, dh0, dh8, dw0, dw8);
+    });
   }
-  // kWidth: Wk when a compile-time constant, else 0 (read at run time).
+  // kWidth: Wk when a compile-time constant, else 0 (with_tile_width).
   template <int kWidth, int kTiles>
   __device__ __forceinline__ void accumulate_grads_width(const float (&ds)[kTiles][4],
                                                          std::int64_t first_key, int col,
