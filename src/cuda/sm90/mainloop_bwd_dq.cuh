@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       dw8 = dw0 + 8 * dw_pitch;
     }
     if (p.drel_h_out != nullptr) {
-      Storage* const rows_of_head = static_cast<Storage*>(p.drel_h_out) +
-                                    b * p.drel_h_stride[0] + h * p.drel_h_stride[1];
+      Storage* const rows_of_head =
+          static_cast<Storage*>(p.drel_h_out) + b * p.drel_h_stride[0] + h * p.drel_h_stride[1];
       if (fragment_row < num_queries) dh0 = rows_of_head + fragment_row * p.drel_h_stride[2];
       if (fragment_row + 8 < num_queries) {
         dh8 = rows_of_head + (fragment_row + 8) * p.drel_h_stride[2];
@@ -303,8 +303,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
     if constexpr (kTokenTiles) {
-      gathered_scores(tt, u % TokenTiles::kSlots, scores, s,
-                      static_cast<int>(fragment_row), fragment_col);
+      gathered_scores(tt, u % TokenTiles::kSlots, scores, s, static_cast<int>(fragment_row),
+                      fragment_col);
     } else if (!mask.tile_is_full(m0, last_row, first_key, kN)) {
       hide_invisible(mask, s, fragment_row, first_key + fragment_col);
     }
@@ -345,8 +345,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if constexpr (kBwdRelPos<Policy>) {
     if (p.drel_w_out != nullptr) {  // every slot of the table has its final sum
       const int width = static_cast<int>(f.rel_w_size);
-      Storage* const rows_of_head = static_cast<Storage*>(p.drel_w_out) +
-                                    b * p.drel_w_stride[0] + h * p.drel_w_stride[1];
+      Storage* const rows_of_head =
+          static_cast<Storage*>(p.drel_w_out) + b * p.drel_w_stride[0] + h * p.drel_w_stride[1];
       for (int i = static_cast<int>(threadIdx.x); i < rows * width; i += kBwdThreads) {
         const int r = i / width;
         const int c = i - r * width;
