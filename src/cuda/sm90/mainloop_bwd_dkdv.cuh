@@ -181,9 +181,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   const StepLoader q_loader(static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
                                 q_start * f.q_row_stride + first_head * f.q_head_stride,
                             f.q_row_stride, f.head_dim);
-  const StepLoader do_loader(static_cast<const std::uint16_t*>(p.dout) +
-                                 b * p.dout_batch_stride + q_start * p.dout_row_stride +
-                                 first_head * p.dout_head_stride,
+  const StepLoader do_loader(static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                                 q_start * p.dout_row_stride + first_head * p.dout_head_stride,
                              p.dout_row_stride, f.value_dim);
 
   // Step u: query head hk * group + u / m_tiles, query tile u % m_tiles of query_tiles.
@@ -216,8 +215,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
       if (step_loads) {
         const std::int64_t head = h - first_head;
         q_loader.load_at(smem_q(stage), head * f.q_head_stride + m0 * f.q_row_stride, rows);
-        do_loader.load_at(smem_do(stage), head * p.dout_head_stride + m0 * p.dout_row_stride,
-                          rows);
+        do_loader.load_at(smem_do(stage), head * p.dout_head_stride + m0 * p.dout_row_stride, rows);
         loaded = true;
       }
     }
