@@ -2,11 +2,13 @@
 // that neighborhood attention runs on its flattened grid (backward_setup.h). Fills BackwardParams
 // from the validated views, picks fused or split, allocates the fp32 workspace stream-ordered
 // (O(L) memory: per-row statistics, the dQ accumulator in fused mode; plus, only when requested,
-// fp32 accumulators of dbias's own compact size and of drel_h / drel_w) and launches
+// fp32 accumulators of dbias's own compact size and, on the sm80 kernels, of drel_h / drel_w)
+// and launches
 //   preprocess (Delta, lse_log2, sink terms) -> dsinks (ordered reduction)
 //   -> fused: dK/dV kernel with dQ atomics (and dbias / drel accumulation), dQ conversion
-//      split: dK/dV kernel (and dbias / drel accumulation on sm80), dQ kernel (drel on sm90)
-//   -> dbias / drel conversions
+//      split: dK/dV kernel (and dbias / drel accumulation on sm80), dQ kernel (on sm90: drel
+//      written in place)
+//   -> dbias / drel conversions (drel: sm80 only)
 // with no device synchronisation.
 #include <cuda_runtime.h>
 
@@ -116,9 +118,11 @@ struct AdditiveGradients {
   Extents4 drel_h_sizes{{0, 0, 0, 0}}, drel_w_sizes{{0, 0, 0, 0}};
 
   static std::int64_t count(const Extents4& e) { return e.v[0] * e.v[1] * e.v[2] * e.v[3]; }
-  std::int64_t floats() const {
-    return (dbias ? count(dbias_sizes) : 0) + (drel_h ? count(drel_h_sizes) : 0) +
-           (drel_w ? count(drel_w_sizes) : 0);
+  // Accumulator floats; drel takes none when its kernel writes it in place.
+  std::int64_t floats(bool drel_in_place) const {
+    const std::int64_t drel =
+        drel_in_place ? 0 : (drel_h ? count(drel_h_sizes) : 0) + (drel_w ? count(drel_w_sizes) : 0);
+    return (dbias ? count(dbias_sizes) : 0) + drel;
   }
 };
 
@@ -289,7 +293,9 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   const std::int64_t heads = p.fwd.heads;
   const std::int64_t stats = outer * heads * inner;
   const std::int64_t accum = fused ? stats * p.fwd.head_dim : 0;
-  const std::int64_t additive_floats = additive.floats();
+  // The sm90 backward runs rel-pos alone (PolicyRelPos): its dQ kernel writes drel in place.
+  const bool drel_in_place = sm90 && (additive.drel_h || additive.drel_w);
+  const std::int64_t additive_floats = additive.floats(drel_in_place);
   const std::int64_t floats =
       2 * stats + (p.dsinks != nullptr ? stats : 0) + accum + additive_floats;
   float* workspace = nullptr;
@@ -327,10 +333,21 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   }
   float* const drel_h_base =
       additive_base + (additive.dbias ? AdditiveGradients::count(additive.dbias_sizes) : 0);
-  if (additive.drel_h) p.drel_h_accum = drel_h_base;
-  if (additive.drel_w) {
-    p.drel_w_accum =
-        drel_h_base + (additive.drel_h ? AdditiveGradients::count(additive.drel_h_sizes) : 0);
+  if (drel_in_place) {
+    if (additive.drel_h) {
+      p.drel_h_out = additive.drel_h->data;
+      for (int d = 0; d < 4; ++d) p.drel_h_stride[d] = additive.drel_h->stride_of(d);
+    }
+    if (additive.drel_w) {
+      p.drel_w_out = additive.drel_w->data;
+      for (int d = 0; d < 4; ++d) p.drel_w_stride[d] = additive.drel_w->stride_of(d);
+    }
+  } else {
+    if (additive.drel_h) p.drel_h_accum = drel_h_base;
+    if (additive.drel_w) {
+      p.drel_w_accum =
+          drel_h_base + (additive.drel_h ? AdditiveGradients::count(additive.drel_h_sizes) : 0);
+    }
   }
   if (additive.drel_h || additive.drel_w) {
     p.rel_rows = p.fwd.seqlen_q;
@@ -357,7 +374,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
     step(sm90 ? dispatch_backward_sm90_dkdv(p, dtype, stream)
               : dispatch_backward_dkdv(p, dtype, stream));
   }
-  // The sm90 dQ kernel writes drel_h / drel_w: convert them after it.
+  // Conversions after the dQ kernel (the fused path's dQ, dbias, the sm80 kernels' drel).
   if (s.ok()) {
     step(fused  ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
          : sm90 ? dispatch_backward_sm90_dq(p, dtype, stream)
@@ -367,11 +384,11 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
     step(launch_backward_convert_4d(p.dbias_accum, additive.dbias_sizes, additive.dbias->data,
                                     strides_of(*additive.dbias), dtype, stream));
   }
-  if (s.ok() && additive.drel_h) {
+  if (s.ok() && p.drel_h_accum != nullptr) {
     step(launch_backward_convert_4d(p.drel_h_accum, additive.drel_h_sizes, additive.drel_h->data,
                                     strides_of(*additive.drel_h), dtype, stream));
   }
-  if (s.ok() && additive.drel_w) {
+  if (s.ok() && p.drel_w_accum != nullptr) {
     step(launch_backward_convert_4d(p.drel_w_accum, additive.drel_w_sizes, additive.drel_w->data,
                                     strides_of(*additive.drel_w), dtype, stream));
   }

@@ -62,6 +62,12 @@ struct BackwardParams {
   float* drel_h_accum = nullptr;
   float* drel_w_accum = nullptr;
   std::int64_t rel_rows = 0, rel_h_size = 0;
+  // The sm90 rel-pos dQ kernel owns every drel_h / drel_w element (each query row's sums are
+  // complete in its block): it writes them in place, in the inputs' 16-bit type at the gradients'
+  // own strides, instead of an accumulator, its zeroing and a conversion.
+  void* drel_h_out = nullptr;
+  void* drel_w_out = nullptr;
+  std::int64_t drel_h_stride[4] = {0, 0, 0, 0}, drel_w_stride[4] = {0, 0, 0, 0};
 
   // dK/dV kernel: column chunks of the head dims (tile_sizes_bwd.h), one block each.
   int num_chunks = 1;

@@ -421,8 +421,8 @@ struct ScoreRelPos {
   // score) summed over each grid row into drel_h and over each grid column into drel_w.
   //   drel_h: a grid row's keys all lie in one tile (Wk divides the tile), so its sum over the
   //     row's 8-column groups and the quad's 4 threads is complete here: lane c == 0 writes it to
-  //     dh0 / dh8 (the rows of the fp32 accumulator; nullptr for rows past the sequence or
-  //     without drel_h).
+  //     dh0 / dh8 (the gradient's rows, entries dh_col apart, in T; nullptr for rows past the
+  //     sequence or without drel_h).
   //   drel_w: this thread's columns meet the same Wk entries in every tile, so each (row, jw) has
   //     one owner: it adds into its own slots dw0 / dw8 of a per-block shared table (nullptr
   //     without drel_w); the caller stores the table after the last tile.
@@ -431,17 +431,21 @@ struct ScoreRelPos {
   // read-modify-write a slot and tile instead of two).
   template <int kTiles>
   __device__ void accumulate_grads(const float (&ds)[kTiles][4], std::int64_t first_key, int col,
-                                   float* dh0, float* dh8, float* dw0, float* dw8) const {
+                                   std::uint16_t* dh0, std::uint16_t* dh8, std::int64_t dh_col,
+                                   float* dw0, float* dw8) const {
     with_tile_width<kTiles>([&](auto width) {
-      accumulate_grads_width<decltype(width)::value>(ds, first_key, col, dh0, dh8, dw0, dw8);
+      accumulate_grads_width<decltype(width)::value>(ds, first_key, col, dh0, dh8, dh_col, dw0,
+                                                     dw8);
     });
   }
   // kWidth: Wk when a compile-time constant, else 0 (with_tile_width).
   template <int kWidth, int kTiles>
   __device__ __forceinline__ void accumulate_grads_width(const float (&ds)[kTiles][4],
                                                          std::int64_t first_key, int col,
-                                                         float* dh0, float* dh8, float* dw0,
+                                                         std::uint16_t* dh0, std::uint16_t* dh8,
+                                                         std::int64_t dh_col, float* dw0,
                                                          float* dw8) const {
+    using Convert = tile::Dtype<T>;
     const int mask = (kWidth > 0 ? kWidth : rel_w_size) - 1;
     int jh = static_cast<int>(first_key >> rel_w_shift());
     float h0 = 0.0f, h8 = 0.0f;
@@ -451,8 +455,8 @@ struct ScoreRelPos {
       h8 += __shfl_xor_sync(0xffffffffu, h8, 1);
       h8 += __shfl_xor_sync(0xffffffffu, h8, 2);
       if (col == 0 && jh < rel_h_size) {
-        if (dh0 != nullptr) dh0[jh] = h0;
-        if (dh8 != nullptr) dh8[jh] = h8;
+        if (dh0 != nullptr) dh0[jh * dh_col] = Convert::from_float(h0);
+        if (dh8 != nullptr) dh8[jh * dh_col] = Convert::from_float(h8);
       }
     };
     auto add_to_slots = [&](int jw, float2 a, float2 c) {

@@ -167,6 +167,24 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     __syncthreads();
   }
 
+  // Plain and window policies up to D 64: a step's Q and dO tiles copy through per-thread loaders
+  // set up once (tiles.cuh; the general copies' 64-bit row arithmetic is a large part of a step's
+  // instructions, about a third of the SAM-B rel-pos kernel's). Elsewhere they took registers the
+  // kernel does not have (sm_90a, bf16: D 64 rel-pos 24 bytes of spill, general 32; D 128
+  // window 16, session 7).
+  using StepLoader = RangeTileLoader<kM, kD, kBwdThreads>;
+  constexpr bool kStepLoads = !kTokenTiles && !kModifiers &&
+                              !std::is_same_v<Policy, PolicyRelPos> && kD <= 64 &&
+                              StepLoader::kUsable;
+  const bool step_loads = kStepLoads && f.vector_loads;
+  const std::int64_t first_head = hk * f.kv_group;
+  const StepLoader q_loader(static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
+                                q_start * f.q_row_stride + first_head * f.q_head_stride,
+                            f.q_row_stride, f.head_dim);
+  const StepLoader do_loader(static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                                 q_start * p.dout_row_stride + first_head * p.dout_head_stride,
+                             p.dout_row_stride, f.value_dim);
+
   // Step u: query head hk * group + u / m_tiles, query tile u % m_tiles of query_tiles.
   auto step_head = [&](int u) { return hk * f.kv_group + u / m_tiles; };
   auto step_m0 = [&](int u) {
@@ -192,14 +210,25 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     }
     const std::int64_t m0 = step_m0(u);
     const int rows = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
-    const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
-                    (q_start + m0) * f.q_row_stride + h * f.q_head_stride;
-    const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
-                       (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
-    load_tile_async<kM, kD, kBwdThreads>(smem_q(stage), q, f.q_row_stride, rows, f.head_dim,
-                                         f.vector_loads);
-    load_tile_async<kM, kD, kBwdThreads>(smem_do(stage), dout, p.dout_row_stride, rows, f.value_dim,
-                                         f.vector_loads);
+    bool loaded = false;
+    if constexpr (kStepLoads) {
+      if (step_loads) {
+        const std::int64_t head = h - first_head;
+        q_loader.load_at(smem_q(stage), head * f.q_head_stride + m0 * f.q_row_stride, rows);
+        do_loader.load_at(smem_do(stage), head * p.dout_head_stride + m0 * p.dout_row_stride, rows);
+        loaded = true;
+      }
+    }
+    if (!loaded) {
+      const auto* q = static_cast<const std::uint16_t*>(f.q) + b * f.q_batch_stride +
+                      (q_start + m0) * f.q_row_stride + h * f.q_head_stride;
+      const auto* dout = static_cast<const std::uint16_t*>(p.dout) + b * p.dout_batch_stride +
+                         (q_start + m0) * p.dout_row_stride + h * p.dout_head_stride;
+      load_tile_async<kM, kD, kBwdThreads>(smem_q(stage), q, f.q_row_stride, rows, f.head_dim,
+                                           f.vector_loads);
+      load_tile_async<kM, kD, kBwdThreads>(smem_do(stage), dout, p.dout_row_stride, rows,
+                                           f.value_dim, f.vector_loads);
+    }
     const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + m0;
     load_floats_async(smem_lse(stage), p.lse_log2 + stat, kM, rows, 0);
     load_floats_async(smem_delta(stage), p.delta + stat, kM, rows, kM);

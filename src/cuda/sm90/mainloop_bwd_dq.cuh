@@ -190,32 +190,33 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
   const int fragment_col = 2 * (lane % 4);
 
-  // Rel-pos: the block's rows staged for the scores, and the gradients' destinations: drel_h rows
-  // of the fp32 accumulator, this thread's rows of the block's drel_w table (zeroed here; the
-  // loop's first barrier publishes both).
+  // Rel-pos: the block's rows staged for the scores, and the gradients' destinations: this
+  // thread's rows of drel_h itself (written in place, backward_params.h), its rows of the block's
+  // drel_w table (zeroed here; the loop's first barrier publishes both; stored after the loop).
+  using Storage = typename Convert::Storage;
   float* dw_table = nullptr;
-  float *dh0 = nullptr, *dh8 = nullptr, *dw0 = nullptr, *dw8 = nullptr;
+  Storage *dh0 = nullptr, *dh8 = nullptr;
+  float *dw0 = nullptr, *dw8 = nullptr;
   [[maybe_unused]] int dw_pitch = 0;
-  [[maybe_unused]] const std::int64_t rel_row0 =
-      (b * f.heads + h) * p.rel_rows;  // accumulator row of query 0
   if constexpr (kBwdRelPos<Policy>) {
     auto* const rows_smem = reinterpret_cast<std::uint32_t*>(smem_q_ptr + 2 * QTile::kBytes +
                                                              2 * kStages * KVTile::kBytes);
     scores.stage(rows_smem, m0, kM);
     dw_table = reinterpret_cast<float*>(rows_smem + kM * scores.pitch);
     dw_pitch = static_cast<int>(rel_pos_grad_pitch(f.rel_w_size));
-    if (p.drel_w_accum != nullptr) {
+    if (p.drel_w_out != nullptr) {
       for (int i = static_cast<int>(threadIdx.x); i < kM * dw_pitch; i += kBwdThreads) {
         dw_table[i] = 0.0f;
       }
       dw0 = dw_table + (warp * 16 + lane / 4) * dw_pitch;
       dw8 = dw0 + 8 * dw_pitch;
     }
-    if (p.drel_h_accum != nullptr) {
-      if (fragment_row < num_queries)
-        dh0 = p.drel_h_accum + (rel_row0 + fragment_row) * p.rel_h_size;
+    if (p.drel_h_out != nullptr) {
+      Storage* const rows_of_head =
+          static_cast<Storage*>(p.drel_h_out) + b * p.drel_h_stride[0] + h * p.drel_h_stride[1];
+      if (fragment_row < num_queries) dh0 = rows_of_head + fragment_row * p.drel_h_stride[2];
       if (fragment_row + 8 < num_queries) {
-        dh8 = p.drel_h_accum + (rel_row0 + fragment_row + 8) * p.rel_h_size;
+        dh8 = rows_of_head + (fragment_row + 8) * p.drel_h_stride[2];
       }
     }
   }
@@ -302,8 +303,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
     if constexpr (kTokenTiles) {
-      gathered_scores(tt, u % TokenTiles::kSlots, scores, s,
-                      static_cast<int>(fragment_row), fragment_col);
+      gathered_scores(tt, u % TokenTiles::kSlots, scores, s, static_cast<int>(fragment_row),
+                      fragment_col);
     } else if (!mask.tile_is_full(m0, last_row, first_key, kN)) {
       hide_invisible(mask, s, fragment_row, first_key + fragment_col);
     }
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
     if constexpr (kBwdRelPos<Policy>) {
-      scores.accumulate_grads(s, first_key, fragment_col, dh0, dh8, dw0, dw8);
+      scores.accumulate_grads(s, first_key, fragment_col, dh0, dh8, p.drel_h_stride[3], dw0, dw8);
     }
     if constexpr (kBwdModifiers<Policy>) {
       // Without softcap (the dispatch's rule for dbias here) dS is also the score's gradient.
@@ -342,12 +343,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   tile::cp_async_wait<0>();
   __syncthreads();
   if constexpr (kBwdRelPos<Policy>) {
-    if (p.drel_w_accum != nullptr) {  // every slot of the table has its final sum
+    if (p.drel_w_out != nullptr) {  // every slot of the table has its final sum
       const int width = static_cast<int>(f.rel_w_size);
+      Storage* const rows_of_head =
+          static_cast<Storage*>(p.drel_w_out) + b * p.drel_w_stride[0] + h * p.drel_w_stride[1];
       for (int i = static_cast<int>(threadIdx.x); i < rows * width; i += kBwdThreads) {
         const int r = i / width;
-        p.drel_w_accum[(rel_row0 + m0 + r) * width + (i - r * width)] =
-            dw_table[r * dw_pitch + (i - r * width)];
+        const int c = i - r * width;
+        rows_of_head[(m0 + r) * p.drel_w_stride[2] + c * p.drel_w_stride[3]] =
+            Convert::from_float(dw_table[r * dw_pitch + c]);
       }
     }
   }

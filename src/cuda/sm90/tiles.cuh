@@ -96,7 +96,8 @@ __device__ __forceinline__ void load_rows_async(std::uint32_t dst, const std::ui
 }
 
 // Tiles that follow each other in global memory (tile u: rows [u * kRows, u * kRows + kRows) of
-// a range), copied with 16-byte cp.async in the layout of load_tile_async, for a loop that copies
+// a range, or any tile at an element offset from the range's first row), copied with 16-byte
+// cp.async in the layout of load_tile_async, for a loop that copies
 // one tile per iteration: each thread's source pointer, row step and destination offset are set
 // up once, so a tile costs its copies plus a few additions instead of the 64-bit row arithmetic
 // of load_mapped_rows_async (about 100 instructions a warp per K or V tile at D 64, profiled).
@@ -132,8 +133,15 @@ struct RangeTileLoader {
 
   // Tile u into the layout at shared address dst: its rows < valid_rows, zeros below.
   __device__ __forceinline__ void load(std::uint32_t dst, int u, int valid_rows) const {
+    load_at(dst, u * tile_step, valid_rows);
+  }
+
+  // The same for the tile whose first row starts `offset` elements past the range's first row
+  // (another head's rows, say: offsets need not be whole tiles).
+  __device__ __forceinline__ void load_at(std::uint32_t dst, std::int64_t offset,
+                                          int valid_rows) const {
     static_assert(kUsable, "one column chunk of whole swizzle periods per thread");
-    const std::uint16_t* src = first + u * tile_step;
+    const std::uint16_t* src = first + offset;
 #pragma unroll
     for (int it = 0; it < kRows / kRowStep; ++it) {
       const bool inside = column_inside && first_row + it * kRowStep < valid_rows;
