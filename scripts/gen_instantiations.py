@@ -27,6 +27,9 @@ VARIANTS = [
      "BackwardParams", [FP16, BF16, FP32], BUCKETS, ["PolicyGeneral", "PolicyNeighborhood"]),
     ("sm90", "fwd", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
      [FP16, BF16], BUCKETS, ["PolicyPlain", "PolicyWindow", "PolicyGeneral", "PolicyRelPos"]),
+    # The register-form bias in files of their own, so that they compile beside the others.
+    ("sm90", "fwd_bias", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
+     [FP16, BF16], BUCKETS, ["PolicyBias"]),
     # Neighborhood attention in files of their own, so that they compile beside the dense ones.
     ("sm90", "fwd_na", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
      [FP16, BF16], BUCKETS, ["PolicyNeighborhoodPlain", "PolicyNeighborhood"]),
@@ -42,7 +45,7 @@ VARIANTS = [
      ["PolicyGeneral"]),
 ]
 
-DIRECTION_NAMES = {"fwd": "forward", "fwd_na": "neighborhood forward", "bwd": "backward",
+DIRECTION_NAMES = {"fwd": "forward", "fwd_bias": "forward with a bias alone", "fwd_na": "neighborhood forward", "bwd": "backward",
                    "bwd_na": "neighborhood backward", "bwd_general": "backward with score modifiers"}
 
 

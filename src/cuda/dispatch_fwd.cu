@@ -33,6 +33,11 @@ bool needs_mask(const ForwardParams& p) {
 bool rel_pos_alone(const ForwardParams& p) {
   return p.rel_h != nullptr && p.bias == nullptr && p.softcap_log2 <= 0.0f && !needs_mask(p);
 }
+// An additive bias with nothing else but a mask: PolicyBias on sm90 (its launch falls back to the
+// general policy where the bias's layout does not apply).
+bool bias_alone(const ForwardParams& p) {
+  return p.bias != nullptr && p.rel_h == nullptr && p.softcap_log2 <= 0.0f;
+}
 bool needs_general_policy(const ForwardParams& p) {
   return needs_mask(p) || needs_score_modifiers(p);
 }
@@ -49,6 +54,7 @@ Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
                    : sm90::launch_forward<T, kD, PolicyNeighborhoodPlain>(p, stream);
       }
       if (rel_pos_alone(p)) return sm90::launch_forward<T, kD, PolicyRelPos>(p, stream);
+      if (bias_alone(p)) return sm90::launch_forward<T, kD, PolicyBias>(p, stream);
       if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
       if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
       return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);

@@ -80,6 +80,7 @@ Tensors make_tensors(const ForwardCase& c, std::mt19937_64& rng) {
       if (c.bias_broadcast[d] && c.bias_size_one) shape[d] = 1;
     }
     if (!c.bias_size_one) layout.broadcast.assign(c.bias_broadcast.begin(), c.bias_broadcast.end());
+    layout.pad = c.bias_pad;
     t.bias = HostTensor(c.dtype, shape, layout);
     t.bias.fill_uniform(rng, -2, 2);
   }
@@ -297,6 +298,7 @@ std::string ForwardCase::describe() const {
   if (bias) {
     s << " bias";
     for (bool x : bias_broadcast) s << (x ? (bias_size_one ? '1' : '0') : '.');
+    if (bias_pad > 0) s << " pad " << bias_pad;
   }
   if (rel_hk > 0) s << " relpos" << rel_hk;
   if (sinks) s << " sinks";

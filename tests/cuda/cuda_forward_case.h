@@ -29,6 +29,7 @@ struct ForwardCase {
   bool bias = false;
   std::array<bool, 4> bias_broadcast{false, false, false, false};  // broadcast dims of [B,H,Lq,Lk]
   bool bias_size_one = false;  // broadcast dims have size 1 (else: full size, stride 0)
+  std::int64_t bias_pad = 0;   // extra elements after every bias row (padded row stride)
   std::int64_t rel_hk = 0;     // > 0: rel_h / rel_w over a key grid Hk x (Lk / Hk)
   bool sinks = false;
   std::int64_t extra = 0;  // R extra keys

@@ -173,8 +173,9 @@ TEST(CudaForward, Bias) {
   c.dtype = DType::kBFloat16;
   check_forward(c, 93);
 
-  // Lk a multiple of 8 and 16-byte aligned rows: the sm90 kernel stages bias tiles in shared
-  // memory (rows past Lq in the last block, a partial last key tile, D 64 / 128 / 256).
+  // Lk a multiple of 8 and 16-byte aligned rows: the sm90 kernel's register form with a bias alone
+  // (BiasRegisterForm), with rel-pos too the general policy's staged bias tiles (rows past Lq in
+  // the last block, a partial last key tile, D 64 / 128 / 256).
   for (std::int64_t d : {64, 128, 256}) {
     ForwardCase staged = shape_case(DType::kBFloat16, 201, 264, d, d, 4, 2, 2);
     staged.bias = true;
@@ -186,6 +187,40 @@ TEST(CudaForward, Bias) {
     staged.rel_hk = 22;  // bias and rel-pos together (key grid 22 x 12)
     check_forward(staged, 97 + d);
   }
+}
+
+// A bias alone with pair-aligned rows: the sm90 forward's PolicyBias register form (each thread's
+// bias entries loaded into registers a key tile ahead; ping-pong kept). Odd Lk behind an even row
+// stride (the last pair half outside), partial first and last tiles under causal and window masks,
+// a bias shared by the batches (the grid runs the batch innermost), broadcast rows, extra keys and
+// sinks (no bias on extra keys), every head-dim bucket's tile shape.
+TEST(CudaForward, BiasRegisterForm) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 400;
+  for (std::int64_t d : {32, 64, 96, 128, 160, 256}) {
+    ForwardCase c = shape_case(d % 64 == 0 ? DType::kBFloat16 : DType::kFloat16, 201, 239, d, d,
+                               4, 2, 2);
+    c.bias = true;
+    c.bias_pad = 1;  // row stride 240: pairs aligned, the last key alone
+    check_forward(c, seed++);
+    c.options.causal = true;
+    c.options.causal_alignment = CausalAlignment::kBottomRight;
+    c.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: batch innermost
+    c.batch = 3;
+    check_forward(c, seed++);
+    c.options.causal = false;
+    c.options.window_left = 40;
+    c.options.window_right = 7;
+    c.bias_broadcast = {false, false, true, false};  // [B, H, 1, Lk] through stride 0
+    c.sinks = true;
+    c.extra = 5;
+    check_forward(c, seed++);
+  }
+  ForwardCase one = shape_case(DType::kBFloat16, 1, 500, 80, 64, 3, 1, 4);
+  one.bias = true;
+  one.bias_size_one = true;
+  one.bias_broadcast = {false, true, true, false};  // [B, 1, 1, Lk]: key padding
+  check_forward(one, seed++, /*twice=*/true);
 }
 
 TEST(CudaForward, RelativePositionSam) {

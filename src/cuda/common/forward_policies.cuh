@@ -4,6 +4,7 @@
 
 #include "cuda/common/mask_policies.cuh"
 #include "cuda/common/neighborhood_mask.cuh"
+#include "cuda/common/score_bias.cuh"
 #include "cuda/common/score_modifiers.cuh"
 #include "cuda/common/score_rel_pos.cuh"
 
@@ -39,6 +40,15 @@ struct PolicyRelPos {
   using Mask = MaskNone;
   template <typename T>
   using Scores = ScoreRelPos<T>;
+};
+
+// An additive bias alone, masks allowed (score_bias.cuh): the sm90 forward's register form, which
+// keeps the ping-pong schedule; its launch falls back to the general policy where the bias's
+// layout does not allow the pair loads.
+struct PolicyBias {
+  using Mask = MaskWindow;
+  template <typename T>
+  using Scores = ScoreBias<T>;
 };
 
 // Neighborhood attention: its own mask, every score modifier (softcap, bias and rel-pos over the

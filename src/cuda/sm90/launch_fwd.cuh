@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/sm90/launch_fwd.h"
@@ -38,7 +39,13 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     p.bias_staged = true;
     smem += kv_stages(kD, true) * bias_tile_bytes(kD);
   }
-  if constexpr (kRelPosTiles<Policy>) {
+  if constexpr (kBiasRegisters<Policy>) {
+    if (!bias_registers_apply(p)) return launch_forward<T, kD, PolicyGeneral>(params, stream);
+    // A bias shared by the batches is read once if the batch runs innermost (block_coords.cuh).
+    // FMHA_EXPERIMENT_FWD_BATCH_OUTER: a temporary switch for timing both orders in one process.
+    p.batch_innermost =
+        bias_shared_by_batches(p) && std::getenv("FMHA_EXPERIMENT_FWD_BATCH_OUTER") == nullptr;
+  } else if constexpr (kRelPosTiles<Policy>) {
     // The register form (two grid rows a key tile, nothing staged); else the general path. Its
     // rel_h fetch takes key positions as 32-bit, one tile past the last (fetch_rel_h).
     if (!rel_pos_registers_apply(p.rel_w_size, block_n(kD)) || p.cu_seqlens_q != nullptr ||
@@ -68,8 +75,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
     neighborhood::set_box_shapes(p.neighborhood, kM, block_n(kD));
   }
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads),
-                  static_cast<unsigned>(p.batch));
+  const dim3 grid = batch_grid(p, blocks, p.heads);
   kernel<<<grid, threads(kD), smem, stream>>>(p);
   e = cudaGetLastError();
   if (e != cudaSuccess) {

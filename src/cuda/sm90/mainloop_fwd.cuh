@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/block_coords.cuh"
 #include "cuda/common/forward_params.h"
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/common/neighborhood_mask.cuh"
@@ -77,6 +78,10 @@ inline constexpr bool kHasModifiers = std::is_same_v<Policy, PolicyGeneral>;
 // SAM rel-pos in the register form (score_rel_pos.cuh): rel_w in registers, rel_h per half tile.
 template <typename Policy>
 inline constexpr bool kRelPosTiles = std::is_same_v<Policy, PolicyRelPos>;
+// An additive bias alone in the register form (score_bias.cuh): each thread's bias entries of
+// tile u fetched at the softmax of tile u - 1.
+template <typename Policy>
+inline constexpr bool kBiasRegisters = std::is_same_v<Policy, PolicyBias>;
 // Policies whose staged rows or tiles take shared memory besides the K/V stages.
 template <typename Policy>
 inline constexpr bool kStagesScores = kHasModifiers<Policy>;
@@ -206,10 +211,15 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int warp = static_cast<int>(threadIdx.x) / 32;  // 16 rows each, in block order
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t b = blockIdx.z;
+  // The register-form bias may run the batch innermost (block_coords.cuh: a bias shared by the
+  // batches is then read from memory once); the grid order is decoded for that policy only.
+  const BlockCoords coords = kBiasRegisters<Policy>
+                                 ? block_coords(p)
+                                 : BlockCoords{blockIdx.z, blockIdx.x, gridDim.x};
+  const std::int64_t b = coords.batch;
   const int h = static_cast<int>(blockIdx.y);
   // Last row blocks first: under a causal mask they have the most key tiles.
-  const std::int64_t m_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
+  const std::int64_t m_block = coords.tiles - 1 - coords.tile;
 
   std::int64_t q_start = 0, k_start = 0, num_queries = p.seqlen_q, num_keys = p.seqlen_k;
   if (p.cu_seqlens_q != nullptr) {
@@ -364,7 +374,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   } else {
     load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
   }
-  if constexpr (!kRelPosTiles<Policy>) {
+  if constexpr (!kRelPosTiles<Policy> && !kBiasRegisters<Policy>) {
     scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)), m0,
                          kM);
   }
@@ -408,6 +418,14 @@ __global__ void __launch_bounds__(threads(kD), 1)
     rel_h_rows = scores.rel_h_rows(fragment_row);
     rel_h_next = scores.fetch_rel_h(rel_h_rows, 0);
   }
+  // Bias register form: this thread's bias of tile u, fetched at the softmax of tile u - 1 (tile
+  // 0's here).
+  [[maybe_unused]] BiasFetch<kBiasRegisters<Policy> ? kScoreTiles : 1> bias_next{};
+  [[maybe_unused]] BiasRows bias_rows{};
+  if constexpr (kBiasRegisters<Policy>) {
+    bias_rows = scores.rows(fragment_row);
+    if (main_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
+  }
 
   float o[kOutTiles][4];
   float s[kScoreTiles][4];
@@ -424,6 +442,8 @@ __global__ void __launch_bounds__(threads(kD), 1)
   if constexpr (std::is_same_v<Scores, ScoreScale>) {
     scale_folded = scores.scale_log2 > 0.0f;
     if (scale_folded) exp_scale = scores.scale_log2;
+  } else if constexpr (kBiasRegisters<Policy>) {
+    exp_scale = Scores::kExpScale;  // its scores come in natural units
   }
 
   const bool follower = kPingPong && warpgroup == 1;
@@ -497,6 +517,13 @@ __global__ void __launch_bounds__(threads(kD), 1)
       } else {
         scores.transform(s);
       }
+    } else if constexpr (kBiasRegisters<Policy>) {
+      if (!tile.extra) {
+        scores.scale_and_add(s, bias_next);
+        if (u + 1 < main_tiles) scores.fetch(bias_next, bias_rows, first_col + kN);
+      } else {
+        scores.transform(s);
+      }
     } else if (!scale_folded) {
       scores.transform(s);
     }
@@ -507,7 +534,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
                         static_cast<int>(fragment_row), fragment_col);
       }
     } else if (!tile.extra) {
-      if constexpr (!kRelPosTiles<Policy>) {
+      if constexpr (kHasModifiers<Policy>) {
         if (p.bias_staged) {
           scores.add_bias_tile(s, fragment_row, first_col,
                                smem_q_ptr + (smem_bias - smem_q) + k_stage * bias_tile_bytes(kD),
