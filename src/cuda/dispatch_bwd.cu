@@ -45,8 +45,11 @@ struct Sm80Kernels {
 struct Sm90Kernels {
   template <typename T, int kD, typename P, bool kDkDv>
   static Status launch(const BackwardParams& p, cudaStream_t stream) {
-    return kDkDv ? sm90::launch_backward_dkdv<T, kD, P>(p, stream)
-                 : sm90::launch_backward_dq<T, kD, P>(p, stream);
+    if constexpr (kDkDv) {
+      return sm90::launch_backward_dkdv<T, kD, P>(p, stream);
+    } else {
+      return sm90::launch_backward_dq<T, kD, P>(p, stream);
+    }
   }
 };
 #endif
@@ -131,6 +134,13 @@ Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
                          sm90::kBwdNeighborhoodMaxHeadDim>(p, stream);
   }
   if (p.fwd.rel_h != nullptr) return launch_policy<Sm90Kernels, T, kDkDv, PolicyRelPos>(p, stream);
+  // A bias alone: the dQ kernel in the forward's register form where its layout allows; the dK/dV
+  // kernel, whose rows are keys, reads it transposed under the general policy.
+  if constexpr (!kDkDv) {
+    if (p.fwd.bias != nullptr && p.fwd.softcap_log2 <= 0.0f && bias_registers_apply(p.fwd)) {
+      return launch_policy<Sm90Kernels, T, kDkDv, PolicyBias>(p, stream);
+    }
+  }
   if (p.fwd.bias != nullptr || p.fwd.softcap_log2 > 0.0f) {
     return launch_policy<Sm90Kernels, T, kDkDv, PolicyGeneral>(p, stream);
   }

@@ -24,6 +24,7 @@ std::string BackwardCase::describe() const {
   if (bias) {
     s << (dbias ? " dbias" : " bias");
     for (bool x : bias_broadcast) s << (x ? '0' : '.');
+    if (bias_pad > 0) s << " pad " << bias_pad;
   }
   if (rel_hk > 0) s << (drel ? " drel" : " relpos") << rel_hk;
   if (!q_layout.order.empty() || q_layout.pad) s << " q-strided";
@@ -79,6 +80,7 @@ Tensors make_tensors(const BackwardCase& c, DType dtype, DType stat, std::mt1993
   if (c.bias) {
     Layout layout;
     layout.broadcast.assign(c.bias_broadcast.begin(), c.bias_broadcast.end());
+    layout.pad = c.bias_pad;
     t.bias = HostTensor(dtype, {b, h, c.rows_q(), c.rows_k()}, layout);
     t.bias.fill_uniform(*rng, -2, 2);
     if (c.dbias) t.dbias = HostTensor(dtype, {b, h, c.rows_q(), c.rows_k()}, layout);

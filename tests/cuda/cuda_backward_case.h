@@ -38,6 +38,7 @@ struct BackwardCase {
   bool bias = false;                                               // an additive bias
   std::array<bool, 4> bias_broadcast{false, false, false, false};  // stride-0 dims of [B,H,Lq,Lk]
   bool dbias = false;                                              // request its gradient
+  std::int64_t bias_pad = 0;  // extra elements after every bias (and dbias) row
   std::int64_t rel_hk = 0;  // > 0: rel_h / rel_w over a key grid Hk x (Lk / Hk)
   bool drel = false;        // request drel_h / drel_w
   Layout q_layout, kv_layout, grad_layout;

@@ -109,6 +109,36 @@ TEST(CudaBackward, BiasOnWholeChunkRows) {
   check_backward(d, 100, /*twice=*/true);
 }
 
+// A bias alone with pair-aligned rows: the sm90 dQ kernel's PolicyBias register form (the dK/dV
+// kernel reads it transposed, general policy). Odd Lk behind an even row stride (the last key's
+// pair half outside), masks with partial first and last key tiles, a bias shared by the batches
+// (batch innermost, dbias summed over B), extra keys and sinks, every key-tile width of the dQ
+// kernel (128 / 64 / 32 keys for D 64 / 128 / 256).
+TEST(CudaBackward, BiasRegisterForm) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 420;
+  for (std::int64_t d : {32, 64, 128, 160, 256}) {
+    BackwardCase c = shape_case(d == 128 ? DType::kFloat16 : DType::kBFloat16, 201, 239, d, d, 4,
+                                2, 2);
+    c.bias = true;
+    c.bias_pad = 1;  // row stride 240
+    c.dbias = true;
+    check_backward(c, seed++);
+    c.options.causal = true;
+    c.options.causal_alignment = CausalAlignment::kBottomRight;
+    c.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: dbias summed over B
+    c.batch = 3;
+    check_backward(c, seed++);
+    c.options.causal = false;
+    c.options.window_left = 50;
+    c.options.window_right = 9;
+    c.dbias = false;
+    c.sinks = true;
+    c.extra = 4;
+    check_backward(c, seed++);
+  }
+}
+
 TEST(CudaBackward, RelativePositionSam) {
   SKIP_WITHOUT_GPU();
   // SAM-like: a 14 x 14 key grid, D = 80, with and without an additive bias on top.

@@ -80,7 +80,8 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   BackwardParams p = params;
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
   static_assert(!kTokenTiles || kD <= kBwdNeighborhoodMaxHeadDim, "as the dispatch refuses");
-  p.fwd.batch_innermost = kBwdModifiers<Policy> && bias_shared_by_batches(p.fwd);
+  p.fwd.batch_innermost =
+      (kBwdModifiers<Policy> || kBwdBias<Policy>) && bias_shared_by_batches(p.fwd);
   // Token tiles: one block a query box of the grid (neighborhood_mask.cuh).
   const std::int64_t query_tiles =
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdQueriesPerBlock)

@@ -36,6 +36,11 @@ inline constexpr bool kBwdRelPos = std::is_same_v<Policy, PolicyRelPos>;
 // Score modifiers (softcap, bias and dbias) on the backward: the general policy.
 template <typename Policy>
 inline constexpr bool kBwdModifiers = std::is_same_v<Policy, PolicyGeneral>;
+// An additive bias alone in the forward's register form (score_bias.cuh): each thread's bias of
+// key tile u fetched one tile ahead, dbias as under the general policy. The dQ kernel only (its
+// rows are queries, as the forward's); the dK/dV kernel reads the bias transposed (general policy).
+template <typename Policy>
+inline constexpr bool kBwdBias = std::is_same_v<Policy, PolicyBias>;
 // Policies whose per-tile code takes the registers of wider key tiles (bwd_keys_per_tile).
 template <typename Policy>
 inline constexpr bool kBwdNarrowKeys = kBwdModifiers<Policy> || Policy::Mask::kTokenTiles;
@@ -243,9 +248,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     dp[t][0] = dp[t][1] = dp[t][2] = dp[t][3] = 0.0f;
   }
 
-  // The plain scale rides on the exponentials' FMA where it may (scale_foldable).
-  const bool scale_folded = scale_foldable(scores);
-  const float exp_scale = scale_folded ? scores.scale_log2 : 1.0f;
+  // The plain scale rides on the exponentials' FMA where it may (scale_foldable); the register-form
+  // bias hands its scores in natural units.
+  bool scale_folded = false;
+  float exp_scale = 1.0f;
+  if constexpr (kBwdBias<Policy>) {
+    exp_scale = Scores::kExpScale;
+  } else {
+    scale_folded = scale_foldable(scores);
+    if (scale_folded) exp_scale = scores.scale_log2;
+  }
+  // Register-form bias: this thread's bias of key tile u, fetched at tile u - 1 (tile 0's here).
+  [[maybe_unused]] BiasFetch<kBwdBias<Policy> ? kScoreTiles : 1> bias_next{};
+  [[maybe_unused]] BiasRows bias_rows{};
+  if constexpr (kBwdBias<Policy>) {
+    bias_rows = scores.rows(fragment_row);
+    if (num_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
+  }
   // Whether S and dP skip the bucket's last k-step, which would hold zero columns only for both.
   const bool short_dims = f.head_dim <= kD - 16 && f.value_dim <= kD - 16;
   for (int u = 0; u < num_tiles; ++u) {
@@ -286,6 +305,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
     if constexpr (kBwdRelPos<Policy>) {
       scores.scale_and_add(s, fragment_row, first_key, fragment_col);
+    } else if constexpr (kBwdBias<Policy>) {
+      scores.scale_and_add(s, bias_next);
+      if (u + 1 < num_tiles) scores.fetch(bias_next, bias_rows, first_key + kN + fragment_col);
     } else if (!scale_folded) {
       scores.transform(s);
     }
@@ -319,7 +341,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if constexpr (kBwdRelPos<Policy>) {
       scores.accumulate_grads(s, first_key, fragment_col, dh0, dh8, p.drel_h_stride[3], dw0, dw8);
     }
-    if constexpr (kBwdModifiers<Policy>) {
+    if constexpr (kBwdModifiers<Policy> || kBwdBias<Policy>) {
       // Without softcap (the dispatch's rule for dbias here) dS is also the score's gradient.
       if (p.dbias_accum != nullptr) {
         store_dbias_tiles(p, b, h, fragment_row, first_key + fragment_col, num_queries, num_keys,
