@@ -39,9 +39,10 @@ VARIANTS = [
     ("sm90", "bwd_na", "cuda/sm90/launch_bwd.cuh", ["launch_backward_dkdv", "launch_backward_dq"],
      "BackwardParams", [FP16, BF16], [b for b in BUCKETS if b <= 128],
      ["PolicyNeighborhoodPlain"]),
-    # The dQ kernel's register-form bias (the dK/dV kernel takes the general policy for it).
-    ("sm90", "bwd_bias", "cuda/sm90/launch_bwd.cuh", ["launch_backward_dq"], "BackwardParams",
-     [FP16, BF16], BUCKETS, ["PolicyBias"]),
+    # A bias alone (the dQ kernel's register form, the dK/dV kernel's staged tiles).
+    ("sm90", "bwd_bias", "cuda/sm90/launch_bwd.cuh",
+     ["launch_backward_dkdv", "launch_backward_dq"], "BackwardParams", [FP16, BF16], BUCKETS,
+     ["PolicyBias"]),
     # Score modifiers (softcap, bias) in files of their own, likewise.
     ("sm90", "bwd_general", "cuda/sm90/launch_bwd.cuh",
      ["launch_backward_dkdv", "launch_backward_dq"], "BackwardParams", [FP16, BF16], BUCKETS,
@@ -50,7 +51,7 @@ VARIANTS = [
 
 DIRECTION_NAMES = {"fwd": "forward", "fwd_bias": "forward with a bias alone", "fwd_na": "neighborhood forward", "bwd": "backward",
                    "bwd_na": "neighborhood backward",
-                   "bwd_bias": "backward dQ with a bias alone", "bwd_general": "backward with score modifiers"}
+                   "bwd_bias": "backward with a bias alone", "bwd_general": "backward with score modifiers"}
 
 
 def render(gen, direction, header, functions, params, bucket, dtype_name, ctype, policies):

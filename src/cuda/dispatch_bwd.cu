@@ -134,12 +134,11 @@ Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
                          sm90::kBwdNeighborhoodMaxHeadDim>(p, stream);
   }
   if (p.fwd.rel_h != nullptr) return launch_policy<Sm90Kernels, T, kDkDv, PolicyRelPos>(p, stream);
-  // A bias alone: the dQ kernel in the forward's register form where its layout allows; the dK/dV
-  // kernel, whose rows are keys, reads it transposed under the general policy.
-  if constexpr (!kDkDv) {
-    if (p.fwd.bias != nullptr && p.fwd.softcap_log2 <= 0.0f && bias_registers_apply(p.fwd)) {
-      return launch_policy<Sm90Kernels, T, kDkDv, PolicyBias>(p, stream);
-    }
+  // A bias alone with pair-aligned rows: the dQ kernel in the forward's register form, the dK/dV
+  // kernel (rows = keys) from staged tiles, its launch falling back to the general policy where
+  // they do not apply.
+  if (p.fwd.bias != nullptr && p.fwd.softcap_log2 <= 0.0f && bias_registers_apply(p.fwd)) {
+    return launch_policy<Sm90Kernels, T, kDkDv, PolicyBias>(p, stream);
   }
   if (p.fwd.bias != nullptr || p.fwd.softcap_log2 > 0.0f) {
     return launch_policy<Sm90Kernels, T, kDkDv, PolicyGeneral>(p, stream);

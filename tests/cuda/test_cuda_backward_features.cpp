@@ -168,8 +168,10 @@ TEST(CudaBackward, RelativePositionSam) {
 
 // Rel-pos alone on a power-of-two grid width dividing the key tiles: on sm90 the split kernels
 // with PolicyRelPos (drel_h / drel_w summed per query row in the dQ kernel, no atomics, hence
-// deterministic; tiles of one grid row (D 32 Wk 128, D 80 and 128 Wk 64) and of two (D 64 Wk 64)
-// take constant widths); other widths and head dims fall back to the sm80 kernels.
+// deterministic). The dQ kernel's register form where a key tile is two grid rows (D 64 Wk 64,
+// D 128 Wk 32, D 192 Wk 16; odd Hk: a last tile of one) or one at 64- and 32-key tiles (D 80 and
+// 128 Wk 64, D 256 Wk 32); its staged form for the other widths (D 32 Wk 128 with constant
+// widths); other widths and head dims fall back to the sm80 kernels.
 TEST(CudaBackward, RelativePositionPowerOfTwoGrid) {
   SKIP_WITHOUT_GPU();
   struct Grid {
@@ -179,7 +181,8 @@ TEST(CudaBackward, RelativePositionPowerOfTwoGrid) {
   for (DType dt : {DType::kBFloat16, DType::kFloat16})
     for (Grid g :
          {Grid{300, 16, 16, 64}, Grid{129, 5, 64, 80}, Grid{77, 3, 128, 32}, Grid{65, 8, 8, 40},
-          Grid{90, 2, 128, 80}, Grid{100, 4, 32, 64}, Grid{150, 7, 64, 64}, Grid{70, 3, 64, 128}}) {
+          Grid{90, 2, 128, 80}, Grid{100, 4, 32, 64}, Grid{150, 7, 64, 64}, Grid{70, 3, 64, 128},
+          Grid{111, 5, 32, 128}, Grid{60, 6, 16, 192}, Grid{45, 3, 32, 256}}) {
       BackwardCase c = shape_case(dt, g.lq, g.hk * g.wk, g.d, g.d, 4, 2, 2);
       c.rel_hk = g.hk;
       c.drel = true;

@@ -7,14 +7,15 @@
 // would be overwritten under the follower's softmax: mainloop_fwd.cuh) and its third K/V stage.
 // Entries j, j + 1 of a row (j even) come as one 32-bit load: the bias must have unit key stride
 // and even other strides on a 4-byte aligned base (bias_registers_apply); ScoreModifiers
-// (score_modifiers.cuh) covers every other layout.
+// (score_modifiers.cuh) covers every other layout. The backward's dK/dV kernel, whose score rows
+// are keys, reads the bias transposed from staged tiles (bias_tiles.cuh) with the same scores.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/common/bias_tiles.cuh"
 #include "cuda/common/forward_params.h"
 #include "cuda/common/online_softmax.cuh"
-#include "cuda/common/score_modifiers.cuh"
 #include "cuda/common/tile_primitives.cuh"
 
 namespace fmha::cuda {
@@ -112,6 +113,26 @@ struct ScoreBias {
         s[t][2 * r + 1] = fmaf(s[t][2 * r + 1], scale, b.y);
       }
     }
+  }
+
+  // ---- Transposed, from staged tiles (the dK/dV kernel; the launch stages them) ----
+
+  // Copies this head's bias of query rows [first_row, +kRows) x keys [first_key, +kCols).
+  template <int kRows, int kCols, int kThreads>
+  __device__ void load_bias_tile_async(std::uint32_t dst, std::int64_t first_row,
+                                       std::int64_t first_key) const {
+    bias_tiles::load_async<kRows, kCols, kThreads>(dst, bias, params->bias_stride[2], first_row,
+                                                   first_key, num_queries, num_keys);
+  }
+
+  // Scale and bias of a transposed tile (rows = keys; bias_tiles::add_transposed's layout):
+  // s = scale * s + bias, one fused multiply-add.
+  template <int kCols, int kTiles>
+  __device__ void scale_and_add_tile_transposed(float (&s)[kTiles][4], std::uint32_t tile,
+                                                int first_key, int lane) const {
+    const float k = scale;
+    bias_tiles::add_transposed<T, kCols>(s, tile, first_key, lane,
+                                         [k](float x, float b) { return fmaf(x, k, b); });
   }
 
   // Extra keys: the scale only, in the same natural units.

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/bias_tiles.cuh"
 #include "cuda/common/forward_params.h"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
@@ -155,34 +156,14 @@ struct ScoreModifiers {
     if (bias != nullptr) add_global_additive(s, row, col, /*with_bias=*/true, /*with_rel=*/false);
   }
 
-  // The staged bias tiles' layout: row r's 16-byte chunk c sits at chunk c ^ (r mod 8) of the
-  // row (mod the row's chunk count when it has fewer than 8, so that it stays in its row).
-  template <int kChunks>
-  __device__ static int swizzled_chunk(int c, int r) {
-    return c ^ (r & ((kChunks < 8 ? kChunks : 8) - 1));
-  }
-
   // Copies the bias of query rows [first_row, +kRows) x keys [first_key, +kCols) to shared
-  // address `dst` (layout: tile_sizes.h bias_tile_bytes) with 16-byte cp.async, zeros past the
-  // sequence; only when the launch set params->bias_staged.
+  // address `dst` (bias_tiles.cuh), zeros past the sequence; only when the launch set
+  // params->bias_staged.
   template <int kRows, int kCols, int kThreads>
   __device__ void load_bias_tile_async(std::uint32_t dst, std::int64_t first_row,
                                        std::int64_t first_key) const {
-    constexpr int kChunks = kCols / 8;
-    constexpr int kRowStep = kThreads / kChunks;
-    static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "whole rows per pass");
-    const int c = static_cast<int>(threadIdx.x) % kChunks;
-    const int r0 = static_cast<int>(threadIdx.x) / kChunks;
-    const std::int64_t j = first_key + 8 * c;
-#pragma unroll
-    for (int it = 0; it < kRows / kRowStep; ++it) {
-      const int r = r0 + it * kRowStep;
-      const std::int64_t i = first_row + r;
-      const bool inside = i < num_queries && j < num_keys;  // Lk % 8 == 0: whole chunks
-      const std::uint16_t* src = inside ? bias + i * params->bias_stride[2] + j : bias;
-      tile::cp_async_16(dst + r * kCols * 2 + (swizzled_chunk<kChunks>(c, r) << 4), src,
-                        inside ? 16 : 0);
-    }
+    bias_tiles::load_async<kRows, kCols, kThreads>(dst, bias, params->bias_stride[2], first_row,
+                                                   first_key, num_queries, num_keys);
   }
 
   // add_bias with the bias read from a staged tile (`tile`, rows local_row and local_row + 8 of
@@ -206,39 +187,20 @@ struct ScoreModifiers {
       for (int r = 0; r < 2; ++r) {
         const int lr = local_row + 8 * r;
         const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(
-            tile + lr * kRowBytes + (swizzled_chunk<kTiles>(t, lr) << 4) + c * 2);
+            tile + lr * kRowBytes + (bias_tiles::swizzled_chunk<kTiles>(t, lr) << 4) + c * 2);
         s[t][2 * r] += Convert::to_float(static_cast<std::uint16_t>(w)) * kLog2e;
         s[t][2 * r + 1] += Convert::to_float(static_cast<std::uint16_t>(w >> 16)) * kLog2e;
       }
     }
   }
 
-  // The bias of transposed score tiles (rows = keys, columns = queries; the sm90 dK/dV kernel's
-  // S^T) from a staged tile of query rows x kCols keys at shared address `tile`
-  // (load_bias_tile_async's layout): this warp's 16 keys start at tile key `first_key`; entries
-  // 0, 1 of tile t on queries 8t + 2 (lane % 4) + {0, 1}, entries 2, 3 eight keys further. One
-  // transposing ldmatrix gives two tiles' pairs: its 8 x 8 matrices are (query tile, key half),
-  // and a thread's register of a transposed matrix holds rows 2 (lane % 4), + 1 of column lane / 4,
-  // i.e. its own entries. Rows past the sequence read the staged zeros.
+  // The bias of transposed score tiles (the sm90 dK/dV kernel's S^T) from a staged tile of query
+  // rows x kCols keys (bias_tiles::add_transposed), added in log2 units.
   template <int kCols, int kTiles>
   __device__ void add_bias_tile_transposed(float (&s)[kTiles][4], std::uint32_t tile, int first_key,
                                            int lane) const {
-    using Convert = tile::Dtype<T>;
-    static_assert(kTiles % 2 == 0, "two query tiles per ldmatrix");
-    const int m = lane / 8;                     // the matrix this lane addresses a row of
-    const int chunk = first_key / 8 + (m & 1);  // key half
-#pragma unroll
-    for (int t = 0; t < kTiles; t += 2) {
-      const int r = (t + m / 2) * 8 + lane % 8;  // query row of the tile
-      std::uint32_t x[4];
-      tile::ldmatrix_x4_trans(x, tile + r * kCols * 2 + (swizzled_chunk<kCols / 8>(chunk, r) << 4));
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // matrix i: query tile t + i / 2, key half i % 2
-        float(&st)[4] = s[t + i / 2];
-        st[2 * (i & 1)] += Convert::to_float(static_cast<std::uint16_t>(x[i])) * kLog2e;
-        st[2 * (i & 1) + 1] += Convert::to_float(static_cast<std::uint16_t>(x[i] >> 16)) * kLog2e;
-      }
-    }
+    bias_tiles::add_transposed<T, kCols>(s, tile, first_key, lane,
+                                         [](float x, float b) { return x + b * kLog2e; });
   }
 
   // The same read element by element from global memory (bias not staged), on this thread's

@@ -68,15 +68,18 @@ __host__ __device__ constexpr bool rel_pos_tiles_apply(std::int64_t rel_w_size, 
   return rel_w_size >= 8 && rel_w_size <= kN && (rel_w_size & (rel_w_size - 1)) == 0;
 }
 
-// Whether it fits the forward's register form for key tiles of kN keys: two grid rows a tile.
+// Whether it fits the register form for key tiles of kN keys with kGridRows grid rows each (the
+// forward: two; the backward dQ kernel: one or two).
+template <int kGridRows = 2>
 __host__ __device__ constexpr bool rel_pos_registers_apply(std::int64_t rel_w_size, int kN) {
-  return rel_w_size >= 8 && 2 * rel_w_size == kN;
+  return rel_w_size >= 8 && kGridRows * rel_w_size == kN;
 }
 
-// The register form's rel_h of one key tile, as loaded: [row, row + 8][first grid row, second];
+// The register form's rel_h of one key tile, as loaded: [row, row + 8][grid row of the tile];
 // and the two rows it is loaded from.
+template <int kGridRows = 2>
 struct RelHFetch {
-  std::uint16_t x[2][2];
+  std::uint16_t x[2][kGridRows];
 };
 struct RelHRows {
   const std::uint16_t* row[2];
@@ -111,21 +114,22 @@ struct ScoreRelPos {
     return m;
   }
 
-  // ---- The forward's register form (rel_pos_registers_apply) ----
+  // ---- The register form (rel_pos_registers_apply) ----
   // Entries 0, 1 of a thread's n8 tile t are on `row`, 2, 3 on row + 8, entry 0 on key column
-  // 8t + col of the tile (col = 2 * (lane % 4)); tiles t and t + kTiles / 2 sit on the same grid
-  // column, one grid row apart. Rows past the sequence read the last row's entries (their output
-  // is never stored), keys past it the last grid row's (they are masked).
+  // 8t + col of the tile (col = 2 * (lane % 4)); with two grid rows a tile, tiles t and
+  // t + kTiles / 2 sit on the same grid column, one grid row apart. Rows past the sequence read the
+  // last row's entries (their output is never stored), keys past it the last grid row's (they
+  // are masked).
 
-  // This thread's rel_w entries in log2 units: w[t][e] for n8 tiles t and t + kTiles / 2.
-  template <int kHalfTiles>
-  __device__ void load_rel_w(float (&w)[kHalfTiles][4], std::int64_t row, int col) const {
+  // This thread's rel_w entries in log2 units: w[t][e] for the n8 tiles of one grid row.
+  template <int kRowTiles>
+  __device__ void load_rel_w(float (&w)[kRowTiles][4], std::int64_t row, int col) const {
     using Convert = tile::Dtype<T>;
     const std::int64_t row_stride = params->rel_w_stride[2], col_stride = params->rel_w_stride[3];
     const std::uint16_t* const w0 = rel_w + clamp_row(row) * row_stride + col * col_stride;
     const std::uint16_t* const w8 = rel_w + clamp_row(row + 8) * row_stride + col * col_stride;
 #pragma unroll
-    for (int t = 0; t < kHalfTiles; ++t) {
+    for (int t = 0; t < kRowTiles; ++t) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const std::int64_t offset = (8 * t + e) * col_stride;
@@ -142,39 +146,42 @@ struct ScoreRelPos {
     return {{rel_h + clamp_row(row) * row_stride, rel_h + clamp_row(row + 8) * row_stride}};
   }
 
-  // rel_h of the two grid rows of the key tile starting at first_key (a multiple of 2 Wk, below
-  // 2^31: the launcher's bound), as raw 16-bit values: issued one tile ahead of rel_h_offsets.
-  __device__ RelHFetch fetch_rel_h(const RelHRows& rows, std::int64_t first_key) const {
+  // rel_h of the grid rows of the key tile starting at first_key (a multiple of kGridRows Wk,
+  // below 2^31: the launchers' bound), as raw 16-bit values: issued one tile ahead of
+  // rel_h_offsets.
+  template <int kGridRows>
+  __device__ RelHFetch<kGridRows> fetch_rel_h(const RelHRows& rows, std::int64_t first_key) const {
     const std::int64_t col_stride = params->rel_h_stride[3];
     const int jh = static_cast<int>(first_key) >> rel_w_shift();
-    const std::int64_t c0 = (jh < rel_h_size ? jh : rel_h_size - 1) * col_stride;
-    const std::int64_t c1 = (jh + 1 < rel_h_size ? jh + 1 : rel_h_size - 1) * col_stride;
-    RelHFetch f;
+    RelHFetch<kGridRows> f;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      f.x[r][0] = rows.row[r][c0];
-      f.x[r][1] = rows.row[r][c1];
+    for (int g = 0; g < kGridRows; ++g) {
+      const std::int64_t c = (jh + g < rel_h_size ? jh + g : rel_h_size - 1) * col_stride;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) f.x[r][g] = rows.row[r][c];
     }
     return f;
   }
 
-  // The fetched rel_h in log2 units: offset[r][half], the softmax's per-half offsets.
-  __device__ void rel_h_offsets(const RelHFetch& f, float (&offset)[2][2]) const {
+  // The fetched rel_h in log2 units: offset[r][g], the per-row offsets of the tile's grid rows.
+  template <int kGridRows>
+  __device__ void rel_h_offsets(const RelHFetch<kGridRows>& f,
+                                float (&offset)[2][kGridRows]) const {
     using Convert = tile::Dtype<T>;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
 #pragma unroll
-      for (int g = 0; g < 2; ++g) offset[r][g] = Convert::to_float(f.x[r][g]) * kLog2e;
+      for (int g = 0; g < kGridRows; ++g) offset[r][g] = Convert::to_float(f.x[r][g]) * kLog2e;
     }
   }
 
   // Scale and rel_w of a tile of ordinary keys: s = scale * s + rel_w, one fused multiply-add.
-  template <int kTiles>
-  __device__ void scale_and_add_w(float (&s)[kTiles][4], const float (&w)[kTiles / 2][4]) const {
+  template <int kTiles, int kRowTiles>
+  __device__ void scale_and_add_w(float (&s)[kTiles][4], const float (&w)[kRowTiles][4]) const {
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] = fmaf(s[t][e], scale_log2, w[t % (kTiles / 2)][e]);
+      for (int e = 0; e < 4; ++e) s[t][e] = fmaf(s[t][e], scale_log2, w[t % kRowTiles][e]);
     }
   }
 

@@ -46,7 +46,8 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   BackwardParams p = params;
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
   static_assert(!kTokenTiles || kD <= kBwdNeighborhoodMaxHeadDim, "as the dispatch refuses");
-  p.fwd.batch_innermost = kBwdModifiers<Policy> && bias_shared_by_batches(p.fwd);
+  p.fwd.batch_innermost =
+      (kBwdModifiers<Policy> || kBwdBias<Policy>) && bias_shared_by_batches(p.fwd);
   // Token tiles: one block a key box of the grid (neighborhood_mask.cuh).
   const std::int64_t key_tiles =
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdKeysPerBlock)
@@ -61,8 +62,12 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
     smem += static_cast<int>(bwd_rel_w_rows_bytes(p.fwd, kD));
   }
-  if constexpr (kBwdModifiers<Policy>)
+  if constexpr (kBwdModifiers<Policy> || kBwdBias<Policy>) {
     smem += detail::stage_bias(p, smem, bwd_dkdv_bias_tile_bytes(kD));
+  }
+  if constexpr (kBwdBias<Policy>) {  // reads staged tiles only: else the general policy
+    if (!p.fwd.bias_staged) return launch_backward_dkdv<T, kD, PolicyGeneral>(params, stream);
+  }
   Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0>, grid, smem, p,
                                        stream, "dK/dV");
   if constexpr (bwd_num_chunks(kD) > 1) {
@@ -99,7 +104,22 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kBwdRelPos<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
   if constexpr (kBwdModifiers<Policy>)
     smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD));
-  return detail::launch_bwd_kernel(&backward_dq_kernel<T, kD, Policy>, grid, smem, p, stream, "dQ");
+  auto* kernel = &backward_dq_kernel<T, kD, Policy>;
+  if constexpr (kBwdRelPos<Policy>) {
+    // The register form where a key tile is one or two grid rows; its rel_h fetch takes key
+    // positions as 32-bit, one tile past the last (fetch_rel_h).
+    constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
+    if (p.fwd.seqlen_k <= (std::int64_t{1} << 31) - 2 * kN) {
+      if (rel_pos_registers_apply<2>(p.fwd.rel_w_size, kN)) {
+        kernel = &backward_dq_kernel<T, kD, Policy, 2>;
+      } else if constexpr (kN <= 64) {  // with 128-key tiles its rel_w spills (48 bytes, D 64)
+        if (rel_pos_registers_apply<1>(p.fwd.rel_w_size, kN)) {
+          kernel = &backward_dq_kernel<T, kD, Policy, 1>;
+        }
+      }
+    }
+  }
+  return detail::launch_bwd_kernel(kernel, grid, smem, p, stream, "dQ");
 }
 
 }  // namespace fmha::cuda::sm90

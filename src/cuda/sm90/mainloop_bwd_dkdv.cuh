@@ -93,6 +93,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
   constexpr bool kModifiers = std::is_same_v<Policy, PolicyGeneral>;  // softcap, bias
+  // A bias alone (score_bias.cuh): natural-unit scores, its tiles staged as the general policy's.
+  constexpr bool kBias = std::is_same_v<Policy, PolicyBias>;
   const ForwardParams& f = p.fwd;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
@@ -111,7 +113,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   [[maybe_unused]] const int rel_pitch = static_cast<int>(rel_w_rows_pitch(f.rel_w_size));
   [[maybe_unused]] const std::uint32_t smem_rel = smem_stats + 2 * kStages * kM * 4;
   [[maybe_unused]] const bool rel_h_staged = rel_h_staged_in_pairs(f, kN);
-  // General policy: the bias tile of each stage's query tile, in the same place.
+  // General and bias policies: the bias tile of each stage's query tile, in the same place.
   [[maybe_unused]] auto smem_bias = [&](int stage) {
     return smem_stats + 2 * kStages * kM * 4 + stage * bwd_dkdv_bias_tile_bytes(kD);
   };
@@ -142,9 +144,16 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
 
   const Mask mask = Mask::make(f, num_queries, num_keys);
   const Scores scores = Scores::make(f, b, hk * f.kv_group, num_queries, num_keys);
-  // The plain scale rides on the exponentials' FMA where it may (scale_foldable).
-  const bool scale_folded = scale_foldable(scores);
-  const float exp_scale = scale_folded ? scores.scale_log2 : 1.0f;
+  // The plain scale rides on the exponentials' FMA where it may (scale_foldable); a bias alone
+  // hands its scores in natural units.
+  bool scale_folded = false;
+  float exp_scale = 1.0f;
+  if constexpr (kBias) {
+    exp_scale = Scores::kExpScale;
+  } else {
+    scale_folded = scale_foldable(scores);
+    if (scale_folded) exp_scale = scores.scale_log2;
+  }
   auto* const tt =
       reinterpret_cast<TokenTiles*>(smem_k_ptr + (smem_stats - smem_k) + 2 * kStages * kM * 4);
   TileSpan query_tiles{0, 0};  // range masks: the query tiles that see the block's keys
@@ -167,7 +176,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     __syncthreads();
   }
 
-  // Plain and window policies up to D 64: a step's Q and dO tiles copy through per-thread loaders
+  // Plain, window and bias policies up to D 64: a step's Q and dO tiles copy through per-thread loaders
   // set up once (tiles.cuh; the general copies' 64-bit row arithmetic is a large part of a step's
   // instructions, about a third of the SAM-B rel-pos kernel's). Elsewhere they took registers the
   // kernel does not have (sm_90a, bf16: D 64 rel-pos 24 bytes of spill, general 32; D 128
@@ -235,6 +244,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
       scores.template load_rel_w_async<kM, kN, kBwdThreads>(smem_rel + stage * kM * rel_pitch,
                                                             rel_pitch, b, h, m0, rel_h_staged, n0);
+    }
+    if constexpr (kBias) {  // always staged (the launch's condition)
+      Scores::make(f, b, h, num_queries, num_keys)
+          .template load_bias_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), m0, n0);
     }
     if constexpr (kModifiers) {
       if (f.bias_staged) {  // the step's head's bias: query rows m0.., the block's keys
@@ -312,7 +325,11 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     fence_accumulators(s);
     fence_accumulators(dp);
 
-    if (!scale_folded) scores.transform(s);
+    if constexpr (kBias) {
+      scores.template scale_and_add_tile_transposed<kN>(s, smem_bias(stage), warp * 16, lane);
+    } else if (!scale_folded) {
+      scores.transform(s);
+    }
     const float* lse = stats_ptr + stage * kM;
     const float* delta = stats_ptr + (kStages + stage) * kM;
     bool softcap_folded = false;  // dP^T - Delta already holds softcap's factor

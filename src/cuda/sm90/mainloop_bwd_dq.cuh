@@ -58,7 +58,12 @@ constexpr int bwd_dq_smem_bytes() {
   return bytes;
 }
 
-template <typename T, int kD, typename Policy>
+// kRelRows (PolicyRelPos only): 1 or 2 for the register form of rel-pos (score_rel_pos.cuh:
+// rel_pos_registers_apply, a key tile is that many grid rows), the thread's rel_w entries in
+// registers for the whole walk and rel_h folded into the exponent of each grid row's n8 tiles,
+// fetched one tile ahead; 0 for the staged form (the block's rows in shared memory, any
+// power-of-two width up to the tile).
+template <typename T, int kD, typename Policy, int kRelRows = 0>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kM = kBwdQueriesPerBlock;
@@ -73,6 +78,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   using Convert = tile::Dtype<T>;
   constexpr bool kTokenTiles = Mask::kTokenTiles;
   using TokenTiles = TokenTileSmem<kM, kN>;
+  constexpr bool kRelRegisters = kRelRows > 0;
+  static_assert(!kRelRegisters || kBwdRelPos<Policy>, "a form of rel-pos");
   static_assert(kStages + 1 <= TokenTiles::kSlots, "key boxes u .. u + stages live at once");
   const ForwardParams& f = p.fwd;
 
@@ -206,7 +213,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if constexpr (kBwdRelPos<Policy>) {
     auto* const rows_smem = reinterpret_cast<std::uint32_t*>(smem_q_ptr + 2 * QTile::kBytes +
                                                              2 * kStages * KVTile::kBytes);
-    scores.stage(rows_smem, m0, kM);
+    if constexpr (!kRelRegisters) scores.stage(rows_smem, m0, kM);
     dw_table = reinterpret_cast<float*>(rows_smem + kM * scores.pitch);
     dw_pitch = static_cast<int>(rel_pos_grad_pitch(f.rel_w_size));
     if (p.drel_w_out != nullptr) {
@@ -258,6 +265,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     scale_folded = scale_foldable(scores);
     if (scale_folded) exp_scale = scores.scale_log2;
   }
+  // Register-form rel-pos: this thread's rel_w entries for the whole walk, rel_h of tile u fetched
+  // at tile u - 1 (tile 0's here; the keys start at 0: no mask).
+  constexpr int kRuns = kRelRegisters ? kRelRows : 1;  // n8-tile runs with an exponent offset each
+  [[maybe_unused]] float rel_w[kScoreTiles / kRuns][4];
+  [[maybe_unused]] RelHRows rel_h_rows{};
+  [[maybe_unused]] RelHFetch<kRuns> rel_h_next{};
+  if constexpr (kRelRegisters) {
+    scores.load_rel_w(rel_w, fragment_row, fragment_col);
+    rel_h_rows = scores.rel_h_rows(fragment_row);
+    rel_h_next = scores.template fetch_rel_h<kRuns>(rel_h_rows, 0);
+  }
   // Register-form bias: this thread's bias of key tile u, fetched at tile u - 1 (tile 0's here).
   [[maybe_unused]] BiasFetch<kBwdBias<Policy> ? kScoreTiles : 1> bias_next{};
   [[maybe_unused]] BiasRows bias_rows{};
@@ -303,7 +321,26 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     fence_accumulators(s);
     fence_accumulators(dp);
 
-    if constexpr (kBwdRelPos<Policy>) {
+    // Each row's exponent offset for each run of n8 tiles: -lse, plus rel_h in the register form.
+    float shift[2][kRuns];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int g = 0; g < kRuns; ++g) shift[r][g] = -lse_log2[r];
+    }
+    if constexpr (kRelRegisters) {
+      scores.scale_and_add_w(s, rel_w);
+      float offset[2][kRuns];
+      scores.rel_h_offsets(rel_h_next, offset);
+      if (u + 1 < num_tiles) {
+        rel_h_next = scores.template fetch_rel_h<kRuns>(rel_h_rows, first_key + kN);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int g = 0; g < kRuns; ++g) shift[r][g] += offset[r][g];
+      }
+    } else if constexpr (kBwdRelPos<Policy>) {
       scores.scale_and_add(s, fragment_row, first_key, fragment_col);
     } else if constexpr (kBwdBias<Policy>) {
       scores.scale_and_add(s, bias_next);
@@ -334,12 +371,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     for (int t = 0; t < kScoreTiles; ++t) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float prob = exp2_ftz(fmaf(s[t][e], exp_scale, -lse_log2[e / 2]));
+        const float prob =
+            exp2_ftz(fmaf(s[t][e], exp_scale, shift[e / 2][t / (kScoreTiles / kRuns)]));
         s[t][e] = prob * (dp[t][e] - row_delta[e / 2]);  // dS, the gradient wrt scale * q.k
       }
     }
     if constexpr (kBwdRelPos<Policy>) {
-      scores.accumulate_grads(s, first_key, fragment_col, dh0, dh8, p.drel_h_stride[3], dw0, dw8);
+      if constexpr (kRelRegisters) {  // the width kN / kRelRows, a constant
+        scores.template accumulate_grads_width<kN / kRelRows>(s, first_key, fragment_col, dh0, dh8,
+                                                              p.drel_h_stride[3], dw0, dw8);
+      } else {
+        scores.accumulate_grads(s, first_key, fragment_col, dh0, dh8, p.drel_h_stride[3], dw0,
+                                dw8);
+      }
     }
     if constexpr (kBwdModifiers<Policy> || kBwdBias<Policy>) {
       // Without softcap (the dispatch's rule for dbias here) dS is also the score's gradient.

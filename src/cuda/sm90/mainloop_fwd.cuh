@@ -412,11 +412,11 @@ __global__ void __launch_bounds__(threads(kD), 1)
   constexpr int kRuns = kRelPosTiles<Policy> ? 2 : 1;
   [[maybe_unused]] float rel_w[kRelPosTiles<Policy> ? kScoreTiles / 2 : 1][4];
   [[maybe_unused]] RelHRows rel_h_rows{};
-  [[maybe_unused]] RelHFetch rel_h_next{};
+  [[maybe_unused]] RelHFetch<2> rel_h_next{};
   if constexpr (kRelPosTiles<Policy>) {
     scores.load_rel_w(rel_w, fragment_row, fragment_col);
     rel_h_rows = scores.rel_h_rows(fragment_row);
-    rel_h_next = scores.fetch_rel_h(rel_h_rows, 0);
+    rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, 0);
   }
   // Bias register form: this thread's bias of tile u, fetched at the softmax of tile u - 1 (tile
   // 0's here).
@@ -513,7 +513,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
       if (!tile.extra) {
         scores.scale_and_add_w(s, rel_w);
         scores.rel_h_offsets(rel_h_next, offset);
-        rel_h_next = scores.fetch_rel_h(rel_h_rows, tile.first_key + kN);
+        rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, tile.first_key + kN);
       } else {
         scores.transform(s);
       }
