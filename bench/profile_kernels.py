@@ -14,6 +14,7 @@ CASES = {
     # SAM-B global attention: B 8, H 12, 64 x 64 tokens, D 64.
     "sam-b": dict(B=8, H=12, L=4096, D=64),
     "sam-b-rel": dict(B=8, H=12, L=4096, D=64, rel=(64, 64)),
+    "sam-h-rel": dict(B=8, H=16, L=4096, D=80, rel=(64, 64)),
     "sam-b-bias": dict(B=8, H=12, L=4096, D=64, bias=True),
     "sam-b-dbias": dict(B=8, H=12, L=4096, D=64, bias=True, dbias=True),
     # The standard suite's dense shapes (16k tokens, hidden 2048): the D 64 / 128 kernels alone.

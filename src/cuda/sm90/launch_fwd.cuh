@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/sm90/launch_fwd.h"
@@ -41,10 +40,9 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   }
   if constexpr (kBiasRegisters<Policy>) {
     if (!bias_registers_apply(p)) return launch_forward<T, kD, PolicyGeneral>(params, stream);
-    // A bias shared by the batches is read once if the batch runs innermost (block_coords.cuh).
-    // FMHA_EXPERIMENT_FWD_BATCH_OUTER: a temporary switch for timing both orders in one process.
-    p.batch_innermost =
-        bias_shared_by_batches(p) && std::getenv("FMHA_EXPERIMENT_FWD_BATCH_OUTER") == nullptr;
+    // A bias shared by the batches is read from memory once with the batch innermost
+    // (block_coords.cuh).
+    p.batch_innermost = bias_shared_by_batches(p);
   } else if constexpr (kRelPosTiles<Policy>) {
     // The register form (two grid rows a key tile, nothing staged); else the general path. Its
     // rel_h fetch takes key positions as 32-bit, one tile past the last (fetch_rel_h).
