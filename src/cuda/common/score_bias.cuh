@@ -16,6 +16,7 @@
 #include "cuda/common/bias_tiles.cuh"
 #include "cuda/common/forward_params.h"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/common/score_modifiers.cuh"
 #include "cuda/common/tile_primitives.cuh"
 
 namespace fmha::cuda {
@@ -138,11 +139,7 @@ struct ScoreBias {
   // Extra keys: the scale only, in the same natural units.
   template <int kTiles>
   __device__ void transform(float (&s)[kTiles][4]) const {
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] *= scale;
-    }
+    ScoreScale{scale}.transform(s);
   }
 };
 
