@@ -449,8 +449,6 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const bool follower = kPingPong && warpgroup == 1;
   // Whether S takes the bucket's last k-step: skipped when it would hold zero columns only.
   const bool full_dim = p.head_dim > kD - 16;
-  // Whether P V may leave out the bucket's last 16 output columns (bucket 96 only: Dv <= 80).
-  [[maybe_unused]] const bool narrow_v = p.value_dim <= 80;
   const int num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
   // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero), so that every phase with
   // an S product is the same straight run of wgmma. The V stage it reads, the last one, first
@@ -470,43 +468,30 @@ __global__ void __launch_bounds__(threads(kD), 1)
     // warpgroup.arrive (warning C7519) before the next product; with those branches the D 64
     // kernel also took 33 registers more. So the three kinds of phase (with S over all k-steps of
     // the bucket, with S short of the last one when it would hold zero columns only, D 80 in
-    // bucket 96, and the last phase without S; each with P V over the bucket's columns or, Dv 80
-    // in bucket 96, over 80 of them) are runs of their own, chosen before the fence.
+    // bucket 96, and the last phase without S) are runs of their own, chosen before the fence.
     const bool has_s = u < num_tiles;
     const int v_stage = (u - 1 + kStages) % kStages;
     const int k_stage = u % kStages;
-    auto issue_phase = [&](auto with_s, auto s_steps, auto v_tiles) {
+    auto issue_phase = [&](auto with_s, auto s_steps) {
       std::uint32_t a[kN / 16][4];
       pack_fragments<T>(s, a);
       fence_fragments(a);
       fence_accumulators(o);
       fence_accumulators(s);
       wgmma_fence();
-      rs_product<T, kN / 16, KVTile, decltype(v_tiles)::value>(o, a, smem_v(v_stage));
+      rs_product<T, kN / 16, KVTile>(o, a, smem_v(v_stage));
       if constexpr (decltype(with_s)::value) {
         ss_product<T, decltype(s_steps)::value, QTile, KVTile>(s, smem_q, q_first_row,
                                                                smem_k(k_stage));
       }
       wgmma_commit();
     };
-    auto issue_phases = [&](auto v_tiles) {
-      if (!has_s) {
-        issue_phase(std::false_type{}, std::integral_constant<int, 0>{}, v_tiles);
-      } else if (full_dim) {
-        issue_phase(std::true_type{}, std::integral_constant<int, kD / 16>{}, v_tiles);
-      } else {
-        issue_phase(std::true_type{}, std::integral_constant<int, kD / 16 - 1>{}, v_tiles);
-      }
-    };
-    if constexpr (kD == 96) {
-      // Dv 80 (SAM-H) in bucket 96: P V as an n80 product, a sixth less of it.
-      if (narrow_v) {
-        issue_phases(std::integral_constant<int, 10>{});
-      } else {
-        issue_phases(std::integral_constant<int, 0>{});
-      }
+    if (!has_s) {
+      issue_phase(std::false_type{}, std::integral_constant<int, 0>{});
+    } else if (full_dim) {
+      issue_phase(std::true_type{}, std::integral_constant<int, kD / 16>{});
     } else {
-      issue_phases(std::integral_constant<int, 0>{});
+      issue_phase(std::true_type{}, std::integral_constant<int, kD / 16 - 1>{});
     }
     if constexpr (kPingPong) {
       if (!follower) named_barrier_arrive<kTurnBarrier, kThreads>();

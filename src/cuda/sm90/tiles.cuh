@@ -208,20 +208,15 @@ __device__ __forceinline__ void ss_product(float (&acc)[kTiles][4], std::uint32_
 }
 
 // acc += A B over kSteps k16 steps: A from registers (fragments of 16 k-columns each), B in
-// shared memory MN-major (rows = k). N = 8 * kTiles, or 8 * kUsedTiles when given: the product
-// then covers the first kUsedTiles accumulator tiles only (the others' columns are known zero,
-// e.g. Dv 80 in head-dim bucket 96), a narrower wgmma.
-template <typename T, int kSteps, typename BTile, int kUsedTiles = 0, int kTiles>
+// shared memory MN-major (rows = k). N = 8 * kTiles.
+template <typename T, int kSteps, typename BTile, int kTiles>
 __device__ __forceinline__ void rs_product(float (&acc)[kTiles][4],
                                            const std::uint32_t (&a)[kSteps][4],
                                            std::uint32_t smem_b) {
-  constexpr int kN = kUsedTiles > 0 ? kUsedTiles : kTiles;
-  static_assert(kN <= kTiles, "a prefix of the accumulator tiles");
-  auto& used = reinterpret_cast<float(&)[kN][4]>(acc);
   const std::uint64_t b = BTile::mn_major(smem_b);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    Wgmma<T, kN * 8>::template rs<1>(used, a[kk], b + BTile::mn_step(kk), 1);
+    Wgmma<T, kTiles * 8>::template rs<1>(acc, a[kk], b + BTile::mn_step(kk), 1);
   }
 }
 
