@@ -118,8 +118,8 @@ TEST(CudaBackward, BiasRegisterForm) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 420;
   for (std::int64_t d : {32, 64, 128, 160, 256}) {
-    BackwardCase c = shape_case(d == 128 ? DType::kFloat16 : DType::kBFloat16, 201, 239, d, d, 4,
-                                2, 2);
+    BackwardCase c =
+        shape_case(d == 128 ? DType::kFloat16 : DType::kBFloat16, 201, 239, d, d, 4, 2, 2);
     c.bias = true;
     c.bias_pad = 1;  // row stride 240
     c.dbias = true;

@@ -198,8 +198,8 @@ TEST(CudaForward, BiasRegisterForm) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 400;
   for (std::int64_t d : {32, 64, 96, 128, 160, 256}) {
-    ForwardCase c = shape_case(d % 64 == 0 ? DType::kBFloat16 : DType::kFloat16, 201, 239, d, d,
-                               4, 2, 2);
+    ForwardCase c =
+        shape_case(d % 64 == 0 ? DType::kBFloat16 : DType::kFloat16, 201, 239, d, d, 4, 2, 2);
     c.bias = true;
     c.bias_pad = 1;  // row stride 240: pairs aligned, the last key alone
     check_forward(c, seed++);

@@ -43,7 +43,7 @@ struct BiasRows {
 template <typename T>
 struct ScoreBias {
   float scale;                  // natural units: the bias is added unscaled
-  const std::uint16_t* bias;  // already offset to (b, h)
+  const std::uint16_t* bias;    // already offset to (b, h)
   const ForwardParams* params;  // strides, read in place (cold)
   std::int64_t num_queries, num_keys;
 

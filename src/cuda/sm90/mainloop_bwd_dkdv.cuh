@@ -176,11 +176,11 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     __syncthreads();
   }
 
-  // Plain, window and bias policies up to D 64: a step's Q and dO tiles copy through per-thread loaders
-  // set up once (tiles.cuh; the general copies' 64-bit row arithmetic is a large part of a step's
-  // instructions, about a third of the SAM-B rel-pos kernel's). Elsewhere they took registers the
-  // kernel does not have (sm_90a, bf16: D 64 rel-pos 24 bytes of spill, general 32; D 128
-  // window 16, session 7).
+  // Plain, window and bias policies up to D 64: a step's Q and dO tiles copy through per-thread
+  // loaders set up once (tiles.cuh; the general copies' 64-bit row arithmetic is a large part of a
+  // step's instructions, about a third of the SAM-B rel-pos kernel's). Elsewhere they took
+  // registers the kernel does not have (sm_90a, bf16: D 64 rel-pos 24 bytes of spill, general 32;
+  // D 128 window 16, session 7).
   using StepLoader = RangeTileLoader<kM, kD, kBwdThreads>;
   constexpr bool kStepLoads = !kTokenTiles && !kModifiers &&
                               !std::is_same_v<Policy, PolicyRelPos> && kD <= 64 &&
