@@ -67,6 +67,20 @@ struct PolicyNeighborhoodPlain {
   using Scores = ScoreScale;
 };
 
+// The factor the backward kernels' exponentials apply to a tile's scores after the policy's own
+// transform: the plain scale where it is folded into them (scale_foldable: not applied before),
+// log2(e) for the register-form bias's natural-unit scores, else 1 (the scores are in log2 units
+// already). The forward spells out the same choice in place: moving it here changed its general
+// policy's instruction schedule.
+template <typename Scores>
+__device__ __forceinline__ float exponent_scale(const Scores& scores) {
+  return scale_foldable(scores) ? scores.scale_log2 : 1.0f;
+}
+template <typename T>
+__device__ __forceinline__ float exponent_scale(const ScoreBias<T>&) {
+  return ScoreBias<T>::kExpScale;
+}
+
 // Bias and rel-pos of element (i, j) in log2 units, one element at a time, for tiles that are not
 // row-major ranges of the sequence: the backward dK/dV kernel's (rows are keys) and the
 // neighborhood forward's (rows and keys gathered from a grid box).

@@ -146,14 +146,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   const Scores scores = Scores::make(f, b, hk * f.kv_group, num_queries, num_keys);
   // The plain scale rides on the exponentials' FMA where it may (scale_foldable); a bias alone
   // hands its scores in natural units.
-  bool scale_folded = false;
-  float exp_scale = 1.0f;
-  if constexpr (kBias) {
-    exp_scale = Scores::kExpScale;
-  } else {
-    scale_folded = scale_foldable(scores);
-    if (scale_folded) exp_scale = scores.scale_log2;
-  }
+  const bool scale_folded = scale_foldable(scores);
+  const float exp_scale = exponent_scale(scores);
   auto* const tt =
       reinterpret_cast<TokenTiles*>(smem_k_ptr + (smem_stats - smem_k) + 2 * kStages * kM * 4);
   TileSpan query_tiles{0, 0};  // range masks: the query tiles that see the block's keys

@@ -36,9 +36,9 @@ inline constexpr bool kBwdRelPos = std::is_same_v<Policy, PolicyRelPos>;
 // Score modifiers (softcap, bias and dbias) on the backward: the general policy.
 template <typename Policy>
 inline constexpr bool kBwdModifiers = std::is_same_v<Policy, PolicyGeneral>;
-// An additive bias alone in the forward's register form (score_bias.cuh): each thread's bias of
-// key tile u fetched one tile ahead, dbias as under the general policy. The dQ kernel only (its
-// rows are queries, as the forward's); the dK/dV kernel reads the bias transposed (general policy).
+// An additive bias alone (score_bias.cuh): in the dQ kernel, whose rows are queries as the
+// forward's, the register form (each thread's bias of key tile u fetched one tile ahead), dbias as
+// under the general policy; the dK/dV kernel reads it transposed from staged tiles.
 template <typename Policy>
 inline constexpr bool kBwdBias = std::is_same_v<Policy, PolicyBias>;
 // Policies whose per-tile code takes the registers of wider key tiles (bwd_keys_per_tile).
@@ -257,14 +257,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   // The plain scale rides on the exponentials' FMA where it may (scale_foldable); the register-form
   // bias hands its scores in natural units.
-  bool scale_folded = false;
-  float exp_scale = 1.0f;
-  if constexpr (kBwdBias<Policy>) {
-    exp_scale = Scores::kExpScale;
-  } else {
-    scale_folded = scale_foldable(scores);
-    if (scale_folded) exp_scale = scores.scale_log2;
-  }
+  const bool scale_folded = scale_foldable(scores);
+  const float exp_scale = exponent_scale(scores);
   // Register-form rel-pos: this thread's rel_w entries for the whole walk, rel_h of tile u fetched
   // at tile u - 1 (tile 0's here; the keys start at 0: no mask).
   constexpr int kRuns = kRelRegisters ? kRelRows : 1;  // n8-tile runs with an exponent offset each
