@@ -220,6 +220,23 @@ __device__ __forceinline__ void rs_product(float (&acc)[kTiles][4],
   }
 }
 
+// acc = A B over kSteps k16 steps, both operands MN-major in shared memory (rows = k, from row
+// first_k of each tile): A = ATile's columns [a_first_col, +64) (a whole swizzle block: the M of
+// the product is 64), B = all of BTile's columns (N = 8 * kTiles).
+template <typename T, int kSteps, typename ATile, typename BTile, int kTiles>
+__device__ __forceinline__ void mn_product(float (&acc)[kTiles][4], std::uint32_t smem_a,
+                                           int a_first_col, std::uint32_t smem_b, int first_k) {
+  static_assert(ATile::kBlockCols == 64, "A's 64 columns are one 128-byte swizzle block");
+  const std::uint64_t a = ATile::mn_major(smem_a + a_first_col / 64 * ATile::kBlockBytes +
+                                          first_k * ATile::kSwizzleBytes);
+  const std::uint64_t b = BTile::mn_major(smem_b + first_k * BTile::kSwizzleBytes);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    Wgmma<T, kTiles * 8>::template ss<1, 1>(acc, a + ATile::mn_step(kk), b + BTile::mn_step(kk),
+                                            kk > 0);
+  }
+}
+
 // Packs fp32 accumulator tiles (m16n8 C layout) into the A fragments of the next product: the
 // accumulators of columns 16kk..16kk+15 are exactly A fragment kk.
 template <typename T, int kTiles>
