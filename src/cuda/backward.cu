@@ -230,8 +230,10 @@ BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, b
 // L 1024) and by 4-5% at 256 blocks of a causal GQA group of 8 (L 4096), the one measured shape
 // this rule gets wrong. Rule: split when the dK/dV grid fills less than half the SMs.
 // deterministic forces split, whose reductions all run in a fixed order.
-// On Hopper the split structure runs the sm90 kernels (use_sm90_backward), whose products all
-// keep their accumulators in registers: auto takes them whenever they apply.
+// On Hopper both structures run sm90 kernels where they apply (use_sm90_backward; the fused one
+// at D 64 / 128 without rel-pos or dbias, sm90_fused_backward_applies); fused asked for where only
+// the split sm90 kernels apply runs the sm80 fused kernels. Auto on Hopper: split (the fused sm90
+// kernel is new; its rule comes with its measurements).
 bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl, int sm_count,
                bool sm90) {
   if (o.deterministic) return false;
@@ -280,7 +282,8 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   FMHA_RETURN_IF_ERROR(check_device(device, &sm_count, &arch));
   const bool sm90_eligible = use_sm90_backward(p, additive.dbias != nullptr, dtype, arch);
   const bool fused = use_fused(p, o, impl, sm_count, sm90_eligible);
-  const bool sm90 = sm90_eligible && !fused;
+  const bool sm90 =
+      sm90_eligible && (!fused || sm90_fused_backward_applies(p, additive.dbias != nullptr));
   // The sm90 dQ kernel sums drel_h / drel_w per query row without atomics; the sm80 kernels add
   // them with atomics.
   if (o.deterministic && !sm90 && (additive.drel_h || additive.drel_w)) {
@@ -292,12 +295,16 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
 
   const std::int64_t heads = p.fwd.heads;
   const std::int64_t stats = outer * heads * inner;
-  const std::int64_t accum = fused ? stats * p.fwd.head_dim : 0;
+  // The sm90 fused kernel's accumulator is by column (fused_dq.cuh): rows of inner_pad queries,
+  // 16-byte aligned, so that query pairs are 8-byte aligned where the tile's first query is even.
+  const std::int64_t inner_pad = sm90 && fused ? (inner + 3) / 4 * 4 : inner;
+  const std::int64_t accum = fused ? outer * heads * inner_pad * p.fwd.head_dim : 0;
+  const std::int64_t stat_floats = 2 * stats + (p.dsinks != nullptr ? stats : 0);
+  const std::int64_t accum_offset = (stat_floats + 3) / 4 * 4;  // 16-byte aligned
   // The sm90 backward runs rel-pos alone (PolicyRelPos): its dQ kernel writes drel in place.
   const bool drel_in_place = sm90 && (additive.drel_h || additive.drel_w);
   const std::int64_t additive_floats = additive.floats(drel_in_place);
-  const std::int64_t floats =
-      2 * stats + (p.dsinks != nullptr ? stats : 0) + accum + additive_floats;
+  const std::int64_t floats = accum_offset + accum + additive_floats;
   float* workspace = nullptr;
   if (floats > 0) {
     const cudaError_t e =
@@ -309,12 +316,15 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   p.lse_log2 = workspace + stats;
   p.stat_batch_stride = varlen ? 0 : heads * inner;
   p.stat_head_stride = inner;
-  float* next = workspace + 2 * stats;
-  if (p.dsinks != nullptr && p.fwd.sinks != nullptr) {
-    p.sink_term = next;
-    next += stats;
-  }
-  if (fused) {
+  if (p.dsinks != nullptr && p.fwd.sinks != nullptr) p.sink_term = workspace + 2 * stats;
+  float* const next = workspace + accum_offset;
+  if (fused && sm90) {
+    p.dq_accum = next;
+    p.accum_row_stride = 1;
+    p.accum_col_stride = inner_pad;
+    p.accum_head_stride = p.fwd.head_dim * inner_pad;
+    p.accum_batch_stride = varlen ? 0 : heads * p.fwd.head_dim * inner_pad;
+  } else if (fused) {
     p.dq_accum = next;
     p.accum_row_stride = p.fwd.head_dim;
     p.accum_head_stride = inner * p.fwd.head_dim;

@@ -101,6 +101,38 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// The sm90 fused kernel's accumulator, by column ([head_dim][queries] per head, columns
+// accum_col_stride apart): a block transposes 32 rows x 32 columns at a time through shared memory,
+// reading and writing 32 consecutive elements a warp. grid (ceil(inner / 32), H, outer).
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    backward_convert_dq_by_column_kernel(const __grid_constant__ BackwardParams p,
+                                         std::int64_t inner) {
+  __shared__ float tile[32][33];  // [column][row], padded against bank conflicts
+  const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.x) * 32;
+  const std::int64_t h = blockIdx.y, b = blockIdx.z;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const float* accum = p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride + i0;
+  auto* dq = static_cast<typename tile::Dtype<T>::Storage*>(p.dq) + b * p.dq_batch_stride +
+             i0 * p.dq_row_stride + h * p.dq_head_stride;
+  const int rows = static_cast<int>(inner - i0 < 32 ? inner - i0 : 32);
+  for (int c0 = 0; c0 < p.fwd.head_dim; c0 += 32) {
+    for (int c = warp; c < 32; c += kRowWarps) {
+      if (c0 + c < p.fwd.head_dim && lane < rows) {
+        tile[c][lane] = accum[(c0 + c) * p.accum_col_stride + lane];
+      }
+    }
+    __syncthreads();
+    for (int r = warp; r < rows; r += kRowWarps) {
+      if (c0 + lane < p.fwd.head_dim) {
+        dq[r * p.dq_row_stride + c0 + lane] = tile::Dtype<T>::from_float(tile[lane][r] * p.scale);
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // A compact fp32 accumulator [sizes] -> a 4-D gradient with its own strides: one warp per row of
 // the last dimension (grid-stride over the rows), lanes along it; a row's offset takes two
 // divisions (32-bit where the row count allows), where one per element took four 64-bit ones
@@ -195,6 +227,17 @@ Status launch_backward_dsinks(const BackwardParams& p, std::int64_t outer, std::
 Status launch_backward_convert_dq(const BackwardParams& p, DType dtype, std::int64_t outer,
                                   std::int64_t inner, cudaStream_t stream) {
   if (outer == 0 || inner == 0 || p.fwd.heads == 0) return Status::ok_status();
+  if (p.accum_col_stride != 1) {  // the sm90 fused kernel's layout (16-bit types only)
+    const dim3 grid(static_cast<unsigned>((inner + 31) / 32), static_cast<unsigned>(p.fwd.heads),
+                    static_cast<unsigned>(outer));
+    if (dtype == DType::kFloat16) {
+      backward_convert_dq_by_column_kernel<__half><<<grid, kRowThreads, 0, stream>>>(p, inner);
+    } else {
+      backward_convert_dq_by_column_kernel<__nv_bfloat16><<<grid, kRowThreads, 0, stream>>>(p,
+                                                                                           inner);
+    }
+    return launched("backward dQ conversion");
+  }
   const dim3 grid = row_grid(p, outer, inner);
   if (dtype == DType::kFloat16) {
     backward_convert_dq_kernel<__half><<<grid, kRowThreads, 0, stream>>>(p, inner);

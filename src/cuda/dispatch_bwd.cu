@@ -188,6 +188,18 @@ bool use_sm90_backward(const BackwardParams& p, bool wants_dbias, DType dtype, i
 #endif
 }
 
+bool sm90_fused_backward_applies(const BackwardParams& p, bool wants_dbias) {
+#if FMHA_WITH_SM90
+  const int bucket = sm80::head_dim_bucket(max_dim(p));
+  return (bucket == 64 || bucket == 128) && p.fwd.neighborhood.rank == 0 &&
+         p.fwd.rel_h == nullptr && !wants_dbias;
+#else
+  (void)p;
+  (void)wants_dbias;
+  return false;
+#endif
+}
+
 Status dispatch_backward_sm90_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream) {
 #if FMHA_WITH_SM90
   return dispatch_sm90<true>(p, dtype, stream);

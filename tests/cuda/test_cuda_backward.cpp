@@ -139,6 +139,37 @@ TEST(CudaBackward, Varlen) {
   check_backward(c, 112);
 }
 
+// On sm90, backward_impl = fused at head-dim buckets 64 and 128 runs the dK/dV kernel that adds
+// dQ with atomics (fused_dq.cuh), next to the split kernels: GQA, masks, a bias without dbias (the
+// register-form policy), softcap (the general one), head dims inside the buckets, several query
+// tiles and key blocks; varlen with odd sequence starts adds single floats instead of pairs.
+TEST(CudaBackward, FusedAtBuckets64And128) {
+  SKIP_WITHOUT_GPU();
+  for (auto [d, dv] : {std::pair<int, int>{64, 64}, {48, 64}, {128, 128}, {100, 120}}) {
+    BackwardCase c = shape_case(DType::kBFloat16, 239, 577, d, dv, 8, 2, 2);
+    c.options.causal = true;
+    c.options.causal_alignment = CausalAlignment::kBottomRight;
+    check_backward(c, 71);
+    c.options.causal = false;
+    c.bias = true;
+    c.dtype = DType::kFloat16;
+    check_backward(c, 72);
+    c.bias = false;
+    c.options.softcap = 15.0f;
+    c.sinks = true;
+    check_backward(c, 73);
+  }
+  BackwardCase c = shape_case(DType::kBFloat16, 0, 0, 128, 128, 4, 2);
+  c.varlen_q = {17, 0, 113, 64, 1, 200};
+  c.varlen_k = {33, 5, 113, 0, 70, 150};
+  c.options.window_left = 40;
+  c.options.window_right = 9;
+  check_backward(c, 74);
+  c.head_dim = c.value_dim = 64;
+  c.options.causal = true;
+  check_backward(c, 75);
+}
+
 TEST(CudaBackward, DeterministicRunTwice) {
   SKIP_WITHOUT_GPU();
   BackwardCase c = shape_case(DType::kBFloat16, 239, 577, 128, 128, 8, 2);

@@ -45,10 +45,13 @@ struct BackwardParams {
   float* lse_log2 = nullptr;
   float* sink_term = nullptr;
   std::int64_t stat_batch_stride = 0, stat_head_stride = 0;
-  // Fused mode: dQ accumulated with fp32 atomics, [B, H, Lq, D] (varlen [H, total_q, D]);
-  // nullptr in split mode (the dQ kernel writes dq directly).
+  // Fused mode: dQ accumulated with fp32 atomics; nullptr in split mode (the dQ kernel writes dq
+  // directly). The sm80 kernels' layout is by row, [B, H, Lq, D] (varlen [H, total_q, D]): row
+  // stride D, column stride 1; the sm90 fused kernel's by column, [B, H, D, Lq'] with Lq' = Lq
+  // rounded up to 4 (fused_dq.cuh): row stride 1, column stride Lq'.
   float* dq_accum = nullptr;
   std::int64_t accum_batch_stride = 0, accum_head_stride = 0, accum_row_stride = 0;
+  std::int64_t accum_col_stride = 1;
 
   // Bias and rel-pos gradients, accumulated by the dK/dV kernel from dS (the gradient wrt the
   // final score) into zeroed fp32 workspace, then converted into the gradients' dtype and strides.

@@ -58,6 +58,19 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   }
   const dim3 grid = batch_grid(p.fwd, key_tiles, p.fwd.heads / p.fwd.kv_group);
   int smem = bwd_dkdv_smem_bytes<kD, kTokenTiles>();
+  // The fused backward (dq_accum set; sm90_fused_backward_applies): the dS^T tile (and at D 64
+  // the dQ sum tile) after the tiles, before the statistics.
+  constexpr bool kFusable = sm90_fused_backward_instantiated<kD, Policy>();
+  const bool fused = p.dq_accum != nullptr;
+  if (fused) {
+    if constexpr (kFusable) {
+      using Fused = FusedDq<kD, kBwdKeysPerBlock, bwd_queries_per_tile(kD)>;
+      smem += Fused::DsTile::kBytes + Fused::kSumBytes;
+    } else {
+      return Status::backend_error(
+          "fmha: internal error: the sm90 fused backward has no kernel for this problem");
+    }
+  }
   if constexpr (kTokenTiles) smem += static_cast<int>(sizeof(DkDvTokenTiles<kD>));
   if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
     smem += static_cast<int>(bwd_rel_w_rows_bytes(p.fwd, kD));
@@ -67,6 +80,12 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   }
   if constexpr (kBwdBias<Policy>) {  // reads staged tiles only: else the general policy
     if (!p.fwd.bias_staged) return launch_backward_dkdv<T, kD, PolicyGeneral>(params, stream);
+  }
+  if constexpr (kFusable) {
+    if (fused) {
+      return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0, true>, grid, smem,
+                                       p, stream, "fused dK/dV/dQ");
+    }
   }
   Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0>, grid, smem, p,
                                        stream, "dK/dV");

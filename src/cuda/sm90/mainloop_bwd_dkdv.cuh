@@ -17,6 +17,8 @@
 // Neighborhood attention (kTokenTiles) tiles the grid transposed (token_tiles.cuh): the block's
 // keys are a key box, its query tiles the boxes of the queries that see them, all gathered by
 // token.
+// The fused backward (kFusedDq) also adds dQ = dS K of every tile to an fp32 accumulator
+// (fused_dq.cuh), so that no dQ kernel recomputes S and dP.
 #pragma once
 
 #include <cmath>
@@ -28,6 +30,7 @@
 #include "cuda/common/block_coords.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/fused_dq.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
 #include "cuda/sm90/token_tiles.cuh"
@@ -76,8 +79,8 @@ __device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, floa
 
 // One block's work: dK and dV of its keys for head-dim columns [kCol0, kCol0 + kCols) (all of
 // them up to D = 128; column chunks of 128 above, each chunk its own block recomputing S^T and
-// dP^T over the whole head dim).
-template <typename T, int kD, int kCol0, int kCols, typename Policy>
+// dP^T over the whole head dim); with kFusedDq also the block's share of dQ (fused_dq.cuh).
+template <typename T, int kD, int kCol0, int kCols, typename Policy, bool kFusedDq>
 __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t key_tile) {
   using Mask = typename Policy::Mask;
   constexpr bool kTokenTiles = Mask::kTokenTiles;
@@ -92,6 +95,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   using TokenTiles = DkDvTokenTiles<kD>;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
+  using Fused = FusedDq<kFusedDq ? kD : 64, kN, kM>;
+  static_assert(!kFusedDq || (!kTokenTiles && kCols == kD), "fused: range masks, one chunk");
   constexpr bool kModifiers = std::is_same_v<Policy, PolicyGeneral>;  // softcap, bias
   // A bias alone (score_bias.cuh): natural-unit scores, its tiles staged as the general policy's.
   constexpr bool kBias = std::is_same_v<Policy, PolicyBias>;
@@ -105,7 +110,11 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   auto smem_do = [&](int stage) {
     return smem_v + KTile::kBytes + (kStages + stage) * QTile::kBytes;
   };
-  const std::uint32_t smem_stats = smem_v + KTile::kBytes + 2 * kStages * QTile::kBytes;
+  // Fused: the dS^T tile and (D 64) the dQ sum tile between the dO stages and the statistics.
+  const std::uint32_t smem_ds = smem_v + KTile::kBytes + 2 * kStages * QTile::kBytes;
+  const std::uint32_t smem_sum = smem_ds + Fused::DsTile::kBytes;
+  const std::uint32_t smem_stats =
+      smem_ds + (kFusedDq ? Fused::DsTile::kBytes + Fused::kSumBytes : 0);
   auto smem_lse = [&](int stage) { return smem_stats + stage * kM * 4; };
   auto smem_delta = [&](int stage) { return smem_stats + (kStages + stage) * kM * 4; };
   const float* const stats_ptr = reinterpret_cast<const float*>(smem_k_ptr + (smem_stats - smem_k));
@@ -370,6 +379,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     std::uint32_t pa[kM / 16][4], da[kM / 16][4];
     pack_fragments<T>(s, pa);
     pack_fragments<T>(dp, da);
+    if constexpr (kFusedDq) Fused::store_ds(smem_ds, warp * 16, da, lane);
     fence_accumulators(dv);
     fence_accumulators(dk);
     wgmma_fence();
@@ -379,13 +389,48 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     rs_product<T, kM / 16, QTile>(dv, pa, smem_do(stage) + kChunkOffset);
     rs_product<T, kM / 16, QTile>(dk, da, smem_q(stage) + kChunkOffset);
     wgmma_commit();
-    wgmma_wait<0>();
+    if constexpr (kFusedDq) {
+      // dQ^T = K^T dS^T while dV and dK run, then added to the accumulator.
+      float dq[kM / 8][4];
+      Fused::publish_ds(warpgroup);
+      Fused::template product<T, KTile>(dq, smem_k, smem_ds, warpgroup);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(dq);
+      const int h = step_head(u);
+      const std::int64_t first_query = q_start + m0;
+      float* const accum =
+          p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride + first_query;
+      const int valid_queries = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
+      // dQ^T into the sum tile (D 64: the warpgroups' partial sums meet there), whose rows the
+      // copy engine adds to the accumulator while the block goes on.
+      Fused::wait_sum_read(warpgroup);  // the last step's bulk reductions
+      if constexpr (Fused::kSplitKeys) {
+        __syncthreads();
+        if (warpgroup == 0) Fused::stage(dq, smem_sum, warpgroup, warp, lane, false);
+        __syncthreads();
+        if (warpgroup == 1) Fused::stage(dq, smem_sum, warpgroup, warp, lane, true);
+        fence_proxy_async();
+        __syncthreads();
+      } else {
+        Fused::warpgroup_barrier(warpgroup);
+        Fused::stage(dq, smem_sum, warpgroup, warp, lane, false);
+        fence_proxy_async();
+        Fused::warpgroup_barrier(warpgroup);
+      }
+      Fused::add_sum(reinterpret_cast<const float*>(smem_k_ptr + (smem_sum - smem_k)), accum,
+                     p.accum_col_stride, warpgroup, f.head_dim, valid_queries,
+                     (first_query & 3) == 0);
+    } else {
+      wgmma_wait<0>();
+    }
     fence_accumulators(dv);
     fence_accumulators(dk);
   }
 
   // Epilogue: dk = scale * dK and dv staged in this warp's own rows of the K and V tiles (every
   // product reading them is done after the barrier), then stored 16 bytes at a time.
+  if constexpr (kFusedDq) Fused::wait_sum_done(warpgroup);
   tile::cp_async_wait<0>();
   __syncthreads();
 #pragma unroll
@@ -419,12 +464,13 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
 // Column chunk kChunk of dK/dV for every key tile (block_coords' tile). One kernel per chunk rather
 // than a branch on the block index: with both chunk bodies in one kernel the compiler hoists across
 // them and spills (752 bytes at D = 256, none with one body).
-template <typename T, int kD, typename Policy, int kChunk>
+// kFusedDq: the fused backward's kernel (one chunk, D 64 or 128).
+template <typename T, int kD, typename Policy, int kChunk, bool kFusedDq = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kCol0 = kChunk * bwd_chunk(kD);
   constexpr int kCols = kD - kCol0 < bwd_chunk(kD) ? kD - kCol0 : bwd_chunk(kD);
-  dkdv_block<T, kD, kCol0, kCols, Policy>(p, block_coords(p.fwd).tile);
+  dkdv_block<T, kD, kCol0, kCols, Policy, kFusedDq>(p, block_coords(p.fwd).tile);
 }
 
 }  // namespace fmha::cuda::sm90

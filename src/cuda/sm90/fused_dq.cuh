@@ -1,0 +1,187 @@
+// The fused backward's dQ work inside the sm90 dK/dV kernel (backward_impl = fused; sm_90a only).
+//
+// Per query tile the dK/dV block already holds dS^T (rows = its keys) in registers as the A
+// fragments of dK += dS^T Q. The fused kernel also stores them once to shared memory, in the
+// swizzled layout with rows = keys, and computes dQ^T = K^T dS^T with both operands read
+// M/N-major from the tiles as they lie (K as loaded, dS^T as stored: no transposes). Each thread's
+// dQ^T accumulators hold two consecutive queries of one head-dim column, so the accumulator in
+// global memory is laid out by column, [head_dim][queries] per (batch, head), and a pair is one
+// 8-byte atomic add (a warp's adds fill whole 32-byte sectors). A conversion kernel writes
+// dq = scale * dQ afterwards (backward_rows.cu).
+//
+// The M of a wgmma is 64 rows, so the two warpgroups split the product by head-dim bucket:
+//   D  64: each warpgroup its own 64 keys (the keys of its dS^T rows, after a warpgroup barrier);
+//          the two partial sums meet in a shared-memory tile, whose rows (one per head-dim
+//          column) go to the accumulator as bulk reductions (cp.reduce.async.bulk: the copy
+//          engine adds whole rows while the block goes on). Per-thread atomics were the bound:
+//          the fused backward ran 20-25% slower than the split one with them (8- or 16-byte adds
+//          alike), 23% faster with no adds at all (H100, SAM-B and L 8192);
+//   D 128: each warpgroup 64 head-dim rows over all 128 keys (after a block barrier: the other
+//          warpgroup's dS^T rows), staged and added the same way, each warpgroup its own rows.
+// The split backward (a dQ kernel that recomputes S and dP) does 7 products a tile pair where this
+// does 5, at the price of the atomics; the dispatch chooses (backward.cu).
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common/forward_policies.cuh"
+#include "cuda/sm90/tiles.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace fmha::cuda::sm90 {
+
+// Head-dim buckets with a fused kernel (the work split above).
+constexpr bool fused_dq_bucket(int head_dim_bucket) {
+  return head_dim_bucket == 64 || head_dim_bucket == 128;
+}
+
+// The (bucket, policy) pairs with a fused kernel: range masks (token tiles gather their queries)
+// and score modifiers whose gradients need no per-row sums (rel-pos's drel_h / drel_w are the
+// split dQ kernel's). The dispatch's sm90_fused_backward_applies says the same at run time.
+template <int kD, typename Policy>
+constexpr bool sm90_fused_backward_instantiated() {
+  return fused_dq_bucket(kD) && !Policy::Mask::kTokenTiles &&
+         !std::is_same_v<Policy, PolicyRelPos>;
+}
+
+template <int kD, int kN, int kM>
+struct FusedDq {
+  static_assert(fused_dq_bucket(kD), "the warpgroups split D 64 by keys, D 128 by columns");
+  static constexpr bool kSplitKeys = kD == 64;
+  static constexpr int kKeys = kSplitKeys ? 64 : kN;  // the product's K, per warpgroup
+  using DsTile = SwizzledTile<kN, kM>;                // dS^T: rows = keys, columns = queries
+  // The sum tile after the dS^T tile, [kD columns][kM queries] fp32, rows padded by 8 floats (the
+  // 8 rows of an accumulator store then fall on distinct bank groups; rows stay 16-byte aligned
+  // for the bulk copies).
+  static constexpr int kSumPitch = kM + 8;
+  static constexpr int kSumBytes = kD * kSumPitch * 4;
+  static_assert(kM % 4 == 0 && kSumBytes % 1024 == 0, "16-byte rows, 1024-byte tile");
+
+  // Stores this warp's 16 rows of dS^T (rows first_row.., A fragments of 16 columns each) with
+  // stmatrix: lane l addresses row l % 8 of 8 x 8 matrix l / 8, matrices in fragment order.
+  template <int kSteps>
+  __device__ __forceinline__ static void store_ds(std::uint32_t smem_ds, int first_row,
+                                                  const std::uint32_t (&a)[kSteps][4], int lane) {
+    const int matrix = lane / 8;
+    const int row = first_row + lane % 8 + 8 * (matrix & 1);
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      const std::uint32_t at = smem_ds + DsTile::chunk_offset(row, 2 * kk + (matrix >> 1));
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
+                   "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+                   : "memory");
+    }
+  }
+
+  __device__ __forceinline__ static void warpgroup_barrier(int warpgroup) {
+    if (warpgroup == 0) {
+      named_barrier_sync<1, 128>();
+    } else {
+      named_barrier_sync<2, 128>();
+    }
+  }
+
+  // Makes the stored dS^T rows visible to the warpgroup's (D 64) or the block's (D 128) product.
+  __device__ __forceinline__ static void publish_ds(int warpgroup) {
+    fence_proxy_async();
+    if constexpr (kSplitKeys) {
+      warpgroup_barrier(warpgroup);
+    } else {
+      __syncthreads();
+    }
+  }
+
+  // The warpgroup's first head-dim row and first key of the product.
+  __device__ __forceinline__ static int first_col(int warpgroup) {
+    return kSplitKeys ? 0 : 64 * warpgroup;
+  }
+  __device__ __forceinline__ static int first_key(int warpgroup) {
+    return kSplitKeys ? 64 * warpgroup : 0;
+  }
+
+  // dq = (K^T dS^T) rows [first_col, +64) over keys [first_key, +kKeys): issued, not waited for.
+  template <typename T, typename KTile>
+  __device__ __forceinline__ static void product(float (&dq)[kM / 8][4], std::uint32_t smem_k,
+                                                 std::uint32_t smem_ds, int warpgroup) {
+    mn_product<T, kKeys / 16, KTile, DsTile>(dq, smem_k, first_col(warpgroup), smem_ds,
+                                             first_key(warpgroup));
+  }
+
+  // Writes (accumulate = false) or adds (D 64: the other warpgroup's partial sum is there) this
+  // warpgroup's dQ^T rows into the sum tile.
+  __device__ __forceinline__ static void stage(const float (&dq)[kM / 8][4],
+                                               std::uint32_t smem_sum, int warpgroup, int warp,
+                                               int lane, bool accumulate) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int col = first_col(warpgroup) + (warp % 4) * 16 + lane / 4 + 8 * r;
+#pragma unroll
+      for (int t = 0; t < kM / 8; ++t) {
+        const std::uint32_t at = smem_sum + (col * kSumPitch + t * 8 + 2 * (lane % 4)) * 4;
+        float x0 = dq[t][2 * r], x1 = dq[t][2 * r + 1];
+        if (accumulate) {
+          float y0, y1;
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(y0), "=f"(y1) : "r"(at));
+          x0 += y0;
+          x1 += y1;
+        }
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x0), "f"(x1) : "memory");
+      }
+    }
+  }
+
+  // The threads that add the sum tile's rows: thread t < 64 of a warpgroup its row
+  // first_col + t (D 64: the first warpgroup's only).
+  __device__ __forceinline__ static bool adds_row(int warpgroup) {
+    return static_cast<int>(threadIdx.x) % 128 < 64 && (!kSplitKeys || warpgroup == 0);
+  }
+
+  // Adds the warpgroup's rows of the sum tile (complete, and fenced for the async proxy by their
+  // last writers) to `accum` (as `add`; D 64: all rows, by the first warpgroup). Where the tile's
+  // first query is 16-byte aligned in the accumulator (`bulk`), each row's whole 4-float groups
+  // are one bulk reduction (a bulk group, committed here) and its last 1..3 floats atomics;
+  // elsewhere (varlen sequences starting off a multiple of 4) the warpgroup adds single floats.
+  __device__ __forceinline__ static void add_sum(const float* sum, float* accum,
+                                                 std::int64_t col_stride, int warpgroup,
+                                                 int head_dim, int valid_queries, bool bulk) {
+    if (kSplitKeys && warpgroup != 0) return;
+    const int thread = static_cast<int>(threadIdx.x) % 128;
+    if (bulk) {
+      const int col = first_col(warpgroup) + thread;
+      if (thread < 64 && col < head_dim) {
+        const int whole = valid_queries / 4 * 4;
+        float* const row = accum + col * col_stride;
+        const float* const staged = sum + col * kSumPitch;
+        if (whole > 0) {
+          ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared,
+                                            ::cuda::ptx::op_add, row, staged,
+                                            static_cast<std::uint32_t>(whole * 4));
+        }
+        for (int q = whole; q < valid_queries; ++q) atomicAdd(row + q, staged[q]);
+        ::cuda::ptx::cp_async_bulk_commit_group();
+      }
+      return;
+    }
+    for (int j = thread; j < 64 * kM; j += 128) {
+      const int col = first_col(warpgroup) + j / kM, q = j % kM;
+      if (col < head_dim && q < valid_queries) {
+        atomicAdd(accum + col * col_stride + q, sum[col * kSumPitch + q]);
+      }
+    }
+  }
+
+  // The sum tile may be written again once this thread's bulk reductions have read it (before the
+  // barrier that precedes the writes), and the kernel may end once they are done.
+  __device__ __forceinline__ static void wait_sum_read(int warpgroup) {
+    if (adds_row(warpgroup)) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
+  }
+  __device__ __forceinline__ static void wait_sum_done(int warpgroup) {
+    if (adds_row(warpgroup)) ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
+  }
+
+};
+
+}  // namespace fmha::cuda::sm90
