@@ -74,17 +74,24 @@ def call(q, k, v, kw, deterministic=False):
     return fmha.attention(q, k, v, deterministic=deterministic, **kw)
 
 
+def with_backward_impl(kw, impl):
+    return kw if impl == "auto" else dict(kw, backward_impl=impl)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="sam-b-rel", choices=sorted(CASES))
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--deterministic", action="store_true",
                     help="deterministic=True (the split backward: a dQ kernel, no atomics)")
+    ap.add_argument("--backward-impl", default="auto", choices=["auto", "fused", "split"],
+                    help="the backward's structure (dense attention only)")
     ap.add_argument("--forward-only", action="store_true", help="no backward")
     ap.add_argument("--no-profiler", action="store_true",
                     help="only run the calls (under Nsight Compute: scripts/ncu-kernels.sh)")
     args = ap.parse_args()
     q, k, v, kw, leaves, dout = inputs(CASES[args.case])
+    kw = with_backward_impl(kw, args.backward_impl)
 
     def step():
         with torch.set_grad_enabled(not args.forward_only):
@@ -109,7 +116,9 @@ def main():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             total[e.name] += e.device_time / args.iters  # microseconds per iteration
     what = "forward" if args.forward_only else "forward + backward"
-    print(f"{args.case}{' deterministic' if args.deterministic else ''} ({torch.cuda.get_device_name()}): device time per {what}")
+    how = (" deterministic" if args.deterministic else "") + (
+        f" backward_impl={args.backward_impl}" if args.backward_impl != "auto" else "")
+    print(f"{args.case}{how} ({torch.cuda.get_device_name()}): device time per {what}")
     for name, us in sorted(total.items(), key=lambda x: -x[1])[:12]:
         print(f"{us / 1000:9.3f} ms  {name[:110]}")
 

@@ -30,6 +30,7 @@ struct Options {
   std::string device = "cpu";
   std::string dtype = "fp32";
   std::string direction = "both";  // fwd, bwd or both
+  std::string backward_impl = "auto";  // auto, fused or split
   std::int64_t b = 1, h = 8, hkv = -1, lq = 1024, lk = -1, d = 64, dv = -1;
   bool causal = false;
   int warmup = 2;
@@ -41,7 +42,8 @@ struct Options {
   std::fprintf(stderr,
                "usage: fmha-bench [--device cpu|cuda] [--dtype fp32|fp16|bf16] [--b N] [--h N]\n"
                "                  [--hkv N] [--lq N] [--lk N] [--d N] [--dv N] [--causal]\n"
-               "                  [--direction fwd|bwd|both] [--warmup N] [--reps N]\n"
+               "                  [--direction fwd|bwd|both] [--backward-impl auto|fused|split]\n"
+               "                  [--warmup N] [--reps N]\n"
                "Defaults: cpu fp32 B=1 H=8 Hkv=H Lq=1024 Lk=Lq D=64 Dv=D, both directions,\n"
                "2 warm-up and 20 timed runs. Prints median and p10-p90 ms and TFLOP/s.\n");
   std::exit(message ? 2 : 0);
@@ -71,6 +73,7 @@ Options parse(int argc, char** argv) {
     if (flag == "--device") o.device = value;
     else if (flag == "--dtype") o.dtype = value;
     else if (flag == "--direction") o.direction = value;
+    else if (flag == "--backward-impl") o.backward_impl = value;
     else if (flag == "--b") o.b = parse_int(argv[i - 1], value);
     else if (flag == "--h") o.h = parse_int(argv[i - 1], value);
     else if (flag == "--hkv") o.hkv = parse_int(argv[i - 1], value);
@@ -89,6 +92,8 @@ Options parse(int argc, char** argv) {
   if (o.device != "cpu" && o.device != "cuda") usage("--device must be cpu or cuda");
   if (o.direction != "fwd" && o.direction != "bwd" && o.direction != "both")
     usage("--direction must be fwd, bwd or both");
+  if (o.backward_impl != "auto" && o.backward_impl != "fused" && o.backward_impl != "split")
+    usage("--backward-impl must be auto, fused or split");
   return o;
 }
 
@@ -300,17 +305,20 @@ int main(int argc, char** argv) {
   bwd.grads.dq = view(dq, o.lq, o.h, o.d);
   bwd.grads.dk = view(dk, o.lk, o.hkv, o.d);
   bwd.grads.dv = view(dv, o.lk, o.hkv, o.dv);
+  bwd.backward_impl = o.backward_impl == "fused"   ? fmha::BackwardImpl::kFused
+                      : o.backward_impl == "split" ? fmha::BackwardImpl::kSplit
+                                                   : fmha::BackwardImpl::kAuto;
   die_on_error(fmha::check(fwd), "forward check");
   die_on_error(fmha::check(bwd), "backward check");
 
   const double fwd_flops =
       2.0 * visible_pairs(o) * static_cast<double>(o.b * o.h) * static_cast<double>(o.d + o.dv);
-  std::printf("fmha %s on %s: B=%lld H=%lld Hkv=%lld Lq=%lld Lk=%lld D=%lld Dv=%lld %s %s\n",
+  std::printf("fmha %s on %s: B=%lld H=%lld Hkv=%lld Lq=%lld Lk=%lld D=%lld Dv=%lld %s %s, backward %s\n",
               fmha::version(), o.device.c_str(), static_cast<long long>(o.b),
               static_cast<long long>(o.h), static_cast<long long>(o.hkv),
               static_cast<long long>(o.lq), static_cast<long long>(o.lk),
               static_cast<long long>(o.d), static_cast<long long>(o.dv), o.dtype.c_str(),
-              o.causal ? "causal" : "non-causal");
+              o.causal ? "causal" : "non-causal", o.backward_impl.c_str());
   Timer timer(cuda);
   // The forward also runs once untimed: the backward needs its out and lse.
   die_on_error(fmha::run(fwd), "forward");
