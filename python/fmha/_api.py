@@ -13,6 +13,7 @@ from . import _attention_ops as _ops
 from ._merge_ops import merge_fwd
 
 _ALIGNMENTS = ("top_left", "bottom_right")
+_BACKWARD_IMPLS = ("auto", "fused", "split")
 
 
 def _tensor(t, name: str, *, broadcast_last: bool = False) -> Tensor:
@@ -40,11 +41,15 @@ def _pair(value, name: str, what: str) -> tuple:
 
 def _options(
     scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks, extra_kv,
-    deterministic, allow_tf32,
+    deterministic, backward_impl, allow_tf32,
 ) -> _ops.Options:  # fmt: skip
     if causal_alignment not in _ALIGNMENTS:
         raise ValueError(
             f"fmha: causal_alignment is {causal_alignment!r}; accepted: 'top_left', 'bottom_right'"
+        )
+    if backward_impl not in _BACKWARD_IMPLS:
+        raise ValueError(
+            f"fmha: backward_impl is {backward_impl!r}; accepted: 'auto', 'fused', 'split'"
         )
     window_left, window_right = (-1, -1)
     if window is not None:
@@ -69,6 +74,7 @@ def _options(
         window_left=window_left,
         window_right=window_right,
         deterministic=bool(deterministic),
+        backward_impl=backward_impl,
         allow_tf32=bool(allow_tf32),
     )
 
@@ -89,6 +95,7 @@ def attention(
     extra_kv: Optional[tuple[Tensor, Tensor]] = None,
     return_lse: bool = False,
     deterministic: bool = False,
+    backward_impl: str = "auto",
     allow_tf32: bool = False,
 ) -> Union[Tensor, tuple[Tensor, Tensor]]:
     """Exact attention: softmax(scale * q k^T [softcap] + bias + rel-pos, masked) v.
@@ -104,10 +111,14 @@ def attention(
     with Lk = Hk * Wk (broadcastable likewise). softcap > 0: s = softcap * tanh(s / softcap).
     sinks [H] fp32: one extra logit per head. extra_kv=(extra_k [B, R, Hkv, D],
     extra_v [B, R, Hkv, Dv]): keys every query sees, unmasked, unbiased. deterministic: bitwise
-    reproducible results. allow_tf32: fp32 inputs may use TF32 tensor cores (looser accuracy).
+    reproducible results. backward_impl: how the CUDA backward runs, 'fused' (one pass per K/V
+    block, dQ accumulated in fp32 atomics), 'split' (a dQ kernel and a dK/dV kernel) or 'auto'
+    (chosen per problem by a measured rule); deterministic=True always runs split; the forward
+    and the CPU backend ignore it. allow_tf32: fp32 inputs may use TF32 tensor cores (looser
+    accuracy).
     """
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
-                 extra_kv, deterministic, allow_tf32)  # fmt: skip
+                 extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
     out, lse = _ops.attention_fwd(_tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *o)
     return (out, lse) if return_lse else out
 
@@ -132,6 +143,7 @@ def attention_varlen(
     extra_kv: Optional[tuple[Tensor, Tensor]] = None,
     return_lse: bool = False,
     deterministic: bool = False,
+    backward_impl: str = "auto",
     allow_tf32: bool = False,
 ) -> Union[Tensor, tuple[Tensor, Tensor]]:
     """Attention over a packed batch of variable-length sequences.
@@ -147,7 +159,7 @@ def attention_varlen(
     rel_pos is refused (a packed batch has no common key grid).
     """
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
-                 extra_kv, deterministic, allow_tf32)  # fmt: skip
+                 extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
     out, lse = _ops.attention_varlen_fwd(
         _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"),
         _tensor(cu_seqlens_q, "cu_seqlens_q"), _tensor(cu_seqlens_k, "cu_seqlens_k"),
@@ -169,13 +181,14 @@ def _per_axis(value, num_dims: int, name: str, convert) -> list:
 
 
 def _neighborhood(num_dims, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
-                  return_lse):  # fmt: skip
+                  return_lse, backward_impl):  # fmt: skip
     layout_args = (
         _per_axis(kernel_size, num_dims, "kernel_size", operator.index),
         _per_axis(dilation, num_dims, "dilation", operator.index),
         _per_axis(is_causal, num_dims, "is_causal", bool),
     )
-    o = _options(scale, False, "top_left", None, None, None, 0.0, sinks, extra_kv, False, False)
+    o = _options(scale, False, "top_left", None, None, None, 0.0, sinks, extra_kv, False,
+                 backward_impl, False)  # fmt: skip
     out, lse = _ops.neighborhood_fwd(
         _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *layout_args, *o
     )
@@ -188,8 +201,9 @@ _NA_DOC = """Neighborhood attention over a {n}-D token grid (SPEC §6).
     kernel_size keys around it on every axis (the window shifts inward at borders), spaced by
     dilation; is_causal=True sees only the kernel_size keys up to and including itself on that
     axis. kernel_size / dilation / is_causal: one value for every axis or a tuple of {n}.
-    scale, extra_kv=(extra_k [B, R, Hkv, D], extra_v [B, R, Hkv, Dv]) and sinks [H] as in
-    attention(). Returns out [B, {grid}, H, Dv] and, with return_lse, lse [B, H, {grid}].
+    scale, extra_kv=(extra_k [B, R, Hkv, D], extra_v [B, R, Hkv, Dv]), sinks [H] and
+    backward_impl ('auto' | 'fused' | 'split') as in attention(). Returns out [B, {grid}, H, Dv]
+    and, with return_lse, lse [B, H, {grid}].
     """
 
 
@@ -203,9 +217,10 @@ def na1d(
     extra_kv: Optional[tuple[Tensor, Tensor]] = None,
     sinks: Optional[Tensor] = None,
     return_lse: bool = False,
+    backward_impl: str = "auto",
 ) -> Union[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
     return _neighborhood(1, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
-                         return_lse)  # fmt: skip
+                         return_lse, backward_impl)  # fmt: skip
 
 
 def na2d(
@@ -218,9 +233,10 @@ def na2d(
     extra_kv: Optional[tuple[Tensor, Tensor]] = None,
     sinks: Optional[Tensor] = None,
     return_lse: bool = False,
+    backward_impl: str = "auto",
 ) -> Union[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
     return _neighborhood(2, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
-                         return_lse)  # fmt: skip
+                         return_lse, backward_impl)  # fmt: skip
 
 
 def na3d(
@@ -233,9 +249,10 @@ def na3d(
     extra_kv: Optional[tuple[Tensor, Tensor]] = None,
     sinks: Optional[Tensor] = None,
     return_lse: bool = False,
+    backward_impl: str = "auto",
 ) -> Union[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
     return _neighborhood(3, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
-                         return_lse)  # fmt: skip
+                         return_lse, backward_impl)  # fmt: skip
 
 
 na1d.__doc__ = _NA_DOC.format(n=1, grid="X")

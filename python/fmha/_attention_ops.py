@@ -39,6 +39,7 @@ class Options(NamedTuple):
     window_left: int
     window_right: int
     deterministic: bool
+    backward_impl: str  # 'auto', 'fused' or 'split': read by the backward only
     allow_tf32: bool
 
 
@@ -271,6 +272,7 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
     rel_h, drel_h_buffer, drel_h_full = _rel_pos_for_backward(o.rel_h, rows, need_rel_h)
     rel_w, drel_w_buffer, drel_w_full = _rel_pos_for_backward(o.rel_w, rows, need_rel_w)
     params.options = _c_options(o, _as_4d(bias), rel_h, rel_w, planned=False)
+    params.backward_impl = getattr(_C.BackwardImpl, o.backward_impl)
     grads = _C.AttentionGradients()
     grads.dq = _bridge.view(dq, "dq")
     grads.dk = _bridge.view(dk, "dk")
@@ -338,10 +340,10 @@ def attention_bwd(
     bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
     extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
     causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
-    allow_tf32: bool,
+    backward_impl: str, allow_tf32: bool,
 ) -> Grads:  # fmt: skip
     o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
-                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+                window_left, window_right, deterministic, backward_impl, allow_tf32)  # fmt: skip
     return backward(_Dense, dout, dlse, q, k, v, out, lse, (), needs, o, fake=False)
 
 
@@ -356,10 +358,10 @@ def attention_fwd(
     bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
     extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
     causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
-    allow_tf32: bool,
+    backward_impl: str, allow_tf32: bool,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
-                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+                window_left, window_right, deterministic, backward_impl, allow_tf32)  # fmt: skip
     return forward(_Dense, q, k, v, (), o, fake=False)
 
 
@@ -382,10 +384,10 @@ def attention_varlen_bwd(
     bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
     extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
     causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
-    allow_tf32: bool,
+    backward_impl: str, allow_tf32: bool,
 ) -> Grads:  # fmt: skip
     o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
-                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+                window_left, window_right, deterministic, backward_impl, allow_tf32)  # fmt: skip
     layout_args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return backward(_Varlen, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False)
 
@@ -404,10 +406,10 @@ def attention_varlen_fwd(
     bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
     extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
     causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
-    allow_tf32: bool,
+    backward_impl: str, allow_tf32: bool,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
-                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+                window_left, window_right, deterministic, backward_impl, allow_tf32)  # fmt: skip
     layout_args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return forward(_Varlen, q, k, v, layout_args, o, fake=False)
 
@@ -433,10 +435,10 @@ def neighborhood_bwd(
     bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
     extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
     causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
-    allow_tf32: bool,
+    backward_impl: str, allow_tf32: bool,
 ) -> Grads:  # fmt: skip
     o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
-                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+                window_left, window_right, deterministic, backward_impl, allow_tf32)  # fmt: skip
     layout_args = (kernel_size, dilation, is_causal)
     return backward(_Neighborhood, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False)
 
@@ -455,10 +457,10 @@ def neighborhood_fwd(
     bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
     extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
     causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
-    allow_tf32: bool,
+    backward_impl: str, allow_tf32: bool,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
-                window_left, window_right, deterministic, allow_tf32)  # fmt: skip
+                window_left, window_right, deterministic, backward_impl, allow_tf32)  # fmt: skip
     return forward(_Neighborhood, q, k, v, (kernel_size, dilation, is_causal), o, fake=False)
 
 

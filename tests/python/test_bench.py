@@ -146,3 +146,22 @@ def test_learned_shared_bias_is_a_checked_gradient(tmp_path):
     for r in records:
         assert r["status"] == "ok", r
         assert "dbias" in r["check_errors"] and r["check_ok"], r
+
+
+def test_backward_impl_both_times_fmha_fused_and_split(tmp_path):
+    """--backward-impl both: --impls fmha selects fmha-fused and fmha-split, each checked, timed
+    and compared with the best peer on its own row and summary line."""
+    out = tmp_path / "results"
+    main(["--suite", "quick", "--device", "cpu", "--out", str(out), "--impls", "fmha,naive",
+          "--cases", "^D32 L128$", "--directions", "bwd", "--backward-impl", "both",
+          "--budget-ms", "1", "--min-reps", "2", "--max-reps", "2", "--no-plots"])
+    data = json.loads((out / "quick.json").read_text())
+    assert data["meta"]["impls"] == ["fmha-fused", "fmha-split", "naive"]
+    records = data["records"]
+    assert [r["impl"] for r in records] == ["fmha-fused", "fmha-split", "naive"]
+    for r in records[:2]:
+        assert not r["is_peer"] and r["status"] == "ok" and r["check_ok"], r
+        assert r["best_peer"] == "naive" and r["vs_best_peer"] > 0
+    summary = (out / "summary.txt").read_text()
+    assert " fmha-fused " in summary and " fmha-split " in summary
+    assert "| fmha-fused | bwd |" in (out / "quick.md").read_text()

@@ -110,13 +110,13 @@ def test_compiles_with_inductor():
 
 # ---- opcheck: schema, fake kernels, autograd registration, AOT dispatch (static and dynamic) ----
 
-_OPTIONS_NONE = [None] * 6 + [None, 0.0, False, False, -1, -1, False, False]
+_OPTIONS_NONE = [None] * 6 + [None, 0.0, False, False, -1, -1, False, "auto", False]
 
 
 def _options(bias=None, rel_h=None, rel_w=None, sinks=None, extra_k=None, extra_v=None, scale=None,
              softcap=0.0, causal=False, bottom_right=False, window=(-1, -1)):  # fmt: skip
     return [bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
-            *window, False, False]  # fmt: skip
+            *window, False, "auto", False]  # fmt: skip
 
 
 def _t(*shape, dtype=torch.float64, grad=True, seed=0):

@@ -70,6 +70,9 @@ CASES = {
     "causal_alignment": (
         lambda dev: fmha.attention(*_qkv(dev), causal=True, causal_alignment="bottom"), ValueError,
         ["fmha: causal_alignment is 'bottom'", "'bottom_right'"]),
+    "backward_impl": (
+        lambda dev: fmha.attention(*_qkv(dev), backward_impl="fast"), ValueError,
+        ["fmha: backward_impl is 'fast'", "'auto', 'fused', 'split'"]),
     "softcap_negative": (
         lambda dev: fmha.attention(*_qkv(dev), softcap=-1.0), ValueError,
         ["softcap = -1", ">= 0"]),
@@ -105,6 +108,9 @@ CASES = {
     "na_kernel_float": (
         lambda dev: fmha.na1d(*(torch.randn(1, 8, 2, 8, device=dev) for _ in range(3)), 3.5), TypeError,
         []),
+    "na_backward_impl": (
+        lambda dev: fmha.na1d(*(torch.randn(1, 8, 2, 8, device=dev) for _ in range(3)), 3, backward_impl=None),
+        ValueError, ["fmha: backward_impl is None", "'auto', 'fused', 'split'"]),
     "na_rank": (
         lambda dev: fmha.na2d(*(torch.randn(1, 8, 2, 8, device=dev) for _ in range(3)), 3), ValueError,
         ["fmha: q has rank 4"]),

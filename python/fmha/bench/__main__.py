@@ -58,7 +58,15 @@ def parse_args(argv):
     p.add_argument("--out", help="output folder (default bench/results/<device-name>)")
     p.add_argument("--impls", help="comma-separated implementations to run "
                                    "(fmha, sdpa-flash, sdpa-efficient, sdpa-cudnn, sdpa-math, flex, "
-                                   "naive); default all")
+                                   "naive); default all. With --backward-impl both, fmha "
+                                   "selects fmha-fused and fmha-split")
+    p.add_argument("--backward-impl", choices=("auto", "fused", "split", "both"), default="auto",
+                   help="the backward_impl argument of fmha's functions. auto (default), fused "
+                        "or split: one implementation, named fmha, run with that choice. both: "
+                        "fmha-fused and fmha-split, timed in the same process on the same inputs "
+                        "as the peers (their forward rows time the same forward twice); each row "
+                        "keeps its own 'vs best peer' ratio, the summary has one line per fmha "
+                        "implementation and the exit status covers both")
     p.add_argument("--cases", help="regular expression selecting case names")
     p.add_argument("--directions", default=",".join(DIRECTIONS),
                    help="comma-separated subset of fwd,bwd,fwd+bwd")
@@ -96,15 +104,16 @@ def build(args):
     else:
         limit = 2**28
     settings = Settings(device=device, materialize_limit_bytes=limit, flex_on_cpu=args.flex_cpu,
-                        flex_dynamic={"auto": None, "on": True, "off": False}[args.flex_dynamic])
+                        flex_dynamic={"auto": None, "on": True, "off": False}[args.flex_dynamic],
+                        backward_impl=args.backward_impl)
     impls = all_impls(settings)
     if args.impls:
         wanted = [s.strip() for s in args.impls.split(",") if s.strip()]
-        unknown = set(wanted) - {i.name for i in impls}
+        unknown = set(wanted) - {i.name for i in impls} - {"fmha"}
         if unknown:
             sys.exit(f"fmha.bench: unknown --impls {sorted(unknown)}; "
                      f"available: {', '.join(i.name for i in impls)}")
-        impls = [i for i in impls if i.name in wanted]
+        impls = [i for i in impls if i.name in wanted or (not i.is_peer and "fmha" in wanted)]
     timer_settings = TimerSettings(budget_ms=40.0, min_reps=10, max_reps=100, warmup=2) if cuda \
         else TimerSettings(budget_ms=100.0, min_reps=5, max_reps=20, warmup=1)
     for field in ("budget_ms", "min_reps", "max_reps"):
@@ -155,6 +164,7 @@ def main(argv=None) -> int:
                   "without naive, 1e-2 / 3e-2"),
         "flops": report.FLOP_CONVENTION,
         "cases": len(cases), "impls": [i.name for i in impls],
+        "backward_impl": args.backward_impl,
     }
     print(f"fmha.bench: {args.suite} suite, {len(cases)} cases x {len(impls)} implementations on "
           f"{name} (torch {torch.__version__}, fmha {meta['fmha_version']})", file=sys.stderr)

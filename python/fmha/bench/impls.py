@@ -48,6 +48,7 @@ class Settings:
     mask_limit_elements: int = 1 << 28  # largest [Lq, Lk] bool mask an SDPA peer may be given
     flex_on_cpu: bool = False
     flex_dynamic: object = False  # torch.compile(dynamic=...) for flex_attention (--flex-dynamic)
+    backward_impl: str = "auto"  # fmha's backward_impl, or "both" for fmha-fused and fmha-split
 
 
 _LAYOUT_NAMES = ("q", "k", "v", "out")
@@ -103,8 +104,12 @@ class Impl:
 
 class Fmha(Impl):
     """fmha's own entry points (CUDA kernels, or the CPU backend on CPU tensors)."""
-    name = "fmha"
     is_peer = False
+
+    def __init__(self, settings: Settings, backward_impl: str, name: str = "fmha"):
+        super().__init__(settings)
+        self.backward_impl = backward_impl
+        self.name = name
 
     def prepare(self, case, t):
         try:
@@ -114,7 +119,7 @@ class Fmha(Impl):
         x, leaves, dout, to_common = _prepare_leaves(case, t, _identity_layout)
 
         def options(x):
-            kw = {}
+            kw = {"backward_impl": self.backward_impl}
             if case.causal:
                 kw["causal"] = True
             if case.window is not None:
@@ -335,7 +340,12 @@ class Flex(Impl):
 
 
 def all_impls(settings: Settings) -> list:
-    """fmha first, then every peer, in the order the tables show them."""
-    return [Fmha(settings)] + [Sdpa(settings, b) for b in
+    """fmha first (fmha-fused then fmha-split with backward_impl "both"), then every peer, in the
+    order the tables show them."""
+    if settings.backward_impl == "both":
+        ours = [Fmha(settings, b, f"fmha-{b}") for b in ("fused", "split")]
+    else:
+        ours = [Fmha(settings, settings.backward_impl)]
+    return ours + [Sdpa(settings, b) for b in
                                ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION",
                                 "MATH")] + [Flex(settings), Naive(settings)]

@@ -101,19 +101,22 @@ def format_table(records: list, memory: bool, reason_width: int = 70) -> str:
 
 
 def format_summary(records: list, memory: bool) -> str:
-    """One line per (case, direction): fmha against the best peer (fastest, or least memory)."""
+    """One line per (case, direction) and fmha implementation: fmha against the best peer (fastest,
+    or least memory). With several fmha implementations (--backward-impl both) each line names
+    its own."""
     key = "peak_extra_bytes" if memory else "tflops"
     lines = []
     width = max([len(r["case"]) for r in records] + [4])
+    named = len({r["impl"] for r in records if not r["is_peer"]}) > 1
+    ours_width = 26 if named else 12
     unit = "MiB" if memory else "TFLOP/s"
     ratio_name = "peer/fmha" if memory else "fmha/peer"
-    lines.append(f"{'case'.ljust(width)}  {'dir':<7}  {'fmha ' + unit:<12} "
+    lines.append(f"{'case'.ljust(width)}  {'dir':<7}  {'fmha ' + unit:<{ours_width}} "
                  f"{'best peer ' + unit:<26} {ratio_name:<9}  check")
     groups = OrderedDict()
     for r in records:
         groups.setdefault((r["case"], r["direction"]), []).append(r)
     for (case, direction), rows in groups.items():
-        ours = next((r for r in rows if not r["is_peer"]), None)
         peers = [r for r in rows if r["is_peer"] and r["status"] == "ok" and r.get(key)]
         best = (min if memory else max)(peers, key=lambda r: r[key]) if peers else None
         scale = 2**20 if memory else 1.0
@@ -121,16 +124,18 @@ def format_summary(records: list, memory: bool) -> str:
         def value(r):
             return f"{r[key] / scale:.3g}" if r is not None and r["status"] == "ok" else "n/a"
         peer_text = f"{value(best)} {best['impl']}" if best else "n/a"
-        ratio = "-"
-        if best and ours is not None and ours["status"] == "ok":
-            ratio = f"{(best[key] / ours[key]) if memory else (ours[key] / best[key]):.2f}x"
-        status = ""
-        if ours is not None and ours["status"] != "ok":
-            status = f"{'FAIL' if ours['status'] == 'fail' else 'n/a'}: {ours['reason'][:60]}"
-        elif ours is not None:
-            status = _check_text(ours)
-        lines.append(f"{case.ljust(width)}  {direction:<7}  {value(ours):<12} {peer_text:<26} "
-                     f"{ratio:<9}  {status}")
+        for ours in [r for r in rows if not r["is_peer"]] or [None]:
+            ours_text = f"{value(ours)} {ours['impl']}" if named and ours else value(ours)
+            ratio = "-"
+            if best and ours is not None and ours["status"] == "ok":
+                ratio = f"{(best[key] / ours[key]) if memory else (ours[key] / best[key]):.2f}x"
+            status = ""
+            if ours is not None and ours["status"] != "ok":
+                status = f"{'FAIL' if ours['status'] == 'fail' else 'n/a'}: {ours['reason'][:60]}"
+            elif ours is not None:
+                status = _check_text(ours)
+            lines.append(f"{case.ljust(width)}  {direction:<7}  {ours_text:<{ours_width}} "
+                         f"{peer_text:<26} {ratio:<9}  {status}")
     return "\n".join(lines)
 
 
@@ -185,6 +190,7 @@ def write_plots(out_dir: str, suite: str, meta: dict, records: list, memory: boo
     except ImportError:
         return []
     paths = []
+    ours = {r["impl"] for r in records if not r["is_peer"]}
     directions = ["fwd+bwd"] if memory else ["fwd", "bwd", "fwd+bwd"]
     for direction in directions:
         subset = [r for r in records if r["direction"] == direction]
@@ -200,7 +206,7 @@ def write_plots(out_dir: str, suite: str, meta: dict, records: list, memory: boo
             for impl, points in series.items():
                 xs = [p[0] for p in points]
                 ys = [p[1] / 2**30 if memory else p[1] for p in points]
-                ax.plot(xs, ys, marker="o", linewidth=2.5 if impl == "fmha" else 1.2, label=impl)
+                ax.plot(xs, ys, marker="o", linewidth=2.5 if impl in ours else 1.2, label=impl)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("sequence length (tokens)")
             if memory:
