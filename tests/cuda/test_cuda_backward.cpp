@@ -159,6 +159,16 @@ TEST(CudaBackward, FusedAtBuckets64And128) {
     c.sinks = true;
     check_backward(c, 73);
   }
+  // Bias rows of whole 16-byte chunks are staged, and at D 64 dS^T then takes the bias tile of its
+  // stage: the bias policy alone, and the general one with softcap.
+  for (int d : {64, 40}) {
+    BackwardCase b = shape_case(DType::kBFloat16, 200, 320, d, d, 8, 2, 2);
+    b.bias = true;
+    check_backward(b, 76);
+    b.options.softcap = 20.0f;
+    b.options.causal = true;
+    check_backward(b, 77);
+  }
   BackwardCase c = shape_case(DType::kBFloat16, 0, 0, 128, 128, 4, 2);
   c.varlen_q = {17, 0, 113, 64, 1, 200};
   c.varlen_k = {33, 5, 113, 0, 70, 150};

@@ -58,14 +58,15 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   }
   const dim3 grid = batch_grid(p.fwd, key_tiles, p.fwd.heads / p.fwd.kv_group);
   int smem = bwd_dkdv_smem_bytes<kD, kTokenTiles>();
-  // The fused backward (dq_accum set; sm90_fused_backward_applies): the dS^T tile (and at D 64
-  // the dQ sum tile) after the tiles, before the statistics.
+  // The fused backward (dq_accum set; sm90_fused_backward_applies): the dQ sum tile after the
+  // tiles, the tail after the statistics aligned to 1024 bytes, and the dS^T tile there unless the
+  // bias is staged (then it takes the bias tile of its stage: mainloop_bwd_dkdv.cuh).
   constexpr bool kFusable = sm90_fused_backward_instantiated<kD, Policy>();
+  using Fused = FusedDq<kFusable ? kD : 64, kBwdKeysPerBlock, bwd_queries_per_tile(kD)>;
   const bool fused = p.dq_accum != nullptr;
   if (fused) {
     if constexpr (kFusable) {
-      using Fused = FusedDq<kD, kBwdKeysPerBlock, bwd_queries_per_tile(kD)>;
-      smem += Fused::DsTile::kBytes + Fused::kSumBytes;
+      smem += Fused::kSumBytes + 1024;
     } else {
       return Status::backend_error(
           "fmha: internal error: the sm90 fused backward has no kernel for this problem");
@@ -83,6 +84,8 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   }
   if constexpr (kFusable) {
     if (fused) {
+      const bool ds_in_bias = kBwdBias<Policy> || (kBwdModifiers<Policy> && p.fwd.bias_staged);
+      if (!ds_in_bias) smem += Fused::DsTile::kBytes;
       return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0, true>, grid, smem,
                                        p, stream, "fused dK/dV/dQ");
     }

@@ -110,22 +110,30 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   auto smem_do = [&](int stage) {
     return smem_v + KTile::kBytes + (kStages + stage) * QTile::kBytes;
   };
-  // Fused: the dS^T tile and (D 64) the dQ sum tile between the dO stages and the statistics.
-  const std::uint32_t smem_ds = smem_v + KTile::kBytes + 2 * kStages * QTile::kBytes;
-  const std::uint32_t smem_sum = smem_ds + Fused::DsTile::kBytes;
-  const std::uint32_t smem_stats =
-      smem_ds + (kFusedDq ? Fused::DsTile::kBytes + Fused::kSumBytes : 0);
+  // Fused: the dQ sum tile between the dO stages and the statistics, and the tail (below) 1024-byte
+  // aligned for the dS^T tile.
+  const std::uint32_t smem_sum = smem_v + KTile::kBytes + 2 * kStages * QTile::kBytes;
+  const std::uint32_t smem_stats = smem_sum + (kFusedDq ? Fused::kSumBytes : 0);
+  const std::uint32_t smem_after_stats = smem_stats + 2 * kStages * kM * 4;
+  const std::uint32_t smem_tail =
+      kFusedDq ? (smem_after_stats + 1023u) & ~1023u : smem_after_stats;
   auto smem_lse = [&](int stage) { return smem_stats + stage * kM * 4; };
   auto smem_delta = [&](int stage) { return smem_stats + (kStages + stage) * kM * 4; };
   const float* const stats_ptr = reinterpret_cast<const float*>(smem_k_ptr + (smem_stats - smem_k));
   // Rel-pos: rel_w rows of each stage's query tile.
   [[maybe_unused]] const int rel_pitch = static_cast<int>(rel_w_rows_pitch(f.rel_w_size));
-  [[maybe_unused]] const std::uint32_t smem_rel = smem_stats + 2 * kStages * kM * 4;
+  [[maybe_unused]] const std::uint32_t smem_rel = smem_after_stats;
   [[maybe_unused]] const bool rel_h_staged = rel_h_staged_in_pairs(f, kN);
   // General and bias policies: the bias tile of each stage's query tile, in the same place.
   [[maybe_unused]] auto smem_bias = [&](int stage) {
-    return smem_stats + 2 * kStages * kM * 4 + stage * bwd_dkdv_bias_tile_bytes(kD);
+    return smem_tail + stage * bwd_dkdv_bias_tile_bytes(kD);
   };
+  // Fused: the step's dS^T tile is the bias tile of its own stage where the bias is staged (the
+  // scores have read it by then, and the stage's next copies come after the step), else a tile of
+  // its own at the tail. Staged bias tiles and dS^T's own tile would not fit together at D 64.
+  [[maybe_unused]] const bool ds_in_bias = kBias || (kModifiers && f.bias_staged);
+  static_assert(!kFusedDq || bwd_dkdv_bias_tile_bytes(kD) == Fused::DsTile::kBytes,
+                "dS^T fits a bias tile exactly");
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -379,7 +387,11 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     std::uint32_t pa[kM / 16][4], da[kM / 16][4];
     pack_fragments<T>(s, pa);
     pack_fragments<T>(dp, da);
-    if constexpr (kFusedDq) Fused::store_ds(smem_ds, warp * 16, da, lane);
+    [[maybe_unused]] const std::uint32_t smem_ds = ds_in_bias ? smem_bias(stage) : smem_tail;
+    if constexpr (kFusedDq) {
+      if (ds_in_bias) __syncthreads();  // every warp has read the stage's bias tile
+      Fused::store_ds(smem_ds, warp * 16, da, lane);
+    }
     fence_accumulators(dv);
     fence_accumulators(dk);
     wgmma_fence();
