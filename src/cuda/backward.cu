@@ -232,8 +232,12 @@ BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, b
 // deterministic forces split, whose reductions all run in a fixed order.
 // On Hopper both structures run sm90 kernels where they apply (use_sm90_backward; the fused one
 // at D 64 / 128 without rel-pos or dbias, sm90_fused_backward_applies); fused asked for where only
-// the split sm90 kernels apply runs the sm80 fused kernels. Auto on Hopper: split (the fused sm90
-// kernel is new; its rule comes with its measurements).
+// the split sm90 kernels apply runs the sm80 fused kernels. Auto on Hopper: split. Measured on an
+// H100 (bf16, session 11, bench/results/nvidia-h100-80gb-hbm3/session11/): the fused sm90 kernel
+// took 1.00-1.24x the split time in the dense cells (D 64 / 128, L 512-8192, causal or not; D 128
+// L 8192 level) and at SAM-B (1.13x; with a [1, H, L, L] bias 1.09x): its dQ reductions cost more
+// than the dQ kernel's recomputed S and dP. (D 128 causal L 512 ran 0.64x there against a split
+// run whose p10-p90 spread 0.68-1.26 ms; session 10 measured that split cell at 0.54 ms, 0.87x.)
 bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl, int sm_count,
                bool sm90) {
   if (o.deterministic) return false;

@@ -3,11 +3,12 @@
 // Per query tile the dK/dV block already holds dS^T (rows = its keys) in registers as the A
 // fragments of dK += dS^T Q. The fused kernel also stores them once to shared memory, in the
 // swizzled layout with rows = keys, and computes dQ^T = K^T dS^T with both operands read
-// M/N-major from the tiles as they lie (K as loaded, dS^T as stored: no transposes). Each thread's
-// dQ^T accumulators hold two consecutive queries of one head-dim column, so the accumulator in
-// global memory is laid out by column, [head_dim][queries] per (batch, head), and a pair is one
-// 8-byte atomic add (a warp's adds fill whole 32-byte sectors). A conversion kernel writes
-// dq = scale * dQ afterwards (backward_rows.cu).
+// M/N-major from the tiles as they lie (K as loaded, dS^T as stored: no transposes). The product
+// leaves dQ^T in registers, rows = head-dim columns, so the accumulator in global memory is laid
+// out by column, [head_dim][queries] per (batch, head): a sum tile row is a run of queries of one
+// column, added by one bulk reduction. A conversion kernel writes dq = scale * dQ afterwards
+// (backward_rows.cu). Where the bias is staged (D 64), dS^T takes the bias tile of its own stage
+// (mainloop_bwd_dkdv.cuh): the two would not fit side by side.
 //
 // The M of a wgmma is 64 rows, so the two warpgroups split the product by head-dim bucket:
 //   D  64: each warpgroup its own 64 keys (the keys of its dS^T rows, after a warpgroup barrier);
@@ -19,7 +20,11 @@
 //   D 128: each warpgroup 64 head-dim rows over all 128 keys (after a block barrier: the other
 //          warpgroup's dS^T rows), staged and added the same way, each warpgroup its own rows.
 // The split backward (a dQ kernel that recomputes S and dP) does 7 products a tile pair where this
-// does 5, at the price of the atomics; the dispatch chooses (backward.cu).
+// does 5, at the price of the reductions. Measured on an H100 (bf16, session 11) the reductions
+// cost more than the two products: fused 1.00-1.24x the split time at D 64 / 128, L 512-8192,
+// causal or not, and at SAM-B; so backward_impl = auto runs split on Hopper (backward.cu).
+// At D 128 a bias cannot be staged beside the sum tile: the general policy reads it from global
+// memory (B2 H16 L2048 D128: 2.8x the split time).
 #pragma once
 
 #include <cuda/ptx>

@@ -1,6 +1,7 @@
 // Tile-size choices of the sm90 (wgmma) backward kernels, one place, each with its reason.
-// The split structure only (a dK/dV kernel and a dQ kernel, no atomics): every product keeps its
-// accumulator in registers, and each kernel is the forward's loop with one more product.
+// The split structure (a dK/dV kernel and a dQ kernel, no atomics): every product keeps its
+// accumulator in registers, and each kernel is the forward's loop with one more product. The fused
+// structure is the dK/dV kernel with the same tiles and one more product (fused_dq.cuh).
 #pragma once
 
 #include <cstdint>
