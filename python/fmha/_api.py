@@ -13,7 +13,6 @@ from . import _attention_ops as _ops
 from ._merge_ops import merge_fwd
 
 _ALIGNMENTS = ("top_left", "bottom_right")
-_BACKWARD_IMPLS = ("auto", "fused", "split")
 
 
 def _tensor(t, name: str, *, broadcast_last: bool = False) -> Tensor:
@@ -47,10 +46,7 @@ def _options(
         raise ValueError(
             f"fmha: causal_alignment is {causal_alignment!r}; accepted: 'top_left', 'bottom_right'"
         )
-    if backward_impl not in _BACKWARD_IMPLS:
-        raise ValueError(
-            f"fmha: backward_impl is {backward_impl!r}; accepted: 'auto', 'fused', 'split'"
-        )
+    _ops.check_backward_impl(backward_impl)
     window_left, window_right = (-1, -1)
     if window is not None:
         pair = _pair(window, "window", "(left, right) of ints, each >= 0 or -1 for unbounded")

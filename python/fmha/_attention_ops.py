@@ -43,6 +43,15 @@ class Options(NamedTuple):
     allow_tf32: bool
 
 
+BACKWARD_IMPLS = ("auto", "fused", "split")
+
+
+def check_backward_impl(name) -> None:
+    """The public functions check it first; the ops check it again for direct torch.ops calls."""
+    if name not in BACKWARD_IMPLS:
+        raise ValueError(f"fmha: backward_impl is {name!r}; accepted: 'auto', 'fused', 'split'")
+
+
 _NUM_OPTIONAL_GRADS = 6  # bias, rel_h, rel_w, sinks, extra_k, extra_v: the first fields of Options
 
 
@@ -198,6 +207,7 @@ def _out_shape(q: Tensor, v: Tensor) -> tuple:
 def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
     """Checks, allocates (out, lse) and runs one forward call. With fake=True (torch.compile's
     tracing) only the metadata exists: the check still runs when the shapes are static."""
+    check_backward_impl(o.backward_impl)
     out_shape = _out_shape(q, v)
     lse_shape = layout.lse_shape(q, layout_args)
     lse_dtype = _lse_dtype(q)
@@ -233,6 +243,7 @@ def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
 def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Options, *, fake: bool):
     """Allocates and computes (dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v).
     dbias has the bias's own shape: the C++ layer sums over its broadcast dimensions."""
+    check_backward_impl(o.backward_impl)
     need_bias, need_rel_h, need_rel_w, need_sinks, need_extra_k, need_extra_v = (
         bool(n) and t is not None for n, t in zip(needs, o[:_NUM_OPTIONAL_GRADS])
     )

@@ -55,6 +55,16 @@ def test_backward_impl_reaches_the_backward_params(layout, monkeypatch):
     assert seen == [getattr(fmha._C.BackwardImpl, name) for name in IMPLS]
 
 
+def test_direct_op_calls_refuse_an_unknown_backward_impl():
+    q, k, v = randn(1, 8, 2, 8, seed=1), randn(1, 8, 2, 8, seed=2), randn(1, 8, 2, 8, seed=3)
+    options = [None] * 6 + [None, 0.0, True, False, -1, -1, False, "fast", False]
+    with pytest.raises(ValueError, match="backward_impl is 'fast'; accepted: 'auto', 'fused'"):
+        torch.ops.fmha.attention_fwd(q, k, v, *options)
+    out, lse = torch.ops.fmha.attention_fwd(q, k, v, *options[:-2], "auto", False)
+    with pytest.raises(ValueError, match="backward_impl is 'fast'"):
+        torch.ops.fmha.attention_bwd(out, None, q, k, v, out, lse, [False] * 6, *options)
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_cpu_gradients_are_the_same_for_every_backward_impl(layout):
     grads = {backward_impl: _cpu_gradients(layout, backward_impl) for backward_impl in IMPLS}
