@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 11 call 6 (experiment): the D 64 forward with one warpgroup a block (64 rows, two blocks an
 # SM, no ping-pong) against main's two warpgroups (128 rows, one block an SM, ping-pong). fmha-bench.
+# Ran as .gpu/s11call6.sh, with the two stripped, xz-packed fmha-bench builds in .gpu/probe.
 cd "$(dirname "$0")/probe"
 cuda_root="$(dirname "$(command -v nvcc)")/.."
 export LD_LIBRARY_PATH="$cuda_root/lib64:$cuda_root/lib:${LD_LIBRARY_PATH:-}"
