@@ -27,9 +27,8 @@
 // memory (B2 H16 L2048 D128: 2.8x the split time).
 #pragma once
 
-#include <cuda/ptx>
-
 #include <cstdint>
+#include <cuda/ptx>
 #include <type_traits>
 
 #include "cuda/common/forward_policies.cuh"
@@ -186,7 +185,6 @@ struct FusedDq {
   __device__ __forceinline__ static void wait_sum_done(int warpgroup) {
     if (adds_row(warpgroup)) ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
   }
-
 };
 
 }  // namespace fmha::cuda::sm90
