@@ -300,7 +300,8 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   const std::int64_t heads = p.fwd.heads;
   const std::int64_t stats = outer * heads * inner;
   // The sm90 fused kernel's accumulator is by column (fused_dq.cuh): rows of inner_pad queries,
-  // 16-byte aligned, so that query pairs are 8-byte aligned where the tile's first query is even.
+  // 16-byte aligned, so that a tile's bulk reductions start aligned where its first query is a
+  // multiple of 4.
   const std::int64_t inner_pad = sm90 && fused ? (inner + 3) / 4 * 4 : inner;
   const std::int64_t accum = fused ? outer * heads * inner_pad * p.fwd.head_dim : 0;
   const std::int64_t stat_floats = 2 * stats + (p.dsinks != nullptr ? stats : 0);

@@ -190,8 +190,8 @@ bool use_sm90_backward(const BackwardParams& p, bool wants_dbias, DType dtype, i
 
 bool sm90_fused_backward_applies(const BackwardParams& p, bool wants_dbias) {
 #if FMHA_WITH_SM90
-  const int bucket = sm80::head_dim_bucket(max_dim(p));
-  return (bucket == 64 || bucket == 128) && p.fwd.neighborhood.rank == 0 &&
+  return sm90::bwd_fused_bucket(sm80::head_dim_bucket(max_dim(p))) &&
+         p.fwd.neighborhood.rank == 0 &&
          p.fwd.rel_h == nullptr && !wants_dbias;
 #else
   (void)p;

@@ -30,10 +30,10 @@ Status dispatch_backward_dq(const BackwardParams& p, DType dtype, cudaStream_t s
 // not both), SAM rel-pos alone where its layout applies; sinks and GQA run. Neighborhood
 // attention, extra keys and fp32 run the sm80 kernels.
 bool use_sm90_backward(const BackwardParams& p, bool wants_dbias, DType dtype, int arch);
-// Whether the sm90 fused kernel (dK/dV with dQ atomics, fused_dq.cuh) takes a problem that
+// Whether the sm90 fused kernel (dK/dV with dQ reductions, fused_dq.cuh) takes a problem that
 // use_sm90_backward takes: head-dim buckets 64 and 128, no rel-pos, no dbias, no neighborhood.
 bool sm90_fused_backward_applies(const BackwardParams& p, bool wants_dbias);
-// The sm90 dK/dV kernel (with the dQ atomics when p.dq_accum is set: only where
+// The sm90 dK/dV kernel (with the dQ reductions when p.dq_accum is set: only where
 // sm90_fused_backward_applies) and the sm90 dQ kernel; only when use_sm90_backward.
 Status dispatch_backward_sm90_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream);
 Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);

@@ -14,9 +14,9 @@
 //   D  64: each warpgroup its own 64 keys (the keys of its dS^T rows, after a warpgroup barrier);
 //          the two partial sums meet in a shared-memory tile, whose rows (one per head-dim
 //          column) go to the accumulator as bulk reductions (cp.reduce.async.bulk: the copy
-//          engine adds whole rows while the block goes on). Per-thread atomics were the bound:
-//          the fused backward ran 20-25% slower than the split one with them (8- or 16-byte adds
-//          alike), 23% faster with no adds at all (H100, SAM-B and L 8192);
+//          engine adds whole rows while the block goes on). They cost what per-thread atomics
+//          cost, and plain bulk copies of the same rows as much again: the bytes bound the
+//          kernel, not the adds (H100, session 11: 15% faster than split with no dQ traffic);
 //   D 128: each warpgroup 64 head-dim rows over all 128 keys (after a block barrier: the other
 //          warpgroup's dS^T rows), staged and added the same way, each warpgroup its own rows.
 // The split backward (a dQ kernel that recomputes S and dP) does 7 products a tile pair where this
@@ -32,28 +32,24 @@
 #include <type_traits>
 
 #include "cuda/common/forward_policies.cuh"
+#include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace fmha::cuda::sm90 {
-
-// Head-dim buckets with a fused kernel (the work split above).
-constexpr bool fused_dq_bucket(int head_dim_bucket) {
-  return head_dim_bucket == 64 || head_dim_bucket == 128;
-}
 
 // The (bucket, policy) pairs with a fused kernel: range masks (token tiles gather their queries)
 // and score modifiers whose gradients need no per-row sums (rel-pos's drel_h / drel_w are the
 // split dQ kernel's). The dispatch's sm90_fused_backward_applies says the same at run time.
 template <int kD, typename Policy>
 constexpr bool sm90_fused_backward_instantiated() {
-  return fused_dq_bucket(kD) && !Policy::Mask::kTokenTiles &&
+  return bwd_fused_bucket(kD) && !Policy::Mask::kTokenTiles &&
          !std::is_same_v<Policy, PolicyRelPos>;
 }
 
 template <int kD, int kN, int kM>
 struct FusedDq {
-  static_assert(fused_dq_bucket(kD), "the warpgroups split D 64 by keys, D 128 by columns");
+  static_assert(bwd_fused_bucket(kD), "the warpgroups split D 64 by keys, D 128 by columns");
   static constexpr bool kSplitKeys = kD == 64;
   static constexpr int kKeys = kSplitKeys ? 64 : kN;  // the product's K, per warpgroup
   using DsTile = SwizzledTile<kN, kM>;                // dS^T: rows = keys, columns = queries

@@ -9,7 +9,8 @@
 
 namespace fmha::cuda::sm90 {
 
-// dK/dV of the split backward (no dQ work), and the dQ kernel; asynchronous, launch errors only.
+// dK/dV (the split backward's, or the fused one's with dQ when p.dq_accum is set), and the dQ
+// kernel; asynchronous, launch errors only.
 template <typename T, int kD, typename Policy>
 Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream);
 template <typename T, int kD, typename Policy>

@@ -27,6 +27,12 @@ constexpr int bwd_num_chunks(int head_dim_bucket) {
   return (head_dim_bucket + kBwdMaxChunk - 1) / kBwdMaxChunk;
 }
 
+// Head-dim buckets with a fused kernel (the dK/dV kernel adding dQ as well: fused_dq.cuh, whose
+// two warpgroups split the dQ product by keys at D 64 and by head-dim columns at D 128).
+constexpr bool bwd_fused_bucket(int head_dim_bucket) {
+  return head_dim_bucket == 64 || head_dim_bucket == 128;
+}
+
 // Both kernels: two warpgroups (256 threads), each owning 64 rows of the block's own side.
 inline constexpr int kBwdThreads = 256;
 
