@@ -46,9 +46,9 @@ struct BackwardParams {
   float* sink_term = nullptr;
   std::int64_t stat_batch_stride = 0, stat_head_stride = 0;
   // Fused mode: dQ accumulated in fp32 (sm80: atomics; sm90: bulk reductions); nullptr in split
-  // mode (the dQ kernel writes dq directly). The sm80 kernels' layout is by row, [B, H, Lq, D] (varlen [H, total_q, D]): row
-  // stride D, column stride 1; the sm90 fused kernel's by column, [B, H, D, Lq'] with Lq' = Lq
-  // rounded up to 4 (fused_dq.cuh): row stride 1, column stride Lq'.
+  // mode (the dQ kernel writes dq directly). The sm80 kernels' layout is by row, [B, H, Lq, D]
+  // (varlen [H, total_q, D]): row stride D, column stride 1; the sm90 fused kernel's by column,
+  // [B, H, D, Lq'] with Lq' = Lq rounded up to 4 (fused_dq.cuh): row stride 1, column stride Lq'.
   float* dq_accum = nullptr;
   std::int64_t accum_batch_stride = 0, accum_head_stride = 0, accum_row_stride = 0;
   std::int64_t accum_col_stride = 1;

@@ -47,6 +47,16 @@ constexpr bool sm90_fused_backward_instantiated() {
          !std::is_same_v<Policy, PolicyRelPos>;
 }
 
+// Whether a step's dS^T takes the bias tile of its own stage (mainloop_bwd_dkdv.cuh) instead of a
+// tile of its own: wherever bias tiles are staged, i.e. always for the bias policy and, for the
+// general one, when the launcher staged them (f.bias_staged). One rule for the launcher's shared
+// memory and the kernel's addresses.
+template <typename Policy>
+__host__ __device__ constexpr bool ds_in_bias_tile(bool bias_staged) {
+  return std::is_same_v<Policy, PolicyBias> ||
+         (std::is_same_v<Policy, PolicyGeneral> && bias_staged);
+}
+
 template <int kD, int kN, int kM>
 struct FusedDq {
   static_assert(bwd_fused_bucket(kD), "the warpgroups split D 64 by keys, D 128 by columns");

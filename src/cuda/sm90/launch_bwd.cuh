@@ -84,8 +84,7 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   }
   if constexpr (kFusable) {
     if (fused) {
-      const bool ds_in_bias = kBwdBias<Policy> || (kBwdModifiers<Policy> && p.fwd.bias_staged);
-      if (!ds_in_bias) smem += Fused::DsTile::kBytes;
+      if (!ds_in_bias_tile<Policy>(p.fwd.bias_staged)) smem += Fused::DsTile::kBytes;
       return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0, true>, grid, smem,
                                        p, stream, "fused dK/dV/dQ");
     }

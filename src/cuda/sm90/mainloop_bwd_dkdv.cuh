@@ -131,7 +131,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   // Fused: the step's dS^T tile is the bias tile of its own stage where the bias is staged (the
   // scores have read it by then, and the stage's next copies come after the step), else a tile of
   // its own at the tail. Staged bias tiles and dS^T's own tile would not fit together at D 64.
-  [[maybe_unused]] const bool ds_in_bias = kBias || (kModifiers && f.bias_staged);
+  [[maybe_unused]] const bool ds_in_bias = ds_in_bias_tile<Policy>(f.bias_staged);
   static_assert(!kFusedDq || bwd_dkdv_bias_tile_bytes(kD) == Fused::DsTile::kBytes,
                 "dS^T fits a bias tile exactly");
 
