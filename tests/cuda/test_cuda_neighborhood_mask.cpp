@@ -50,6 +50,32 @@ void expect_same_tiles(const fmha::cuda::neighborhood::BlockTiles& searched,
   EXPECT_EQ(searched.num_seen_tiles, preset.num_seen_tiles) << "block " << block;
 }
 
+// The sm90 kernels' bit-mask test (neighborhood_mask.cuh, visible_columns) for boxes of one shape
+// and `columns` columns: whether column c of the box at `origin` lies in `window`, read from the
+// prefix table of c's lane quad as the kernels read it (bit 2t + e for column 2 * quad + e + 8t).
+class ColumnBitTest {
+ public:
+  ColumnBitTest(const int (&shape)[3], int columns) : shape_{shape[0], shape[1], shape[2]} {
+    namespace nb = fmha::cuda::neighborhood;
+    for (int quad = 0; quad < 4; ++quad) {
+      for (int e = 0; e < nb::prefix_entries(shape); ++e) {
+        prefix_[quad].push_back(nb::column_prefix_bits(shape, columns / 8, quad, e));
+      }
+    }
+  }
+  bool operator()(const int (&origin)[3], const fmha::cuda::neighborhood::AxisWindow (&window)[3],
+                  int c) const {
+    const int quad = (c % 8) / 2, bit = 2 * (c / 8) + c % 2;
+    const unsigned seen = fmha::cuda::neighborhood::visible_columns(
+        prefix_[quad].data(), shape_, origin, window);
+    return (seen >> bit) & 1u;
+  }
+
+ private:
+  int shape_[3];
+  std::vector<unsigned> prefix_[4];
+};
+
 void check_geometry(const Geometry& geo) {
   SCOPED_TRACE(describe(geo));
   fmha::cuda::NeighborhoodGrid grid;
@@ -133,6 +159,26 @@ void check_geometry(const Geometry& geo) {
             }
           }
         }
+        // The bit-mask test of every row against every key box equals the mask.
+        const ColumnBitTest column_bit(bt.seen_shape, keys);
+        for (int u = 0; u < bt.num_seen_tiles; ++u) {
+          int origin[3];
+          nb::seen_box_origin(bt, u, origin);
+          for (int r = 0; r < rows; ++r) {
+            nb::AxisWindow w[3];
+            const int i = nb::own_box_entry(grid, bt, r, /*transposed=*/false, w);
+            for (int c = 0; c < keys; ++c) {
+              int yk[3];
+              const int j = nb::box_token(grid, bt.seen_shape, origin, c, yk);
+              const bool expected = i >= 0 && j >= 0 && sees(i, j);
+              if (column_bit(origin, w, c) != expected && ++wrong <= 5) {
+                ADD_FAILURE() << "block " << block << " key box " << u << " row " << r
+                              << " column " << c << ": bit test " << !expected << ", mask "
+                              << expected;
+              }
+            }
+          }
+        }
         for (int u = 0; u < bt.num_seen_tiles; ++u) {
           if (!nb::seen_box_is_full(grid, bt, u, keys)) continue;
           int origin[3];
@@ -174,6 +220,7 @@ void check_geometry(const Geometry& geo) {
         const nb::BlockTiles bt = nb::block_tiles(grid, block, keys, rows, /*transposed=*/true);
         expect_same_tiles(bt, nb::block_tiles(preset, block, keys, rows, /*transposed=*/true),
                           block);
+        const ColumnBitTest column_bit(bt.seen_shape, rows);
         std::vector<int> query_seen(static_cast<std::size_t>(tokens), 0);
         std::vector<std::array<int, 3>> query_pos(static_cast<std::size_t>(tokens));
         for (int u = 0; u < bt.num_seen_tiles; ++u) {
@@ -203,6 +250,12 @@ void check_geometry(const Geometry& geo) {
               if (test != sees(i, j) && ++wrong <= 5) {
                 ADD_FAILURE() << "key block " << block << " query box " << u << " key " << j
                               << " query " << i << ": byte test " << test << ", mask "
+                              << sees(i, j);
+              }
+              const bool bit = column_bit(origin, w, c);
+              if (bit != sees(i, j) && ++wrong <= 5) {
+                ADD_FAILURE() << "key block " << block << " query box " << u << " key " << j
+                              << " query " << i << ": bit test " << bit << ", mask "
                               << sees(i, j);
               }
             }

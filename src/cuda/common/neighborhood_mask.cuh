@@ -112,6 +112,7 @@ __host__ __device__ __forceinline__ RowWindow empty_window() {
 // y' with p >= n_g (groups shorter than L, when d does not divide X) are holes: no token.
 
 __host__ __device__ __forceinline__ int group_positions(const NeighborhoodGrid& g, int r) {
+  if (g.dilation[r] == 1) return g.size[r];               // no division on undilated axes
   return (g.size[r] + g.dilation[r] - 1) / g.dilation[r];  // L
 }
 // Group-major extent of axis r: d * L (>= X; the excess are holes).
@@ -275,10 +276,41 @@ __host__ __device__ __forceinline__ void full_interval(const NeighborhoodGrid& g
   *hi = any ? first_window.hi : 0;
 }
 
-__host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGrid& g, int block,
-                                                           int rows, int keys,
-                                                           bool transposed = false) {
-  BlockTiles t;
+// Boxes of `shape` (a power of two) along axis r.
+__host__ __device__ __forceinline__ int boxes_on_axis(const NeighborhoodGrid& g, int r, int shape) {
+  return (group_major_extent(g, r) + shape - 1) >> log2_pow2(shape);
+}
+
+// Axis r of block_tiles for the block's box `index` along that axis (its shapes already set).
+__host__ __device__ __forceinline__ void block_tiles_axis(const NeighborhoodGrid& g, int r,
+                                                          int index, bool transposed,
+                                                          BlockTiles& t) {
+  const int extent = group_major_extent(g, r);
+  t.box_origin[r] = index * t.box_shape[r];
+  const int box_last = t.box_origin[r] + t.box_shape[r] - 1;
+  const int last = min_int(box_last, extent - 1);
+  // Both window bounds grow with y': the tokens the box sees lie between these two.
+  const AxisWindow first_window = group_major_window(g, r, t.box_origin[r], transposed);
+  const AxisWindow last_window = group_major_window(g, r, last, transposed);
+  t.seen_origin[r] = first_window.lo;
+  t.seen_tiles[r] =
+      (last_window.hi - first_window.lo + t.seen_shape[r]) >> log2_pow2(t.seen_shape[r]);
+  full_interval(g, r, t.box_origin[r], box_last, first_window, last_window, transposed,
+                &t.full_lo[r], &t.full_hi[r]);
+}
+
+// The box index along axis r of block `block` (axis 2 fastest).
+__host__ __device__ __forceinline__ int block_index_on_axis(const NeighborhoodGrid& g,
+                                                            const int (&box_shape)[3], int block,
+                                                            int r) {
+  int inner = 1;
+  for (int a = 2; a > r; --a) inner *= boxes_on_axis(g, a, box_shape[a]);
+  const int index = block / inner;
+  return r == 0 ? index : index % boxes_on_axis(g, r, box_shape[r]);
+}
+
+__host__ __device__ __forceinline__ void block_shapes(const NeighborhoodGrid& g, int rows, int keys,
+                                                      BlockTiles& t) {
   if (g.box_shape[0] > 0) {  // found by the launcher (set_box_shapes) for these rows and keys
     for (int r = 0; r < 3; ++r) {
       t.box_shape[r] = g.box_shape[r];
@@ -288,26 +320,37 @@ __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGri
     block_box_shape(g, rows, t.box_shape);
     seen_box_shape(g, t.box_shape, keys, t.seen_shape);
   }
+}
+
+__host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGrid& g, int block,
+                                                           int rows, int keys,
+                                                           bool transposed = false) {
+  BlockTiles t;
+  block_shapes(g, rows, keys, t);
   t.num_seen_tiles = 1;
   for (int r = 2; r >= 0; --r) {
-    const int extent = group_major_extent(g, r);
-    const int boxes = (extent + t.box_shape[r] - 1) / t.box_shape[r];
-    t.box_origin[r] = block % boxes * t.box_shape[r];
-    block /= boxes;
-    const int box_last = t.box_origin[r] + t.box_shape[r] - 1;
-    const int last = min_int(box_last, extent - 1);
-    // Both window bounds grow with y': the tokens the box sees lie between these two.
-    const AxisWindow first_window = group_major_window(g, r, t.box_origin[r], transposed);
-    const AxisWindow last_window = group_major_window(g, r, last, transposed);
-    t.seen_origin[r] = first_window.lo;
-    t.seen_tiles[r] =
-        (last_window.hi - first_window.lo + t.seen_shape[r]) >> log2_pow2(t.seen_shape[r]);
+    block_tiles_axis(g, r, block_index_on_axis(g, t.box_shape, block, r), transposed, t);
     t.num_seen_tiles *= t.seen_tiles[r];
-    full_interval(g, r, t.box_origin[r], box_last, first_window, last_window, transposed,
-                  &t.full_lo[r], &t.full_hi[r]);
   }
   return t;
 }
+
+#ifdef __CUDACC__
+// block_tiles into shared memory by the first three threads of the block, one axis each (the
+// serial form on one thread was a chain of about fifteen integer divisions that every other warp
+// waited for); published by the caller's block barrier. Needs the launcher's shapes.
+__device__ __forceinline__ void block_tiles_parallel(const NeighborhoodGrid& g, int block,
+                                                     bool transposed, BlockTiles* t) {
+  const int r = static_cast<int>(threadIdx.x);
+  if (r < 3) {
+    t->box_shape[r] = g.box_shape[r];
+    t->seen_shape[r] = g.seen_shape[r];
+    block_tiles_axis(g, r, block_index_on_axis(g, g.box_shape, block, r), transposed, *t);
+  }
+  __syncwarp();
+  if (r == 0) t->num_seen_tiles = t->seen_tiles[0] * t->seen_tiles[1] * t->seen_tiles[2];
+}
+#endif
 
 // For a launcher: the shapes block_tiles(g, block, rows, keys, ...) would search, stored in g, so
 // that every block of the launch reads them instead of searching on one thread. (Nsight Compute,
@@ -443,6 +486,58 @@ __host__ __device__ __forceinline__ bool bytes_within(unsigned x, unsigned lo, u
   }
   return within;
 #endif
+}
+
+// ---- The per-element test as bit masks (sm90) ---------------------------------------------------
+// The sm90 kernels hold a score tile in the m16n8 fragment layout: the lanes of quad q (lane % 4)
+// hold columns 2q + c + 8t (c < 2, t < tiles) of their rows; bit 2t + c of a 32-bit mask stands for
+// column 2q + c + 8t. Column j of a box of power-of-two `shape` lies at x2 = j % s2, x1 = j / s2 % s1,
+// x0 = j / (s1 s2) (past the box when x0 >= s0). Per quad, axis a and v in [0, s_a], a prefix entry
+// holds the bits of the columns with x_a < v, so the columns with x_a in [l, h] are
+// prefix(h + 1) & ~prefix(l), and a row's window clipped to a box is three such ranges ANDed: six
+// table reads a row and tile instead of a byte test per score.
+
+// Entries of one quad's table: s0 + s1 + s2 + 3, axis a's at prefix_base(shape, a).
+__host__ __device__ __forceinline__ int prefix_base(const int (&shape)[3], int axis) {
+  return (axis >= 1 ? shape[0] + 1 : 0) + (axis >= 2 ? shape[1] + 1 : 0);
+}
+__host__ __device__ __forceinline__ int prefix_entries(const int (&shape)[3]) {
+  return prefix_base(shape, 2) + shape[2] + 1;
+}
+
+// Entry `entry` of quad `quad`'s table for `tiles` n8 tiles (at most 16: 32 bits).
+__host__ __device__ __forceinline__ unsigned column_prefix_bits(const int (&shape)[3], int tiles,
+                                                                int quad, int entry) {
+  const int axis = entry < prefix_base(shape, 1) ? 0 : (entry < prefix_base(shape, 2) ? 1 : 2);
+  const int v = entry - prefix_base(shape, axis);
+  const int shift2 = log2_pow2(shape[2]), shift1 = log2_pow2(shape[1]);
+  unsigned bits = 0;
+  for (int b = 0; b < 2 * tiles; ++b) {
+    const int j = 2 * quad + (b & 1) + 8 * (b >> 1);
+    const int x = axis == 2   ? (j & (shape[2] - 1))
+                  : axis == 1 ? ((j >> shift2) & (shape[1] - 1))
+                              : (j >> (shift2 + shift1));
+    if (x < v) bits |= 1u << b;
+  }
+  return bits;
+}
+
+// The columns of a quad (its table `prefix`) that a row with group-major `window` sees in the box
+// at `origin` of `shape`.
+__host__ __device__ __forceinline__ unsigned visible_columns(const unsigned* prefix,
+                                                             const int (&shape)[3],
+                                                             const int (&origin)[3],
+                                                             const AxisWindow (&window)[3]) {
+  unsigned bits = ~0u;
+  int base = 0;
+  for (int a = 0; a < 3; ++a) {
+    int l = max_int(window[a].lo - origin[a], 0);
+    int h = min_int(window[a].hi - origin[a], shape[a] - 1);
+    if (l > h) l = 0, h = -1;  // prefix(0) & ~prefix(0): none
+    bits &= prefix[base + h + 1] & ~prefix[base + l];
+    base += shape[a] + 1;
+  }
+  return bits;
 }
 
 }  // namespace neighborhood

@@ -41,9 +41,10 @@ inline constexpr bool kBwdModifiers = std::is_same_v<Policy, PolicyGeneral>;
 // under the general policy; the dK/dV kernel reads it transposed from staged tiles.
 template <typename Policy>
 inline constexpr bool kBwdBias = std::is_same_v<Policy, PolicyBias>;
-// Policies whose per-tile code takes the registers of wider key tiles (bwd_keys_per_tile).
+// Policies whose per-tile code takes the registers of wider key tiles (bwd_keys_per_tile). Token
+// tiles were among them while their test ran per score (108 bytes of spill at 128 keys).
 template <typename Policy>
-inline constexpr bool kBwdNarrowKeys = kBwdModifiers<Policy> || Policy::Mask::kTokenTiles;
+inline constexpr bool kBwdNarrowKeys = kBwdModifiers<Policy>;
 
 // Shared memory of the tiles; under rel-pos its rows and table follow (bwd_rel_pos_smem_bytes),
 // under the general policy the staged bias tiles (bwd_dq_bias_tile_bytes a stage), under token

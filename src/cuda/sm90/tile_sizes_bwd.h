@@ -49,8 +49,7 @@ constexpr int bwd_queries_per_tile(int head_dim_bucket, bool token_tiles = false
 
 // dQ kernel: 128 queries per block (64 per warpgroup), walking key tiles: S and dP cost N / 2
 // floats a thread each next to the D / 2 of dQ: 64 keys, 128 up to D = 64 except under score
-// modifiers or token tiles (`narrow`: softcap's and the bias tile's code spilled 208 bytes there
-// at 128, the gathered neighborhood mask's 108).
+// modifiers (`narrow`: softcap's and the bias tile's code spilled 208 bytes there at 128).
 inline constexpr int kBwdQueriesPerBlock = 128;
 // Above D = 128: 32 keys (dQ then takes up to 128 floats a thread, and Q, dO and three K/V
 // stages fill the 227 KB).

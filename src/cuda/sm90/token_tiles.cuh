@@ -17,6 +17,38 @@
 
 namespace fmha::cuda::sm90 {
 
+// The per-quad prefix tables of neighborhood_mask.cuh's bit-mask test for the columns of a
+// gathered tile of kTiles n8 tiles: boxes of at most 8 kTiles entries, so at most 8 kTiles + 5
+// entries a quad.
+template <int kTiles>
+struct ColumnBits {
+  static_assert(kTiles <= 16, "one bit a column of a thread: 32 bits");
+  static constexpr int kEntries = 8 * kTiles + 5;
+  unsigned prefix[4][kEntries];
+
+  // Every thread of the block calls it; the caller's next barrier publishes it.
+  template <int kThreads>
+  __device__ __forceinline__ void build(const int (&shape)[3]) {
+    const int entries = neighborhood::prefix_entries(shape);
+    for (int e = static_cast<int>(threadIdx.x); e < 4 * entries; e += kThreads) {
+      prefix[e & 3][e >> 2] = neighborhood::column_prefix_bits(shape, kTiles, e & 3, e >> 2);
+    }
+  }
+};
+
+// Sets to -inf the scores whose bit is clear: entries 0, 1 of tile t take bits 2t, 2t + 1 of
+// seen[0], entries 2, 3 those of seen[1] (their row + 8).
+template <int kTiles>
+__device__ __forceinline__ void hide_unseen_bits(float (&s)[kTiles][4], const unsigned (&seen)[2]) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (((seen[e / 2] >> (2 * t + (e & 1))) & 1u) == 0) s[t][e] = -INFINITY;
+    }
+  }
+}
+
 // Shared-memory bookkeeping of a kTokenTiles mask (neighborhood attention): the block's boxes,
 // its query rows' tokens and group-major windows, and per staged key box (a ring of kSlots: box
 // u + stages is staged at rendezvous u, one rendezvous before its loads are issued) its keys'
@@ -26,6 +58,7 @@ template <int kM, int kN>
 struct TokenTileSmem {
   static constexpr int kSlots = 5;
   neighborhood::BlockTiles tiles;
+  ColumnBits<kN / 8> columns;  // the key boxes' columns
   int4 key_box[kSlots];  // (y'0, y'1, y'2) of the origin, full
   int key_token[kSlots][kN];
   int query_token[kM];       // -1 past the grid or on a hole
@@ -55,8 +88,9 @@ __device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN>* tt, const N
 template <int kM, int kN, int kThreads>
 __device__ __forceinline__ int init_query_box(TokenTileSmem<kM, kN>* tt, const NeighborhoodGrid& g,
                                               int block, int stages) {
-  if (threadIdx.x == 0) tt->tiles = neighborhood::block_tiles(g, block, kM, kN);
+  neighborhood::block_tiles_parallel(g, block, /*transposed=*/false, &tt->tiles);
   __syncthreads();
+  tt->columns.template build<kThreads>(tt->tiles.seen_shape);
   for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
     neighborhood::AxisWindow w[3];
     tt->query_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/false, w);
@@ -71,16 +105,13 @@ __device__ __forceinline__ int init_query_box(TokenTileSmem<kM, kN>* tt, const N
 // Scores of a warp's rows against gathered key box `slot`: bias / rel-pos by token, then (partial
 // boxes) -inf where a key lies outside the row's window on some axis. This thread's entries 0, 1
 // sit on block row `row`, 2, 3 on row + 8; entry c of n8 tile t is key col + 8t + c of the box.
-// The test is byte-wise: a key's coordinates inside its box (powers of two per axis: shifts and
-// masks of the key's index) against the row's window clipped to the box, one byte an axis, all
-// below 128, so one subtraction per bound compares the four bytes at once (their high bits carry
-// the answers, no borrow crosses a byte).
+// The test runs per row, not per score: the row's window clipped to the box picks the thread's
+// visible columns from the prefix tables (ColumnBits), one bit a score.
 template <typename Scores, int kM, int kN, int kTiles>
 __device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt, int slot,
                                                 const Scores& scores, float (&s)[kTiles][4],
                                                 int row, int col) {
-  constexpr unsigned kHigh = 0x80808080u;
-  static_assert(kN <= 128, "box coordinates below 128");
+  static_assert(kTiles == kN / 8, "a thread's columns of the whole tile");
   const int4 box = tt->key_box[slot];
   const bool additive = has_additive(scores);
   if (box.w != 0 && !additive) return;
@@ -99,40 +130,20 @@ __device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt,
     }
     if (box.w != 0) return;
   }
-  const int shape[3] = {tt->tiles.seen_shape[0], tt->tiles.seen_shape[1], tt->tiles.seen_shape[2]};
   const int origin[3] = {box.x, box.y, box.z};
-  unsigned lo[2], hi[2];  // per row: the window clipped to the box, byte a = axis a
+  unsigned seen[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    lo[half] = 0;
-    hi[half] = kHigh;
+    neighborhood::AxisWindow w[3];
 #pragma unroll
     for (int a = 0; a < 3; ++a) {
-      const int2 w = tt->query_window[row + 8 * half][a];
-      int l = neighborhood::max_int(w.x - origin[a], 0);
-      int h = neighborhood::min_int(w.y - origin[a], shape[a] - 1);
-      if (l > h) l = 127, h = 0;
-      lo[half] |= static_cast<unsigned>(l) << (8 * a);
-      hi[half] |= static_cast<unsigned>(h) << (8 * a);
+      const int2 bounds = tt->query_window[row + 8 * half][a];
+      w[a] = {bounds.x, bounds.y};
     }
+    seen[half] = neighborhood::visible_columns(tt->columns.prefix[col / 2], tt->tiles.seen_shape,
+                                               origin, w);
   }
-  const int shift2 = neighborhood::log2_pow2(shape[2]);
-  const int shift1 = shift2 + neighborhood::log2_pow2(shape[1]);
-  const unsigned mask1 = static_cast<unsigned>(shape[1] - 1),
-                 mask2 = static_cast<unsigned>(shape[2] - 1);
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const unsigned key = static_cast<unsigned>(col + 8 * t + c);
-      const unsigned x = key >> shift1 | ((key >> shift2) & mask1) << 8 | (key & mask2) << 16;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const unsigned within = ((x | kHigh) - lo[half]) & (hi[half] - x) & kHigh;
-        if (within != kHigh) s[t][2 * half + c] = -INFINITY;
-      }
-    }
-  }
+  hide_unseen_bits(s, seen);
 }
 
 // The dK/dV kernel's view: its key box (kN keys), each key's token and transposed group-major
@@ -146,25 +157,22 @@ struct KeyBoxSmem {
   int4 query_box[kSlots];       // (y'0, y'1, y'2) of the origin, full
   int query_token[kSlots][kM];  // -1 past the grid or on a hole
   int key_token[kN];
-  int2 key_window[kN][3];    // (lo, hi) per axis; lo > hi for keys without a token
-  unsigned query_local[kM];  // bytes 0-2: coordinates in a query box (box_local_bytes)
+  int2 key_window[kN][3];  // (lo, hi) per axis; lo > hi for keys without a token
+  ColumnBits<kM / 8> columns;  // the query boxes' columns
 };
 
 // The block's key box `block`: its tiles (published by a block barrier here), its keys' tokens and
-// transposed windows, and the query rows' box coordinates.
+// transposed windows, and the query boxes' column tables.
 template <int kM, int kN, int kThreads, int kSlots>
 __device__ __forceinline__ void init_key_box(KeyBoxSmem<kM, kN, kSlots>* tt,
                                              const NeighborhoodGrid& g, int block) {
-  if (threadIdx.x == 0)
-    tt->tiles = neighborhood::block_tiles(g, block, kN, kM, /*transposed=*/true);
+  neighborhood::block_tiles_parallel(g, block, /*transposed=*/true, &tt->tiles);
   __syncthreads();
+  tt->columns.template build<kThreads>(tt->tiles.seen_shape);
   for (int r = static_cast<int>(threadIdx.x); r < kN; r += kThreads) {
     neighborhood::AxisWindow w[3];
     tt->key_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/true, w);
     for (int a = 0; a < 3; ++a) tt->key_window[r][a] = make_int2(w[a].lo, w[a].hi);
-  }
-  for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
-    tt->query_local[r] = neighborhood::box_local_bytes(tt->tiles.seen_shape, r);
   }
 }
 
@@ -188,17 +196,19 @@ __device__ __forceinline__ void stage_query_box(KeyBoxSmem<kM, kN, kSlots>* tt,
 
 // S^T of a warp's keys against the query box in `slot`: -inf where the query lies outside the
 // key's transposed window on some axis (nothing to do on a full box). This thread's entries 0, 1
-// sit on block key `key`, 2, 3 on key + 8; entry c of n8 tile t is query col + 8t + c of the box.
-// Keys without a token need no test (their dK/dV rows are never stored), nor queries without one
-// (their lse is +inf: P = 0).
+// sit on block key `key`, 2, 3 on key + 8; entry c of n8 tile t is query col + 8t + c of the box,
+// tested per key through the prefix tables (ColumnBits) as in gathered_scores. Keys without a
+// token need no test (their dK/dV rows are never stored), nor queries without one (their lse is
+// +inf: P = 0).
 template <int kM, int kN, int kSlots, int kTiles>
 __device__ __forceinline__ void hide_unseen_transposed(const KeyBoxSmem<kM, kN, kSlots>* tt,
                                                        int slot, float (&s)[kTiles][4], int key,
                                                        int col) {
+  static_assert(kTiles == kM / 8, "a thread's columns of the whole query box");
   const int4 box = tt->query_box[slot];
   if (box.w != 0) return;
   const int origin[3] = {box.x, box.y, box.z};
-  const int(&shape)[3] = tt->tiles.seen_shape;
+  unsigned seen[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     neighborhood::AxisWindow w[3];
@@ -207,18 +217,10 @@ __device__ __forceinline__ void hide_unseen_transposed(const KeyBoxSmem<kM, kN, 
       const int2 bounds = tt->key_window[key + 8 * half][a];
       w[a] = {bounds.x, bounds.y};
     }
-    unsigned lo, hi;
-    neighborhood::box_bounds_bytes(w, origin, shape, &lo, &hi);
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        if (!neighborhood::bytes_within(tt->query_local[col + 8 * t + c], lo, hi)) {
-          s[t][2 * half + c] = -INFINITY;
-        }
-      }
-    }
+    seen[half] = neighborhood::visible_columns(tt->columns.prefix[col / 2], tt->tiles.seen_shape,
+                                               origin, w);
   }
+  hide_unseen_bits(s, seen);
 }
 
 }  // namespace fmha::cuda::sm90
