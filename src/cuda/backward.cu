@@ -27,8 +27,6 @@
 namespace fmha::cuda {
 namespace {
 
-constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
-
 Status cuda_error(const char* what, cudaError_t e) {
   return Status::backend_error(std::string("fmha: ") + what + ": " + cudaGetErrorString(e));
 }

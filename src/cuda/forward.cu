@@ -16,8 +16,6 @@
 namespace fmha::cuda {
 namespace {
 
-constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
-
 Status cuda_error(const char* what, cudaError_t e) {
   return Status::backend_error(std::string("fmha: ") + what + ": " + cudaGetErrorString(e));
 }
@@ -146,7 +144,8 @@ Status launch_forward_kernel(const ForwardParams& p, const TensorView& q, void* 
   return dispatch_forward(p, q.dtype, arch, static_cast<cudaStream_t>(stream));
 }
 
-Status run(const AttentionForwardParams& a, const detail::ProblemShape& shape, void* stream) {
+Status run_dense_forward(const AttentionForwardParams& a, const detail::ProblemShape& shape,
+                         const NeighborhoodGrid& grid, void* stream) {
   ForwardParams p;
   fill_forward_sizes(shape, &p);
   p.q = a.q.data;
@@ -165,8 +164,13 @@ Status run(const AttentionForwardParams& a, const detail::ProblemShape& shape, v
     p.lse_row_stride = a.lse.stride[2];
   }
   fill_forward_options(a.options, shape, &p);
+  set_neighborhood_mask(grid, &p);
   fill_forward_alignment(a.q, a.k, a.v, a.out, a.options, &p);
   return launch_forward_kernel(p, a.q, stream);
+}
+
+Status run(const AttentionForwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  return run_dense_forward(a, shape, NeighborhoodGrid{}, stream);
 }
 
 Status run(const VarlenForwardParams& a, const detail::ProblemShape& shape, void* stream) {

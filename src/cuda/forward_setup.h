@@ -1,6 +1,9 @@
 // Filling ForwardParams from validated views, shared by the forward entry points (forward.cu:
-// dense and varlen; neighborhood.cu). Defined in forward.cu.
+// dense and varlen; neighborhood.cu, which runs the dense forward on flattened views). Defined in
+// forward.cu.
 #pragma once
+
+#include <cstdint>
 
 #include "api/problem.h"
 #include "cuda/common/forward_params.h"
@@ -8,6 +11,9 @@
 #include "fmha/status.h"
 
 namespace fmha::cuda {
+
+// CUDA's limit on gridDim.y and gridDim.z: the kernels' grids take heads and batches there.
+inline constexpr std::int64_t kMaxGridYZ = 65535;
 
 // Sizes: batch, Lq, Lk, heads, the GQA group, D, Dv.
 void fill_forward_sizes(const detail::ProblemShape& shape, ForwardParams* p);
@@ -25,5 +31,9 @@ void fill_forward_alignment(const TensorView& q, const TensorView& k, const Tens
 void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p);
 // Dtype and grid-limit checks, the device guard, then the dispatch; asynchronous on `stream`.
 Status launch_forward_kernel(const ForwardParams& p, const TensorView& q, void* stream);
+// The dense forward of `a` (q [B, L, H, D], lse [B, H, L]) under the neighborhood mask of `grid`
+// (rank 0: no neighborhood mask, plain dense attention), as run_dense_backward (backward_setup.h).
+Status run_dense_forward(const AttentionForwardParams& a, const detail::ProblemShape& shape,
+                         const NeighborhoodGrid& grid, void* stream);
 
 }  // namespace fmha::cuda

@@ -1,9 +1,10 @@
-// CUDA backend entry point of the neighborhood attention forward (SPEC §6). The grid's tokens are
-// flattened row-major, so NA runs as the forward kernel with the neighborhood mask policy
-// (cuda/common/neighborhood_mask.cuh): q [B, X1, (X2, (X3)), H, D] becomes [B, N, H, D] with one
-// token stride, lse [B, H, X...] becomes [B, H, N], and bias / rel-pos already index the flattened
-// grid. The backward flattens the same way and runs the dense backward with the same mask policy
-// (backward_setup.h).
+// CUDA backend entry points of neighborhood attention (SPEC §6). The grid's tokens are flattened
+// row-major, so NA runs as the dense forward and backward (forward_setup.h, backward_setup.h)
+// with the neighborhood mask policy (cuda/common/neighborhood_mask.cuh): q [B, X1, (X2, (X3)), H,
+// D] becomes [B, N, H, D] with one token stride, lse [B, H, X...] becomes [B, H, N], and bias /
+// rel-pos already index the flattened grid. A 1-D grid without dilation runs as a window mask
+// (set_neighborhood_mask), and so does a dilated 1-D grid of one batch whose dilation divides it,
+// its dilation groups taken as batches (dilation_groups).
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -111,6 +112,72 @@ Status check_token_count(const detail::ProblemShape& shape) {
       std::to_string(shape.seqlen_q) + " tokens");
 }
 
+// ---- Dilation groups as batches ------------------------------------------------------------------
+// A 1-D neighborhood of dilation d over X tokens is d undilated neighborhoods of the same kernel,
+// one per dilation group: group g holds tokens g, g + d, g + 2d, .. (SPEC §6: a query sees keys of
+// its own group, through a window over the group's positions clamped at the group's ends). When d
+// divides X every group has X / d tokens, and a batch of one is a batch of d groups over strided
+// views of the same tensors (group g starts at token g, its rows d tokens apart): the dense
+// kernels' window mask then runs it, with range tiles and their full-tile fast path, instead of
+// the token tiles' gathered rows and per-row window tests.
+// Kept to the cases where nothing sums over the groups' queries into a tensor that has a batch
+// dimension: a bias or rel-pos (and their gradients) and extra-key gradients keep the token
+// tiles; dsinks sums over batches as it sums over rows.
+
+// The number of dilation groups the problem runs as batches (1: it does not).
+std::int64_t dilation_groups(const NeighborhoodGrid& g, const detail::ProblemShape& shape,
+                             const AttentionOptions& o, const AttentionGradients* grads) {
+  if (shape.batch != 1 || o.bias.defined() || o.rel_h.defined()) return 1;
+  if (grads != nullptr && shape.num_extra > 0 &&
+      (grads->dextra_k.defined() || grads->dextra_v.defined())) {
+    return 1;
+  }
+  int long_axes = 0, axis = 0;
+  for (int r = 0; r < g.rank; ++r) {
+    if (g.size[r] > 1) {
+      ++long_axes;
+      axis = r;
+    }
+  }
+  const int d = g.dilation[axis];
+  if (long_axes != 1 || d == 1 || g.size[axis] % d != 0 || d > kMaxGridYZ) return 1;
+  return d;
+}
+
+// `t` of batch 1 with its tokens at dim `token_dim` ([1, N, H, D], or [1, H, N] for statistics)
+// as [groups, ..., N / groups, ...]: batch g holds tokens g, g + groups, ..
+void group_rows(TensorView* t, int token_dim, std::int64_t groups) {
+  if (!t->defined()) return;
+  const auto dim = static_cast<std::size_t>(token_dim);
+  t->shape[0] = groups;
+  t->stride[0] = t->stride[dim];
+  t->shape[dim] /= groups;
+  t->stride[dim] *= groups;
+}
+
+// Every group sees the one batch's extra keys.
+void ungroup_extra_keys(AttentionOptions* o, std::int64_t groups) {
+  for (TensorView* t : {&o->extra_k, &o->extra_v}) {
+    if (!t->defined()) continue;
+    t->shape[0] = groups;
+    t->stride[0] = 0;
+  }
+}
+
+// The problem's shape and grid once its groups are batches: d batches of X / d tokens, no
+// dilation (set_neighborhood_mask then takes the window mask).
+void groups_as_batches(std::int64_t groups, detail::ProblemShape* shape, NeighborhoodGrid* g) {
+  shape->batch = groups;
+  shape->seqlen_q /= groups;
+  shape->seqlen_k /= groups;
+  for (int r = 0; r < g->rank; ++r) {
+    if (g->size[r] == 1) continue;
+    g->size[r] /= static_cast<int>(groups);
+    g->dilation[r] = 1;
+    shape->grid[static_cast<std::size_t>(r)] = g->size[r];
+  }
+}
+
 }  // namespace
 
 void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p) {
@@ -139,35 +206,26 @@ void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p) {
 
 Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape, void* stream) {
   FMHA_RETURN_IF_ERROR(check_forward_dtype(a.q.dtype));
-  const int rank = shape.grid_rank;
   if (shape.seqlen_q == 0 || shape.batch == 0 || shape.heads == 0) return Status::ok_status();
   FMHA_RETURN_IF_ERROR(check_token_count(shape));
-  ForwardParams p;
-  fill_forward_sizes(shape, &p);
-  p.q = a.q.data;
-  p.k = a.k.data;
-  p.v = a.v.data;
-  p.out = a.out.data;
-  // Dims: 0 batch, 1 .. rank grid axes, rank + 1 heads.
-  const int heads_dim = rank + 1;
-  FMHA_RETURN_IF_ERROR(expect_token_stride(a.q, "q", 1, rank, &p.q_row_stride));
-  FMHA_RETURN_IF_ERROR(expect_token_stride(a.k, "k", 1, rank, &p.k_row_stride));
-  FMHA_RETURN_IF_ERROR(expect_token_stride(a.v, "v", 1, rank, &p.v_row_stride));
-  FMHA_RETURN_IF_ERROR(expect_token_stride(a.out, "out", 1, rank, &p.out_row_stride));
-  p.q_batch_stride = a.q.stride[0], p.q_head_stride = a.q.stride[heads_dim];
-  p.k_batch_stride = a.k.stride[0], p.k_head_stride = a.k.stride[heads_dim];
-  p.v_batch_stride = a.v.stride[0], p.v_head_stride = a.v.stride[heads_dim];
-  p.out_batch_stride = a.out.stride[0], p.out_head_stride = a.out.stride[heads_dim];
-  if (a.lse.defined()) {  // [B, H, X...]
-    FMHA_RETURN_IF_ERROR(expect_token_stride(a.lse, "lse", 2, rank, &p.lse_row_stride));
-    p.lse = static_cast<float*>(a.lse.data);
-    p.lse_batch_stride = a.lse.stride[0];
-    p.lse_head_stride = a.lse.stride[1];
+  const int rank = shape.grid_rank;
+  AttentionForwardParams dense;
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.q, "q", 1, rank, &dense.q));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.k, "k", 1, rank, &dense.k));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.v, "v", 1, rank, &dense.v));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.out, "out", 1, rank, &dense.out));
+  FMHA_RETURN_IF_ERROR(flatten_grid(a.lse, "lse", 2, rank, &dense.lse));  // [B, H, X...]
+  dense.options = a.options;
+  detail::ProblemShape flat = shape;
+  NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
+  const std::int64_t groups = dilation_groups(grid, shape, a.options, /*grads=*/nullptr);
+  if (groups > 1) {
+    for (TensorView* t : {&dense.q, &dense.k, &dense.v, &dense.out}) group_rows(t, 1, groups);
+    group_rows(&dense.lse, 2, groups);
+    ungroup_extra_keys(&dense.options, groups);
+    groups_as_batches(groups, &flat, &grid);
   }
-  fill_forward_options(a.options, shape, &p);
-  set_neighborhood_mask(grid_of(a.neighborhood, shape), &p);
-  fill_forward_alignment(a.q, a.k, a.v, a.out, a.options, &p);
-  return launch_forward_kernel(p, a.q, stream);
+  return run_dense_forward(dense, flat, grid, stream);
 }
 
 // The backward is the dense backward on the flattened views, with the grid's mask policy.
@@ -188,7 +246,20 @@ Status run(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shap
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dq, "grads.dq", 1, rank, &dense.grads.dq));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dk, "grads.dk", 1, rank, &dense.grads.dk));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dv, "grads.dv", 1, rank, &dense.grads.dv));
-  return run_dense_backward(dense, shape, grid_of(a.neighborhood, shape), stream);
+  detail::ProblemShape flat = shape;
+  NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
+  const std::int64_t groups = dilation_groups(grid, shape, a.options, &a.grads);
+  if (groups > 1) {
+    for (TensorView* t : {&dense.q, &dense.k, &dense.v, &dense.out, &dense.dout, &dense.grads.dq,
+                          &dense.grads.dk, &dense.grads.dv}) {
+      group_rows(t, 1, groups);
+    }
+    group_rows(&dense.lse, 2, groups);
+    group_rows(&dense.dlse, 2, groups);
+    ungroup_extra_keys(&dense.options, groups);
+    groups_as_batches(groups, &flat, &grid);
+  }
+  return run_dense_backward(dense, flat, grid, stream);
 }
 
 }  // namespace fmha::cuda

@@ -292,6 +292,37 @@ TEST(CudaNeighborhood, DilatedWideWindows) {
   check_na(na_case(DType::kFloat16, 2, {48, 40, 1}, {23, 19, 1}, {2, 2, 1}), 93);
 }
 
+// A dilated 1-D grid of one batch whose dilation divides it runs its dilation groups as batches
+// of the window mask (neighborhood.cu, dilation_groups): GQA, causal, a group-sized kernel, a
+// long axis inside a 2-D grid with sinks and extra keys, softcap at D 128; and beside them a
+// dilation that does not divide the grid and a batch of two, which keep the token tiles.
+TEST(CudaNeighborhood, DilationGroupsAsBatches) {
+  SKIP_WITHOUT_GPU();
+  AttentionCase gqa = na_case(DType::kFloat16, 1, {1200, 1, 1}, {255, 1, 1}, {4, 1, 1});
+  gqa.batch = 1;
+  gqa.heads = 4;
+  gqa.kv_heads = 2;
+  check_na(gqa, 97);
+  AttentionCase whole =
+      na_case(DType::kBFloat16, 1, {999, 1, 1}, {111, 1, 1}, {9, 1, 1}, {true, false, false});
+  whole.batch = 1;
+  check_na(whole, 98);
+  AttentionCase axis = na_case(DType::kFloat16, 2, {1, 960, 1}, {1, 119, 1}, {1, 8, 1});
+  axis.batch = 1;
+  axis.sinks = true;
+  axis.extra = 3;
+  check_na(axis, 99);
+  AttentionCase wide = na_case(DType::kBFloat16, 1, {2048, 1, 1}, {129, 1, 1}, {8, 1, 1});
+  wide.batch = 1;
+  wide.head_dim = wide.value_dim = 128;
+  wide.options.softcap = 5.0f;
+  check_na(wide, 100);
+  AttentionCase ragged = na_case(DType::kBFloat16, 1, {1001, 1, 1}, {250, 1, 1}, {4, 1, 1});
+  ragged.batch = 1;
+  check_na(ragged, 101);
+  check_na(na_case(DType::kFloat16, 1, {1200, 1, 1}, {255, 1, 1}, {4, 1, 1}), 102);
+}
+
 // Head dims above 128: 64-key tiles, and two K/V stages at buckets 224 and 256 (where the token
 // bookkeeping takes the third one's room).
 TEST(CudaNeighborhood, WideHeadDims) {

@@ -329,6 +329,32 @@ TEST(CudaNeighborhoodBackward, DilatedWideWindows) {
   check_na_backward(na_case(DType::kBFloat16, 2, {48, 40, 1}, {23, 19, 1}, {2, 2, 1}), 72);
 }
 
+// Dilation groups as batches (neighborhood.cu, dilation_groups): a dilated 1-D grid of one
+// batch whose dilation divides it. GQA with sinks (dsinks sums over the group batches), causal
+// with a group-sized kernel, bitwise-equal reruns; extra keys, whose gradients keep the token
+// tiles in the backward after a forward on the groups.
+TEST(CudaNeighborhoodBackward, DilationGroupsAsBatches) {
+  SKIP_WITHOUT_GPU();
+  AttentionCase gqa = na_case(DType::kFloat16, 1, {1200, 1, 1}, {255, 1, 1}, {4, 1, 1});
+  gqa.batch = 1;
+  gqa.heads = 4;
+  gqa.kv_heads = 2;
+  gqa.sinks = true;
+  check_na_backward(gqa, 73);
+  AttentionCase whole =
+      na_case(DType::kBFloat16, 1, {999, 1, 1}, {111, 1, 1}, {9, 1, 1}, {true, false, false});
+  whole.batch = 1;
+  check_na_backward(whole, 74, /*twice=*/true);
+  AttentionCase axis = na_case(DType::kFloat16, 2, {1, 960, 1}, {1, 119, 1}, {1, 8, 1});
+  axis.batch = 1;
+  axis.extra = 3;
+  check_na_backward(axis, 75);
+  AttentionCase wide = na_case(DType::kBFloat16, 1, {2048, 1, 1}, {129, 1, 1}, {8, 1, 1});
+  wide.batch = 1;
+  wide.head_dim = wide.value_dim = 128;
+  check_na_backward(wide, 76);
+}
+
 // Kernel = grid on every axis: every key visible, so the gradients are dense attention's.
 TEST(CudaNeighborhoodBackward, KernelEqualsGridIsDense) {
   SKIP_WITHOUT_GPU();
