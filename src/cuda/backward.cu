@@ -415,9 +415,10 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
 }  // namespace
 
 Status run_dense_backward(const AttentionBackwardParams& a, const detail::ProblemShape& shape,
-                          const NeighborhoodGrid& grid, void* stream) {
+                          const NeighborhoodGrid& grid, void* stream, bool accumulate_dsinks) {
   FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype));
   BackwardParams p = make_params(a, shape, /*varlen=*/false);
+  p.accumulate_dsinks = accumulate_dsinks;
   set_neighborhood_mask(grid, &p.fwd);
   return run_backward(p, a.options, a.backward_impl, plan_additive(a.grads, shape), a.q.dtype,
                       a.q.device.index, shape.batch, shape.seqlen_q, /*varlen=*/false, stream);

@@ -81,7 +81,10 @@ __global__ void __launch_bounds__(kReduceThreads)
     if (static_cast<int>(threadIdx.x) < width) partial[threadIdx.x] += partial[threadIdx.x + width];
     __syncthreads();
   }
-  if (threadIdx.x == 0) p.dsinks[h * p.dsinks_stride] = -partial[0];
+  if (threadIdx.x == 0) {
+    float* const dsink = p.dsinks + h * p.dsinks_stride;
+    *dsink = (p.accumulate_dsinks ? *dsink : 0.0f) - partial[0];
+  }
 }
 
 // grid (ceil(inner / kRowWarps), H, outer).

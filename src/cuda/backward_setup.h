@@ -11,8 +11,10 @@
 namespace fmha::cuda {
 
 // The dense backward of `a` (q [B, L, H, D], lse [B, H, L], ...) under the neighborhood mask of
-// `grid` (rank 0: no neighborhood mask, plain dense attention).
+// `grid` (rank 0: no neighborhood mask, plain dense attention). With `accumulate_dsinks` the sink
+// gradient of these rows is added to grads.dsinks instead of written (a problem run in parts).
 Status run_dense_backward(const AttentionBackwardParams& a, const detail::ProblemShape& shape,
-                          const NeighborhoodGrid& grid, void* stream);
+                          const NeighborhoodGrid& grid, void* stream,
+                          bool accumulate_dsinks = false);
 
 }  // namespace fmha::cuda

@@ -3,8 +3,8 @@
 // with the neighborhood mask policy (cuda/common/neighborhood_mask.cuh): q [B, X1, (X2, (X3)), H,
 // D] becomes [B, N, H, D] with one token stride, lse [B, H, X...] becomes [B, H, N], and bias /
 // rel-pos already index the flattened grid. A 1-D grid without dilation runs as a window mask
-// (set_neighborhood_mask), and so does a dilated 1-D grid of one batch whose dilation divides it,
-// its dilation groups taken as batches (dilation_groups).
+// (set_neighborhood_mask), and so do the dilation groups of a dilated one (dilation_groups).
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -112,70 +112,99 @@ Status check_token_count(const detail::ProblemShape& shape) {
       std::to_string(shape.seqlen_q) + " tokens");
 }
 
-// ---- Dilation groups as batches ------------------------------------------------------------------
+// ---- Dilation groups ------------------------------------------------------------------------------
 // A 1-D neighborhood of dilation d over X tokens is d undilated neighborhoods of the same kernel,
 // one per dilation group: group g holds tokens g, g + d, g + 2d, .. (SPEC §6: a query sees keys of
-// its own group, through a window over the group's positions clamped at the group's ends). When d
-// divides X every group has X / d tokens, and a batch of one is a batch of d groups over strided
-// views of the same tensors (group g starts at token g, its rows d tokens apart): the dense
-// kernels' window mask then runs it, with range tiles and their full-tile fast path, instead of
-// the token tiles' gathered rows and per-row window tests.
-// Kept to the cases where nothing sums over the groups' queries into a tensor that has a batch
-// dimension: a bias or rel-pos (and their gradients) and extra-key gradients keep the token
-// tiles; dsinks sums over batches as it sums over rows.
+// its own group, through a window over the group's positions clamped at the group's ends). On
+// strided views of the same tensors (group g starts at token g, its rows d tokens apart) each is
+// a window mask of the dense kernels, with range tiles and their full-tile fast path, instead of
+// the token tiles' gathered rows and per-row window tests:
+// - a batch of one whose dilation divides X runs its d groups as the batches of one launch;
+// - otherwise each group is a launch over the whole batch (up to kMaxGroupLaunches of them; past
+//   that the groups are short and the launches many: token tiles), dsinks added up over them.
+// A bias or rel-pos (whose gradients would need the same views, with zeros between the groups)
+// and extra-key gradients (written per batch) keep the token tiles.
 
-// The number of dilation groups the problem runs as batches (1: it does not).
-std::int64_t dilation_groups(const NeighborhoodGrid& g, const detail::ProblemShape& shape,
-                             const AttentionOptions& o, const AttentionGradients* grads) {
-  if (shape.batch != 1 || o.bias.defined() || o.rel_h.defined()) return 1;
+enum class GroupRun { kTokenTiles, kBatches, kLaunches };
+
+struct DilationGroups {
+  GroupRun run = GroupRun::kTokenTiles;
+  int axis = 0;   // the grid's one axis of more than one token
+  int count = 1;  // d
+};
+
+constexpr int kMaxGroupLaunches = 16;
+
+DilationGroups dilation_groups(const NeighborhoodGrid& g, const detail::ProblemShape& shape,
+                               const AttentionOptions& o, const AttentionGradients* grads) {
+  DilationGroups groups;
+  if (o.bias.defined() || o.rel_h.defined()) return groups;
   if (grads != nullptr && shape.num_extra > 0 &&
       (grads->dextra_k.defined() || grads->dextra_v.defined())) {
-    return 1;
+    return groups;
   }
-  int long_axes = 0, axis = 0;
+  int long_axes = 0;
   for (int r = 0; r < g.rank; ++r) {
     if (g.size[r] > 1) {
       ++long_axes;
-      axis = r;
+      groups.axis = r;
     }
   }
-  const int d = g.dilation[axis];
-  if (long_axes != 1 || d == 1 || g.size[axis] % d != 0 || d > kMaxGridYZ) return 1;
-  return d;
+  const int d = g.dilation[groups.axis];
+  if (long_axes != 1 || d == 1) return groups;
+  groups.count = d;
+  if (shape.batch == 1 && g.size[groups.axis] % d == 0 && d <= kMaxGridYZ) {
+    groups.run = GroupRun::kBatches;
+  } else if (d <= kMaxGroupLaunches) {
+    groups.run = GroupRun::kLaunches;
+  }
+  return groups;
 }
+
+// The tokens of group `g` along an axis of `size` tokens.
+int group_tokens(int size, int d, int g) { return (size - g + d - 1) / d; }
 
 // `t` of batch 1 with its tokens at dim `token_dim` ([1, N, H, D], or [1, H, N] for statistics)
-// as [groups, ..., N / groups, ...]: batch g holds tokens g, g + groups, ..
-void group_rows(TensorView* t, int token_dim, std::int64_t groups) {
+// as [d, ..., N / d, ...]: batch g holds tokens g, g + d, ..
+void groups_as_batch_rows(TensorView* t, int token_dim, int d) {
   if (!t->defined()) return;
   const auto dim = static_cast<std::size_t>(token_dim);
-  t->shape[0] = groups;
+  t->shape[0] = d;
   t->stride[0] = t->stride[dim];
-  t->shape[dim] /= groups;
-  t->stride[dim] *= groups;
+  t->shape[dim] /= d;
+  t->stride[dim] *= d;
 }
 
-// Every group sees the one batch's extra keys.
-void ungroup_extra_keys(AttentionOptions* o, std::int64_t groups) {
+// Every group batch sees the one batch's extra keys.
+void extra_keys_for_group_batches(AttentionOptions* o, int d) {
   for (TensorView* t : {&o->extra_k, &o->extra_v}) {
     if (!t->defined()) continue;
-    t->shape[0] = groups;
+    t->shape[0] = d;
     t->stride[0] = 0;
   }
 }
 
-// The problem's shape and grid once its groups are batches: d batches of X / d tokens, no
-// dilation (set_neighborhood_mask then takes the window mask).
-void groups_as_batches(std::int64_t groups, detail::ProblemShape* shape, NeighborhoodGrid* g) {
-  shape->batch = groups;
-  shape->seqlen_q /= groups;
-  shape->seqlen_k /= groups;
-  for (int r = 0; r < g->rank; ++r) {
-    if (g->size[r] == 1) continue;
-    g->size[r] /= static_cast<int>(groups);
-    g->dilation[r] = 1;
-    shape->grid[static_cast<std::size_t>(r)] = g->size[r];
-  }
+// Group g's rows of `t` (tokens at dim `token_dim`): tokens g, g + d, .., `tokens` of them.
+void group_rows(TensorView* t, int token_dim, int d, int g, int tokens) {
+  if (!t->defined()) return;
+  const auto dim = static_cast<std::size_t>(token_dim);
+  t->data = static_cast<char*>(t->data) +
+            static_cast<std::int64_t>(g) * t->stride[dim] *
+                static_cast<std::int64_t>(element_size(t->dtype));
+  t->shape[dim] = tokens;
+  t->stride[dim] *= d;
+}
+
+// The problem of one group (`tokens` along the axis, no dilation: set_neighborhood_mask then
+// takes the window mask) over `batch` batches.
+void group_problem(const DilationGroups& groups, std::int64_t batch, int tokens,
+                   detail::ProblemShape* shape, NeighborhoodGrid* g) {
+  shape->batch = batch;
+  shape->seqlen_q = shape->seqlen_k = tokens;
+  shape->total_q = shape->total_k = batch * tokens;
+  shape->grid[static_cast<std::size_t>(groups.axis)] = tokens;
+  g->size[groups.axis] = tokens;
+  g->dilation[groups.axis] = 1;
 }
 
 }  // namespace
@@ -216,16 +245,30 @@ Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape
   FMHA_RETURN_IF_ERROR(flatten_grid(a.out, "out", 1, rank, &dense.out));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.lse, "lse", 2, rank, &dense.lse));  // [B, H, X...]
   dense.options = a.options;
-  detail::ProblemShape flat = shape;
-  NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
-  const std::int64_t groups = dilation_groups(grid, shape, a.options, /*grads=*/nullptr);
-  if (groups > 1) {
-    for (TensorView* t : {&dense.q, &dense.k, &dense.v, &dense.out}) group_rows(t, 1, groups);
-    group_rows(&dense.lse, 2, groups);
-    ungroup_extra_keys(&dense.options, groups);
-    groups_as_batches(groups, &flat, &grid);
+  const NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
+  const DilationGroups groups = dilation_groups(grid, shape, a.options, /*grads=*/nullptr);
+  const int d = groups.count, size = grid.size[groups.axis];
+  if (groups.run == GroupRun::kTokenTiles) return run_dense_forward(dense, shape, grid, stream);
+  if (groups.run == GroupRun::kBatches) {
+    for (TensorView* t : {&dense.q, &dense.k, &dense.v, &dense.out}) groups_as_batch_rows(t, 1, d);
+    groups_as_batch_rows(&dense.lse, 2, d);
+    extra_keys_for_group_batches(&dense.options, d);
+    detail::ProblemShape group_shape = shape;
+    NeighborhoodGrid group_grid = grid;
+    group_problem(groups, d, size / d, &group_shape, &group_grid);
+    return run_dense_forward(dense, group_shape, group_grid, stream);
   }
-  return run_dense_forward(dense, flat, grid, stream);
+  for (int g = 0; g < d; ++g) {
+    const int tokens = group_tokens(size, d, g);
+    AttentionForwardParams part = dense;
+    for (TensorView* t : {&part.q, &part.k, &part.v, &part.out}) group_rows(t, 1, d, g, tokens);
+    group_rows(&part.lse, 2, d, g, tokens);
+    detail::ProblemShape group_shape = shape;
+    NeighborhoodGrid group_grid = grid;
+    group_problem(groups, shape.batch, tokens, &group_shape, &group_grid);
+    FMHA_RETURN_IF_ERROR(run_dense_forward(part, group_shape, group_grid, stream));
+  }
+  return Status::ok_status();
 }
 
 // The backward is the dense backward on the flattened views, with the grid's mask policy.
@@ -246,20 +289,37 @@ Status run(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shap
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dq, "grads.dq", 1, rank, &dense.grads.dq));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dk, "grads.dk", 1, rank, &dense.grads.dk));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dv, "grads.dv", 1, rank, &dense.grads.dv));
-  detail::ProblemShape flat = shape;
-  NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
-  const std::int64_t groups = dilation_groups(grid, shape, a.options, &a.grads);
-  if (groups > 1) {
-    for (TensorView* t : {&dense.q, &dense.k, &dense.v, &dense.out, &dense.dout, &dense.grads.dq,
-                          &dense.grads.dk, &dense.grads.dv}) {
-      group_rows(t, 1, groups);
-    }
-    group_rows(&dense.lse, 2, groups);
-    group_rows(&dense.dlse, 2, groups);
-    ungroup_extra_keys(&dense.options, groups);
-    groups_as_batches(groups, &flat, &grid);
+  const NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
+  const DilationGroups groups = dilation_groups(grid, shape, a.options, &a.grads);
+  const int d = groups.count, size = grid.size[groups.axis];
+  auto grid_rows = [](AttentionBackwardParams& p) {
+    return std::array<TensorView*, 8>{&p.q,        &p.k,        &p.v,       &p.out,
+                                      &p.dout,     &p.grads.dq, &p.grads.dk, &p.grads.dv};
+  };
+  if (groups.run == GroupRun::kTokenTiles) return run_dense_backward(dense, shape, grid, stream);
+  if (groups.run == GroupRun::kBatches) {
+    for (TensorView* t : grid_rows(dense)) groups_as_batch_rows(t, 1, d);
+    groups_as_batch_rows(&dense.lse, 2, d);
+    groups_as_batch_rows(&dense.dlse, 2, d);
+    extra_keys_for_group_batches(&dense.options, d);
+    detail::ProblemShape group_shape = shape;
+    NeighborhoodGrid group_grid = grid;
+    group_problem(groups, d, size / d, &group_shape, &group_grid);
+    return run_dense_backward(dense, group_shape, group_grid, stream);
   }
-  return run_dense_backward(dense, flat, grid, stream);
+  for (int g = 0; g < d; ++g) {
+    const int tokens = group_tokens(size, d, g);
+    AttentionBackwardParams part = dense;
+    for (TensorView* t : grid_rows(part)) group_rows(t, 1, d, g, tokens);
+    group_rows(&part.lse, 2, d, g, tokens);
+    group_rows(&part.dlse, 2, d, g, tokens);
+    detail::ProblemShape group_shape = shape;
+    NeighborhoodGrid group_grid = grid;
+    group_problem(groups, shape.batch, tokens, &group_shape, &group_grid);
+    FMHA_RETURN_IF_ERROR(
+        run_dense_backward(part, group_shape, group_grid, stream, /*accumulate_dsinks=*/g > 0));
+  }
+  return Status::ok_status();
 }
 
 }  // namespace fmha::cuda

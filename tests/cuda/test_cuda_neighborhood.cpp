@@ -292,11 +292,12 @@ TEST(CudaNeighborhood, DilatedWideWindows) {
   check_na(na_case(DType::kFloat16, 2, {48, 40, 1}, {23, 19, 1}, {2, 2, 1}), 93);
 }
 
-// A dilated 1-D grid of one batch whose dilation divides it runs its dilation groups as batches
-// of the window mask (neighborhood.cu, dilation_groups): GQA, causal, a group-sized kernel, a
-// long axis inside a 2-D grid with sinks and extra keys, softcap at D 128; and beside them a
-// dilation that does not divide the grid and a batch of two, which keep the token tiles.
-TEST(CudaNeighborhood, DilationGroupsAsBatches) {
+// A dilated 1-D grid runs its dilation groups as window masks (neighborhood.cu,
+// dilation_groups): as the batches of one launch (a batch of one, the dilation dividing the grid:
+// GQA, causal with a group-sized kernel, a long axis inside a 2-D grid with sinks and extra keys,
+// D 128 with softcap), or one launch a group (a ragged grid, batches of two with extra keys); a
+// dilation above 16 and a bias keep the token tiles.
+TEST(CudaNeighborhood, DilationGroups) {
   SKIP_WITHOUT_GPU();
   AttentionCase gqa = na_case(DType::kFloat16, 1, {1200, 1, 1}, {255, 1, 1}, {4, 1, 1});
   gqa.batch = 1;
@@ -320,7 +321,14 @@ TEST(CudaNeighborhood, DilationGroupsAsBatches) {
   AttentionCase ragged = na_case(DType::kBFloat16, 1, {1001, 1, 1}, {250, 1, 1}, {4, 1, 1});
   ragged.batch = 1;
   check_na(ragged, 101);
-  check_na(na_case(DType::kFloat16, 1, {1200, 1, 1}, {255, 1, 1}, {4, 1, 1}), 102);
+  AttentionCase batches = na_case(DType::kFloat16, 1, {1203, 1, 1}, {200, 1, 1}, {6, 1, 1});
+  batches.extra = 5;
+  batches.sinks = true;
+  check_na(batches, 102);
+  check_na(na_case(DType::kBFloat16, 1, {700, 1, 1}, {21, 1, 1}, {17, 1, 1}), 103);
+  AttentionCase bias = na_case(DType::kFloat16, 1, {600, 1, 1}, {99, 1, 1}, {3, 1, 1});
+  bias.bias.given = true;
+  check_na(bias, 104);
 }
 
 // Head dims above 128: 64-key tiles, and two K/V stages at buckets 224 and 256 (where the token

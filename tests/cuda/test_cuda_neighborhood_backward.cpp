@@ -329,11 +329,12 @@ TEST(CudaNeighborhoodBackward, DilatedWideWindows) {
   check_na_backward(na_case(DType::kBFloat16, 2, {48, 40, 1}, {23, 19, 1}, {2, 2, 1}), 72);
 }
 
-// Dilation groups as batches (neighborhood.cu, dilation_groups): a dilated 1-D grid of one
-// batch whose dilation divides it. GQA with sinks (dsinks sums over the group batches), causal
-// with a group-sized kernel, bitwise-equal reruns; extra keys, whose gradients keep the token
-// tiles in the backward after a forward on the groups.
-TEST(CudaNeighborhoodBackward, DilationGroupsAsBatches) {
+// Dilation groups as window masks (neighborhood.cu, dilation_groups). As the batches of one
+// launch: GQA with sinks (dsinks sums over the group batches), causal with a group-sized kernel
+// and bitwise-equal reruns, D 128. One launch a group: batches of two with sinks (dsinks added
+// over the launches), a ragged grid with bitwise-equal reruns. Extra keys, whose gradients keep
+// the token tiles in the backward after a forward on the groups; a dilation above 16.
+TEST(CudaNeighborhoodBackward, DilationGroups) {
   SKIP_WITHOUT_GPU();
   AttentionCase gqa = na_case(DType::kFloat16, 1, {1200, 1, 1}, {255, 1, 1}, {4, 1, 1});
   gqa.batch = 1;
@@ -345,14 +346,23 @@ TEST(CudaNeighborhoodBackward, DilationGroupsAsBatches) {
       na_case(DType::kBFloat16, 1, {999, 1, 1}, {111, 1, 1}, {9, 1, 1}, {true, false, false});
   whole.batch = 1;
   check_na_backward(whole, 74, /*twice=*/true);
-  AttentionCase axis = na_case(DType::kFloat16, 2, {1, 960, 1}, {1, 119, 1}, {1, 8, 1});
-  axis.batch = 1;
-  axis.extra = 3;
-  check_na_backward(axis, 75);
   AttentionCase wide = na_case(DType::kBFloat16, 1, {2048, 1, 1}, {129, 1, 1}, {8, 1, 1});
   wide.batch = 1;
   wide.head_dim = wide.value_dim = 128;
-  check_na_backward(wide, 76);
+  check_na_backward(wide, 75);
+  AttentionCase batches = na_case(DType::kFloat16, 1, {1203, 1, 1}, {200, 1, 1}, {6, 1, 1});
+  batches.sinks = true;
+  batches.heads = 4;
+  check_na_backward(batches, 76);
+  AttentionCase ragged =
+      na_case(DType::kBFloat16, 1, {1001, 1, 1}, {250, 1, 1}, {4, 1, 1}, {true, false, false});
+  ragged.batch = 1;
+  check_na_backward(ragged, 77, /*twice=*/true);
+  AttentionCase axis = na_case(DType::kFloat16, 2, {1, 960, 1}, {1, 119, 1}, {1, 8, 1});
+  axis.batch = 1;
+  axis.extra = 3;
+  check_na_backward(axis, 78);
+  check_na_backward(na_case(DType::kBFloat16, 1, {700, 1, 1}, {21, 1, 1}, {17, 1, 1}), 79);
 }
 
 // Kernel = grid on every axis: every key visible, so the gradients are dense attention's.

@@ -145,6 +145,9 @@ def _na_gpu() -> list:
             na(f"NA1d L32768 K2047 D{D}", B=1, H=H, grid=(32768,), kernel=(2047,), D=D),
             na(f"NA1d L32768 K2047 dil4 D{D}", B=1, H=H, grid=(32768,), kernel=(2047,),
                dilation=(4,), D=D),
+            # The same 32k tokens as a batch of four (one launch a dilation group).
+            na(f"NA1d 4x8192 K1023 dil4 D{D}", B=4, H=H, grid=(8192,), kernel=(1023,),
+               dilation=(4,), D=D),
             na(f"NA2d 64x64 K13x13 D{D}", B=8, H=H, grid=(64, 64), kernel=(13, 13), D=D),
             na(f"NA2d 128x128 K7x7 dil2 D{D}", B=2, H=H, grid=(128, 128), kernel=(7, 7),
                dilation=(2, 2), D=D),

@@ -34,6 +34,7 @@ struct BackwardParams {
   std::int64_t dextra_v_batch_stride = 0, dextra_v_row_stride = 0, dextra_v_head_stride = 0;
   float* dsinks = nullptr;
   std::int64_t dsinks_stride = 0;
+  bool accumulate_dsinks = false;  // add this run's dsinks to the values already there
 
   // Workspace (fp32, one allocation per call). Per-row statistics [B, H, Lq] (varlen
   // [H, total_q]), row stride 1:
