@@ -50,16 +50,19 @@ void expect_same_tiles(const fmha::cuda::neighborhood::BlockTiles& searched,
   EXPECT_EQ(searched.num_seen_tiles, preset.num_seen_tiles) << "block " << block;
 }
 
-// The sm90 kernels' bit-mask test (neighborhood_mask.cuh, visible_columns) for boxes of one shape
-// and `columns` columns: whether column c of the box at `origin` lies in `window`, read from the
-// prefix table of c's lane quad as the kernels read it (bit 2t + e for column 2 * quad + e + 8t).
+// The sm90 kernels' bit-mask test (neighborhood_mask.cuh, visible_columns) for boxes of the seen
+// shape of `preset` (a grid through set_box_shapes for `columns` columns): whether column c of the
+// box at `origin` lies in `window`, read from the launcher's table of c's lane quad as the kernels
+// read their copy of it (bit 2t + e for column 2 * quad + e + 8t).
 class ColumnBitTest {
  public:
-  ColumnBitTest(const int (&shape)[3], int columns) : shape_{shape[0], shape[1], shape[2]} {
+  ColumnBitTest(const fmha::cuda::NeighborhoodGrid& preset, int columns)
+      : shape_{preset.seen_shape[0], preset.seen_shape[1], preset.seen_shape[2]} {
     namespace nb = fmha::cuda::neighborhood;
+    EXPECT_EQ(preset.column_tiles, columns / 8);
     for (int quad = 0; quad < 4; ++quad) {
-      for (int e = 0; e < nb::prefix_entries(shape); ++e) {
-        prefix_[quad].push_back(nb::column_prefix_bits(shape, columns / 8, quad, e));
+      for (int e = 0; e < nb::prefix_entries(shape_); ++e) {
+        prefix_[quad].push_back(preset.column_bits[quad][e]);
       }
     }
   }
@@ -160,7 +163,7 @@ void check_geometry(const Geometry& geo) {
           }
         }
         // The bit-mask test of every row against every key box equals the mask.
-        const ColumnBitTest column_bit(bt.seen_shape, keys);
+        const ColumnBitTest column_bit(preset, keys);
         for (int u = 0; u < bt.num_seen_tiles; ++u) {
           int origin[3];
           nb::seen_box_origin(bt, u, origin);
@@ -220,7 +223,7 @@ void check_geometry(const Geometry& geo) {
         const nb::BlockTiles bt = nb::block_tiles(grid, block, keys, rows, /*transposed=*/true);
         expect_same_tiles(bt, nb::block_tiles(preset, block, keys, rows, /*transposed=*/true),
                           block);
-        const ColumnBitTest column_bit(bt.seen_shape, rows);
+        const ColumnBitTest column_bit(preset, rows);
         std::vector<int> query_seen(static_cast<std::size_t>(tokens), 0);
         std::vector<std::array<int, 3>> query_pos(static_cast<std::size_t>(tokens));
         for (int u = 0; u < bt.num_seen_tiles; ++u) {

@@ -352,15 +352,6 @@ __device__ __forceinline__ void block_tiles_parallel(const NeighborhoodGrid& g, 
 }
 #endif
 
-// For a launcher: the shapes block_tiles(g, block, rows, keys, ...) would search, stored in g, so
-// that every block of the launch reads them instead of searching on one thread. (Nsight Compute,
-// NA 2-D 64x64 K 13 forward at D 64: warps waiting at the barrier after thread 0's block_tiles
-// were 21% of the kernel's stall samples.)
-inline void set_box_shapes(NeighborhoodGrid& g, int rows, int keys) {
-  block_box_shape(g, rows, g.box_shape);  // both read the grid's sizes and kernels only
-  seen_box_shape(g, g.box_shape, keys, g.seen_shape);
-}
-
 // Group-major coordinates of entry `index` of a box of `shape` at `origin` (axis 2 innermost), and
 // its token; -1 when it lies past the box (a box smaller than the tile), past the grid's extent or
 // on a hole.
@@ -538,6 +529,27 @@ __host__ __device__ __forceinline__ unsigned visible_columns(const unsigned* pre
     base += shape[a] + 1;
   }
   return bits;
+}
+
+// For a launcher: the shapes block_tiles(g, block, rows, keys, ...) would search, stored in g, so
+// that every block of the launch reads them instead of searching on one thread (Nsight Compute,
+// NA 2-D 64x64 K 13 forward at D 64: warps waiting at the barrier after thread 0's block_tiles
+// were 21% of the kernel's stall samples), and the bit-mask test's tables for `keys` columns.
+inline void set_box_shapes(NeighborhoodGrid& g, int rows, int keys) {
+  block_box_shape(g, rows, g.box_shape);  // both read the grid's sizes and kernels only
+  seen_box_shape(g, g.box_shape, keys, g.seen_shape);
+  const int tiles = keys / 8;
+  if (keys % 8 != 0 || tiles > 16 ||
+      prefix_entries(g.seen_shape) > NeighborhoodGrid::kMaxColumnEntries) {
+    g.column_tiles = 0;
+    return;
+  }
+  g.column_tiles = tiles;
+  for (int entry = 0; entry < prefix_entries(g.seen_shape); ++entry) {
+    for (int quad = 0; quad < 4; ++quad) {
+      g.column_bits[quad][entry] = column_prefix_bits(g.seen_shape, tiles, quad, entry);
+    }
+  }
 }
 
 }  // namespace neighborhood

@@ -26,12 +26,17 @@ struct ColumnBits {
   static constexpr int kEntries = 8 * kTiles + 5;
   unsigned prefix[4][kEntries];
 
-  // Every thread of the block calls it; the caller's next barrier publishes it.
+  // The tables of boxes of the launcher's seen shape: copied from the launcher's (set_box_shapes)
+  // when they are for this width, else computed. Every thread of the block calls it; the caller's
+  // next barrier publishes it.
   template <int kThreads>
-  __device__ __forceinline__ void build(const int (&shape)[3]) {
-    const int entries = neighborhood::prefix_entries(shape);
+  __device__ __forceinline__ void build(const NeighborhoodGrid& g) {
+    const int entries = neighborhood::prefix_entries(g.seen_shape);
+    const bool given = g.column_tiles == kTiles;
     for (int e = static_cast<int>(threadIdx.x); e < 4 * entries; e += kThreads) {
-      prefix[e & 3][e >> 2] = neighborhood::column_prefix_bits(shape, kTiles, e & 3, e >> 2);
+      prefix[e & 3][e >> 2] =
+          given ? g.column_bits[e & 3][e >> 2]
+                : neighborhood::column_prefix_bits(g.seen_shape, kTiles, e & 3, e >> 2);
     }
   }
 };
@@ -90,7 +95,7 @@ __device__ __forceinline__ int init_query_box(TokenTileSmem<kM, kN>* tt, const N
                                               int block, int stages) {
   neighborhood::block_tiles_parallel(g, block, /*transposed=*/false, &tt->tiles);
   __syncthreads();
-  tt->columns.template build<kThreads>(tt->tiles.seen_shape);
+  tt->columns.template build<kThreads>(g);
   for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
     neighborhood::AxisWindow w[3];
     tt->query_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/false, w);
@@ -168,7 +173,7 @@ __device__ __forceinline__ void init_key_box(KeyBoxSmem<kM, kN, kSlots>* tt,
                                              const NeighborhoodGrid& g, int block) {
   neighborhood::block_tiles_parallel(g, block, /*transposed=*/true, &tt->tiles);
   __syncthreads();
-  tt->columns.template build<kThreads>(tt->tiles.seen_shape);
+  tt->columns.template build<kThreads>(g);
   for (int r = static_cast<int>(threadIdx.x); r < kN; r += kThreads) {
     neighborhood::AxisWindow w[3];
     tt->key_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/true, w);
