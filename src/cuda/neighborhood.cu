@@ -112,7 +112,7 @@ Status check_token_count(const detail::ProblemShape& shape) {
       std::to_string(shape.seqlen_q) + " tokens");
 }
 
-// ---- Dilation groups ------------------------------------------------------------------------------
+// ---- Dilation groups ----------------------------------------------------------------------------
 // A 1-D neighborhood of dilation d over X tokens is d undilated neighborhoods of the same kernel,
 // one per dilation group: group g holds tokens g, g + d, g + 2d, .. (SPEC §6: a query sees keys of
 // its own group, through a window over the group's positions clamped at the group's ends). On
@@ -162,7 +162,9 @@ DilationGroups dilation_groups(const NeighborhoodGrid& g, const detail::ProblemS
 }
 
 // The tokens of group `g` along an axis of `size` tokens.
-int group_tokens(int size, int d, int g) { return (size - g + d - 1) / d; }
+int group_tokens(int size, int d, int g) {
+  return (size - g + d - 1) / d;
+}
 
 // `t` of batch 1 with its tokens at dim `token_dim` ([1, N, H, D], or [1, H, N] for statistics)
 // as [d, ..., N / d, ...]: batch g holds tokens g, g + d, ..
@@ -188,9 +190,8 @@ void extra_keys_for_group_batches(AttentionOptions* o, int d) {
 void group_rows(TensorView* t, int token_dim, int d, int g, int tokens) {
   if (!t->defined()) return;
   const auto dim = static_cast<std::size_t>(token_dim);
-  t->data = static_cast<char*>(t->data) +
-            static_cast<std::int64_t>(g) * t->stride[dim] *
-                static_cast<std::int64_t>(element_size(t->dtype));
+  t->data = static_cast<char*>(t->data) + static_cast<std::int64_t>(g) * t->stride[dim] *
+                                              static_cast<std::int64_t>(element_size(t->dtype));
   t->shape[dim] = tokens;
   t->stride[dim] *= d;
 }
@@ -293,8 +294,8 @@ Status run(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shap
   const DilationGroups groups = dilation_groups(grid, shape, a.options, &a.grads);
   const int d = groups.count, size = grid.size[groups.axis];
   auto grid_rows = [](AttentionBackwardParams& p) {
-    return std::array<TensorView*, 8>{&p.q,        &p.k,        &p.v,       &p.out,
-                                      &p.dout,     &p.grads.dq, &p.grads.dk, &p.grads.dv};
+    return std::array<TensorView*, 8>{&p.q,    &p.k,        &p.v,        &p.out,
+                                      &p.dout, &p.grads.dq, &p.grads.dk, &p.grads.dv};
   };
   if (groups.run == GroupRun::kTokenTiles) return run_dense_backward(dense, shape, grid, stream);
   if (groups.run == GroupRun::kBatches) {

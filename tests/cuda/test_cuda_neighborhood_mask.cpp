@@ -69,8 +69,8 @@ class ColumnBitTest {
   bool operator()(const int (&origin)[3], const fmha::cuda::neighborhood::AxisWindow (&window)[3],
                   int c) const {
     const int quad = (c % 8) / 2, bit = 2 * (c / 8) + c % 2;
-    const unsigned seen = fmha::cuda::neighborhood::visible_columns(
-        prefix_[quad].data(), shape_, origin, window);
+    const unsigned seen =
+        fmha::cuda::neighborhood::visible_columns(prefix_[quad].data(), shape_, origin, window);
     return (seen >> bit) & 1u;
   }
 
@@ -175,9 +175,8 @@ void check_geometry(const Geometry& geo) {
               const int j = nb::box_token(grid, bt.seen_shape, origin, c, yk);
               const bool expected = i >= 0 && j >= 0 && sees(i, j);
               if (column_bit(origin, w, c) != expected && ++wrong <= 5) {
-                ADD_FAILURE() << "block " << block << " key box " << u << " row " << r
-                              << " column " << c << ": bit test " << !expected << ", mask "
-                              << expected;
+                ADD_FAILURE() << "block " << block << " key box " << u << " row " << r << " column "
+                              << c << ": bit test " << !expected << ", mask " << expected;
               }
             }
           }
@@ -258,8 +257,7 @@ void check_geometry(const Geometry& geo) {
               const bool bit = column_bit(origin, w, c);
               if (bit != sees(i, j) && ++wrong <= 5) {
                 ADD_FAILURE() << "key block " << block << " query box " << u << " key " << j
-                              << " query " << i << ": bit test " << bit << ", mask "
-                              << sees(i, j);
+                              << " query " << i << ": bit test " << bit << ", mask " << sees(i, j);
               }
             }
           }

@@ -112,7 +112,7 @@ __host__ __device__ __forceinline__ RowWindow empty_window() {
 // y' with p >= n_g (groups shorter than L, when d does not divide X) are holes: no token.
 
 __host__ __device__ __forceinline__ int group_positions(const NeighborhoodGrid& g, int r) {
-  if (g.dilation[r] == 1) return g.size[r];               // no division on undilated axes
+  if (g.dilation[r] == 1) return g.size[r];                // no division on undilated axes
   return (g.size[r] + g.dilation[r] - 1) / g.dilation[r];  // L
 }
 // Group-major extent of axis r: d * L (>= X; the excess are holes).
@@ -482,11 +482,11 @@ __host__ __device__ __forceinline__ bool bytes_within(unsigned x, unsigned lo, u
 // ---- The per-element test as bit masks (sm90) ---------------------------------------------------
 // The sm90 kernels hold a score tile in the m16n8 fragment layout: the lanes of quad q (lane % 4)
 // hold columns 2q + c + 8t (c < 2, t < tiles) of their rows; bit 2t + c of a 32-bit mask stands for
-// column 2q + c + 8t. Column j of a box of power-of-two `shape` lies at x2 = j % s2, x1 = j / s2 % s1,
-// x0 = j / (s1 s2) (past the box when x0 >= s0). Per quad, axis a and v in [0, s_a], a prefix entry
-// holds the bits of the columns with x_a < v, so the columns with x_a in [l, h] are
-// prefix(h + 1) & ~prefix(l), and a row's window clipped to a box is three such ranges ANDed: six
-// table reads a row and tile instead of a byte test per score.
+// column 2q + c + 8t. Column j of a box of power-of-two `shape` lies at x2 = j % s2,
+// x1 = j / s2 % s1, x0 = j / (s1 s2) (past the box when x0 >= s0). Per quad, axis a and v in
+// [0, s_a], a prefix entry holds the bits of the columns with x_a < v, so the columns with x_a in
+// [l, h] are prefix(h + 1) & ~prefix(l), and a row's window clipped to a box is three such ranges
+// ANDed: six table reads a row and tile instead of a byte test per score.
 
 // Entries of one quad's table: s0 + s1 + s2 + 3, axis a's at prefix_base(shape, a).
 __host__ __device__ __forceinline__ int prefix_base(const int (&shape)[3], int axis) {

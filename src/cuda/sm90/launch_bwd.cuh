@@ -119,9 +119,8 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   const dim3 grid = batch_grid(p.fwd, query_tiles, p.fwd.heads);
   int smem = bwd_dq_smem_bytes<kD, Policy>();
   if constexpr (kTokenTiles) {
-    smem +=
-        static_cast<int>(sizeof(TokenTileSmem<kBwdQueriesPerBlock,
-                                              bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>)>));
+    smem += static_cast<int>(
+        sizeof(TokenTileSmem<kBwdQueriesPerBlock, bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>)>));
   }
   if constexpr (kBwdRelPos<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
   if constexpr (kBwdModifiers<Policy>)

@@ -145,8 +145,8 @@ __device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt,
       const int2 bounds = tt->query_window[row + 8 * half][a];
       w[a] = {bounds.x, bounds.y};
     }
-    seen[half] = neighborhood::visible_columns(tt->columns.prefix[col / 2], tt->tiles.seen_shape,
-                                               origin, w);
+    seen[half] =
+        neighborhood::visible_columns(tt->columns.prefix[col / 2], tt->tiles.seen_shape, origin, w);
   }
   hide_unseen_bits(s, seen);
 }
@@ -162,7 +162,7 @@ struct KeyBoxSmem {
   int4 query_box[kSlots];       // (y'0, y'1, y'2) of the origin, full
   int query_token[kSlots][kM];  // -1 past the grid or on a hole
   int key_token[kN];
-  int2 key_window[kN][3];  // (lo, hi) per axis; lo > hi for keys without a token
+  int2 key_window[kN][3];      // (lo, hi) per axis; lo > hi for keys without a token
   ColumnBits<kM / 8> columns;  // the query boxes' columns
 };
 
@@ -222,8 +222,8 @@ __device__ __forceinline__ void hide_unseen_transposed(const KeyBoxSmem<kM, kN, 
       const int2 bounds = tt->key_window[key + 8 * half][a];
       w[a] = {bounds.x, bounds.y};
     }
-    seen[half] = neighborhood::visible_columns(tt->columns.prefix[col / 2], tt->tiles.seen_shape,
-                                               origin, w);
+    seen[half] =
+        neighborhood::visible_columns(tt->columns.prefix[col / 2], tt->tiles.seen_shape, origin, w);
   }
   hide_unseen_bits(s, seen);
 }
