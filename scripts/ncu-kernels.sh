@@ -27,4 +27,7 @@ ncu -i "$report.ncu-rep" --page raw --csv >"$report.raw.csv"
 # Per-instruction counts (SASS): where the issue slots go.
 ncu -i "$report.ncu-rep" --page source --csv --print-source sass >"$report.sass.csv" 2>/dev/null ||
   ncu -i "$report.ncu-rep" --page source --csv >"$report.sass.csv" 2>/dev/null || true
+# The same by CUDA source line (the kernels build with -lineinfo): which code the samples are in.
+ncu -i "$report.ncu-rep" --page source --csv --print-source cuda >"$report.cuda.csv" 2>/dev/null ||
+  rm -f "$report.cuda.csv"
 python3 scripts/ncu_summary.py "$report"

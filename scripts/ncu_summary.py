@@ -1,7 +1,7 @@
 """Short table from an Nsight Compute report exported by scripts/ncu-kernels.sh: the headline metrics
 of the details page, the warp stall reasons (cycles per issued instruction) from the raw page, and the
-executed instruction mix by SASS opcode and the instructions that collect the most stall samples
-from the source page. Tolerant of missing pages and names
+executed instruction mix by SASS opcode, the instructions that collect the most stall samples and
+the samples split by how often a warp runs the code, from the source page. Tolerant of missing pages and names
 (they differ between ncu versions): prints what it finds."""
 import collections
 import csv
@@ -128,6 +128,50 @@ def stalled_instructions(prefix, count=12):
             print(f"{address:>6s} {100 * n / total:5.1f}%  executed {executed:10.0f}  {top:16s} {text[:60]}")
 
 
+def launched_warps(prefix):
+    """Warps of the profiled launch (Launch Statistics: threads / 32), or None."""
+    table = rows(prefix + ".details.csv")
+    if not table:
+        return None
+    head = table[0]
+    name, value = head.index("Metric Name"), head.index("Metric Value")
+    for r in table[1:]:
+        if len(r) > value and r[name] == "Threads":
+            threads = number(r[value])
+            return threads / 32 if threads else None
+    return None
+
+
+def per_warp_frequency(prefix):
+    """Samples and instructions split by how often each warp runs an instruction: once (a block's
+    set-up and epilogue), two or three times (a pipeline's first stages), more (the loop). Session
+    13: the NA 2-D K13 forward had 40% of its samples in code run once a warp."""
+    warps = launched_warps(prefix)
+    head, body = source_table(prefix)
+    names = {c: i for i, c in enumerate(head)}
+    exe, samples = names.get("Instructions Executed"), names.get("Warp Stall Sampling (All Samples)")
+    if not warps or None in (exe, samples):
+        return
+    classes = collections.OrderedDict((k, [0.0, 0.0]) for k in ("once", "2-3 times", "loop"))
+    for r in body:
+        if len(r) <= max(exe, samples):
+            continue
+        executed, sampled = number(r[exe]) or 0.0, number(r[samples]) or 0.0
+        if not executed and not sampled:
+            continue
+        per_warp = executed / warps
+        key = "once" if per_warp <= 1.01 else ("2-3 times" if per_warp <= 3.01 else "loop")
+        classes[key][0] += sampled
+        classes[key][1] += executed
+    total_samples = sum(v[0] for v in classes.values())
+    total_executed = sum(v[1] for v in classes.values())
+    if total_samples and total_executed:
+        print(f"-- by how often a warp runs the code ({warps:.0f} warps)")
+        for key, (sampled, executed) in classes.items():
+            print(f"{key:16s} samples {100 * sampled / total_samples:5.1f}%  "
+                  f"instructions {100 * executed / total_executed:5.1f}%")
+
+
 if __name__ == "__main__":
     prefix = sys.argv[1]
     print(f"== {prefix}")
@@ -135,3 +179,4 @@ if __name__ == "__main__":
     stalls(prefix)
     instruction_mix(prefix)
     stalled_instructions(prefix)
+    per_warp_frequency(prefix)
