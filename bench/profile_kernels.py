@@ -17,11 +17,13 @@ CASES = {
     "sam-h-rel": dict(B=8, H=16, L=4096, D=80, rel=(64, 64)),
     "sam-b-bias": dict(B=8, H=12, L=4096, D=64, bias=True),
     "sam-b-dbias": dict(B=8, H=12, L=4096, D=64, bias=True, dbias=True),
-    # The standard suite's dense shapes (16k tokens, hidden 2048): the D 64 / 128 kernels alone.
+    # The standard suite's dense shapes (16k tokens, hidden 2048): the D 64 / 128 / 256 kernels alone.
     "dense-d64": dict(B=4, H=32, L=4096, D=64),
     "dense-d64-causal": dict(B=4, H=32, L=4096, D=64, causal=True),
     "dense-d128": dict(B=4, H=16, L=4096, D=128),
     "dense-d128-causal": dict(B=4, H=16, L=4096, D=128, causal=True),
+    "dense-d256": dict(B=2, H=8, L=8192, D=256),
+    "dense-d256-causal": dict(B=2, H=8, L=8192, D=256, causal=True),
     # Issue 5's neighborhood cases at D 64 (H = 1024 / D).
     "na1d-k2047": dict(B=1, H=16, D=64, grid=(32768,), kernel=(2047,)),
     "na2d-k13": dict(B=8, H=16, D=64, grid=(64, 64), kernel=(13, 13)),

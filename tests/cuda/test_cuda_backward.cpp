@@ -101,8 +101,8 @@ TEST(CudaBackward, WindowsAndFullyMaskedRows) {
   check_backward(shape_case(DType::kFloat16, 0, 17, 64, 64, 2, 1), 63);
 }
 
-// Head dims above 128: on sm90 the dK/dV columns run in chunks of 128 (one kernel per chunk) with
-// 32-row tiles; masks, GQA, Dv != D and the deterministic path across those chunks.
+// Head dims above 128: on sm90 dK and dV come from two kernels (one accumulating each) with 32-row
+// tiles; masks, GQA, Dv != D and the deterministic path across them.
 TEST(CudaBackward, WideHeadsWithMasksAndGqa) {
   SKIP_WITHOUT_GPU();
   for (auto [d, dv] : {std::pair<int, int>{192, 192}, {256, 128}, {144, 256}, {256, 256}}) {

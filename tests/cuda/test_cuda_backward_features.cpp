@@ -37,7 +37,7 @@ TEST(CudaBackward, SinksAndExtraKeys) {
   c.extra = 70;  // more than one key tile of extra keys
   c.options.causal = true;
   c.options.softcap = 8.0f;
-  c.head_dim = c.value_dim = 200;  // two column chunks
+  c.head_dim = c.value_dim = 200;  // sm90: dK and dV from two kernels
   check_backward(c, 83);
   // Fully masked rows with sinks (P_sink = 1) and with extra keys (only those are seen).
   BackwardCase m = shape_case(DType::kBFloat16, 77, 30, 40, 40, 2, 1);
@@ -77,7 +77,7 @@ TEST(CudaBackward, BiasOnWholeChunkRows) {
   c.options.causal = true;
   c.head_dim = c.value_dim = 128;
   check_backward(c, 96);
-  c.head_dim = c.value_dim = 200;  // two dK/dV column chunks; dbias comes from the dQ kernel
+  c.head_dim = c.value_dim = 200;  // dK and dV from two kernels; dbias from the dQ kernel
   c.dtype = DType::kFloat16;
   check_backward(c, 97);
   BackwardCase w = shape_case(DType::kBFloat16, 136, 264, 96, 96, 4, 1, 3);

@@ -85,20 +85,21 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kFusable) {
     if (fused) {
       if (!ds_in_bias_tile<Policy>(p.fwd.bias_staged)) smem += Fused::DsTile::kBytes;
-      return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0, true>, grid, smem,
-                                       p, stream, "fused dK/dV/dQ");
+      return detail::launch_bwd_kernel(
+          &backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth, true>, grid, smem, p, stream,
+          "fused dK/dV/dQ");
     }
   }
-  Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 0>, grid, smem, p,
-                                       stream, "dK/dV");
-  if constexpr (bwd_num_chunks(kD) > 1) {
-    static_assert(bwd_num_chunks(kD) == 2, "at most two column chunks (D <= 256)");
-    if (s.ok()) {
-      return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, 1>, grid, smem, p,
-                                       stream, "dK/dV");
-    }
+  if constexpr (bwd_num_parts(kD) == 1) {
+    return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth>, grid,
+                                     smem, p, stream, "dK/dV");
+  } else {
+    Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk>,
+                                         grid, smem, p, stream, "dK");
+    if (!s.ok()) return s;
+    return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDv>, grid,
+                                     smem, p, stream, "dV");
   }
-  return s;
 }
 
 template <typename T, int kD, typename Policy>

@@ -1,7 +1,7 @@
 // The sm90 dK/dV kernel of the split backward (wgmma / cp.async; sm_90a only).
 //
-// Above D = 128 a block owns one column chunk of dK/dV (tile_sizes_bwd.h), so every product below
-// runs over the chunk's columns only, except S^T and dP^T, which each chunk's block recomputes.
+// Above D = 128 the work is split by output (tile_sizes_bwd.h DkDvPart): one kernel's blocks
+// accumulate dV (S^T and dV below), the other's dK (S^T, dP^T and dK below).
 //
 // One block owns kBwdKeysPerBlock keys of one (batch, kv head), 64 per warpgroup, and walks every
 // query head of the kv head's GQA group and, per head, the query tiles its mask policy lets see
@@ -77,10 +77,9 @@ __device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, floa
   }
 }
 
-// One block's work: dK and dV of its keys for head-dim columns [kCol0, kCol0 + kCols) (all of
-// them up to D = 128; column chunks of 128 above, each chunk its own block recomputing S^T and
-// dP^T over the whole head dim); with kFusedDq also the block's share of dQ (fused_dq.cuh).
-template <typename T, int kD, int kCol0, int kCols, typename Policy, bool kFusedDq>
+// One block's work: dK and dV of its keys (kPart: both up to D = 128, one of them above); with
+// kFusedDq also the block's share of dQ (fused_dq.cuh).
+template <typename T, int kD, DkDvPart kPart, typename Policy, bool kFusedDq>
 __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t key_tile) {
   using Mask = typename Policy::Mask;
   constexpr bool kTokenTiles = Mask::kTokenTiles;
@@ -88,15 +87,17 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   constexpr int kM = bwd_queries_per_tile(kD, kTokenTiles);
   constexpr int kStages = kBwdStages;
   constexpr int kScoreTiles = kM / 8;
-  constexpr int kOutTiles = kCols / 8;
-  constexpr int kTile0 = kCol0 / 8;  // first 8-column tile of the chunk
+  constexpr int kOutTiles = kD / 8;
+  constexpr bool kDv = kPart != DkDvPart::kDk;  // this block accumulates dV
+  constexpr bool kDk = kPart != DkDvPart::kDv;  // and dK (S^T's partner dP^T only for dK)
   using KTile = SwizzledTile<kN, kD>;
   using QTile = SwizzledTile<kM, kD>;
   using TokenTiles = DkDvTokenTiles<kD>;
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
   using Fused = FusedDq<kFusedDq ? kD : 64, kN, kM>;
-  static_assert(!kFusedDq || (!kTokenTiles && kCols == kD), "fused: range masks, one chunk");
+  static_assert(!kFusedDq || (!kTokenTiles && kPart == DkDvPart::kBoth), "fused: range masks");
+  static_assert(kPart == DkDvPart::kBoth || (!kTokenTiles && kD > 128), "as bwd_num_parts");
   constexpr bool kModifiers = std::is_same_v<Policy, PolicyGeneral>;  // softcap, bias
   // A bias alone (score_bias.cuh): natural-unit scores, its tiles staged as the general policy's.
   constexpr bool kBias = std::is_same_v<Policy, PolicyBias>;
@@ -251,7 +252,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     }
     const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + m0;
     load_floats_async(smem_lse(stage), p.lse_log2 + stat, kM, rows, 0);
-    load_floats_async(smem_delta(stage), p.delta + stat, kM, rows, kM);
+    if constexpr (kDk) load_floats_async(smem_delta(stage), p.delta + stat, kM, rows, kM);
     if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
       scores.template load_rel_w_async<kM, kN, kBwdThreads>(smem_rel + stage * kM * rel_pitch,
                                                             rel_pitch, b, h, m0, rel_h_staged, n0);
@@ -276,8 +277,10 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   } else {
     load_tile_async<kN, kD, kBwdThreads>(smem_k, k_tile, f.k_row_stride, valid_keys, f.head_dim,
                                          f.vector_loads);
-    load_tile_async<kN, kD, kBwdThreads>(smem_v, v_tile, f.v_row_stride, valid_keys, f.value_dim,
-                                         f.vector_loads);
+    if constexpr (kDk) {  // V only for dP^T
+      load_tile_async<kN, kD, kBwdThreads>(smem_v, v_tile, f.v_row_stride, valid_keys,
+                                           f.value_dim, f.vector_loads);
+    }
   }
 #pragma unroll
   for (int u = 0; u < kStages - 1; ++u) {
@@ -330,7 +333,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     // this kernel 20-36 bytes of spill at D 128; the columns past the head dim are zeros.
     wgmma_fence();
     ss_product<T, kD / 16, KTile, QTile>(s, smem_k, first_key_row, smem_q(stage));
-    ss_product<T, kD / 16, KTile, QTile>(dp, smem_v, first_key_row, smem_do(stage));
+    if constexpr (kDk) ss_product<T, kD / 16, KTile, QTile>(dp, smem_v, first_key_row, smem_do(stage));
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(s);
@@ -345,7 +348,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     const float* delta = stats_ptr + (kStages + stage) * kM;
     bool softcap_folded = false;  // dP^T - Delta already holds softcap's factor
     if constexpr (kModifiers) {
-      if (scores.softcap_log2 > 0.0f) {
+      if (kDk && scores.softcap_log2 > 0.0f) {
         fold_softcap_grad(scores, s, dp,
                           [&](int t, int e) { return delta[t * 8 + fragment_col + (e & 1)]; });
         softcap_folded = true;
@@ -373,20 +376,20 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
 #pragma unroll
     for (int t = 0; t < kScoreTiles; ++t) {
       const float2 l = *reinterpret_cast<const float2*>(lse + t * 8 + fragment_col);
-      const float2 d = softcap_folded
+      const float2 d = softcap_folded || !kDk
                            ? make_float2(0.0f, 0.0f)
                            : *reinterpret_cast<const float2*>(delta + t * 8 + fragment_col);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float prob = exp2_ftz(fmaf(s[t][e], exp_scale, -((e & 1) ? l.y : l.x)));
-        dp[t][e] = prob * (dp[t][e] - ((e & 1) ? d.y : d.x));  // dS^T
-        s[t][e] = prob;                                        // P^T
+        if constexpr (kDk) dp[t][e] = prob * (dp[t][e] - ((e & 1) ? d.y : d.x));  // dS^T
+        s[t][e] = prob;                                                          // P^T
       }
     }
 
     std::uint32_t pa[kM / 16][4], da[kM / 16][4];
-    pack_fragments<T>(s, pa);
-    pack_fragments<T>(dp, da);
+    if constexpr (kDv) pack_fragments<T>(s, pa);
+    if constexpr (kDk) pack_fragments<T>(dp, da);
     [[maybe_unused]] const std::uint32_t smem_ds = ds_in_bias ? smem_bias(stage) : smem_tail;
     if constexpr (kFusedDq) {
       if (ds_in_bias) __syncthreads();  // every warp has read the stage's bias tile
@@ -395,11 +398,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
     fence_accumulators(dv);
     fence_accumulators(dk);
     wgmma_fence();
-    // The chunk's columns start at a column block of the swizzled tiles (kCol0 is a multiple of
-    // 128): the MN-major descriptors just start that many blocks further.
-    constexpr std::uint32_t kChunkOffset = kCol0 / QTile::kBlockCols * QTile::kBlockBytes;
-    rs_product<T, kM / 16, QTile>(dv, pa, smem_do(stage) + kChunkOffset);
-    rs_product<T, kM / 16, QTile>(dk, da, smem_q(stage) + kChunkOffset);
+    if constexpr (kDv) rs_product<T, kM / 16, QTile>(dv, pa, smem_do(stage));
+    if constexpr (kDk) rs_product<T, kM / 16, QTile>(dk, da, smem_q(stage));
     wgmma_commit();
     if constexpr (kFusedDq) {
       // dQ^T = K^T dS^T while dV and dK run, then added to the accumulator.
@@ -450,12 +450,16 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = warp * 16 + lane / 4 + 8 * r;
-      const std::uint32_t offset = KTile::chunk_offset(row, kTile0 + t) + fragment_col * 2;
-      const std::uint32_t k_packed =
-          Convert::pack(dk[t][2 * r] * p.scale, dk[t][2 * r + 1] * p.scale);
-      const std::uint32_t v_packed = Convert::pack(dv[t][2 * r], dv[t][2 * r + 1]);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_k + offset), "r"(k_packed) : "memory");
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_v + offset), "r"(v_packed) : "memory");
+      const std::uint32_t offset = KTile::chunk_offset(row, t) + fragment_col * 2;
+      if constexpr (kDk) {
+        const std::uint32_t k_packed =
+            Convert::pack(dk[t][2 * r] * p.scale, dk[t][2 * r + 1] * p.scale);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_k + offset), "r"(k_packed) : "memory");
+      }
+      if constexpr (kDv) {
+        const std::uint32_t v_packed = Convert::pack(dv[t][2 * r], dv[t][2 * r + 1]);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_v + offset), "r"(v_packed) : "memory");
+      }
     }
   }
   __syncwarp();
@@ -463,26 +467,28 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   // Token tiles store by token from token 0.
   const std::int64_t key = k_start + n0 + (kTokenTiles ? 0 : warp * 16);
   const int* key_tokens = kTokenTiles ? tt->key_token + warp * 16 : nullptr;
-  store_tile_rows<kD, kTile0, kOutTiles>(smem_k_ptr, KTile{}, warp * 16, warp_keys,
-                                         static_cast<std::uint16_t*>(p.dk) + b * p.dk_batch_stride +
-                                             key * p.dk_row_stride + hk * p.dk_head_stride,
-                                         p.dk_row_stride, f.head_dim, lane, key_tokens);
-  store_tile_rows<kD, kTile0, kOutTiles>(smem_k_ptr + KTile::kBytes, KTile{}, warp * 16, warp_keys,
-                                         static_cast<std::uint16_t*>(p.dv) + b * p.dv_batch_stride +
-                                             key * p.dv_row_stride + hk * p.dv_head_stride,
-                                         p.dv_row_stride, f.value_dim, lane, key_tokens);
+  if constexpr (kDk) {
+    store_tile_rows<kD, 0, kOutTiles>(smem_k_ptr, KTile{}, warp * 16, warp_keys,
+                                      static_cast<std::uint16_t*>(p.dk) + b * p.dk_batch_stride +
+                                          key * p.dk_row_stride + hk * p.dk_head_stride,
+                                      p.dk_row_stride, f.head_dim, lane, key_tokens);
+  }
+  if constexpr (kDv) {
+    store_tile_rows<kD, 0, kOutTiles>(smem_k_ptr + KTile::kBytes, KTile{}, warp * 16, warp_keys,
+                                      static_cast<std::uint16_t*>(p.dv) + b * p.dv_batch_stride +
+                                          key * p.dv_row_stride + hk * p.dv_head_stride,
+                                      p.dv_row_stride, f.value_dim, lane, key_tokens);
+  }
 }
 
-// Column chunk kChunk of dK/dV for every key tile (block_coords' tile). One kernel per chunk rather
-// than a branch on the block index: with both chunk bodies in one kernel the compiler hoists across
-// them and spills (752 bytes at D = 256, none with one body).
-// kFusedDq: the fused backward's kernel (one chunk, D 64 or 128).
-template <typename T, int kD, typename Policy, int kChunk, bool kFusedDq = false>
+// kPart of dK/dV for every key tile (block_coords' tile). One kernel per part rather than a
+// branch on the block index: with two bodies in one kernel the compiler hoists across them and
+// spills (752 bytes at D = 256 for the column chunks this replaced, none with one body).
+// kFusedDq: the fused backward's kernel (both outputs, D 64 or 128).
+template <typename T, int kD, typename Policy, DkDvPart kPart, bool kFusedDq = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
-  constexpr int kCol0 = kChunk * bwd_chunk(kD);
-  constexpr int kCols = kD - kCol0 < bwd_chunk(kD) ? kD - kCol0 : bwd_chunk(kD);
-  dkdv_block<T, kD, kCol0, kCols, Policy, kFusedDq>(p, block_coords(p.fwd).tile);
+  dkdv_block<T, kD, kPart, Policy, kFusedDq>(p, block_coords(p.fwd).tile);
 }
 
 }  // namespace fmha::cuda::sm90

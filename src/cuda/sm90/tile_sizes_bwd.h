@@ -12,20 +12,18 @@
 namespace fmha::cuda::sm90 {
 
 // Head-dim buckets the sm90 backward takes: all of them. Up to D = 128 a dK/dV block keeps dK and
-// dV of its 64 keys a warpgroup (D / 2 floats a thread each) next to two score tiles; above, the
-// head dims are split into column chunks of 128, one block each, each recomputing S^T and dP^T
-// (6 products instead of 4 in the dK/dV kernel at D = 256, instead of spilling).
+// dV of its 64 keys a warpgroup (D / 2 floats a thread each) next to two score tiles. Above, both
+// do not fit in registers, so the dK/dV work is split by output into two kernels (DkDvPart): one
+// accumulates dV (S^T, then dV += P^T dO: two products a tile), the other dK (S^T and dP^T, then
+// dK += dS^T Q: three), D / 2 floats a thread each. That is 5 products a tile pair at D = 256
+// where two column chunks of both outputs, each recomputing S^T and dP^T, took 6 (H200,
+// session 14: the two chunk kernels took 4.05 + 4.03 ms of an 11.3 ms backward at L 8192).
 inline constexpr int kBwdMaxHeadDim = 256;
-inline constexpr int kBwdMaxChunk = 128;
-// Neighborhood attention: up to D = 128 (one chunk; the token-tile bookkeeping takes the shared
-// memory a second chunk's tiles would need).
+enum class DkDvPart { kBoth, kDv, kDk };
+constexpr int bwd_num_parts(int head_dim_bucket) { return head_dim_bucket <= 128 ? 1 : 2; }
+// Neighborhood attention: up to D = 128 (one part; the token-tile bookkeeping takes the shared
+// memory the wider tiles would need).
 inline constexpr int kBwdNeighborhoodMaxHeadDim = 128;
-constexpr int bwd_chunk(int head_dim_bucket) {
-  return head_dim_bucket < kBwdMaxChunk ? head_dim_bucket : kBwdMaxChunk;
-}
-constexpr int bwd_num_chunks(int head_dim_bucket) {
-  return (head_dim_bucket + kBwdMaxChunk - 1) / kBwdMaxChunk;
-}
 
 // Head-dim buckets with a fused kernel (the dK/dV kernel adding dQ as well: fused_dq.cuh, whose
 // two warpgroups split the dQ product by keys at D 64 and by head-dim columns at D 128).
