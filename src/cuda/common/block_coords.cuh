@@ -1,4 +1,4 @@
-// Which (batch, tile) of the grid a block owns. The grid is (tiles, heads, batch), or, with
+// Which (batch, head, tile) of the grid a block owns. The grid is (tiles, heads, batch), or, with
 // ForwardParams::batch_innermost, (tiles * batch, heads, 1) with the batch varying fastest: the
 // blocks that read the same tile of a bias shared by every batch ([1, H, L, L]) then run at the
 // same time and find it in L2, instead of reading it from memory once per batch. The sm90
@@ -7,6 +7,17 @@
 // register-form bias (PolicyBias), for its memory traffic: SAM-B forward 1.55 ms either way on
 // an H100, where the batch outermost reads the bias from memory 8 times; not the forward's general
 // policy (the decoding cost it 80 bytes more spill at D 128).
+//
+// Otherwise the blocks of a batch start in sections of 2^ForwardParams::head_section_log2 heads: a
+// section's blocks by tile, its heads interleaved within a tile (grid (tiles << log2, heads >>
+// log2, batch), decoded by shifts of the block index, which the compiler recomputes where it needs
+// them instead of holding registers: a general decode with divisions spilled the D 128 forward and
+// dK/dV kernels). Under a causal mask the tiles' work runs from most to least within a head (the
+// kernels map tiles so), and head by head the last head's heaviest blocks start when most of the
+// grid is done: at 16 heads of 64 tiles, list scheduling over 132 SMs ends 11% later than with
+// sections of two heads, which come within 1% of the ideal (session 14). A section is few heads so
+// that the operand every block of a head streams (K / V, or Q / dO) stays in L2
+// (head_section_log2_for).
 #pragma once
 
 #include <cstdint>
@@ -17,12 +28,23 @@ namespace fmha::cuda {
 
 struct BlockCoords {
   std::int64_t batch, tile, tiles;  // tile in [0, tiles)
+  int head;                         // of the grid's heads (the kv heads for the dK/dV kernels)
 };
 
+// kBatchInnermost: whether the kernel's policy may run the batch innermost (the branch alone cost
+// the D 128 forward's general policy 100 bytes more spill).
+template <bool kBatchInnermost>
 __device__ __forceinline__ BlockCoords block_coords(const ForwardParams& f) {
-  if (!f.batch_innermost) return {blockIdx.z, blockIdx.x, gridDim.x};
-  const unsigned batch = static_cast<unsigned>(f.batch);  // a grid dimension's worth at most
-  return {blockIdx.x % batch, blockIdx.x / batch, gridDim.x / batch};
+  if constexpr (kBatchInnermost) {
+    if (f.batch_innermost) {
+      const unsigned batch = static_cast<unsigned>(f.batch);  // a grid dimension's worth at most
+      return {blockIdx.x % batch, blockIdx.x / batch, gridDim.x / batch,
+              static_cast<int>(blockIdx.y)};
+    }
+  }
+  const unsigned log2 = static_cast<unsigned>(f.head_section_log2);
+  return {blockIdx.z, blockIdx.x >> log2, gridDim.x >> log2,
+          static_cast<int>((blockIdx.y << log2) | (blockIdx.x & ((1u << log2) - 1u)))};
 }
 
 // The grid of `tiles` x `heads` blocks a batch, in the order block_coords reads.
@@ -30,8 +52,21 @@ inline dim3 batch_grid(const ForwardParams& f, std::int64_t tiles, std::int64_t 
   if (f.batch_innermost) {
     return dim3(static_cast<unsigned>(tiles * f.batch), static_cast<unsigned>(heads), 1);
   }
-  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads),
-              static_cast<unsigned>(f.batch));
+  return dim3(static_cast<unsigned>(tiles << f.head_section_log2),
+              static_cast<unsigned>(heads >> f.head_section_log2), static_cast<unsigned>(f.batch));
+}
+
+// head_section_log2 for `heads` heads whose blocks each stream `bytes_per_head` of their head (all
+// of K and V, or of Q and dO): the largest power of two up to 8 that divides the heads and keeps
+// the section's bytes within 16 MiB of L2.
+inline int head_section_log2_for(std::int64_t heads, std::int64_t bytes_per_head) {
+  constexpr std::int64_t kBudget = std::int64_t{16} << 20;
+  int log2 = 0;
+  while (log2 < 3 && heads % (std::int64_t{2} << log2) == 0 &&
+         (std::int64_t{2} << log2) * bytes_per_head <= kBudget) {
+    ++log2;
+  }
+  return log2;
 }
 
 // Whether the bias is one for every batch of a dense batch (the case batch_innermost is for).

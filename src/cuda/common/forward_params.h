@@ -104,6 +104,9 @@ struct ForwardParams {
   bool bias_staged = false;
   // Grid order (block_coords.cuh): the batch varies fastest, within grid.x.
   bool batch_innermost = false;
+  // Grid order (block_coords.cuh): the heads of a batch in sections of 2^head_section_log2, the
+  // tiles of a section's heads interleaved (tile slowest); 0 is head by head.
+  int head_section_log2 = 0;
 
   // Sinks [H] fp32; nullptr when absent.
   const float* sinks = nullptr;

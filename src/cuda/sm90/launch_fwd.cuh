@@ -72,6 +72,9 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   if constexpr (kTokenTiles) {
     blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
     neighborhood::set_box_shapes(p.neighborhood, kM, block_n(kD));
+  } else {  // head sections (block_coords.cuh): each block streams its head's K and V
+    p.head_section_log2 =
+        head_section_log2_for(p.heads, p.seqlen_k * (p.head_dim + p.value_dim) * 2);
   }
   const dim3 grid = batch_grid(p, blocks, p.heads);
   kernel<<<grid, threads(kD), smem, stream>>>(p);

@@ -80,7 +80,7 @@ __device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, floa
 // One block's work: dK and dV of its keys (kPart: both up to D = 128, one of them above); with
 // kFusedDq also the block's share of dQ (fused_dq.cuh).
 template <typename T, int kD, DkDvPart kPart, typename Policy, bool kFusedDq>
-__device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t key_tile) {
+__device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
   using Mask = typename Policy::Mask;
   constexpr bool kTokenTiles = Mask::kTokenTiles;
   constexpr int kN = kBwdKeysPerBlock;
@@ -139,8 +139,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t b = block_coords(f).batch;
-  const int hk = static_cast<int>(blockIdx.y);
+  const BlockCoords coords = block_coords<kModifiers || kBias>(f);
+  const std::int64_t b = coords.batch, key_tile = coords.tile;
+  const int hk = coords.head;
   // Token tiles: the block's keys are tokens of its grid box, so the pointers start at token 0.
   const std::int64_t n0 = kTokenTiles ? 0 : key_tile * kN;
 
@@ -488,7 +489,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, std::int64_t
 template <typename T, int kD, typename Policy, DkDvPart kPart, bool kFusedDq = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
-  dkdv_block<T, kD, kPart, Policy, kFusedDq>(p, block_coords(p.fwd).tile);
+  dkdv_block<T, kD, kPart, Policy, kFusedDq>(p);
 }
 
 }  // namespace fmha::cuda::sm90

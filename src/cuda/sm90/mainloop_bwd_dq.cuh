@@ -100,9 +100,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const BlockCoords block = block_coords(f);
+  const BlockCoords block = block_coords<kBwdModifiers<Policy> || kBwdBias<Policy>>(f);
   const std::int64_t b = block.batch;
-  const int h = static_cast<int>(blockIdx.y);
+  const int h = block.head;
   const std::int64_t m_block = block.tiles - 1 - block.tile;
 
   std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;

@@ -211,13 +211,11 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int warp = static_cast<int>(threadIdx.x) / 32;  // 16 rows each, in block order
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  // The register-form bias may run the batch innermost (block_coords.cuh: a bias shared by the
-  // batches is then read from memory once); the grid order is decoded for that policy only.
-  const BlockCoords coords = kBiasRegisters<Policy>
-                                 ? block_coords(p)
-                                 : BlockCoords{blockIdx.z, blockIdx.x, gridDim.x};
+  // The grid order (block_coords.cuh): head sections, or for the register-form bias the batch
+  // innermost (a bias shared by the batches is then read from memory once).
+  const BlockCoords coords = block_coords<kBiasRegisters<Policy>>(p);
   const std::int64_t b = coords.batch;
-  const int h = static_cast<int>(blockIdx.y);
+  const int h = coords.head;
   // Last row blocks first: under a causal mask they have the most key tiles.
   const std::int64_t m_block = coords.tiles - 1 - coords.tile;
 
