@@ -531,8 +531,9 @@ __host__ __device__ __forceinline__ unsigned visible_columns(const unsigned* pre
   return bits;
 }
 
-// For a launcher: the shapes block_tiles(g, block, rows, keys, ...) would search, stored in g, so
-// that every block of the launch reads them instead of searching on one thread (Nsight Compute,
+// For a launcher (sm90: through set_token_tiles, which takes rows and keys from the kernel's
+// bookkeeping type): the shapes block_tiles(g, block, rows, keys, ...) would search, stored in g,
+// so that every block of the launch reads them instead of searching on one thread (Nsight Compute,
 // NA 2-D 64x64 K 13 forward at D 64: warps waiting at the barrier after thread 0's block_tiles
 // were 21% of the kernel's stall samples), and the bit-mask test's tables for `keys` columns.
 inline void set_box_shapes(NeighborhoodGrid& g, int rows, int keys) {

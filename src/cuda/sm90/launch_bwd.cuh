@@ -53,8 +53,7 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdKeysPerBlock)
                   : (p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock;
   if constexpr (kTokenTiles) {  // the kernel's key box and query boxes (init_key_box)
-    neighborhood::set_box_shapes(p.fwd.neighborhood, kBwdKeysPerBlock,
-                                 bwd_queries_per_tile(kD, kTokenTiles));
+    set_token_tiles<DkDvTokenTiles<kD>>(p.fwd.neighborhood);
   }
   const dim3 grid = batch_grid(p.fwd, key_tiles, p.fwd.heads / p.fwd.kv_group);
   int smem = bwd_dkdv_smem_bytes<kD, kTokenTiles>();
@@ -113,14 +112,12 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdQueriesPerBlock)
                   : (p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock;
   if constexpr (kTokenTiles) {  // the kernel's query box and key boxes (init_query_box)
-    neighborhood::set_box_shapes(p.fwd.neighborhood, kBwdQueriesPerBlock,
-                                 bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>));
+    set_token_tiles<DqTokenTiles<kD, Policy>>(p.fwd.neighborhood);
   }
   const dim3 grid = batch_grid(p.fwd, query_tiles, p.fwd.heads);
   int smem = bwd_dq_smem_bytes<kD, Policy>();
   if constexpr (kTokenTiles) {
-    smem += static_cast<int>(
-        sizeof(TokenTileSmem<kBwdQueriesPerBlock, bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>)>));
+    smem += static_cast<int>(sizeof(DqTokenTiles<kD, Policy>));
   }
   if constexpr (kBwdRelPos<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
   if constexpr (kBwdModifiers<Policy>)
