@@ -4,8 +4,8 @@
 // D] becomes [B, N, H, D] with one token stride, lse [B, H, X...] becomes [B, H, N], and bias /
 // rel-pos already index the flattened grid. A 1-D grid without dilation runs as a window mask
 // (set_neighborhood_mask), and so do the dilation groups of a dilated one (dilation_groups).
-#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -208,6 +208,37 @@ void group_problem(const DilationGroups& groups, std::int64_t batch, int tokens,
   g->dilation[groups.axis] = 1;
 }
 
+// Runs the problem (`dense`, flattened, under `grid`) as `groups` says: one
+// launch(params, shape, grid, first) on the whole grid (token tiles), one with the groups as
+// batches, or one per group in group order. grid_views(params, each) calls each(view, token_dim)
+// on every grid-shaped view of `params` (the ones the group runs restride); `first` is false on
+// the launches after the first, whose sums over the launches (dsinks) add to the earlier ones.
+template <typename Params, typename GridViews, typename Launch>
+Status run_dilation_groups(const DilationGroups& groups, Params dense,
+                           const detail::ProblemShape& shape, const NeighborhoodGrid& grid,
+                           GridViews grid_views, Launch launch) {
+  if (groups.run == GroupRun::kTokenTiles) return launch(dense, shape, grid, /*first=*/true);
+  const int d = groups.count, size = grid.size[groups.axis];
+  if (groups.run == GroupRun::kBatches) {
+    grid_views(dense, [d](TensorView* t, int token_dim) { groups_as_batch_rows(t, token_dim, d); });
+    extra_keys_for_group_batches(&dense.options, d);
+    detail::ProblemShape group_shape = shape;
+    NeighborhoodGrid group_grid = grid;
+    group_problem(groups, d, size / d, &group_shape, &group_grid);
+    return launch(dense, group_shape, group_grid, /*first=*/true);
+  }
+  for (int g = 0; g < d; ++g) {
+    const int tokens = group_tokens(size, d, g);
+    Params part = dense;
+    grid_views(part, [&](TensorView* t, int token_dim) { group_rows(t, token_dim, d, g, tokens); });
+    detail::ProblemShape group_shape = shape;
+    NeighborhoodGrid group_grid = grid;
+    group_problem(groups, shape.batch, tokens, &group_shape, &group_grid);
+    FMHA_RETURN_IF_ERROR(launch(part, group_shape, group_grid, /*first=*/g == 0));
+  }
+  return Status::ok_status();
+}
+
 }  // namespace
 
 void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p) {
@@ -248,28 +279,14 @@ Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape
   dense.options = a.options;
   const NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
   const DilationGroups groups = dilation_groups(grid, shape, a.options, /*grads=*/nullptr);
-  const int d = groups.count, size = grid.size[groups.axis];
-  if (groups.run == GroupRun::kTokenTiles) return run_dense_forward(dense, shape, grid, stream);
-  if (groups.run == GroupRun::kBatches) {
-    for (TensorView* t : {&dense.q, &dense.k, &dense.v, &dense.out}) groups_as_batch_rows(t, 1, d);
-    groups_as_batch_rows(&dense.lse, 2, d);
-    extra_keys_for_group_batches(&dense.options, d);
-    detail::ProblemShape group_shape = shape;
-    NeighborhoodGrid group_grid = grid;
-    group_problem(groups, d, size / d, &group_shape, &group_grid);
-    return run_dense_forward(dense, group_shape, group_grid, stream);
-  }
-  for (int g = 0; g < d; ++g) {
-    const int tokens = group_tokens(size, d, g);
-    AttentionForwardParams part = dense;
-    for (TensorView* t : {&part.q, &part.k, &part.v, &part.out}) group_rows(t, 1, d, g, tokens);
-    group_rows(&part.lse, 2, d, g, tokens);
-    detail::ProblemShape group_shape = shape;
-    NeighborhoodGrid group_grid = grid;
-    group_problem(groups, shape.batch, tokens, &group_shape, &group_grid);
-    FMHA_RETURN_IF_ERROR(run_dense_forward(part, group_shape, group_grid, stream));
-  }
-  return Status::ok_status();
+  auto grid_views = [](AttentionForwardParams& p, auto&& each) {  // tokens at dim 1, lse's at 2
+    for (TensorView* t : {&p.q, &p.k, &p.v, &p.out}) each(t, 1);
+    each(&p.lse, 2);
+  };
+  return run_dilation_groups(
+      groups, dense, shape, grid, grid_views,
+      [stream](const AttentionForwardParams& p, const detail::ProblemShape& s,
+               const NeighborhoodGrid& g, bool) { return run_dense_forward(p, s, g, stream); });
 }
 
 // The backward is the dense backward on the flattened views, with the grid's mask policy.
@@ -292,35 +309,21 @@ Status run(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shap
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dv, "grads.dv", 1, rank, &dense.grads.dv));
   const NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
   const DilationGroups groups = dilation_groups(grid, shape, a.options, &a.grads);
-  const int d = groups.count, size = grid.size[groups.axis];
-  auto grid_rows = [](AttentionBackwardParams& p) {
-    return std::array<TensorView*, 8>{&p.q,    &p.k,        &p.v,        &p.out,
-                                      &p.dout, &p.grads.dq, &p.grads.dk, &p.grads.dv};
+  auto grid_views = [](AttentionBackwardParams& p, auto&& each) {
+    for (TensorView* t :
+         {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.grads.dq, &p.grads.dk, &p.grads.dv}) {
+      each(t, 1);
+    }
+    for (TensorView* t : {&p.lse, &p.dlse}) each(t, 2);
   };
-  if (groups.run == GroupRun::kTokenTiles) return run_dense_backward(dense, shape, grid, stream);
-  if (groups.run == GroupRun::kBatches) {
-    for (TensorView* t : grid_rows(dense)) groups_as_batch_rows(t, 1, d);
-    groups_as_batch_rows(&dense.lse, 2, d);
-    groups_as_batch_rows(&dense.dlse, 2, d);
-    extra_keys_for_group_batches(&dense.options, d);
-    detail::ProblemShape group_shape = shape;
-    NeighborhoodGrid group_grid = grid;
-    group_problem(groups, d, size / d, &group_shape, &group_grid);
-    return run_dense_backward(dense, group_shape, group_grid, stream);
-  }
-  for (int g = 0; g < d; ++g) {
-    const int tokens = group_tokens(size, d, g);
-    AttentionBackwardParams part = dense;
-    for (TensorView* t : grid_rows(part)) group_rows(t, 1, d, g, tokens);
-    group_rows(&part.lse, 2, d, g, tokens);
-    group_rows(&part.dlse, 2, d, g, tokens);
-    detail::ProblemShape group_shape = shape;
-    NeighborhoodGrid group_grid = grid;
-    group_problem(groups, shape.batch, tokens, &group_shape, &group_grid);
-    FMHA_RETURN_IF_ERROR(
-        run_dense_backward(part, group_shape, group_grid, stream, /*accumulate_dsinks=*/g > 0));
-  }
-  return Status::ok_status();
+  // Group launches after the first add their rows' dsinks to the earlier ones' (the same order
+  // every run: deterministic sums).
+  return run_dilation_groups(
+      groups, dense, shape, grid, grid_views,
+      [stream](const AttentionBackwardParams& p, const detail::ProblemShape& s,
+               const NeighborhoodGrid& g, bool first) {
+        return run_dense_backward(p, s, g, stream, /*accumulate_dsinks=*/!first);
+      });
 }
 
 }  // namespace fmha::cuda

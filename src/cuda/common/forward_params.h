@@ -26,8 +26,10 @@ struct NeighborhoodGrid {
   int box_shape[3] = {0, 0, 0};
   int seen_shape[3] = {0, 0, 0};
   // The bit-mask window test's prefix tables for boxes of seen_shape of column_tiles n8 tiles
-  // (neighborhood_mask.cuh: column_prefix_bits), filled by set_box_shapes beside the shapes, so
-  // that every block copies them instead of computing them; column_tiles 0: not filled.
+  // (neighborhood_mask.cuh: column_prefix_tables), filled by set_box_shapes beside the shapes, so
+  // that every block copies them instead of computing them; column_tiles 0: not filled. The
+  // blocks read them without checking column_tiles: the sm90 launchers fill them through
+  // set_token_tiles (token_tiles.cuh), whose width is the kernel's own.
   static constexpr int kMaxColumnEntries = 8 * 16 + 5;  // boxes of up to 128 entries
   int column_tiles = 0;
   unsigned column_bits[4][kMaxColumnEntries] = {};

@@ -496,21 +496,33 @@ __host__ __device__ __forceinline__ int prefix_entries(const int (&shape)[3]) {
   return prefix_base(shape, 2) + shape[2] + 1;
 }
 
-// Entry `entry` of quad `quad`'s table for `tiles` n8 tiles (at most 16: 32 bits).
-__host__ __device__ __forceinline__ unsigned column_prefix_bits(const int (&shape)[3], int tiles,
-                                                                int quad, int entry) {
-  const int axis = entry < prefix_base(shape, 1) ? 0 : (entry < prefix_base(shape, 2) ? 1 : 2);
-  const int v = entry - prefix_base(shape, axis);
-  const int shift2 = log2_pow2(shape[2]), shift1 = log2_pow2(shape[1]);
-  unsigned bits = 0;
-  for (int b = 0; b < 2 * tiles; ++b) {
-    const int j = 2 * quad + (b & 1) + 8 * (b >> 1);
-    const int x = axis == 2   ? (j & (shape[2] - 1))
-                  : axis == 1 ? ((j >> shift2) & (shape[1] - 1))
-                              : (j >> (shift2 + shift1));
-    if (x < v) bits |= 1u << b;
+// The four quads' tables for `tiles` n8 tiles (at most 16: 32 bits), entries 0 ..
+// prefix_entries(shape) - 1 of table[quad]. One pass over the columns puts each column's bit at
+// entry x_a + 1 of every axis (axis 0: only columns inside the box), then a running OR along each
+// axis makes entry v the columns with x_a < v. The launcher runs this per launch: set_box_shapes
+// took 8.0 us while each entry looped over its quad's columns on its own, 0.5 us with this (NA
+// 2-D 64x64 K 13, 128-key tiles, seen boxes 4 x 32; one AMD EPYC core).
+inline void column_prefix_tables(const int (&shape)[3], int tiles,
+                                 unsigned (&table)[4][NeighborhoodGrid::kMaxColumnEntries]) {
+  const int entries = prefix_entries(shape);
+  for (int quad = 0; quad < 4; ++quad) {
+    for (int e = 0; e < entries; ++e) table[quad][e] = 0;
   }
-  return bits;
+  const int shift2 = log2_pow2(shape[2]), shift1 = log2_pow2(shape[1]);
+  for (int j = 0; j < 8 * tiles; ++j) {
+    unsigned* const bits = table[(j & 7) >> 1];  // column j sits in quad (j % 8) / 2
+    const unsigned bit = 1u << (2 * (j >> 3) + (j & 1));
+    const int x0 = j >> (shift2 + shift1);
+    if (x0 < shape[0]) bits[prefix_base(shape, 0) + x0 + 1] |= bit;
+    bits[prefix_base(shape, 1) + ((j >> shift2) & (shape[1] - 1)) + 1] |= bit;
+    bits[prefix_base(shape, 2) + (j & (shape[2] - 1)) + 1] |= bit;
+  }
+  for (int quad = 0; quad < 4; ++quad) {
+    for (int a = 0; a < 3; ++a) {
+      unsigned* const prefix = table[quad] + prefix_base(shape, a);
+      for (int v = 1; v <= shape[a]; ++v) prefix[v] |= prefix[v - 1];
+    }
+  }
 }
 
 // The columns of a quad (its table `prefix`) that a row with group-major `window` sees in the box
@@ -531,8 +543,9 @@ __host__ __device__ __forceinline__ unsigned visible_columns(const unsigned* pre
   return bits;
 }
 
-// For a launcher: the shapes block_tiles(g, block, rows, keys, ...) would search, stored in g, so
-// that every block of the launch reads them instead of searching on one thread (Nsight Compute,
+// For a launcher (sm90: through set_token_tiles, which takes rows and keys from the kernel's
+// bookkeeping type): the shapes block_tiles(g, block, rows, keys, ...) would search, stored in g,
+// so that every block of the launch reads them instead of searching on one thread (Nsight Compute,
 // NA 2-D 64x64 K 13 forward at D 64: warps waiting at the barrier after thread 0's block_tiles
 // were 21% of the kernel's stall samples), and the bit-mask test's tables for `keys` columns.
 inline void set_box_shapes(NeighborhoodGrid& g, int rows, int keys) {
@@ -545,11 +558,7 @@ inline void set_box_shapes(NeighborhoodGrid& g, int rows, int keys) {
     return;
   }
   g.column_tiles = tiles;
-  for (int entry = 0; entry < prefix_entries(g.seen_shape); ++entry) {
-    for (int quad = 0; quad < 4; ++quad) {
-      g.column_bits[quad][entry] = column_prefix_bits(g.seen_shape, tiles, quad, entry);
-    }
-  }
+  column_prefix_tables(g.seen_shape, tiles, g.column_bits);
 }
 
 }  // namespace neighborhood

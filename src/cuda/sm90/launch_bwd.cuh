@@ -53,8 +53,7 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdKeysPerBlock)
                   : (p.fwd.seqlen_k + kBwdKeysPerBlock - 1) / kBwdKeysPerBlock;
   if constexpr (kTokenTiles) {  // the kernel's key box and query boxes (init_key_box)
-    neighborhood::set_box_shapes(p.fwd.neighborhood, kBwdKeysPerBlock,
-                                 bwd_queries_per_tile(kD, kTokenTiles));
+    set_token_tiles<DkDvTokenTiles<kD>>(p.fwd.neighborhood);
   } else {  // head sections (block_coords.cuh): each block streams Q and dO of its query heads
     p.fwd.head_section_log2 =
         head_section_log2_for(p.fwd.heads / p.fwd.kv_group,
@@ -118,8 +117,7 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdQueriesPerBlock)
                   : (p.fwd.seqlen_q + kBwdQueriesPerBlock - 1) / kBwdQueriesPerBlock;
   if constexpr (kTokenTiles) {  // the kernel's query box and key boxes (init_query_box)
-    neighborhood::set_box_shapes(p.fwd.neighborhood, kBwdQueriesPerBlock,
-                                 bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>));
+    set_token_tiles<DqTokenTiles<kD, Policy>>(p.fwd.neighborhood);
   } else {  // head sections (block_coords.cuh): each block streams its head's K and V
     p.fwd.head_section_log2 =
         head_section_log2_for(p.fwd.heads, p.fwd.seqlen_k * (p.fwd.head_dim + p.fwd.value_dim) * 2);
@@ -127,8 +125,7 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   const dim3 grid = batch_grid(p.fwd, query_tiles, p.fwd.heads);
   int smem = bwd_dq_smem_bytes<kD, Policy>();
   if constexpr (kTokenTiles) {
-    smem += static_cast<int>(
-        sizeof(TokenTileSmem<kBwdQueriesPerBlock, bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>)>));
+    smem += static_cast<int>(sizeof(DqTokenTiles<kD, Policy>));
   }
   if constexpr (kBwdRelPos<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
   if constexpr (kBwdModifiers<Policy>)

@@ -29,7 +29,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   // Token tiles keep their bookkeeping after the K/V stages, and stage neither bias nor rel-pos
   // (their rows are no ranges of the sequence).
   int smem = tile_smem_bytes<kD, Policy>() + kSmemAlignSlack +
-             (kTokenTiles ? static_cast<int>(sizeof(TokenTileSmem<kM, block_n(kD)>)) : 0);
+             (kTokenTiles ? static_cast<int>(sizeof(FwdTokenTiles<kD>)) : 0);
   const int max_smem = max_block_smem();
   // Bias: stage its tiles next to the K/V tiles (cp.async) when their rows are whole 16-byte
   // chunks and the tiles fit.
@@ -71,7 +71,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   std::int64_t blocks = (p.seqlen_q + kM - 1) / kM;
   if constexpr (kTokenTiles) {
     blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
-    neighborhood::set_box_shapes(p.neighborhood, kM, block_n(kD));
+    set_token_tiles<FwdTokenTiles<kD>>(p.neighborhood);
   } else {  // head sections (block_coords.cuh): each block streams its head's K and V
     p.head_section_log2 =
         head_section_log2_for(p.heads, p.seqlen_k * (p.head_dim + p.value_dim) * 2);

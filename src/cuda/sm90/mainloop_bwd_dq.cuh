@@ -59,6 +59,12 @@ constexpr int bwd_dq_smem_bytes() {
   return bytes;
 }
 
+// Token-tile bookkeeping of a dQ block: the kernel's, and the type its launcher sizes shared memory
+// and fills the column tables for (set_token_tiles).
+template <int kD, typename Policy>
+using DqTokenTiles =
+    TokenTileSmem<kBwdQueriesPerBlock, bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>)>;
+
 // kRelRows (PolicyRelPos only): 1 or 2 for the register form of rel-pos (score_rel_pos.cuh:
 // rel_pos_registers_apply, a key tile is that many grid rows), the thread's rel_w entries in
 // registers for the whole walk and rel_h folded into the exponent of each grid row's n8 tiles,
@@ -78,7 +84,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
   constexpr bool kTokenTiles = Mask::kTokenTiles;
-  using TokenTiles = TokenTileSmem<kM, kN>;
+  using TokenTiles = DqTokenTiles<kD, Policy>;
   constexpr bool kRelRegisters = kRelRows > 0;
   static_assert(!kRelRegisters || kBwdRelPos<Policy>, "a form of rel-pos");
   static_assert(kStages + 1 <= TokenTiles::kSlots, "key boxes u .. u + stages live at once");

@@ -91,6 +91,11 @@ inline constexpr bool kStagesScores = kHasModifiers<Policy>;
 inline constexpr int kMaxBlockSmem = 227 * 1024;
 inline constexpr int kSmemAlignSlack = 1024;
 
+// Token-tile bookkeeping of a forward block: the kernel's, and the type its launcher sizes shared
+// memory and fills the column tables for (set_token_tiles).
+template <int kD>
+using FwdTokenTiles = TokenTileSmem<block_m(kD), block_n(kD)>;
+
 // K/V stages of a policy: tile_sizes.h's, one fewer for token tiles where their bookkeeping does
 // not fit beside three (D = 128 and 224, where three leave 2 KB; 236 KB was refused on an H100).
 template <int kD, typename Policy>
@@ -98,7 +103,7 @@ constexpr int stages_of() {
   constexpr int stages = kv_stages(kD, kStagesScores<Policy>);
   constexpr int bytes = SwizzledTile<block_m(kD), kD>::kBytes +
                         2 * stages * SwizzledTile<block_n(kD), kD>::kBytes + kSmemAlignSlack +
-                        static_cast<int>(sizeof(TokenTileSmem<block_m(kD), block_n(kD)>));
+                        static_cast<int>(sizeof(FwdTokenTiles<kD>));
   return Policy::Mask::kTokenTiles && bytes > kMaxBlockSmem ? stages - 1 : stages;
 }
 
@@ -192,7 +197,7 @@ __global__ void __launch_bounds__(threads(kD), 1)
   using Convert = tile::Dtype<T>;
   // Rows and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
   constexpr bool kTokenTiles = Mask::kTokenTiles;
-  using TokenTiles = TokenTileSmem<kM, kN>;
+  using TokenTiles = FwdTokenTiles<kD>;
   static_assert(kStages + 2 <= TokenTiles::kSlots, "key boxes u - 1 .. u + stages live at once");
   // Ping-pong (tile_sizes.h) where the softmax reads nothing that a rendezvous frees: the staged
   // bias tiles of the score modifiers would be overwritten under the follower's softmax.

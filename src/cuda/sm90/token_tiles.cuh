@@ -24,22 +24,29 @@ template <int kTiles>
 struct ColumnBits {
   static_assert(kTiles <= 16, "one bit a column of a thread: 32 bits");
   static constexpr int kEntries = 8 * kTiles + 5;
+  static_assert(kEntries <= NeighborhoodGrid::kMaxColumnEntries, "the launcher's tables hold ours");
   unsigned prefix[4][kEntries];
 
-  // The tables of boxes of the launcher's seen shape: copied from the launcher's (set_box_shapes)
-  // when they are for this width, else computed. Every thread of the block calls it; the caller's
-  // next barrier publishes it.
+  // The launcher's tables of boxes of its seen shape, made for kTiles tiles (set_token_tiles
+  // derives the width from the type that holds this). Every thread of the block calls it; the
+  // caller's next barrier publishes it.
   template <int kThreads>
-  __device__ __forceinline__ void build(const NeighborhoodGrid& g) {
+  __device__ __forceinline__ void copy(const NeighborhoodGrid& g) {
     const int entries = neighborhood::prefix_entries(g.seen_shape);
-    const bool given = g.column_tiles == kTiles;
     for (int e = static_cast<int>(threadIdx.x); e < 4 * entries; e += kThreads) {
-      prefix[e & 3][e >> 2] =
-          given ? g.column_bits[e & 3][e >> 2]
-                : neighborhood::column_prefix_bits(g.seen_shape, kTiles, e & 3, e >> 2);
+      prefix[e & 3][e >> 2] = g.column_bits[e & 3][e >> 2];
     }
   }
 };
+
+// For the launcher of a kernel whose token-tile bookkeeping is `TokenTiles` (TokenTileSmem or
+// KeyBoxSmem): the box shapes and column tables its blocks read (set_box_shapes), for the own box
+// and gathered tiles of that type, so that the tables are for the width its ColumnBits copies
+// without checking.
+template <typename TokenTiles>
+void set_token_tiles(NeighborhoodGrid& g) {
+  neighborhood::set_box_shapes(g, TokenTiles::kOwnRows, TokenTiles::kSeenColumns);
+}
 
 // Sets to -inf the scores whose bit is clear: entries 0, 1 of tile t take bits 2t, 2t + 1 of
 // seen[0], entries 2, 3 those of seen[1] (their row + 8).
@@ -61,6 +68,8 @@ __device__ __forceinline__ void hide_unseen_bits(float (&s)[kTiles][4], const un
 // follower's softmax of tile j, after rendezvous j + 1, so the ring holds stages + 2 boxes.
 template <int kM, int kN>
 struct TokenTileSmem {
+  static constexpr int kOwnRows = kM, kSeenColumns = kN;  // set_token_tiles
+  static_assert(kSeenColumns % 8 == 0, "whole n8 tiles of columns");
   static constexpr int kSlots = 5;
   neighborhood::BlockTiles tiles;
   ColumnBits<kN / 8> columns;  // the key boxes' columns
@@ -95,7 +104,7 @@ __device__ __forceinline__ int init_query_box(TokenTileSmem<kM, kN>* tt, const N
                                               int block, int stages) {
   neighborhood::block_tiles_parallel(g, block, /*transposed=*/false, &tt->tiles);
   __syncthreads();
-  tt->columns.template build<kThreads>(g);
+  tt->columns.template copy<kThreads>(g);
   for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
     neighborhood::AxisWindow w[3];
     tt->query_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/false, w);
@@ -157,6 +166,8 @@ __device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt,
 // loads issued at step u + 1, its scores tested at step u + stages: the ring holds stages + 1).
 template <int kM, int kN, int kSlots_>
 struct KeyBoxSmem {
+  static constexpr int kOwnRows = kN, kSeenColumns = kM;  // set_token_tiles
+  static_assert(kSeenColumns % 8 == 0, "whole n8 tiles of columns");
   static constexpr int kSlots = kSlots_;
   neighborhood::BlockTiles tiles;
   int4 query_box[kSlots];       // (y'0, y'1, y'2) of the origin, full
@@ -173,7 +184,7 @@ __device__ __forceinline__ void init_key_box(KeyBoxSmem<kM, kN, kSlots>* tt,
                                              const NeighborhoodGrid& g, int block) {
   neighborhood::block_tiles_parallel(g, block, /*transposed=*/true, &tt->tiles);
   __syncthreads();
-  tt->columns.template build<kThreads>(g);
+  tt->columns.template copy<kThreads>(g);
   for (int r = static_cast<int>(threadIdx.x); r < kN; r += kThreads) {
     neighborhood::AxisWindow w[3];
     tt->key_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/true, w);
