@@ -21,6 +21,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/common/forward_params.h"
 
@@ -56,10 +58,23 @@ inline dim3 batch_grid(const ForwardParams& f, std::int64_t tiles, std::int64_t 
               static_cast<unsigned>(heads >> f.head_section_log2), static_cast<unsigned>(f.batch));
 }
 
-// head_section_log2 for `heads` heads whose blocks each stream `bytes_per_head` of their head (all
-// of K and V, or of Q and dO): the largest power of two up to 8 that divides the heads and keeps
-// the section's bytes within 16 MiB of L2.
-inline int head_section_log2_for(std::int64_t heads, std::int64_t bytes_per_head) {
+// head_section_log2 for a grid of `tiles` x `heads` blocks a batch whose blocks each stream
+// `bytes_per_head` of their head (all of K and V, or of Q and dO). Only where a block's work
+// follows its tile, i.e. a window open on one side only (causal), and a head has 8 tiles or more:
+// the largest power of two up to 8 that divides the heads and keeps the section's bytes within
+// 16 MiB of L2. Elsewhere head by head: with equal blocks sections balance nothing, and against
+// head-by-head order in one call (H200, session 14 call 5) they cost up to 2% on long
+// non-causal rows (D 128 L 8192 backward) and widened the spread of some L 512 cells (4 tiles a
+// head), where they gained 2-11% on causal L 2048 / 8192 (D 64 / 128 / 256).
+// FMHA_HEAD_SECTIONS=0 in the environment keeps head-by-head order (read once; for measuring).
+inline int head_section_log2_for(const ForwardParams& f, std::int64_t tiles, std::int64_t heads,
+                                 std::int64_t bytes_per_head) {
+  static const bool off = [] {
+    const char* value = std::getenv("FMHA_HEAD_SECTIONS");
+    return value != nullptr && std::string_view(value) == "0";
+  }();
+  const bool one_sided = (f.window_left == kUnboundedWindow) != (f.window_right == kUnboundedWindow);
+  if (off || !one_sided || tiles < 8) return 0;
   constexpr std::int64_t kBudget = std::int64_t{16} << 20;
   int log2 = 0;
   while (log2 < 3 && heads % (std::int64_t{2} << log2) == 0 &&

@@ -55,9 +55,9 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kTokenTiles) {  // the kernel's key box and query boxes (init_key_box)
     set_token_tiles<DkDvTokenTiles<kD>>(p.fwd.neighborhood);
   } else {  // head sections (block_coords.cuh): each block streams Q and dO of its query heads
-    p.fwd.head_section_log2 =
-        head_section_log2_for(p.fwd.heads / p.fwd.kv_group,
-                              p.fwd.kv_group * p.fwd.seqlen_q * (p.fwd.head_dim + p.fwd.value_dim) * 2);
+    p.fwd.head_section_log2 = head_section_log2_for(
+        p.fwd, key_tiles, p.fwd.heads / p.fwd.kv_group,
+        p.fwd.kv_group * p.fwd.seqlen_q * (p.fwd.head_dim + p.fwd.value_dim) * 2);
   }
   const dim3 grid = batch_grid(p.fwd, key_tiles, p.fwd.heads / p.fwd.kv_group);
   int smem = bwd_dkdv_smem_bytes<kD, kTokenTiles>();
@@ -119,8 +119,8 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kTokenTiles) {  // the kernel's query box and key boxes (init_query_box)
     set_token_tiles<DqTokenTiles<kD, Policy>>(p.fwd.neighborhood);
   } else {  // head sections (block_coords.cuh): each block streams its head's K and V
-    p.fwd.head_section_log2 =
-        head_section_log2_for(p.fwd.heads, p.fwd.seqlen_k * (p.fwd.head_dim + p.fwd.value_dim) * 2);
+    p.fwd.head_section_log2 = head_section_log2_for(
+        p.fwd, query_tiles, p.fwd.heads, p.fwd.seqlen_k * (p.fwd.head_dim + p.fwd.value_dim) * 2);
   }
   const dim3 grid = batch_grid(p.fwd, query_tiles, p.fwd.heads);
   int smem = bwd_dq_smem_bytes<kD, Policy>();

@@ -74,7 +74,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     set_token_tiles<FwdTokenTiles<kD>>(p.neighborhood);
   } else {  // head sections (block_coords.cuh): each block streams its head's K and V
     p.head_section_log2 =
-        head_section_log2_for(p.heads, p.seqlen_k * (p.head_dim + p.value_dim) * 2);
+        head_section_log2_for(p, blocks, p.heads, p.seqlen_k * (p.head_dim + p.value_dim) * 2);
   }
   const dim3 grid = batch_grid(p, blocks, p.heads);
   kernel<<<grid, threads(kD), smem, stream>>>(p);
