@@ -80,6 +80,24 @@ TEST(CudaBackward, CausalBothAlignments) {
   check_backward(c, 52);
 }
 
+// Causal rows of 8 tiles or more: the sm90 kernels' blocks start in head sections
+// (block_coords.cuh), 2^k heads interleaved: 4 heads (sections of 4), GQA 6 / 2 heads (the dK/dV
+// grid's 2 kv heads and the forward's 6 in sections of 2), bottom-right with Lq != Lk, and D 256
+// (the dK and dV kernels).
+TEST(CudaBackward, CausalHeadSections) {
+  SKIP_WITHOUT_GPU();
+  BackwardCase c = shape_case(DType::kBFloat16, 1100, 1100, 64, 64, 4, 4, 2);
+  c.options.causal = true;
+  check_backward(c, 53);
+  c = shape_case(DType::kFloat16, 1030, 1300, 64, 64, 6, 2, 1);
+  c.options.causal = true;
+  c.options.causal_alignment = CausalAlignment::kBottomRight;
+  check_backward(c, 54);
+  c = shape_case(DType::kBFloat16, 1030, 1030, 256, 256, 2, 2, 1);
+  c.options.causal = true;
+  check_backward(c, 55);
+}
+
 TEST(CudaBackward, WindowsAndFullyMaskedRows) {
   SKIP_WITHOUT_GPU();
   struct W {
