@@ -73,7 +73,8 @@ inline int head_section_log2_for(const ForwardParams& f, std::int64_t tiles, std
     const char* value = std::getenv("FMHA_HEAD_SECTIONS");
     return value != nullptr && std::string_view(value) == "0";
   }();
-  const bool one_sided = (f.window_left == kUnboundedWindow) != (f.window_right == kUnboundedWindow);
+  const bool one_sided =
+      (f.window_left == kUnboundedWindow) != (f.window_right == kUnboundedWindow);
   if (off || !one_sided || tiles < 8) return 0;
   constexpr std::int64_t kBudget = std::int64_t{16} << 20;
   int log2 = 0;

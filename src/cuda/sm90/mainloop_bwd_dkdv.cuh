@@ -334,7 +334,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
     // this kernel 20-36 bytes of spill at D 128; the columns past the head dim are zeros.
     wgmma_fence();
     ss_product<T, kD / 16, KTile, QTile>(s, smem_k, first_key_row, smem_q(stage));
-    if constexpr (kDk) ss_product<T, kD / 16, KTile, QTile>(dp, smem_v, first_key_row, smem_do(stage));
+    if constexpr (kDk) {
+      ss_product<T, kD / 16, KTile, QTile>(dp, smem_v, first_key_row, smem_do(stage));
+    }
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(s);
@@ -384,7 +386,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
       for (int e = 0; e < 4; ++e) {
         const float prob = exp2_ftz(fmaf(s[t][e], exp_scale, -((e & 1) ? l.y : l.x)));
         if constexpr (kDk) dp[t][e] = prob * (dp[t][e] - ((e & 1) ? d.y : d.x));  // dS^T
-        s[t][e] = prob;                                                          // P^T
+        s[t][e] = prob;                                                           // P^T
       }
     }
 
