@@ -24,6 +24,8 @@ CASES = {
     "dense-d128-causal": dict(B=4, H=16, L=4096, D=128, causal=True),
     "dense-d256": dict(B=2, H=8, L=8192, D=256),
     "dense-d256-causal": dict(B=2, H=8, L=8192, D=256, causal=True),
+    # Issue 4's fp32 case (the sm80 kernels on tf32 tensor cores, exact by default).
+    "fp32": dict(B=4, H=16, L=2048, D=64, dtype=torch.float32),
     # Issue 5's neighborhood cases at D 64 (H = 1024 / D).
     "na1d-k2047": dict(B=1, H=16, D=64, grid=(32768,), kernel=(2047,)),
     "na2d-k13": dict(B=8, H=16, D=64, grid=(64, 64), kernel=(13, 13)),
@@ -31,7 +33,8 @@ CASES = {
 }
 
 
-def inputs(c, dtype=torch.bfloat16):
+def inputs(c):
+    dtype = c.get("dtype", torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def randn(*shape, scale=1.0):

@@ -126,6 +126,8 @@ def _features_gpu() -> list:
         dense("no-bias SAM-B B8 H12 L4096 D64", B=8, H=12, L=4096, D=64),
         dense("no-bias SAM-H B8 H16 L4096 D80", B=8, H=16, L=4096, D=80),
         dense("GQA H32/Hkv8 D128 L8192 causal", B=2, H=32, Hkv=8, L=8192, D=128, causal=True),
+        # The same query shape without GQA (issue 4: GQA no slower than H = Hkv).
+        dense("MHA H32 D128 L8192 causal", B=2, H=32, L=8192, D=128, causal=True),
         dense("fp32 B4 H16 L2048 D64", B=4, H=16, L=2048, D=64, dtype="fp32"),
         dense("softcap 50 B2 H16 L4096 D128 causal", B=2, H=16, L=4096, D=128, causal=True,
               softcap=50.0),

@@ -60,12 +60,15 @@ inline dim3 batch_grid(const ForwardParams& f, std::int64_t tiles, std::int64_t 
 
 // head_section_log2 for a grid of `tiles` x `heads` blocks a batch whose blocks each stream
 // `bytes_per_head` of their head (all of K and V, or of Q and dO). Only where a block's work
-// follows its tile, i.e. a window open on one side only (causal), and a head has 8 tiles or more:
-// the largest power of two up to 8 that divides the heads and keeps the section's bytes within
-// 16 MiB of L2. Elsewhere head by head: with equal blocks sections balance nothing, and against
-// head-by-head order in one call (H200, session 14 call 5) they cost up to 2% on long
-// non-causal rows (D 128 L 8192 backward) and widened the spread of some L 512 cells (4 tiles a
-// head), where they gained 2-11% on causal L 2048 / 8192 (D 64 / 128 / 256).
+// follows its tile, i.e. a window open on one side only (causal), and a head has 8 tiles or more;
+// there sections of 2 wherever the heads are even, doubled up to 8 while the section's bytes stay
+// within 16 MiB of L2. Two heads give most of the balance, and the blocks of a head read its stream
+// in step, not all at once: GQA H32 / Hkv8 D128 L8192 causal, whose dK/dV kernel streams 16 MiB a
+// kv head, ran its backward 4.5% slower than the same query shape without GQA when that kernel went
+// head by head (session 14 call 8). Elsewhere head by head: with equal blocks sections balance
+// nothing, and against head-by-head order in one call (H200, session 14 call 5) they cost up to 2%
+// on long non-causal rows (D 128 L 8192 backward) and widened the spread of some L 512 cells (4
+// tiles a head), where they gained 2-11% on causal L 2048 / 8192 (D 64 / 128 / 256).
 // FMHA_HEAD_SECTIONS=0 in the environment keeps head-by-head order (read once; for measuring).
 inline int head_section_log2_for(const ForwardParams& f, std::int64_t tiles, std::int64_t heads,
                                  std::int64_t bytes_per_head) {
@@ -76,8 +79,9 @@ inline int head_section_log2_for(const ForwardParams& f, std::int64_t tiles, std
   const bool one_sided =
       (f.window_left == kUnboundedWindow) != (f.window_right == kUnboundedWindow);
   if (off || !one_sided || tiles < 8) return 0;
+  if (heads % 2 != 0) return 0;
   constexpr std::int64_t kBudget = std::int64_t{16} << 20;
-  int log2 = 0;
+  int log2 = 1;
   while (log2 < 3 && heads % (std::int64_t{2} << log2) == 0 &&
          (std::int64_t{2} << log2) * bytes_per_head <= kBudget) {
     ++log2;
