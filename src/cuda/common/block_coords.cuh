@@ -15,9 +15,9 @@
 // dK/dV kernels). Under a causal mask the tiles' work runs from most to least within a head (the
 // kernels map tiles so), and head by head the last head's heaviest blocks start when most of the
 // grid is done: at 16 heads of 64 tiles, list scheduling over 132 SMs ends 11% later than with
-// sections of two heads, which come within 1% of the ideal (session 14). A section is few heads so
-// that the operand every block of a head streams (K / V, or Q / dO) stays in L2
-// (head_section_log2_for).
+// sections of two heads, which come within 1% of the ideal (session 14). Sections stay small (two
+// heads, more while the operand every block of a head streams, K / V or Q / dO, fits a share of
+// L2) and are used under causal masks only (head_section_log2_for).
 #pragma once
 
 #include <cstdint>
