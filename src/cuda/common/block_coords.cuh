@@ -33,6 +33,7 @@ struct BlockCoords {
   int head;                         // of the grid's heads (the kv heads for the dK/dV kernels)
 };
 
+#ifdef __CUDACC__
 // kBatchInnermost: whether the kernel's policy may run the batch innermost (the branch alone cost
 // the D 128 forward's general policy 100 bytes more spill).
 template <bool kBatchInnermost>
@@ -48,6 +49,7 @@ __device__ __forceinline__ BlockCoords block_coords(const ForwardParams& f) {
   return {blockIdx.z, blockIdx.x >> log2, gridDim.x >> log2,
           static_cast<int>((blockIdx.y << log2) | (blockIdx.x & ((1u << log2) - 1u)))};
 }
+#endif
 
 // The grid of `tiles` x `heads` blocks a batch, in the order block_coords reads.
 inline dim3 batch_grid(const ForwardParams& f, std::int64_t tiles, std::int64_t heads) {

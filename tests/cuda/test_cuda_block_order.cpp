@@ -1,0 +1,65 @@
+// The sm90 kernels' block order (src/cuda/common/block_coords.cuh) checked on the host, no GPU
+// needed: when head sections apply (one-sided windows, 8 tiles a head or more, an even head count)
+// and how large they grow, and the grid they launch. The decode itself runs on the device; the
+// CUDA suite's CausalHeadSections covers it against the reference.
+#include <cuda_runtime.h>  // defines __host__ / __device__ for the host compiler
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/common/block_coords.cuh"
+
+namespace fmha_cuda_test {
+namespace {
+
+using fmha::cuda::ForwardParams;
+using fmha::cuda::head_section_log2_for;
+using fmha::cuda::kUnboundedWindow;
+
+constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+
+ForwardParams causal() {
+  ForwardParams f;
+  f.window_left = kUnboundedWindow;
+  f.window_right = 0;
+  return f;
+}
+
+TEST(CudaBlockOrder, SectionsUnderCausalMasksOnly) {
+  EXPECT_EQ(head_section_log2_for(ForwardParams{}, 64, 16, kMiB), 0);  // no mask: equal blocks
+  ForwardParams window = causal();
+  window.window_left = 1024;  // a sliding window: equal blocks but at the borders
+  EXPECT_EQ(head_section_log2_for(window, 64, 16, kMiB), 0);
+  ForwardParams right_open;  // bottom-right causal's mirror: open on the right only
+  right_open.window_left = 0;
+  EXPECT_GT(head_section_log2_for(right_open, 64, 16, kMiB), 0);
+  EXPECT_EQ(head_section_log2_for(causal(), 7, 16, kMiB), 0);  // under 8 tiles a head
+  EXPECT_GT(head_section_log2_for(causal(), 8, 16, kMiB), 0);
+}
+
+TEST(CudaBlockOrder, SectionSizes) {
+  const ForwardParams f = causal();
+  EXPECT_EQ(head_section_log2_for(f, 64, 16, kMiB), 3);      // 8 heads of 1 MiB
+  EXPECT_EQ(head_section_log2_for(f, 64, 12, kMiB), 2);      // 4 divides 12, 8 does not
+  EXPECT_EQ(head_section_log2_for(f, 64, 7, kMiB), 0);       // odd: head by head
+  EXPECT_EQ(head_section_log2_for(f, 64, 16, 4 * kMiB), 2);  // 4 x 4 MiB within 16 MiB
+  EXPECT_EQ(head_section_log2_for(f, 64, 16, 8 * kMiB), 1);
+  // Two heads even past the budget (GQA H32 / Hkv8 D128 L8192: 16 MiB of Q / dO a kv head).
+  EXPECT_EQ(head_section_log2_for(f, 64, 8, 16 * kMiB), 1);
+}
+
+TEST(CudaBlockOrder, GridHoldsEveryBlock) {
+  ForwardParams f = causal();
+  f.batch = 3;
+  f.head_section_log2 = 2;
+  const dim3 grid = fmha::cuda::batch_grid(f, 9, 12);
+  EXPECT_EQ(grid.x, 36u);  // 9 tiles of a section's 4 heads
+  EXPECT_EQ(grid.y, 3u);   // 3 sections
+  EXPECT_EQ(grid.z, 3u);
+  f.head_section_log2 = 0;
+  const dim3 plain = fmha::cuda::batch_grid(f, 9, 12);
+  EXPECT_EQ(plain.x * plain.y * plain.z, grid.x * grid.y * grid.z);
+}
+
+}  // namespace
+}  // namespace fmha_cuda_test
