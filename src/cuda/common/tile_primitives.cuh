@@ -145,6 +145,12 @@ __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }
 
+// Waits until every cp.async of this thread has landed, committed to a group or not (a thread whose
+// copies an mbarrier tracks commits no groups, which cp_async_wait does not wait for).
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 // Waits until at most `kPending` committed groups of this thread are still in flight.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

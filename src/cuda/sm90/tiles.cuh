@@ -15,11 +15,12 @@ namespace fmha::cuda::sm90 {
 // zeros where it is false, and columns >= cols are zero-filled (no garbage, maybe NaN, may meet a
 // zero probability or a zero q column in a product). load_tile_async takes consecutive rows,
 // load_rows_async rows gathered by token.
+// `thread` is the calling thread's index among the kThreads that copy.
 template <int kRows, int kD, int kThreads, typename SourceRow>
 __device__ __forceinline__ void load_mapped_rows_async(std::uint32_t dst, const std::uint16_t* gmem,
                                                        std::int64_t row_stride,
                                                        const SourceRow& source_row, int cols,
-                                                       bool vector_loads) {
+                                                       bool vector_loads, int thread) {
   using Tile = SwizzledTile<kRows, kD>;
   constexpr int kChunks = kD / 8;               // 16-byte chunks per row
   constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's chunks, when whole
@@ -28,8 +29,8 @@ __device__ __forceinline__ void load_mapped_rows_async(std::uint32_t dst, const 
       // Each thread copies one column chunk of rows r0, r0 + kRowStep, ...: a whole number of
       // 8-row swizzle periods apart, so every destination is one offset plus a multiple of the
       // period (few registers, no per-chunk swizzle arithmetic).
-      const int c = static_cast<int>(threadIdx.x) % kChunks;
-      const int r0 = static_cast<int>(threadIdx.x) / kChunks;
+      const int c = thread % kChunks;
+      const int r0 = thread / kChunks;
       const std::uint32_t first = dst + Tile::chunk_offset(r0, c);
 #pragma unroll
       for (int it = 0; it < kRows / kRowStep; ++it) {
@@ -44,7 +45,7 @@ __device__ __forceinline__ void load_mapped_rows_async(std::uint32_t dst, const 
   if (vector_loads) {
 #pragma unroll
     for (int it = 0; it < (kRows * kChunks + kThreads - 1) / kThreads; ++it) {
-      const int index = it * kThreads + static_cast<int>(threadIdx.x);
+      const int index = it * kThreads + thread;
       if ((kRows * kChunks) % kThreads != 0 && index >= kRows * kChunks) break;
       const int r = index / kChunks;
       const int c = index % kChunks;
@@ -55,7 +56,7 @@ __device__ __forceinline__ void load_mapped_rows_async(std::uint32_t dst, const 
     }
   } else {
     // Unaligned rows or head dims: element loads (ordered by the pipeline's barriers).
-    for (int index = static_cast<int>(threadIdx.x); index < kRows * kD; index += kThreads) {
+    for (int index = thread; index < kRows * kD; index += kThreads) {
       const int r = index / kD;
       const int c = index % kD;
       int row;
@@ -71,28 +72,30 @@ __device__ __forceinline__ void load_mapped_rows_async(std::uint32_t dst, const 
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* gmem,
                                                 std::int64_t row_stride, int valid_rows, int cols,
-                                                bool vector_loads) {
+                                                bool vector_loads,
+                                                int thread = static_cast<int>(threadIdx.x)) {
   load_mapped_rows_async<kRows, kD, kThreads>(
       dst, gmem, row_stride,
       [valid_rows](int r, int* row) {
         *row = r;
         return r < valid_rows;
       },
-      cols, vector_loads);
+      cols, vector_loads, thread);
 }
 
 // Row r is token tokens[r] of `gmem` (a shared-memory array; -1: past the grid or a hole, zeros).
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_rows_async(std::uint32_t dst, const std::uint16_t* gmem,
                                                 std::int64_t row_stride, const int* tokens,
-                                                int cols, bool vector_loads) {
+                                                int cols, bool vector_loads,
+                                                int thread = static_cast<int>(threadIdx.x)) {
   load_mapped_rows_async<kRows, kD, kThreads>(
       dst, gmem, row_stride,
       [tokens](int r, int* row) {
         *row = tokens[r];
         return *row >= 0;
       },
-      cols, vector_loads);
+      cols, vector_loads, thread);
 }
 
 // Tiles that follow each other in global memory (tile u: rows [u * kRows, u * kRows + kRows) of
@@ -111,18 +114,19 @@ struct RangeTileLoader {
   static constexpr bool kUsable =
       kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0;
 
-  const std::uint16_t* base;     // row 0 of the range (the address of zero-filled copies)
-  const std::uint16_t* first;    // this thread's chunk of its first row of tile 0
-  std::int64_t row_step;         // elements between this thread's rows
-  std::int64_t tile_step;        // elements between tiles
-  std::uint32_t smem_offset;     // this thread's first chunk in a tile's layout
-  int first_row;                 // this thread's first row of a tile
-  bool column_inside;            // this thread's chunk holds columns < cols
+  const std::uint16_t* base;   // row 0 of the range (the address of zero-filled copies)
+  const std::uint16_t* first;  // this thread's chunk of its first row of tile 0
+  std::int64_t row_step;       // elements between this thread's rows
+  std::int64_t tile_step;      // elements between tiles
+  std::uint32_t smem_offset;   // this thread's first chunk in a tile's layout
+  int first_row;               // this thread's first row of a tile
+  bool column_inside;          // this thread's chunk holds columns < cols
 
+  // `thread`: the calling thread's index among the kThreads that copy.
   __device__ __forceinline__ RangeTileLoader(const std::uint16_t* gmem, std::int64_t row_stride,
-                                             int cols) {
-    const int c = static_cast<int>(threadIdx.x) % kChunks;
-    first_row = static_cast<int>(threadIdx.x) / kChunks;
+                                             int cols, int thread = static_cast<int>(threadIdx.x)) {
+    const int c = thread % kChunks;
+    first_row = thread / kChunks;
     base = gmem;
     first = gmem + first_row * row_stride + c * 8;
     row_step = kRowStep * row_stride;
@@ -184,9 +188,10 @@ __device__ __forceinline__ void load_floats_by_token_async(std::uint32_t dst, co
 // Zeros kBytes of shared memory from `dst` (16-byte stores by all kThreads threads); the tensor
 // cores see them after each writer's fence_proxy_async and a barrier.
 template <int kBytes, int kThreads>
-__device__ __forceinline__ void zero_shared(std::uint32_t dst) {
+__device__ __forceinline__ void zero_shared(std::uint32_t dst,
+                                            int thread = static_cast<int>(threadIdx.x)) {
   static_assert(kBytes % 16 == 0, "whole 16-byte chunks");
-  for (int i = static_cast<int>(threadIdx.x); i < kBytes / 16; i += kThreads) {
+  for (int i = thread; i < kBytes / 16; i += kThreads) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst + 16 * i), "r"(0)
                  : "memory");
   }
