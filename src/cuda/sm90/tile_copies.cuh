@@ -1,0 +1,179 @@
+// Copies of whole tiles by the tensor-memory accelerator (TMA, cp.async.bulk.tensor), and the
+// mbarriers that hand shared-memory stages from a copy warpgroup to the math warpgroups.
+//
+// Tensor maps. A 16-bit operand [B, L, H, D] with any strides is described as a 4-D tensor whose
+// first dimension is the head dim (contiguous) and whose other three are rows, heads and batches
+// in order of increasing stride (the driver wants outer strides that grow; a size-1 dimension
+// goes last). One copy fills a column block of a SwizzledTile (wgmma.cuh): a box of kBlockCols
+// columns x kRows rows of one (head, batch), written with the tile's own swizzle (128-byte
+// swizzling for 64-column blocks, 64-byte for 32), so the layout is exactly the one the cp.async
+// loaders write. Rows past L and columns past D come back as zeros, as the loaders zero-fill them.
+// Where the driver refuses a map (a stride that is not a multiple of 16 bytes, say) the launcher
+// marks it unusable and the copy warpgroup loads those tiles with cp.async instead.
+//
+// Stage hand-off (forward_pipeline.cuh). Each stage has a `full` barrier, on which the 128 copy
+// threads arrive once per fill (each through cp.async.mbarrier.arrive.noinc, so that the arrival
+// waits for its own cp.async copies, or, where rows are copied element by element, a plain
+// arrival that releases those stores; one thread first announces the bytes the TMA copies of the
+// fill will complete), and an `empty` barrier, on which each math warp arrives once it no longer
+// reads the stage. A barrier's phases alternate parity 0, 1, 0, ...: use n of a stage waits for
+// parity n % 2.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and the encode function's signature (the function: driver, at run time)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cuda/ptx>
+#include <string_view>
+#include <utility>
+
+namespace fmha::cuda::sm90 {
+
+// The coordinates of a tile's first element in a map: column, then the three outer dimensions in
+// the map's order (kRowDim, kHeadDim, kBatchDim as the map's `order` lists them).
+inline constexpr int kRowDim = 0, kHeadDim = 1, kBatchDim = 2;
+
+struct RowsMap {
+  CUtensorMap map;
+  int order[3];  // order[i]: which of row / head / batch is the map's dimension i + 1
+};
+
+// The forward kernel's maps of q, k and v; `usable` is false where any of them could not be made.
+struct ForwardTileMaps {
+  RowsMap q, k, v;
+  bool usable = false;
+};
+
+// ---- Host -------------------------------------------------------------------------------------
+
+// Whether launchers may use tensor maps: FMHA_SM90_TMA=0 in the environment (read once) keeps
+// every tile on the copy threads' cp.async, so that the GPU suite can run that path on inputs the
+// maps would take (scripts/gpu-check.sh).
+inline bool tma_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FMHA_SM90_TMA");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return enabled;
+}
+
+// Fills `out` for a 16-bit tensor at `base` of `cols` columns (contiguous) with rows / heads /
+// batches of the given sizes and element strides, copied in boxes of box_cols x box_rows into
+// shared memory swizzled by swizzle_bytes (64 or 128). False where the driver has no encoder or
+// refuses these strides.
+inline bool encode_rows_map(RowsMap* out, const void* base, std::int64_t cols, std::int64_t rows,
+                            std::int64_t heads, std::int64_t batch, std::int64_t row_stride,
+                            std::int64_t head_stride, std::int64_t batch_stride, int box_cols,
+                            int box_rows, int swizzle_bytes) {
+  using Encode =
+      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<Encode>(nullptr);
+    }
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0) return false;
+  // The outer dimensions by increasing byte stride; size-1 ones last (their stride is never used,
+  // so it is replaced by one that keeps the order growing).
+  struct Outer {
+    int which;
+    std::int64_t size, stride;
+  } outer[3] = {{kRowDim, rows, row_stride * 2},
+                {kHeadDim, heads, head_stride * 2},
+                {kBatchDim, batch, batch_stride * 2}};
+  auto before = [](const Outer& a, const Outer& b) {
+    if ((a.size == 1) != (b.size == 1)) return b.size == 1;
+    return a.stride < b.stride;
+  };
+  for (int i = 0; i < 3; ++i) {
+    for (int j = i + 1; j < 3; ++j) {
+      if (before(outer[j], outer[i])) std::swap(outer[i], outer[j]);
+    }
+  }
+  std::int64_t extent = cols * 2;  // bytes spanned by the dimensions so far
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), 0, 0, 0};
+  cuuint64_t strides[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    Outer& o = outer[i];
+    if (o.size == 1) o.stride = (extent + 15) / 16 * 16;
+    if (o.stride <= 0 || o.stride % 16 != 0 || o.stride >= (std::int64_t{1} << 40) ||
+        o.size >= (std::int64_t{1} << 32)) {
+      return false;
+    }
+    dims[i + 1] = static_cast<cuuint64_t>(o.size);
+    strides[i] = static_cast<cuuint64_t>(o.stride);
+    out->order[i] = o.which;
+    extent = std::max(extent, o.stride * o.size);
+  }
+  cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), 1, 1, 1};
+  for (int i = 0; i < 3; ++i) {
+    if (out->order[i] == kRowDim) box[i + 1] = static_cast<cuuint32_t>(box_rows);
+  }
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return encode(&out->map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), dims,
+                strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// ---- Device -----------------------------------------------------------------------------------
+
+#ifdef __CUDACC__
+
+__device__ __forceinline__ void barrier_init(std::uint64_t* bar, int count) {
+  ::cuda::ptx::mbarrier_init(bar, static_cast<std::uint32_t>(count));
+}
+
+// Blocks until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void barrier_wait(std::uint64_t* bar, int parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(bar, static_cast<std::uint32_t>(parity))) {
+  }
+}
+
+__device__ __forceinline__ void barrier_arrive(std::uint64_t* bar) {
+  (void)::cuda::ptx::mbarrier_arrive(bar);
+}
+
+// This thread's arrival, once its cp.async copies issued so far have landed.
+__device__ __forceinline__ void barrier_arrive_after_copies(std::uint64_t* bar) {
+  ::cuda::ptx::cp_async_mbarrier_arrive_noinc(bar);
+}
+
+// The current phase completes only once `bytes` more have been written by TMA copies.
+__device__ __forceinline__ void barrier_expect_bytes(std::uint64_t* bar, int bytes) {
+  ::cuda::ptx::mbarrier_expect_tx(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cta,
+                                  ::cuda::ptx::space_shared, bar,
+                                  static_cast<std::uint32_t>(bytes));
+}
+
+// Rows [row, row + the box's rows) of head `head`, batch `batch` (every column block of the tile)
+// into the tile at `dst` (shared memory), completing Tile::kBytes on `bar`.
+template <typename Tile>
+__device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& m, std::int64_t row,
+                                              int head, std::int64_t batch, std::uint64_t* bar) {
+  const std::int32_t outer[3] = {static_cast<std::int32_t>(row), head,
+                                 static_cast<std::int32_t>(batch)};
+#pragma unroll
+  for (int block = 0; block < Tile::kBytes / Tile::kBlockBytes; ++block) {
+    const std::int32_t coords[4] = {block * Tile::kBlockCols, outer[m.order[0]], outer[m.order[1]],
+                                    outer[m.order[2]]};
+    ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                                      dst + block * Tile::kBlockBytes, &m.map, coords, bar);
+  }
+}
+
+#endif  // __CUDACC__
+
+}  // namespace fmha::cuda::sm90
