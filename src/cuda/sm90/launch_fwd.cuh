@@ -61,6 +61,25 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
       smem += static_cast<int>(staged);
     }
   }
+  // A copy warpgroup's barriers follow the tiles (its policies stage nothing else), and its
+  // tensor maps: Q in blocks of the block's rows, K and V in key tiles (tile_copies.cuh).
+  ForwardTileMaps maps;
+  if constexpr (kCopyWarpgroup<kD, Policy>) {
+    smem += static_cast<int>(sizeof(StageBarriers<stages_of<kD, Policy>()>));
+    using QTile = SwizzledTile<kM, kD>;
+    constexpr int kN = block_n(kD);
+    const std::int64_t kv_heads = p.heads / p.kv_group;
+    maps.usable = tma_enabled() && p.cu_seqlens_q == nullptr &&
+                  encode_rows_map(&maps.q, p.q, p.head_dim, p.seqlen_q, p.heads, p.batch,
+                                  p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+                                  QTile::kBlockCols, kM, QTile::kSwizzleBytes) &&
+                  encode_rows_map(&maps.k, p.k, p.head_dim, p.seqlen_k, kv_heads, p.batch,
+                                  p.k_row_stride, p.k_head_stride, p.k_batch_stride,
+                                  QTile::kBlockCols, kN, QTile::kSwizzleBytes) &&
+                  encode_rows_map(&maps.v, p.v, p.value_dim, p.seqlen_k, kv_heads, p.batch,
+                                  p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                                  QTile::kBlockCols, kN, QTile::kSwizzleBytes);
+  }
   auto* kernel = &forward_kernel<T, kD, Policy>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) {
@@ -77,7 +96,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
         head_section_log2_for(p, blocks, p.heads, p.seqlen_k * (p.head_dim + p.value_dim) * 2);
   }
   const dim3 grid = batch_grid(p, blocks, p.heads);
-  kernel<<<grid, threads(kD), smem, stream>>>(p);
+  kernel<<<grid, block_threads<kD, Policy>(), smem, stream>>>(p, maps);
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA forward kernel (sm90) launch failed: ") +

@@ -1,4 +1,4 @@
-// The sm90 forward kernel (wgmma / cp.async; sm_90a only).
+// The sm90 forward kernel (wgmma; TMA or cp.async copies; sm_90a only).
 //
 // One block computes block_m(D) query rows of one (batch, head): warpgroups of 64 rows each. It
 // walks the key tiles that its mask policy leaves visible, then the extra-key tiles, with the
@@ -8,41 +8,14 @@
 // boxes of the token grid whose rows are gathered by token (neighborhood_mask.cuh; resolved at
 // compile time, so the range policies keep their code).
 //
-// Schedule. K and V sit in kv_stages(D) shared-memory stages (tile_sizes.h), tile j in stage
+// Phases. K and V sit in kv_stages(D) shared-memory stages (tile_sizes.h), tile j in stage
 // j % stages. Each warpgroup runs phases u = 0 .. num_tiles (none when there is no key tile):
 //   phase u    one wgmma group: O += P(u - 1) V(u - 1) (u > 0; A = P from registers, B = V
 //              MN-major), then S(u) = Q K(u)^T (u < num_tiles; A = Q, B = K, both K-major)
 //   wait       for the group
 //   softmax u  scores, mask, online softmax on S(u) in registers (u < num_tiles)
-// Copies are issued by all threads with cp.async in groups: group j = K(j) (and its bias tile)
-// and V(j - 1); groups 0 .. stages - 2 before the loop, group u + stages - 1 right after
-// rendezvous u. Rendezvous u (named barrier kPipelineBarrier, all threads; each thread first
-// waits for its own copies of group u and fences them for the async proxy) publishes group u and
-// certifies that every warp has waited for its phase u - 1, the last reader of the stages that
-// group u + stages - 1 overwrites (K(u - 1), V(u - 2)).
-//
-// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D), for every policy but the score
-// modifiers'). Warpgroup 0, the leader, and warpgroup 1, the follower, meet at rendezvous u at
-// different points of their own work:
-//   leader:    R(u)  issue phase u  arrive(turn)  wait               softmax u   | R(u + 1) ..
-//   follower:                       sync(turn)    issue phase u wait  R(u + 1)  softmax u ..
-// (the follower runs R(0) before its loop). So the leader issues phase u + 1 only once the
-// follower's phase u has landed (R(u + 1) comes after the follower's wait), and the follower
-// issues phase u only after the leader did (the turn barrier, kTurnBarrier: 128 arrivals plus 128
-// waiters), and in steady state each warpgroup's softmax runs under the other's products. Without
-// ping-pong both warpgroups run the leader's line without the turn barrier.
-// Deadlock freedom: both lines run R(0) .. R(num_tiles) once each, in order (the follower R(u + 1)
-// only while u + 1 <= num_tiles), the leader arrives num_tiles + 1 times at the turn barrier and
-// the follower waits as often; the leader's arrival for phase u + 1 follows R(u + 1), which
-// follows the follower's wait for phase u, so a turn barrier generation is never joined early.
-// Every quantity that picks a branch (num_tiles, main_tiles, the varlen early exit before any
-// barrier) is the same for the whole block, so no warp skips a barrier that another waits at: a
-// block without key tiles (causal rows past the keys, an empty varlen sequence) runs no phase and
-// no rendezvous; one tile runs phases 0 (S) and 1 (P V).
-// Lifetimes the follower's lag adds: its softmax of tile u runs after R(u + 1), whose copies
-// overwrite the stages of K(u) and V(u - 1): it reads neither (S(u) is in registers), but a staged
-// bias tile of tile u would be overwritten, hence no ping-pong for the score modifiers; token-tile
-// key boxes keep a ring of stages + 2 (TokenTileSmem).
+// Who copies the tiles into the stages, and how the two math warpgroups take turns on the tensor
+// cores (ping-pong), is the block's schedule: forward_pipeline.cuh.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +27,9 @@
 #include "cuda/common/neighborhood_mask.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/forward_pipeline.cuh"
+#include "cuda/sm90/forward_softmax.cuh"
+#include "cuda/sm90/tile_copies.cuh"
 #include "cuda/sm90/tile_sizes.h"
 #include "cuda/sm90/tiles.cuh"
 #include "cuda/sm90/token_tiles.cuh"
@@ -72,19 +48,6 @@ struct KeySource {
   int valid;               // keys of the tile that exist (the rest is zero-filled)
   bool extra;
 };
-
-template <typename Policy>
-inline constexpr bool kHasModifiers = std::is_same_v<Policy, PolicyGeneral>;
-// SAM rel-pos in the register form (score_rel_pos.cuh): rel_w in registers, rel_h per half tile.
-template <typename Policy>
-inline constexpr bool kRelPosTiles = std::is_same_v<Policy, PolicyRelPos>;
-// An additive bias alone in the register form (score_bias.cuh): each thread's bias entries of
-// tile u fetched at the softmax of tile u - 1.
-template <typename Policy>
-inline constexpr bool kBiasRegisters = std::is_same_v<Policy, PolicyBias>;
-// Policies whose staged rows or tiles take shared memory besides the K/V stages.
-template <typename Policy>
-inline constexpr bool kStagesScores = kHasModifiers<Policy>;
 
 // The 227 KB of shared memory a block may opt into on sm90; + 1024: the dynamic shared-memory
 // base is rounded up to the swizzle period.
@@ -115,77 +78,13 @@ constexpr int tile_smem_bytes() {
          2 * stages_of<kD, Policy>() * SwizzledTile<block_n(kD), kD>::kBytes;
 }
 
-// Named barriers of the forward kernel (__syncthreads is barrier 0): the rendezvous of all threads
-// once per key tile, and the leader's turn handed to the follower.
-inline constexpr int kPipelineBarrier = 1;
-inline constexpr int kTurnBarrier = 2;
-
-// OnlineSoftmax::update (online_softmax.cuh) for scores still to be multiplied by `scale` (> 0;
-// 1 when the policy applied it), folded into the FMA that subtracts the running max, and with
-// exp2_ftz: per score one FMA and one MUFU.EX2 where exp2f(s * scale - max) took six instructions.
-// With kRuns = 2 the scores of each half of the tile (n8 tiles [0, kScoreTiles / 2) and the rest)
-// also get a per-row offset, offset[r][half] (the rel-pos register form's rel_h: one grid row
-// each), folded the same way: into the half's maximum and its exponent base, none per score.
-// The output's rescale is skipped when it multiplies every row of the warp by exactly 1 (no row
-// max moved: most tiles of a long row), which changes no bit of the result.
-template <int kRuns, int kScoreTiles, int kOutTiles>
-__device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kScoreTiles][4],
-                                               float (&o)[kOutTiles][4], float scale,
-                                               const float (&offset)[2][kRuns]) {
-  static_assert(kRuns == 1 || kRuns == 2, "the whole tile, or its two halves");
-  constexpr int kRunTiles = kScoreTiles / kRuns;
-  float rescale[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float run_max[kRuns];
-#pragma unroll
-    for (int g = 0; g < kRuns; ++g) {
-      run_max[g] = -INFINITY;
-#pragma unroll
-      for (int t = g * kRunTiles; t < (g + 1) * kRunTiles; ++t) {
-        run_max[g] = fmaxf(run_max[g], fmaxf(s[t][2 * r], s[t][2 * r + 1]));
-      }
-    }
-    float tile_max;
-    if constexpr (kRuns == 1) {
-      tile_max = quad_max(run_max[0]) * scale;  // one run: no offset
-    } else {
-      tile_max = quad_max(
-          fmaxf(fmaf(run_max[0], scale, offset[r][0]), fmaf(run_max[1], scale, offset[r][1])));
-    }
-    const float new_max = fmaxf(sm.row_max[r], tile_max);
-    const float base = new_max == -INFINITY ? 0.0f : new_max;
-    rescale[r] = exp2_ftz(sm.row_max[r] - base);
-    sm.row_max[r] = new_max;
-    float sum = 0.0f;
-#pragma unroll
-    for (int g = 0; g < kRuns; ++g) {
-      const float shift = kRuns == 1 ? -base : offset[r][g] - base;
-#pragma unroll
-      for (int t = g * kRunTiles; t < (g + 1) * kRunTiles; ++t) {
-        s[t][2 * r] = exp2_ftz(fmaf(s[t][2 * r], scale, shift));
-        s[t][2 * r + 1] = exp2_ftz(fmaf(s[t][2 * r + 1], scale, shift));
-        sum += s[t][2 * r] + s[t][2 * r + 1];
-      }
-    }
-    sm.row_sum[r] = sm.row_sum[r] * rescale[r] + sum;
-  }
-  if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
-#pragma unroll
-    for (int t = 0; t < kOutTiles; ++t) {
-      o[t][0] *= rescale[0];
-      o[t][1] *= rescale[0];
-      o[t][2] *= rescale[1];
-      o[t][3] *= rescale[1];
-    }
-  }
-}
-
 template <typename T, int kD, typename Policy>
-__global__ void __launch_bounds__(threads(kD), 1)
-    forward_kernel(const __grid_constant__ ForwardParams p) {
+__global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
+    forward_kernel(const __grid_constant__ ForwardParams p,
+                   const __grid_constant__ ForwardTileMaps maps) {
   constexpr int kM = block_m(kD);
-  constexpr int kThreads = threads(kD);
+  constexpr int kThreads = threads(kD);  // the math threads
+  constexpr bool kCopyWarps = kCopyWarpgroup<kD, Policy>;
   constexpr int kN = block_n(kD);
   constexpr int kStages = stages_of<kD, Policy>();
   constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a warp's 16 x kN scores
@@ -198,7 +97,8 @@ __global__ void __launch_bounds__(threads(kD), 1)
   // Rows and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
   constexpr bool kTokenTiles = Mask::kTokenTiles;
   using TokenTiles = FwdTokenTiles<kD>;
-  static_assert(kStages + 2 <= TokenTiles::kSlots, "key boxes u - 1 .. u + stages live at once");
+  static_assert(!kTokenTiles || kStages + 2 <= TokenTiles::kSlots,
+                "key boxes u - 1 .. u + stages live at once");
   // Ping-pong (tile_sizes.h) where the softmax reads nothing that a rendezvous frees: the staged
   // bias tiles of the score modifiers would be overwritten under the follower's softmax.
   constexpr bool kPingPong = ping_pong(kD) && !kHasModifiers<Policy>;
@@ -302,29 +202,30 @@ __global__ void __launch_bounds__(threads(kD), 1)
   const std::uint32_t smem_rel = smem_bias + (p.bias_staged ? kStages * bias_tile_bytes(kD) : 0);
   // Range key tiles of 16-byte rows take the loaders set up once per thread (tiles.cuh); token
   // tiles, extra keys and unaligned rows the general copies.
-  using RangeLoader = RangeTileLoader<kN, kD, kThreads>;
-  constexpr bool kRangeLoads = !kTokenTiles && RangeLoader::kUsable;
+  constexpr bool kRangeLoads = !kTokenTiles;
   const bool range_loads = kRangeLoads && p.vector_loads;
-  const RangeLoader k_loader(k + key_tiles.first_row * p.k_row_stride, p.k_row_stride, p.head_dim);
-  const RangeLoader v_loader(v + key_tiles.first_row * p.v_row_stride, p.v_row_stride,
-                             p.value_dim);
+  const std::uint16_t* const k_range = k + key_tiles.first_row * p.k_row_stride;
+  const std::uint16_t* const v_range = v + key_tiles.first_row * p.v_row_stride;
   // Keys of main tile u that exist (the last tile of a range may be partial).
   auto range_rows = [&](int u) {
     const std::int64_t left = num_keys - key_tiles.first_row - static_cast<std::int64_t>(u) * kN;
     return static_cast<int>(left < kN ? left : kN);
   };
-  // K(j) (and its bias tile), V(j), each into the given stage.
-  auto load_k = [&](int j, int stage) {
-    if constexpr (kRangeLoads) {
+  // K(j) (and its bias tile), V(j), each into the given stage, copied by the threads that
+  // `loaders` belong to.
+  auto load_k = [&](int j, int stage, const auto& loaders) {
+    constexpr int kCopiers = std::decay_t<decltype(loaders)>::kThreads;
+    if constexpr (kRangeLoads && std::decay_t<decltype(loaders)>::Loader::kUsable) {
       if (range_loads && j < main_tiles) {
         if constexpr (kHasModifiers<Policy>) {
+          static_assert(kCopiers == kThreads, "bias tiles are copied by the math threads");
           if (p.bias_staged) {
             scores.template load_bias_tile_async<kM, kN, kThreads>(
                 smem_bias + stage * bias_tile_bytes(kD), m0,
                 key_tiles.first_row + static_cast<std::int64_t>(j) * kN);
           }
         }
-        k_loader.load(smem_k(stage), j, range_rows(j));
+        loaders.k.load(smem_k(stage), j, range_rows(j));
         return;
       }
     }
@@ -336,285 +237,442 @@ __global__ void __launch_bounds__(threads(kD), 1)
       }
     }
     if (kTokenTiles && !t.extra) {
-      load_rows_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride,
+      load_rows_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride,
                                         tt->key_token[j % TokenTiles::kSlots], p.head_dim,
-                                        p.vector_loads);
+                                        p.vector_loads, loaders.thread);
     } else {
-      load_tile_async<kN, kD, kThreads>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
-                                        p.vector_loads);
+      load_tile_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
+                                        p.vector_loads, loaders.thread);
     }
   };
-  auto load_v = [&](int j, int stage) {
-    if constexpr (kRangeLoads) {
+  auto load_v = [&](int j, int stage, const auto& loaders) {
+    constexpr int kCopiers = std::decay_t<decltype(loaders)>::kThreads;
+    if constexpr (kRangeLoads && std::decay_t<decltype(loaders)>::Loader::kUsable) {
       if (range_loads && j < main_tiles) {
-        v_loader.load(smem_v(stage), j, range_rows(j));
+        loaders.v.load(smem_v(stage), j, range_rows(j));
         return;
       }
     }
     const KeySource t = key_source(j);
     if (kTokenTiles && !t.extra) {
-      load_rows_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride,
+      load_rows_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride,
                                         tt->key_token[j % TokenTiles::kSlots], p.value_dim,
-                                        p.vector_loads);
+                                        p.vector_loads, loaders.thread);
     } else {
-      load_tile_async<kN, kD, kThreads>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
-                                        p.vector_loads);
+      load_tile_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
+                                        p.vector_loads, loaders.thread);
     }
   };
-  // Group j of the pipeline: K(j) (and its bias tile) and V(j - 1), each into the stage of its
-  // tile; V trails K by one group because P(j - 1) V(j - 1) is issued with S(j) (below).
-  auto load_group = [&](int j) {
-    if (j < num_tiles) load_k(j, j % kStages);
-    if (j >= 1 && j - 1 < num_tiles) load_v(j - 1, (j - 1) % kStages);
-  };
 
-  // Commit groups: {Q, group 0}, {group 1}, .., {group stages - 2}, then one per rendezvous (maybe
-  // empty), so that at rendezvous u, which needs group u, exactly stages - 2 later groups may
-  // still be in flight.
-  if constexpr (kTokenTiles) {
-    load_rows_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, tt->query_token, p.head_dim,
-                                      p.vector_loads);
-  } else {
-    load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim, p.vector_loads);
-  }
-  if constexpr (!kRelPosTiles<Policy> && !kBiasRegisters<Policy>) {
-    scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)), m0,
-                         kM);
-  }
+  // A copy warpgroup: set up the barriers, then the copy threads fill the stages (copy_stages)
+  // while the math threads go on below.
+  [[maybe_unused]] StageBarriers<kStages>* bars = nullptr;
+  // Whether the tensor-memory accelerator copies Q and the main key tiles (a dense batch whose
+  // maps the launcher made); else the copy warpgroup copies them with cp.async.
+  [[maybe_unused]] const bool tma = kCopyWarps && maps.usable && p.cu_seqlens_q == nullptr;
+  if constexpr (kCopyWarps) {
+    bars = reinterpret_cast<StageBarriers<kStages>*>(smem_q_ptr + tile_smem_bytes<kD, Policy>());
+    if (threadIdx.x == 0) {
 #pragma unroll
-  for (int j = 0; j < kStages - 1; ++j) {
-    load_group(j);
-    tile::cp_async_commit();
-  }
-
-  // Rendezvous u of all threads (see the header): group u (K(u), V(u - 1)) has landed for
-  // everyone, and every warp is done with the stages that group u + stages - 1 overwrites.
-  auto rendezvous = [&](int u) {
-    tile::cp_async_wait<kStages - 2>();
-    fence_proxy_async();
-    named_barrier_sync<kPipelineBarrier, kThreads>();
-    if (u + kStages - 1 <= num_tiles) load_group(u + kStages - 1);
-    tile::cp_async_commit();
-    if constexpr (kTokenTiles) {
-      // Key box u + stages into the slot of box u + stages - kSlots, which no warp reads any more
-      // (its last reader, the follower's softmax of that tile, ran before this rendezvous); its
-      // K loads are issued at the next rendezvous.
-      if (u + kStages < main_tiles) {
-        stage_key_box<kM, kN, kThreads>(tt, *mask.grid, u + kStages);
+      for (int s = 0; s < kStages; ++s) {
+        barrier_init(&bars->full[s], kCopyThreads);
+        barrier_init(&bars->empty[s], kThreads / 32);
       }
+      barrier_init(&bars->q_full, kCopyThreads);
+      ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
     }
-  };
-
-  // Row of accumulator entries 0, 1 (+8 for entries 2, 3).
-  const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
-  const int fragment_col = 2 * (lane % 4);  // +1 for entries 1, 3
-  const int q_first_row = warpgroup * 64;
-
-  // Rel-pos register form: this thread's rel_w entries for the whole block, and rel_h of tile u
-  // fetched at the softmax of tile u - 1 (tile 0's here). Main tiles start at key 0 (no mask).
-  constexpr int kRuns = kRelPosTiles<Policy> ? 2 : 1;
-  [[maybe_unused]] float rel_w[kRelPosTiles<Policy> ? kScoreTiles / 2 : 1][4];
-  [[maybe_unused]] RelHRows rel_h_rows{};
-  [[maybe_unused]] RelHFetch<2> rel_h_next{};
-  if constexpr (kRelPosTiles<Policy>) {
-    scores.load_rel_w(rel_w, fragment_row, fragment_col);
-    rel_h_rows = scores.rel_h_rows(fragment_row);
-    rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, 0);
+    __syncthreads();
   }
-  // Bias register form: this thread's bias of tile u, fetched at the softmax of tile u - 1 (tile
-  // 0's here).
-  [[maybe_unused]] BiasFetch<kBiasRegisters<Policy> ? kScoreTiles : 1> bias_next{};
-  [[maybe_unused]] BiasRows bias_rows{};
-  if constexpr (kBiasRegisters<Policy>) {
-    bias_rows = scores.rows(fragment_row);
-    if (main_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
-  }
-
-  float o[kOutTiles][4];
-  float s[kScoreTiles][4];
-#pragma unroll
-  for (int t = 0; t < kOutTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-#pragma unroll
-  for (int t = 0; t < kScoreTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
-  OnlineSoftmax softmax;
-  softmax.init();
-  // The plain scale is folded into the exponentials' FMA (one multiply less per score) when it is
-  // positive, which keeps the order of the scores and -inf as -inf; else it is applied first.
-  bool scale_folded = false;
-  float exp_scale = 1.0f;
-  if constexpr (std::is_same_v<Scores, ScoreScale>) {
-    scale_folded = scores.scale_log2 > 0.0f;
-    if (scale_folded) exp_scale = scores.scale_log2;
-  } else if constexpr (kBiasRegisters<Policy>) {
-    exp_scale = Scores::kExpScale;  // its scores come in natural units
-  }
-
-  const bool follower = kPingPong && warpgroup == 1;
-  // Whether S takes the bucket's last k-step: skipped when it would hold zero columns only.
-  const bool full_dim = p.head_dim > kD - 16;
-  const int num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
-  // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero), so that every phase with
-  // an S product is the same straight run of wgmma. The V stage it reads, the last one, first
-  // receives a tile at rendezvous 1 (group `stages`, V(stages - 1)): zeroed here, as garbage
-  // could hold NaN and 0 x NaN is NaN, and published by rendezvous 0's fence and barrier.
-  zero_shared<KVTile::kBytes, kThreads>(smem_v(kStages - 1));
-  if (follower && num_phases > 0) rendezvous(0);
-  for (int u = 0; u < num_phases; ++u) {
-    if (!follower) rendezvous(u);
-    if constexpr (kPingPong) {
-      if (follower) named_barrier_sync<kTurnBarrier, kThreads>();  // the leader issued phase u
-    }
-
-    // Phase u: O += P(u - 1) V(u - 1) (P = 0 at u = 0, above), then S(u) = Q K(u)^T over the
-    // head dim (u < num_tiles), one wgmma group issued as one straight run from the fence to the
-    // commit: a branch inside the run makes ptxas end the group there and inject
-    // warpgroup.arrive (warning C7519) before the next product; with those branches the D 64
-    // kernel also took 33 registers more. So the three kinds of phase (with S over all k-steps of
-    // the bucket, with S short of the last one when it would hold zero columns only, D 80 in
-    // bucket 96, and the last phase without S) are runs of their own, chosen before the fence.
-    const bool has_s = u < num_tiles;
-    const int v_stage = (u - 1 + kStages) % kStages;
-    const int k_stage = u % kStages;
-    auto issue_phase = [&](auto with_s, auto s_steps) {
-      std::uint32_t a[kN / 16][4];
-      pack_fragments<T>(s, a);
-      fence_fragments(a);
-      fence_accumulators(o);
-      fence_accumulators(s);
-      wgmma_fence();
-      rs_product<T, kN / 16, KVTile>(o, a, smem_v(v_stage));
-      if constexpr (decltype(with_s)::value) {
-        ss_product<T, decltype(s_steps)::value, QTile, KVTile>(s, smem_q, q_first_row,
-                                                               smem_k(k_stage));
-      }
-      wgmma_commit();
+  // The math warpgroups' part (with a copy warpgroup, the else branch of the role split below:
+  // ptxas gives each branch of one if / else the registers its setmaxnreg sets).
+  auto math_warps = [&]() {
+    // Without a copy warpgroup every thread copies: group j of the pipeline, K(j) (and its bias
+    // tile) and V(j - 1), each into the stage of its tile; V trails K by one group because
+    // P(j - 1) V(j - 1) is issued with S(j) (below).
+    [[maybe_unused]] const KvLoaders<kN, kD, kThreads> all_loaders{
+        {k_range, p.k_row_stride, p.head_dim},
+        {v_range, p.v_row_stride, p.value_dim},
+        static_cast<int>(threadIdx.x)};
+    auto load_group = [&](int j) {
+      if (j < num_tiles) load_k(j, j % kStages, all_loaders);
+      if (j >= 1 && j - 1 < num_tiles) load_v(j - 1, (j - 1) % kStages, all_loaders);
     };
-    if (!has_s) {
-      issue_phase(std::false_type{}, std::integral_constant<int, 0>{});
-    } else if (full_dim) {
-      issue_phase(std::true_type{}, std::integral_constant<int, kD / 16>{});
-    } else {
-      issue_phase(std::true_type{}, std::integral_constant<int, kD / 16 - 1>{});
-    }
-    if constexpr (kPingPong) {
-      if (!follower) named_barrier_arrive<kTurnBarrier, kThreads>();
-    }
-    wgmma_wait<0>();
-    fence_accumulators(o);
-    fence_accumulators(s);
-    if (follower && u + 1 < num_phases) rendezvous(u + 1);
-    if (!has_s) continue;
 
-    const KeySource tile = key_source(u);
-    const std::int64_t first_col = tile.first_key + fragment_col;
-    bool full = tile.valid == kN;  // extra keys (token tiles: gathered_scores reads its own)
-    if constexpr (!kTokenTiles) {
-      full = tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
-    }
-    float offset[2][kRuns] = {};  // per-row offsets of the tile's halves (rel_h)
-    if constexpr (kRelPosTiles<Policy>) {
-      if (!tile.extra) {
-        scores.scale_and_add_w(s, rel_w);
-        scores.rel_h_offsets(rel_h_next, offset);
-        rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, tile.first_key + kN);
-      } else {
-        scores.transform(s);
-      }
-    } else if constexpr (kBiasRegisters<Policy>) {
-      if (!tile.extra) {
-        scores.scale_and_add(s, bias_next);
-        if (u + 1 < main_tiles) scores.fetch(bias_next, bias_rows, first_col + kN);
-      } else {
-        scores.transform(s);
-      }
-    } else if (!scale_folded) {
-      scores.transform(s);
-    }
-    if (kTokenTiles && !tile.extra) {
-      // m0 is 0: fragment_row is the block-local row.
+    // Commit groups: {Q, group 0}, {group 1}, .., {group stages - 2}, then one per rendezvous
+    // (maybe empty), so that at rendezvous u, which needs group u, exactly stages - 2 later groups
+    // may still be in flight.
+    if constexpr (!kCopyWarps) {
       if constexpr (kTokenTiles) {
-        gathered_scores(tt, u % TokenTiles::kSlots, scores, s,
-                        static_cast<int>(fragment_row), fragment_col);
+        load_rows_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, tt->query_token, p.head_dim,
+                                          p.vector_loads);
+      } else {
+        load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim,
+                                          p.vector_loads);
       }
-    } else if (!tile.extra) {
-      if constexpr (kHasModifiers<Policy>) {
-        if (p.bias_staged) {
-          scores.add_bias_tile(s, fragment_row, first_col,
-                               smem_q_ptr + (smem_bias - smem_q) + k_stage * bias_tile_bytes(kD),
-                               warp * 16 + lane / 4);
-        } else {
-          scores.add_bias(s, fragment_row, first_col);
+      if constexpr (!kRelPosTiles<Policy> && !kBiasRegisters<Policy>) {
+        scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)), m0,
+                             kM);
+      }
+#pragma unroll
+      for (int j = 0; j < kStages - 1; ++j) {
+        load_group(j);
+        tile::cp_async_commit();
+      }
+    }
+
+    // Rendezvous u of all threads (see the header): group u (K(u), V(u - 1)) has landed for
+    // everyone, and every warp is done with the stages that group u + stages - 1 overwrites.
+    auto rendezvous = [&](int u) {
+      tile::cp_async_wait<kStages - 2>();
+      fence_proxy_async();
+      named_barrier_sync<kPipelineBarrier, kThreads>();
+      if (u + kStages - 1 <= num_tiles) load_group(u + kStages - 1);
+      tile::cp_async_commit();
+      if constexpr (kTokenTiles) {
+        // Key box u + stages into the slot of box u + stages - kSlots, which no warp reads any more
+        // (its last reader, the follower's softmax of that tile, ran before this rendezvous); its
+        // K loads are issued at the next rendezvous.
+        if (u + kStages < main_tiles) {
+          stage_key_box<kM, kN, kThreads>(tt, *mask.grid, u + kStages);
         }
       }
-      if (!full) hide_invisible(mask, s, fragment_row, first_col);
-    } else if (!full) {
-      // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
-      hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
-    }
-    softmax_update(softmax, s, o, exp_scale, offset);
-  }
+    };
 
-  // Epilogue. Q's copy must have landed before its rows are reused for the output (it is still
-  // in flight when the block had no key tile at all, and other threads copied this warp's rows:
-  // hence a block barrier, found by racecheck). Each warp stages its own 16 rows in its own rows
-  // of Q's tile (only its warpgroup's products ever read them, and those are done).
-  tile::cp_async_wait<0>();
-  __syncthreads();
-  const float sink_log2 = p.sinks != nullptr ? p.sinks[h * p.sinks_stride] * kLog2e : -INFINITY;
-  float factor[2], lse[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) factor[r] = softmax.finish_row(r, sink_log2, &lse[r]);
-#pragma unroll
-  for (int t = 0; t < kOutTiles; ++t) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + lane / 4 + 8 * r;
-      const std::uint32_t packed =
-          Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_q + QTile::chunk_offset(row, t) +
-                                                     fragment_col * 2),
-                   "r"(packed)
-                   : "memory");
+    // Row of accumulator entries 0, 1 (+8 for entries 2, 3).
+    const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
+    const int fragment_col = 2 * (lane % 4);  // +1 for entries 1, 3
+    const int q_first_row = warpgroup * 64;
+
+    // Rel-pos register form: this thread's rel_w entries for the whole block, and rel_h of tile u
+    // fetched at the softmax of tile u - 1 (tile 0's here). Main tiles start at key 0 (no mask).
+    constexpr int kRuns = kRelPosTiles<Policy> ? 2 : 1;
+    [[maybe_unused]] float rel_w[kRelPosTiles<Policy> ? kScoreTiles / 2 : 1][4];
+    [[maybe_unused]] RelHRows rel_h_rows{};
+    [[maybe_unused]] RelHFetch<2> rel_h_next{};
+    if constexpr (kRelPosTiles<Policy>) {
+      scores.load_rel_w(rel_w, fragment_row, fragment_col);
+      rel_h_rows = scores.rel_h_rows(fragment_row);
+      rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, 0);
     }
-  }
-  if (p.lse != nullptr && lane % 4 == 0) {
+    // Bias register form: this thread's bias of tile u, fetched at the softmax of tile u - 1 (tile
+    // 0's here).
+    [[maybe_unused]] BiasFetch<kBiasRegisters<Policy> ? kScoreTiles : 1> bias_next{};
+    [[maybe_unused]] BiasRows bias_rows{};
+    if constexpr (kBiasRegisters<Policy>) {
+      bias_rows = scores.rows(fragment_row);
+      if (main_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
+    }
+
+    float o[kOutTiles][4];
+    float s[kScoreTiles][4];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const std::int64_t i =
-          kTokenTiles ? tt->query_token[fragment_row + 8 * r] : fragment_row + 8 * r;
-      if ((!kTokenTiles || i >= 0) && i < num_queries) {  // token -1: past the grid
-        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + i) * p.lse_row_stride] =
-            lse[r];
+    for (int t = 0; t < kOutTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+    OnlineSoftmax softmax;
+    softmax.init();
+    // The plain scale is folded into the exponentials' FMA (one multiply less per score) when it is
+    // positive, which keeps the order of the scores and -inf as -inf; else it is applied first.
+    bool scale_folded = false;
+    float exp_scale = 1.0f;
+    if constexpr (std::is_same_v<Scores, ScoreScale>) {
+      scale_folded = scores.scale_log2 > 0.0f;
+      if (scale_folded) exp_scale = scores.scale_log2;
+    } else if constexpr (kBiasRegisters<Policy>) {
+      exp_scale = Scores::kExpScale;  // its scores come in natural units
+    }
+
+    const bool follower = kPingPong && warpgroup == 1;
+    // Whether S takes the bucket's last k-step: skipped when it would hold zero columns only.
+    const bool full_dim = p.head_dim > kD - 16;
+    const int num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
+    if constexpr (!kCopyWarps) {
+      // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero; kFirstPhasePv). The
+      // V stage it reads, the last one, first receives a tile at rendezvous 1 (group `stages`,
+      // V(stages - 1)): zeroed here, as garbage could hold NaN and 0 x NaN is NaN, and published
+      // by rendezvous 0's fence and barrier. A copy warpgroup zeroes it itself.
+      zero_shared<KVTile::kBytes, kThreads>(smem_v(kStages - 1));
+      if (follower && num_phases > 0) rendezvous(0);
+    }
+    for (int u = 0; u < num_phases; ++u) {
+      if constexpr (kCopyWarps) {
+        // The turns: the follower issues phase u after the leader did, the leader phase u after the
+        // follower issued phase u - 1. Then the phase's stage (and Q before the first).
+        if constexpr (kPingPong) {
+          if (follower) {
+            named_barrier_sync<kTurnBarrier, kThreads>();
+          } else if (u > 0) {
+            named_barrier_sync<kTurnBackBarrier, kThreads>();
+          }
+        }
+        if (u == 0) barrier_wait(&bars->q_full, 0);
+        barrier_wait(&bars->full[u % kStages], (u / kStages) & 1);
+        // Tiles that cp.async wrote (the generic proxy) are read by the tensor cores next.
+        if (!tma || u == 0 || u >= main_tiles) fence_proxy_async();
+      } else {
+        if (!follower) rendezvous(u);
+        if constexpr (kPingPong) {
+          if (follower) named_barrier_sync<kTurnBarrier, kThreads>();  // the leader issued phase u
+        }
+      }
+
+      // Phase u: O += P(u - 1) V(u - 1) (P = 0 at u = 0, or none: kFirstPhasePv), then S(u) = Q
+      // K(u)^T over the head dim (u < num_tiles), one wgmma group issued as one straight run from
+      // the fence to the commit: a branch inside the run makes ptxas end the group there and inject
+      // warpgroup.arrive (warning C7519) before the next product; with those branches the D 64
+      // kernel also took 33 registers more. So the kinds of phase (with S over all k-steps of the
+      // bucket, or short of the last one when it would hold zero columns only, D 80 in bucket 96;
+      // the last phase, without S; the first without P V) are runs of their own, chosen before the
+      // fence. Inside a run, P is packed before the accumulators' fences: packed after them, ptxas
+      // ran short of registers at D 128 and serialized the wgmma (C7512; 1.39 -> 2.07 ms at SAM-B's
+      // shape).
+      const bool has_s = u < num_tiles;
+      const int v_stage = (u - 1 + kStages) % kStages;
+      const int k_stage = u % kStages;
+      auto issue_phase = [&](auto with_pv, auto with_s, auto s_steps) {
+        [[maybe_unused]] std::uint32_t a[kN / 16][4];
+        if constexpr (decltype(with_pv)::value) {
+          pack_fragments<T>(s, a);
+          fence_fragments(a);
+          fence_accumulators(o);
+        }
+        fence_accumulators(s);
+        wgmma_fence();
+        if constexpr (decltype(with_pv)::value)
+          rs_product<T, kN / 16, KVTile>(o, a, smem_v(v_stage));
+        if constexpr (decltype(with_s)::value) {
+          ss_product<T, decltype(s_steps)::value, QTile, KVTile>(s, smem_q, q_first_row,
+                                                                 smem_k(k_stage));
+        }
+        wgmma_commit();
+      };
+      using Yes = std::true_type;
+      using No = std::false_type;
+      using FullSteps = std::integral_constant<int, kD / 16>;
+      using ShortSteps = std::integral_constant<int, kD / 16 - 1>;
+      if (!kFirstPhasePv<kD, Policy> && u == 0) {
+        if constexpr (!kFirstPhasePv<kD, Policy>) {
+          if (full_dim) {
+            issue_phase(No{}, Yes{}, FullSteps{});
+          } else {
+            issue_phase(No{}, Yes{}, ShortSteps{});
+          }
+        }
+      } else if (!has_s) {
+        issue_phase(Yes{}, No{}, std::integral_constant<int, 0>{});
+      } else if (full_dim) {
+        issue_phase(Yes{}, Yes{}, FullSteps{});
+      } else {
+        issue_phase(Yes{}, Yes{}, ShortSteps{});
+      }
+      if constexpr (kPingPong) {
+        if (!follower) {
+          named_barrier_arrive<kTurnBarrier, kThreads>();
+        } else if (kCopyWarps && u + 1 < num_phases) {
+          named_barrier_arrive<kTurnBackBarrier, kThreads>();
+        }
+      }
+      wgmma_wait<0>();
+      fence_accumulators(o);
+      fence_accumulators(s);
+      if constexpr (kCopyWarps) {
+        __syncwarp();
+        if (lane == 0) barrier_arrive(&bars->empty[u % kStages]);  // the stage is free to refill
+      } else {
+        if (follower && u + 1 < num_phases) rendezvous(u + 1);
+      }
+      if (!has_s) continue;
+
+      const KeySource tile = key_source(u);
+      const std::int64_t first_col = tile.first_key + fragment_col;
+      bool full = tile.valid == kN;  // extra keys (token tiles: gathered_scores reads its own)
+      if constexpr (!kTokenTiles) {
+        full = tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
+      }
+      float offset[2][kRuns] = {};  // per-row offsets of the tile's halves (rel_h)
+      if constexpr (kRelPosTiles<Policy>) {
+        if (!tile.extra) {
+          scores.scale_and_add_w(s, rel_w);
+          scores.rel_h_offsets(rel_h_next, offset);
+          rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, tile.first_key + kN);
+        } else {
+          scores.transform(s);
+        }
+      } else if constexpr (kBiasRegisters<Policy>) {
+        if (!tile.extra) {
+          scores.scale_and_add(s, bias_next);
+          if (u + 1 < main_tiles) scores.fetch(bias_next, bias_rows, first_col + kN);
+        } else {
+          scores.transform(s);
+        }
+      } else if (!scale_folded) {
+        scores.transform(s);
+      }
+      if (kTokenTiles && !tile.extra) {
+        // m0 is 0: fragment_row is the block-local row.
+        if constexpr (kTokenTiles) {
+          gathered_scores(tt, u % TokenTiles::kSlots, scores, s, static_cast<int>(fragment_row),
+                          fragment_col);
+        }
+      } else if (!tile.extra) {
+        if constexpr (kHasModifiers<Policy>) {
+          if (p.bias_staged) {
+            scores.add_bias_tile(s, fragment_row, first_col,
+                                 smem_q_ptr + (smem_bias - smem_q) + k_stage * bias_tile_bytes(kD),
+                                 warp * 16 + lane / 4);
+          } else {
+            scores.add_bias(s, fragment_row, first_col);
+          }
+        }
+        if (!full) hide_invisible(mask, s, fragment_row, first_col);
+      } else if (!full) {
+        // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
+        hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
+      }
+      softmax_update(softmax, s, o, exp_scale, offset);
+    }
+
+    // Epilogue. Q's copy must have landed before its rows are reused for the output (it is still
+    // in flight when the block had no key tile at all, and other threads copied this warp's rows:
+    // hence a block barrier, found by racecheck). Each warp stages its own 16 rows in its own rows
+    // of Q's tile (only its warpgroup's products ever read them, and those are done).
+    if constexpr (kCopyWarps) {
+      barrier_wait(&bars->q_full, 0);  // a block without key tiles never waited for Q
+    } else {
+      tile::cp_async_wait<0>();
+      __syncthreads();
+    }
+    const float sink_log2 = p.sinks != nullptr ? p.sinks[h * p.sinks_stride] * kLog2e : -INFINITY;
+    float factor[2], lse[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) factor[r] = softmax.finish_row(r, sink_log2, &lse[r]);
+#pragma unroll
+    for (int t = 0; t < kOutTiles; ++t) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * 16 + lane / 4 + 8 * r;
+        const std::uint32_t packed =
+            Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_q + QTile::chunk_offset(row, t) +
+                                                       fragment_col * 2),
+                     "r"(packed)
+                     : "memory");
       }
     }
-  }
-  __syncwarp();
+    if (p.lse != nullptr && lane % 4 == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const std::int64_t i =
+            kTokenTiles ? tt->query_token[fragment_row + 8 * r] : fragment_row + 8 * r;
+        if ((!kTokenTiles || i >= 0) && i < num_queries) {  // token -1: past the grid
+          p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + i) * p.lse_row_stride] =
+              lse[r];
+        }
+      }
+    }
+    __syncwarp();
 
-  const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
-  // Token tiles address rows by token: their pointer starts at token 0.
-  auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
-              (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
-              h * p.out_head_stride;
-  constexpr int kChunks = kD / 8;
-  for (int index = lane; index < 16 * kChunks; index += 32) {
-    const int r = index / kChunks;
-    const int c = index % kChunks;
-    if (r >= warp_rows || c * 8 >= p.value_dim) continue;
-    // Token tiles: row r goes to its token (out starts at token 0; -1: not stored).
-    std::int64_t dst_row = r;
-    if constexpr (kTokenTiles) {
-      dst_row = tt->query_token[warp * 16 + r];
-      if (dst_row < 0) continue;
+    const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
+    // Token tiles address rows by token: their pointer starts at token 0.
+    auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
+                (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
+                h * p.out_head_stride;
+    constexpr int kChunks = kD / 8;
+    for (int index = lane; index < 16 * kChunks; index += 32) {
+      const int r = index / kChunks;
+      const int c = index % kChunks;
+      if (r >= warp_rows || c * 8 >= p.value_dim) continue;
+      // Token tiles: row r goes to its token (out starts at token 0; -1: not stored).
+      std::int64_t dst_row = r;
+      if constexpr (kTokenTiles) {
+        dst_row = tt->query_token[warp * 16 + r];
+        if (dst_row < 0) continue;
+      }
+      const std::uint8_t* staged = smem_q_ptr + QTile::chunk_offset(warp * 16 + r, c);
+      if (p.vector_stores) {
+        *reinterpret_cast<uint4*>(out + dst_row * p.out_row_stride + c * 8) =
+            *reinterpret_cast<const uint4*>(staged);
+      } else {
+        const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
+        for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e)
+          out[dst_row * p.out_row_stride + c * 8 + e] = x[e];
+      }
     }
-    const std::uint8_t* staged = smem_q_ptr + QTile::chunk_offset(warp * 16 + r, c);
-    if (p.vector_stores) {
-      *reinterpret_cast<uint4*>(out + dst_row * p.out_row_stride + c * 8) =
-          *reinterpret_cast<const uint4*>(staged);
+  };
+
+  if constexpr (kCopyWarps) {
+    if (threadIdx.x >= kThreads) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters));
+      const int thread = static_cast<int>(threadIdx.x) - kThreads;
+      const KvLoaders<kN, kD, kCopyThreads> loaders{{k_range, p.k_row_stride, p.head_dim, thread},
+                                                    {v_range, p.v_row_stride, p.value_dim, thread},
+                                                    thread};
+      // Q, then group j = K(j), V(j - 1) into stage slot j % stages once the math warps have
+      // left its last use (phase j - stages); each thread arrives once per fill, after its own
+      // copies; thread 0 announces the bytes of the fill's TMA copies first.
+      if (tma) {
+        if (thread == 0) {
+          barrier_expect_bytes(&bars->q_full, QTile::kBytes);
+          tma_load_tile<QTile>(smem_q_ptr, maps.q, m0, h, b, &bars->q_full);
+        }
+      } else {
+        load_tile_async<kM, kD, kCopyThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim,
+                                              p.vector_loads, thread);
+      }
+      // Each copy thread's arrival: after its cp.async copies, or, where rows are copied element
+      // by element (no 16-byte rows: plain shared-memory stores, no cp.async), a plain arrival,
+      // which releases those stores.
+      auto arrive = [&](std::uint64_t* bar) {
+        if (p.vector_loads) {
+          barrier_arrive_after_copies(bar);
+        } else {
+          barrier_arrive(bar);
+        }
+      };
+      if constexpr (kFirstPhasePv<kD, Policy>) {
+        // The V stage that a first phase with P V reads (P = 0; see the math warps' loop) zeroed
+        // while Q is in flight, as garbage could hold NaN and 0 x NaN is NaN, before any copy
+        // thread fills it (group `stages`, after phase 0; the barrier orders the two for every
+        // copy thread), then published with this thread's landed copies of Q by a plain arrival.
+        zero_shared<KVTile::kBytes, kCopyThreads>(smem_v(kStages - 1), thread);
+        tile::cp_async_wait_all();
+        fence_proxy_async();
+        named_barrier_sync<kCopyBarrier, kCopyThreads>();
+        barrier_arrive(&bars->q_full);
+      } else {
+        arrive(&bars->q_full);
+      }
+      const int num_groups = num_tiles > 0 ? num_tiles + 1 : 0;
+      for (int j = 0; j < num_groups; ++j) {
+        const int slot = j % kStages;
+        if (j >= kStages) barrier_wait(&bars->empty[slot], (j / kStages - 1) & 1);
+        const bool has_k = j < num_tiles, has_v = j >= 1;
+        const bool k_by_tma = tma && j < main_tiles, v_by_tma = tma && has_v && j - 1 < main_tiles;
+        if (thread == 0 && (k_by_tma || v_by_tma)) {
+          barrier_expect_bytes(&bars->full[slot],
+                               (k_by_tma ? KVTile::kBytes : 0) + (v_by_tma ? KVTile::kBytes : 0));
+          const std::int64_t first = key_tiles.first_row + static_cast<std::int64_t>(j) * kN;
+          if (k_by_tma) {
+            tma_load_tile<KVTile>(smem_q_ptr + (smem_k(slot) - smem_q), maps.k, first, hk, b,
+                                  &bars->full[slot]);
+          }
+          if (v_by_tma) {
+            const int v_slot = (j - 1) % kStages;
+            tma_load_tile<KVTile>(smem_q_ptr + (smem_v(v_slot) - smem_q), maps.v, first - kN, hk, b,
+                                  &bars->full[slot]);
+          }
+        }
+        if (has_k && !k_by_tma) load_k(j, slot, loaders);
+        if (has_v && !v_by_tma) load_v(j - 1, (j - 1) % kStages, loaders);
+        arrive(&bars->full[slot]);
+      }
+      tile::cp_async_wait_all();  // no thread leaves with copies in flight
     } else {
-      const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
-      for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e)
-        out[dst_row * p.out_row_stride + c * 8 + e] = x[e];
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters));
+      math_warps();
     }
+  } else {
+    math_warps();
   }
 }
 

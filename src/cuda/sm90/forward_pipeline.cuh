@@ -1,0 +1,141 @@
+// The sm90 forward kernel's schedules (mainloop_fwd.cuh): who copies Q, K and V into the shared-
+// memory stages, how the math warpgroups learn that a stage has landed and hand it back, and how
+// the two math warpgroups take turns on the tensor cores. Which one a kernel runs is a property of
+// its (head-dim bucket, policy): kCopyWarpgroup below.
+//
+// With a copy warpgroup (range tiles of the plain, window, rel-pos and bias policies up to D 128).
+// The block has a third warpgroup (threads 256..383) that does nothing but copy, and keeps 40
+// registers so that the math warpgroups can have 232 (setmaxnreg; ptxas gives each branch of the
+// role split its own budget). It copies Q, then group j = K(j), V(j - 1) into stage slot j %
+// stages, once the slot's `empty` barrier says that the math warps have finished phase j - stages,
+// its last reader; the slot's `full` barrier completes when the group has landed
+// (tile_copies.cuh). Q and the main key tiles of a dense batch go through the tensor-memory
+// accelerator: one thread issues one cp.async.bulk.tensor per column block of a tile (the launcher
+// makes the tensor maps); extra keys, varlen sequences and strides no tensor map can describe go
+// through the copy threads' cp.async, as in the other schedule. A math warpgroup's phase u waits
+// for full[u % stages] (and Q before phase 0), fences the proxies where cp.async wrote the tiles
+// (the tensor cores read through the async proxy), and after the phase's wgmma group has landed
+// each of its warps arrives on empty[u % stages]. No barrier joins all 384 threads after the role
+// split, and the math warps never issue a copy.
+// Ping-pong: the leader issues phase u once the follower has issued phase u - 1 (kTurnBackBarrier)
+// and the follower issues phase u once the leader has (kTurnBarrier): the wgmma groups of the two
+// warpgroups alternate, so each one's softmax runs under the other's products. The leader
+// arrives on kTurnBarrier num_phases times and the follower waits as often; the follower arrives
+// on kTurnBackBarrier after phases 0 .. num_phases - 2 and the leader waits before phases 1 ..
+// num_phases - 1. Measured on an H200 (session 15, bf16, against the schedule below, same
+// inputs): D 64 forward 1.21 -> 1.06 ms at SAM-B (B 8, H 12, L 4096), +6% at L 512 and +12-13%
+// from L 2048; D 128 +4% at L 512 and +12-17% from L 2048.
+//
+// Without a copy warpgroup (neighborhood token tiles, the score modifiers' general policy, and
+// head dims above 128, whose math warpgroups need every register of a 256-thread block):
+// copies are issued by all threads with cp.async in groups: group j = K(j) (and its bias tile)
+// and V(j - 1); groups 0 .. stages - 2 before the loop, group u + stages - 1 right after
+// rendezvous u. Rendezvous u (named barrier kPipelineBarrier, all threads; each thread first
+// waits for its own copies of group u and fences them for the async proxy) publishes group u and
+// certifies that every warp has waited for its phase u - 1, the last reader of the stages that
+// group u + stages - 1 overwrites (K(u - 1), V(u - 2)).
+//
+// Ping-pong (kPingPong: tile_sizes.h's ping_pong(D), for every policy but the score
+// modifiers'). Warpgroup 0, the leader, and warpgroup 1, the follower, meet at rendezvous u at
+// different points of their own work:
+//   leader:    R(u)  issue phase u  arrive(turn)  wait               softmax u   | R(u + 1) ..
+//   follower:                       sync(turn)    issue phase u wait  R(u + 1)  softmax u ..
+// (the follower runs R(0) before its loop). So the leader issues phase u + 1 only once the
+// follower's phase u has landed (R(u + 1) comes after the follower's wait), and the follower
+// issues phase u only after the leader did (the turn barrier, kTurnBarrier: 128 arrivals plus 128
+// waiters), and in steady state each warpgroup's softmax runs under the other's products. Without
+// ping-pong both warpgroups run the leader's line without the turn barrier.
+// Deadlock freedom: both lines run R(0) .. R(num_tiles) once each, in order (the follower R(u + 1)
+// only while u + 1 <= num_tiles), the leader arrives num_tiles + 1 times at the turn barrier and
+// the follower waits as often; the leader's arrival for phase u + 1 follows R(u + 1), which
+// follows the follower's wait for phase u, so a turn barrier generation is never joined early.
+// Every quantity that picks a branch (num_tiles, main_tiles, the varlen early exit before any
+// barrier) is the same for the whole block, so no warp skips a barrier that another waits at: a
+// block without key tiles (causal rows past the keys, an empty varlen sequence) runs no phase and
+// no rendezvous; one tile runs phases 0 (S) and 1 (P V).
+// Lifetimes the follower's lag adds: its softmax of tile u runs after R(u + 1), whose copies
+// overwrite the stages of K(u) and V(u - 1): it reads neither (S(u) is in registers), but a staged
+// bias tile of tile u would be overwritten, hence no ping-pong for the score modifiers; token-tile
+// key boxes keep a ring of stages + 2 (TokenTileSmem).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common/forward_policies.cuh"
+#include "cuda/sm90/tile_sizes.h"
+#include "cuda/sm90/tiles.cuh"
+
+namespace fmha::cuda::sm90 {
+
+// The policies' kernel forms.
+template <typename Policy>
+inline constexpr bool kHasModifiers = std::is_same_v<Policy, PolicyGeneral>;
+// SAM rel-pos in the register form (score_rel_pos.cuh): rel_w in registers, rel_h per half tile.
+template <typename Policy>
+inline constexpr bool kRelPosTiles = std::is_same_v<Policy, PolicyRelPos>;
+// An additive bias alone in the register form (score_bias.cuh): each thread's bias entries of
+// tile u fetched at the softmax of tile u - 1.
+template <typename Policy>
+inline constexpr bool kBiasRegisters = std::is_same_v<Policy, PolicyBias>;
+// Policies whose staged rows or tiles take shared memory besides the K/V stages.
+template <typename Policy>
+inline constexpr bool kStagesScores = kHasModifiers<Policy>;
+
+// Whether a copy warpgroup feeds the stages (above): range tiles of the policies whose softmax
+// reads nothing staged per tile, in the ping-pong buckets (up to D 128), where the math
+// warpgroups keep enough registers beside it.
+template <int kD, typename Policy>
+inline constexpr bool kCopyWarpgroup =
+    !Policy::Mask::kTokenTiles && !kHasModifiers<Policy> && kD <= 128;
+// Threads of a forward block: the math warpgroups, and the copy warpgroup after them.
+inline constexpr int kCopyThreads = 128;
+template <int kD, typename Policy>
+constexpr int block_threads() {
+  return threads(kD) + (kCopyWarpgroup<kD, Policy> ? kCopyThreads : 0);
+}
+// Registers a thread of each role keeps (setmaxnreg): 128 x 40 + 256 x 232 of the 65536. Measured
+// against 24 / 240 on an H200 (session 15): D 64 1-3% slower, D 128 level to 5% slower at L 512,
+// with the copy threads' loaders spilled more.
+inline constexpr int kCopyRegisters = 40;
+inline constexpr int kMathRegisters = 232;
+
+// Whether the first phase issues P V too, with P = 0 against a zeroed V stage, so that it runs
+// the same wgmma run as every phase with both products (mainloop_fwd.cuh), or a run of its own
+// without P V. The schedule without a copy warpgroup always does (a run more costs the general
+// policy spills); with one, the copy threads zero the stage. Measured on an H200 (session 15,
+// calls 6-7, against the first phase without P V): D 64 2-5% faster from L 2048, D 80 (bucket
+// 96) 1% faster at SAM-H's shape and 5% at L 8192; D 128 slower (L 512 0.193 against 0.186 ms,
+// L 8192 1.94 against 1.80).
+template <int kD, typename Policy>
+inline constexpr bool kFirstPhasePv = !kCopyWarpgroup<kD, Policy> || kD <= 96;
+
+// The mbarriers of a block with a copy warpgroup (tile_copies.cuh): per stage slot `full` (its
+// group landed) and `empty` (no math warp reads it any more), and Q's tile.
+template <int kStages>
+struct StageBarriers {
+  std::uint64_t full[kStages];
+  std::uint64_t empty[kStages];
+  std::uint64_t q_full;
+};
+
+// Named barriers of the forward kernel (__syncthreads is barrier 0): the rendezvous of all threads
+// once per key tile (without a copy warpgroup), and the leader's turn handed to the follower and
+// back (the latter with a copy warpgroup only).
+inline constexpr int kPipelineBarrier = 1;
+inline constexpr int kTurnBarrier = 2;
+inline constexpr int kTurnBackBarrier = 3;
+// The copy warpgroup's own: its zeroed stage (kFirstPhasePv) before its first copies.
+inline constexpr int kCopyBarrier = 4;
+
+// The range loaders of the threads that copy K and V (all math threads, or the copy warpgroup):
+// `thread` is this thread's index among them.
+template <int kN, int kD, int kCopiers>
+struct KvLoaders {
+  using Loader = RangeTileLoader<kN, kD, kCopiers>;
+  static constexpr int kThreads = kCopiers;
+  Loader k, v;
+  int thread;
+};
+
+}  // namespace fmha::cuda::sm90
