@@ -23,7 +23,7 @@ ARCHS=${FMHA_CUDA_ARCHITECTURES:-90a-real}
 # Fewer head-dim buckets build faster (e.g. "64;128" for a quick benchmark; the GPU tests need all;
 # PIP_BUCKETS narrows only the Python package, for the benchmark).
 BUCKETS=${FMHA_HEAD_DIM_BUCKETS:-"32;64;96;128;160;192;224;256"}
-STEPS=${STEPS:-"build cuda-tests sm80-tests sanitizer python bench"}
+STEPS=${STEPS:-"build cuda-tests sm80-tests cp-async-tests sanitizer python bench"}
 SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*:*WideHeads*"}
 JOBS=$(nproc)
 GTEST_SRC=${GTEST_SRC:-$PWD/.gpu/googletest}
@@ -84,6 +84,13 @@ cuda_tests() {
 sm80_tests() {
   FMHA_CUDA_KERNELS=sm80 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
       --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward*:CudaNeighborhood*:-*Float32*"
+}
+# The sm90 forward's copy warpgroup takes dense tiles through the tensor-memory accelerator; run
+# the forward tests again with every tile on its cp.async path (varlen, extra keys and unaligned
+# rows take that path anyway).
+cp_async_tests() {
+  FMHA_SM90_TMA=0 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
+      --gtest_brief=1 --gtest_filter="CudaForward*:-*Float32*"
 }
 sanitizer() {
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 "$TESTS" \
@@ -146,6 +153,7 @@ if has cuda-tests && [ "${GATE:-1}" = 1 ] && [[ "${rows[-1]}" == *" FAIL "* ]]; 
   STEPS=${STEPS// bench/}; STEPS=${STEPS// ncu/}
 fi
 has sm80-tests && run_step sm80-tests sm80_tests
+has cp-async-tests && run_step cp-async-tests cp_async_tests
 has sanitizer && run_step sanitizer sanitizer
 has python && run_step python python_tests
 has bench && run_step bench bench
