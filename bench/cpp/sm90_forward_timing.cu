@@ -1,0 +1,129 @@
+// sm90-forward-timing: the sm90 forward kernel alone, launched through its launcher on random bf16
+// inputs, for comparing builds of the kernel (two commits, or a kernel with one stage removed)
+// without the library or Python: CUDA events around each run, the L2 flushed in between, the
+// median of 50 runs. Built by hand, once per variant, for sm_90a; the head-dim bucket and the
+// head dim are compile-time arguments, VARIANT labels the output:
+//
+//   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
+//        -Isrc -Iinclude -DFMHA_TIMING_BUCKET=96 -DFMHA_TIMING_D=80 -DVARIANT='"main"' \
+//        -o sm90-forward-timing bench/cpp/sm90_forward_timing.cu
+//
+// Cases: the SAM-B shape (SAM-H at D 80), then 16k tokens at L 512 / 2048 / 8192 with a hidden
+// size of 2048, non-causal and causal (issue 4's grid). TFLOP/s count visible pairs only.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "cuda/sm90/launch_fwd.cuh"
+
+#ifndef VARIANT
+#define VARIANT "build"
+#endif
+
+namespace fmha::cuda::sm90 {
+template Status launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyPlain>(const ForwardParams&,
+                                                                               cudaStream_t);
+template Status launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyWindow>(
+    const ForwardParams&, cudaStream_t);
+}  // namespace fmha::cuda::sm90
+
+#define CHECK(x)                                                                      \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+using fmha::cuda::ForwardParams;
+
+static double run_case(int B, int H, int L, int D, bool causal) {
+  const std::size_t n = std::size_t(B) * L * H * D;
+  std::vector<__nv_bfloat16> host(n);
+  std::mt19937 gen(42);
+  std::normal_distribution<float> dist;
+  for (auto& x : host) x = __float2bfloat16(dist(gen));
+  void *q, *k, *v, *o, *flush;
+  CHECK(cudaMalloc(&q, n * 2));
+  CHECK(cudaMalloc(&k, n * 2));
+  CHECK(cudaMalloc(&v, n * 2));
+  CHECK(cudaMalloc(&o, n * 2));
+  const std::size_t flush_bytes = 256u << 20;
+  CHECK(cudaMalloc(&flush, flush_bytes));
+  CHECK(cudaMemcpy(q, host.data(), n * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(k, host.data(), n * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(v, host.data(), n * 2, cudaMemcpyHostToDevice));
+  ForwardParams p;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = o;
+  const std::int64_t row = std::int64_t(H) * D, batch = std::int64_t(L) * row;
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.out_batch_stride = batch;
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.out_row_stride = row;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.out_head_stride = D;
+  p.batch = B;
+  p.seqlen_q = p.seqlen_k = L;
+  p.heads = H;
+  p.kv_group = 1;
+  p.head_dim = p.value_dim = D;
+  p.vector_loads = p.vector_stores = true;
+  p.scale_log2 = 1.0f / std::sqrt(float(D)) * 1.4426950408889634f;
+  if (causal) p.window_right = 0;
+  auto launch = [&] {
+    auto st = causal ? fmha::cuda::sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET,
+                                                        fmha::cuda::PolicyWindow>(p, nullptr)
+                     : fmha::cuda::sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET,
+                                                        fmha::cuda::PolicyPlain>(p, nullptr);
+    if (!st.ok()) {
+      std::fprintf(stderr, "launch failed\n");
+      std::exit(1);
+    }
+  };
+  for (int i = 0; i < 3; ++i) launch();
+  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < 50; ++i) {
+    CHECK(cudaMemsetAsync(flush, i, flush_bytes));
+    CHECK(cudaEventRecord(a));
+    launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float t;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CHECK(cudaFree(q));
+  CHECK(cudaFree(k));
+  CHECK(cudaFree(v));
+  CHECK(cudaFree(o));
+  CHECK(cudaFree(flush));
+  const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;
+  const double flops = 4.0 * pairs * D * B * H;
+  std::printf("%s D=%d B=%d H=%d L=%d causal=%d median %.4f ms p10 %.4f p90 %.4f  %.1f TFLOP/s\n",
+              VARIANT, D, B, H, L, causal, ms[25], ms[5], ms[45], flops / ms[25] / 1e9);
+  return ms[25];
+}
+
+#ifndef FMHA_TIMING_D
+#define FMHA_TIMING_D FMHA_TIMING_BUCKET
+#endif
+int main() {
+  const int D = FMHA_TIMING_D;
+  const int tokens = 16384, heads = 2048 / D;
+  run_case(8, D == 80 ? 16 : 12, 4096, D, false);  // SAM-B (SAM-H at D 80) shape
+  for (int L : {512, 2048, 8192}) run_case(tokens / L, heads, L, D, false);
+  for (int L : {512, 2048}) run_case(tokens / L, heads, L, D, true);
+  return 0;
+}
