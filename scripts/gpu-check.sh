@@ -23,7 +23,7 @@ ARCHS=${FMHA_CUDA_ARCHITECTURES:-90a-real}
 # Fewer head-dim buckets build faster (e.g. "64;128" for a quick benchmark; the GPU tests need all;
 # PIP_BUCKETS narrows only the Python package, for the benchmark).
 BUCKETS=${FMHA_HEAD_DIM_BUCKETS:-"32;64;96;128;160;192;224;256"}
-STEPS=${STEPS:-"build cuda-tests sm80-tests cp-async-tests sanitizer python bench"}
+STEPS=${STEPS:-"build cuda-tests sm80-tests cp-async-tests persistent-tests sanitizer python bench"}
 SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*:*WideHeads*"}
 JOBS=$(nproc)
 GTEST_SRC=${GTEST_SRC:-$PWD/.gpu/googletest}
@@ -92,7 +92,22 @@ cp_async_tests() {
   FMHA_SM90_TMA=0 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
       --gtest_brief=1 --gtest_filter="CudaForward*:-*Float32*"
 }
+# The sm90 forward's blocks with a copy warpgroup are persistent: one block an SM walks several
+# tiles, carrying stage slots and barrier phases from tile to tile. The tests' grids are small
+# (mostly one tile a block); run the forward tests again with 3 blocks (TMA) and 2 (cp.async) so
+# that every block walks many tiles: varlen's skipped tiles, causal rows without keys, extra keys.
+persistent_tests() {
+  FMHA_SM90_PERSISTENT=3 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
+      --gtest_brief=1 --gtest_filter="CudaForward*:-*Float32*" &&
+  FMHA_SM90_PERSISTENT=2 FMHA_SM90_TMA=0 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
+      --gtest_brief=1 --gtest_filter="CudaForward*:-*Float32*"
+}
+# Memcheck and racecheck over SANITIZER_FILTER; racecheck again over the forward tests with two
+# persistent blocks (hazards between one tile's reads and the next tile's copies).
+PERSISTENT_RACECHECK_FILTER=${PERSISTENT_RACECHECK_FILTER:-"CudaForward.OddShapesAndHeadDims:CudaForward.Varlen:CudaForward.SinksAndExtraKeys:CudaForward.CausalBothAlignments:CudaForward.EmptyQueries:CudaForward.BiasRegisterForm"}
 sanitizer() {
+  FMHA_SM90_PERSISTENT=2 timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck \
+      --error-exitcode 1 "$TESTS" --gtest_brief=1 --gtest_filter="$PERSISTENT_RACECHECK_FILTER" &&
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 "$TESTS" \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER" &&
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" \
@@ -154,6 +169,7 @@ if has cuda-tests && [ "${GATE:-1}" = 1 ] && [[ "${rows[-1]}" == *" FAIL "* ]]; 
 fi
 has sm80-tests && run_step sm80-tests sm80_tests
 has cp-async-tests && run_step cp-async-tests cp_async_tests
+has persistent-tests && run_step persistent-tests persistent_tests
 has sanitizer && run_step sanitizer sanitizer
 has python && run_step python python_tests
 has bench && run_step bench bench

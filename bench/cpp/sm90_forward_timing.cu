@@ -6,7 +6,7 @@
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
 //        -Isrc -Iinclude -DFMHA_TIMING_BUCKET=96 -DFMHA_TIMING_D=80 -DVARIANT='"main"' \
-//        -o sm90-forward-timing bench/cpp/sm90_forward_timing.cu
+//        -o sm90-forward-timing bench/cpp/sm90_forward_timing.cu src/cuda/workspace_pool.cu -lcuda
 //
 // Cases: the SAM-B shape (SAM-H at D 80), then 16k tokens at L 512 / 2048 / 8192 with 2048 / D
 // heads (a hidden size of 2048; 2000 at D 80), non-causal and causal (issue 4's grid). No

@@ -109,6 +109,13 @@ struct ForwardParams {
   // Grid order (block_coords.cuh): the heads of a batch in sections of 2^head_section_log2, the
   // tiles of a section's heads interleaved (tile slowest); 0 is head by head.
   int head_section_log2 = 0;
+  // The grid of tiles, (x, y, z) in block_coords' order, that a persistent kernel's blocks walk
+  // (the sm90 forward with a copy warpgroup, whose launch grid is 1-D and at most one block an SM);
+  // unused by the kernels whose launch grid is the tiles themselves.
+  unsigned tile_grid[3] = {0, 0, 0};
+  // Zeroed by the launcher when those blocks take their tiles dynamically (tiles of unequal work);
+  // nullptr: round robin.
+  unsigned* tile_counter = nullptr;
 
   // Sinks [H] fp32; nullptr when absent.
   const float* sinks = nullptr;

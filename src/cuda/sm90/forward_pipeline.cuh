@@ -19,12 +19,22 @@
 // split, and the math warps never issue a copy.
 // Ping-pong: the leader issues phase u once the follower has issued phase u - 1 (kTurnBackBarrier)
 // and the follower issues phase u once the leader has (kTurnBarrier): the wgmma groups of the two
-// warpgroups alternate, so each one's softmax runs under the other's products. The leader
-// arrives on kTurnBarrier num_phases times and the follower waits as often; the follower arrives
-// on kTurnBackBarrier after phases 0 .. num_phases - 2 and the leader waits before phases 1 ..
-// num_phases - 1. Measured on an H200 (session 15, bf16, against the schedule below, same
-// inputs): D 64 forward 1.21 -> 1.06 ms at SAM-B (B 8, H 12, L 4096), +6% at L 512 and +12-13%
-// from L 2048; D 128 +4% at L 512 and +12-17% from L 2048.
+// warpgroups alternate, so each one's softmax runs under the other's products. Phases are counted
+// over all the block's grid tiles (below): the leader arrives on kTurnBarrier once a phase and the
+// follower waits as often; the follower arrives on kTurnBackBarrier after every phase and the
+// leader waits before every phase but the block's first, and once more at its end. Measured on an
+// H200 (session 15, bf16, against the schedule below, same inputs): D 64 forward 1.21 -> 1.06 ms
+// at SAM-B (B 8, H 12, L 4096), +6% at L 512 and +12-13% from L 2048; D 128 +4% at L 512 and
+// +12-17% from L 2048.
+// Persistent blocks: the launcher starts at most one block an SM, and each walks grid tiles
+// (round robin, or one by one from a counter where their work differs: mainloop_fwd.cuh). Stage
+// slots and barrier parities run on from tile to tile; Q's tile is refilled once its last reader
+// is done (q_empty), by TMA after the next tile's K(0); the output is staged in a tile of its own
+// where shared memory has room (kOutputTile, up to D 96), so that the next tile's Q and first
+// K / V groups land under the previous tile's last phase and epilogue. Measured on an H200
+// (session 16, against a block a tile, same inputs): D 64 L 512 0.290 -> 0.243 ms, causal L 512
+// 0.246 -> 0.204; D 80 (bucket 96) L 512 0.307 -> 0.228, SAM-H's shape 1.71 -> 1.60; D 128 L 512
+// 0.186 -> 0.170; from L 2048 on within 4% either way.
 //
 // Without a copy warpgroup (neighborhood token tiles, the score modifiers' general policy, and
 // head dims above 128, whose math warpgroups need every register of a 256-thread block):
@@ -116,7 +126,13 @@ template <int kStages>
 struct StageBarriers {
   std::uint64_t full[kStages];
   std::uint64_t empty[kStages];
-  std::uint64_t q_full;
+  std::uint64_t q_full;   // Q's tile landed
+  std::uint64_t q_empty;  // no math warp reads Q any more (a persistent block's next tile's Q)
+  // A persistent block's next grid tiles, taken by the copy warpgroup's thread 0 (dynamic
+  // schedule): a ring of two, announced (full) and read by every warp (empty).
+  std::uint64_t tile_full[2];
+  std::uint64_t tile_empty[2];
+  unsigned tile[2];
 };
 
 // Named barriers of the forward kernel (__syncthreads is barrier 0): the rendezvous of all threads
@@ -125,8 +141,6 @@ struct StageBarriers {
 inline constexpr int kPipelineBarrier = 1;
 inline constexpr int kTurnBarrier = 2;
 inline constexpr int kTurnBackBarrier = 3;
-// The copy warpgroup's own: its zeroed stage (kFirstPhasePv) before its first copies.
-inline constexpr int kCopyBarrier = 4;
 
 // The range loaders of the threads that copy K and V (all math threads, or the copy warpgroup):
 // `thread` is this thread's index among them.

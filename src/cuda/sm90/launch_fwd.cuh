@@ -1,12 +1,14 @@
 // Definition of sm90::launch_forward; included only by the instantiation files.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "cuda/sm90/launch_fwd.h"
 #include "cuda/sm90/launch_limits.h"
 #include "cuda/sm90/mainloop_fwd.cuh"
+#include "cuda/workspace_pool.h"
 
 namespace fmha::cuda::sm90 {
 
@@ -95,9 +97,42 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     p.head_section_log2 =
         head_section_log2_for(p, blocks, p.heads, p.seqlen_k * (p.head_dim + p.value_dim) * 2);
   }
-  const dim3 grid = batch_grid(p, blocks, p.heads);
+  dim3 grid = batch_grid(p, blocks, p.heads);
+  if constexpr (kCopyWarpgroup<kD, Policy>) {
+    // Persistent blocks walk that grid's tiles (mainloop_fwd.cuh).
+    p.tile_grid[0] = grid.x;
+    p.tile_grid[1] = grid.y;
+    p.tile_grid[2] = grid.z;
+    const std::int64_t tiles = std::int64_t{grid.x} * grid.y * grid.z;
+    if (tiles >= (std::int64_t{1} << 32)) {
+      return Status::backend_error("fmha: CUDA forward kernel (sm90): more than 2^32 query tiles");
+    }
+    grid = dim3(static_cast<unsigned>(std::min<std::int64_t>(tiles, persistent_blocks())));
+    // Tiles of unequal work (a window, causal included, or varlen sequences) are taken one by one
+    // from a counter (mainloop_fwd.cuh), zeroed here in stream order.
+    const bool unequal = p.window_left != kUnboundedWindow || p.window_right != kUnboundedWindow ||
+                         p.cu_seqlens_q != nullptr;
+    if (unequal && grid.x < tiles) {
+      int device = 0;
+      e = cudaGetDevice(&device);
+      if (e == cudaSuccess) {
+        e = workspace_malloc_async(reinterpret_cast<void**>(&p.tile_counter), sizeof(unsigned),
+                                   device, stream);
+      }
+      if (e == cudaSuccess) e = cudaMemsetAsync(p.tile_counter, 0, sizeof(unsigned), stream);
+      if (e != cudaSuccess) {
+        return Status::backend_error(
+            std::string("fmha: CUDA forward kernel (sm90): its tile counter: ") +
+            cudaGetErrorString(e));
+      }
+    }
+  }
   kernel<<<grid, block_threads<kD, Policy>(), smem, stream>>>(p, maps);
   e = cudaGetLastError();
+  if (p.tile_counter != nullptr) {
+    const cudaError_t freed = cudaFreeAsync(p.tile_counter, stream);
+    if (e == cudaSuccess) e = freed;
+  }
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA forward kernel (sm90) launch failed: ") +
                                  cudaGetErrorString(e));

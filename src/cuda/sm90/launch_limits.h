@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/common/forward_params.h"
 
@@ -18,6 +19,26 @@ inline int max_block_smem() {
     return 0;
   }
   return bytes;
+}
+
+// Blocks of a persistent kernel that keeps one block an SM: the current device's SMs. The
+// environment's FMHA_SM90_PERSISTENT (read once) overrides it, for measuring and testing: 0 is a
+// block a tile, N > 0 at most N blocks (so that the GPU tests' small grids give each block
+// several tiles).
+inline std::int64_t persistent_blocks() {
+  static const long long override_blocks = [] {
+    const char* value = std::getenv("FMHA_SM90_PERSISTENT");
+    return value != nullptr && *value != '\0' ? std::atoll(value) : -1LL;
+  }();
+  constexpr std::int64_t kUnlimited = std::int64_t{1} << 32;
+  if (override_blocks >= 0) return override_blocks == 0 ? kUnlimited : override_blocks;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sms <= 0) {
+    return kUnlimited;
+  }
+  return sms;
 }
 
 // Whether the bias rows can be copied 16 bytes at a time: keys contiguous, every (b, h, row)

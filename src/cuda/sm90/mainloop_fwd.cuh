@@ -70,12 +70,35 @@ constexpr int stages_of() {
   return Policy::Mask::kTokenTiles && bytes > kMaxBlockSmem ? stages - 1 : stages;
 }
 
-// Shared memory of Q and the K/V stages; the staged bias tiles and rel-pos rows (if any), or the
-// token-tile bookkeeping, follow.
+// Whether the first phase of a block with a copy warpgroup reads a V tile of zeros of its own
+// (kFirstPhasePv): the V stage before it holds the last tile of the block's previous grid tile.
+template <int kD, typename Policy>
+inline constexpr bool kZeroVTile = kCopyWarpgroup<kD, Policy>&& kFirstPhasePv<kD, Policy>;
+
+// Q, the K/V stages and the zero V tile.
+template <int kD, typename Policy>
+constexpr int input_smem_bytes() {
+  return SwizzledTile<block_m(kD), kD>::kBytes +
+         (2 * stages_of<kD, Policy>() + (kZeroVTile<kD, Policy> ? 1 : 0)) *
+             SwizzledTile<block_n(kD), kD>::kBytes;
+}
+
+// Whether a block with a copy warpgroup stages its output rows in a tile of their own (where
+// shared memory has room: up to D 96), or, as the other schedule does, in Q's tile, whose next
+// grid tile's copy then waits for the epilogue. Staged, the rows leave in 16-byte stores: each
+// thread storing its accumulator pairs itself cost 9.5% at D 128 L 8192 (H200, session 16).
+template <int kD, typename Policy>
+inline constexpr bool kOutputTile = kCopyWarpgroup<kD, Policy>&& input_smem_bytes<kD, Policy>() +
+                                        SwizzledTile<block_m(kD), kD>::kBytes + kSmemAlignSlack +
+                                        static_cast<int>(sizeof(StageBarriers<3>)) <=
+                                    kMaxBlockSmem;
+
+// Shared memory of Q, the K/V stages, the zero V tile and the output tile; the staged bias tiles
+// and rel-pos rows (if any), the token-tile bookkeeping, or the copy warpgroup's barriers follow.
 template <int kD, typename Policy>
 constexpr int tile_smem_bytes() {
-  return SwizzledTile<block_m(kD), kD>::kBytes +
-         2 * stages_of<kD, Policy>() * SwizzledTile<block_n(kD), kD>::kBytes;
+  return input_smem_bytes<kD, Policy>() +
+         (kOutputTile<kD, Policy> ? SwizzledTile<block_m(kD), kD>::kBytes : 0);
 }
 
 template <typename T, int kD, typename Policy>
@@ -110,166 +133,22 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   auto smem_v = [&](int stage) {
     return smem_q + QTile::kBytes + (kStages + stage) * KVTile::kBytes;
   };
+  // Where the epilogue stages the output rows (kOutputTile).
+  const std::uint32_t smem_o =
+      kOutputTile<kD, Policy> ? smem_q + input_smem_bytes<kD, Policy>() : smem_q;
 
   // Broadcast from lane 0 so that the compiler sees a warp-uniform value: branches on the role
   // (ping-pong) are then not divergent paths, around which it would serialize the wgmma.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int warp = static_cast<int>(threadIdx.x) / 32;  // 16 rows each, in block order
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  // The grid order (block_coords.cuh): head sections, or for the register-form bias the batch
-  // innermost (a bias shared by the batches is then read from memory once).
-  const BlockCoords coords = block_coords<kBiasRegisters<Policy>>(p);
-  const std::int64_t b = coords.batch;
-  const int h = coords.head;
-  // Last row blocks first: under a causal mask they have the most key tiles.
-  const std::int64_t m_block = coords.tiles - 1 - coords.tile;
 
-  std::int64_t q_start = 0, k_start = 0, num_queries = p.seqlen_q, num_keys = p.seqlen_k;
-  if (p.cu_seqlens_q != nullptr) {
-    q_start = p.cu_seqlens_q[b];
-    num_queries = p.cu_seqlens_q[b + 1] - q_start;
-    k_start = p.cu_seqlens_k[b];
-    num_keys = p.cu_seqlens_k[b + 1] - k_start;
-  }
-  // Token tiles: the block's rows are tokens of its grid box, so the pointers start at token 0.
-  const std::int64_t m0 = kTokenTiles ? 0 : m_block * kM;
-  if (m0 >= num_queries) return;  // varlen: this sequence is shorter than the longest
-  // Token tiles: every row may hold a token (a box of a small grid has holes between them).
-  const int rows =
-      kTokenTiles ? kM : static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
-  const std::int64_t last_row = m0 + rows - 1;
-  const int hk = h / p.kv_group;
-
-  const auto* q = static_cast<const std::uint16_t*>(p.q) + b * p.q_batch_stride +
-                  (q_start + m0) * p.q_row_stride + h * p.q_head_stride;
-  const auto* k = static_cast<const std::uint16_t*>(p.k) + b * p.k_batch_stride +
-                  k_start * p.k_row_stride + hk * p.k_head_stride;
-  const auto* v = static_cast<const std::uint16_t*>(p.v) + b * p.v_batch_stride +
-                  k_start * p.v_row_stride + hk * p.v_head_stride;
-  const auto* extra_k = static_cast<const std::uint16_t*>(p.extra_k) + b * p.extra_k_batch_stride +
-                        hk * p.extra_k_head_stride;
-  const auto* extra_v = static_cast<const std::uint16_t*>(p.extra_v) + b * p.extra_v_batch_stride +
-                        hk * p.extra_v_head_stride;
-
-  const Mask mask = Mask::make(p, num_queries, num_keys);
-  Scores scores = Scores::make(p, b, h, num_queries, num_keys);
-  // Staged bias tiles (one per K/V stage) and rel-pos rows follow the K/V stages; token-tile
-  // bookkeeping (which has neither) too.
-  const std::uint32_t smem_bias = smem_q + tile_smem_bytes<kD, Policy>();
-  auto* const tt = reinterpret_cast<TokenTiles*>(smem_q_ptr + (smem_bias - smem_q));
-  TileSpan key_tiles{0, 0};  // range masks: the key tiles the block visits
-  // Tile counts and indices are 32-bit (a sequence has fewer than 2^31 keys): the loop's index
-  // arithmetic (stage = u % stages, comparisons) runs on every tile.
-  int main_tiles = 0;
-  if constexpr (kTokenTiles) {
-    // The block's query box and key boxes, its rows' tokens and windows, key boxes 0 .. stages - 1.
-    main_tiles = static_cast<int>(
-        init_query_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages));
-  } else {
-    const KeyRange range = mask.key_range(m0, last_row);
-    key_tiles = tiles_over(range.begin, range.end, kN);
-    main_tiles = static_cast<int>(key_tiles.count);
-  }
-  const int num_tiles = main_tiles + static_cast<int>((p.num_extra + kN - 1) / kN);
-
-  auto key_source = [&](int u) {
-    KeySource t;
-    t.extra = u >= main_tiles;
-    if (!t.extra && kTokenTiles) {  // gathered by token from key box u (stage_key_box)
-      t.first_key = 0;
-      t.k_row_stride = p.k_row_stride;
-      t.v_row_stride = p.v_row_stride;
-      t.k = k;
-      t.v = v;
-      t.valid = kN;
-    } else if (!t.extra) {
-      t.first_key = key_tiles.first_row + static_cast<std::int64_t>(u) * kN;
-      t.k_row_stride = p.k_row_stride;
-      t.v_row_stride = p.v_row_stride;
-      t.k = k + t.first_key * p.k_row_stride;
-      t.v = v + t.first_key * p.v_row_stride;
-      t.valid = static_cast<int>(num_keys - t.first_key < kN ? num_keys - t.first_key : kN);
-    } else {
-      t.first_key = static_cast<std::int64_t>(u - main_tiles) * kN;
-      t.k_row_stride = p.extra_k_row_stride;
-      t.v_row_stride = p.extra_v_row_stride;
-      t.k = extra_k + t.first_key * p.extra_k_row_stride;
-      t.v = extra_v + t.first_key * p.extra_v_row_stride;
-      t.valid = static_cast<int>(p.num_extra - t.first_key < kN ? p.num_extra - t.first_key : kN);
-    }
-    return t;
-  };
-  const std::uint32_t smem_rel = smem_bias + (p.bias_staged ? kStages * bias_tile_bytes(kD) : 0);
-  // Range key tiles of 16-byte rows take the loaders set up once per thread (tiles.cuh); token
-  // tiles, extra keys and unaligned rows the general copies.
-  constexpr bool kRangeLoads = !kTokenTiles;
-  const bool range_loads = kRangeLoads && p.vector_loads;
-  const std::uint16_t* const k_range = k + key_tiles.first_row * p.k_row_stride;
-  const std::uint16_t* const v_range = v + key_tiles.first_row * p.v_row_stride;
-  // Keys of main tile u that exist (the last tile of a range may be partial).
-  auto range_rows = [&](int u) {
-    const std::int64_t left = num_keys - key_tiles.first_row - static_cast<std::int64_t>(u) * kN;
-    return static_cast<int>(left < kN ? left : kN);
-  };
-  // K(j) (and its bias tile), V(j), each into the given stage, copied by the threads that
-  // `loaders` belong to.
-  auto load_k = [&](int j, int stage, const auto& loaders) {
-    constexpr int kCopiers = std::decay_t<decltype(loaders)>::kThreads;
-    if constexpr (kRangeLoads && std::decay_t<decltype(loaders)>::Loader::kUsable) {
-      if (range_loads && j < main_tiles) {
-        if constexpr (kHasModifiers<Policy>) {
-          static_assert(kCopiers == kThreads, "bias tiles are copied by the math threads");
-          if (p.bias_staged) {
-            scores.template load_bias_tile_async<kM, kN, kThreads>(
-                smem_bias + stage * bias_tile_bytes(kD), m0,
-                key_tiles.first_row + static_cast<std::int64_t>(j) * kN);
-          }
-        }
-        loaders.k.load(smem_k(stage), j, range_rows(j));
-        return;
-      }
-    }
-    const KeySource t = key_source(j);
-    if constexpr (kHasModifiers<Policy>) {
-      if (p.bias_staged && !t.extra) {
-        scores.template load_bias_tile_async<kM, kN, kThreads>(
-            smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
-      }
-    }
-    if (kTokenTiles && !t.extra) {
-      load_rows_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride,
-                                        tt->key_token[j % TokenTiles::kSlots], p.head_dim,
-                                        p.vector_loads, loaders.thread);
-    } else {
-      load_tile_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
-                                        p.vector_loads, loaders.thread);
-    }
-  };
-  auto load_v = [&](int j, int stage, const auto& loaders) {
-    constexpr int kCopiers = std::decay_t<decltype(loaders)>::kThreads;
-    if constexpr (kRangeLoads && std::decay_t<decltype(loaders)>::Loader::kUsable) {
-      if (range_loads && j < main_tiles) {
-        loaders.v.load(smem_v(stage), j, range_rows(j));
-        return;
-      }
-    }
-    const KeySource t = key_source(j);
-    if (kTokenTiles && !t.extra) {
-      load_rows_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride,
-                                        tt->key_token[j % TokenTiles::kSlots], p.value_dim,
-                                        p.vector_loads, loaders.thread);
-    } else {
-      load_tile_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
-                                        p.vector_loads, loaders.thread);
-    }
-  };
-
-  // A copy warpgroup: set up the barriers, then the copy threads fill the stages (copy_stages)
-  // while the math threads go on below.
+  // A copy warpgroup: set up the barriers (and the zero V tile), then the copy threads fill the
+  // stages (the copy role of run_tile) while the math threads go on.
   [[maybe_unused]] StageBarriers<kStages>* bars = nullptr;
   // Whether the tensor-memory accelerator copies Q and the main key tiles (a dense batch whose
   // maps the launcher made); else the copy warpgroup copies them with cp.async.
-  [[maybe_unused]] const bool tma = kCopyWarps && maps.usable && p.cu_seqlens_q == nullptr;
+  [[maybe_unused]] const bool tma = kCopyWarps && maps.usable;
   if constexpr (kCopyWarps) {
     bars = reinterpret_cast<StageBarriers<kStages>*>(smem_q_ptr + tile_smem_bytes<kD, Policy>());
     if (threadIdx.x == 0) {
@@ -279,349 +158,533 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         barrier_init(&bars->empty[s], kThreads / 32);
       }
       barrier_init(&bars->q_full, kCopyThreads);
+      barrier_init(&bars->q_empty, kThreads);
+      for (int slot = 0; slot < 2; ++slot) {
+        barrier_init(&bars->tile_full[slot], 1);
+        barrier_init(&bars->tile_empty[slot], (kThreads + kCopyThreads) / 32);
+      }
       ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+    }
+    if constexpr (kZeroVTile<kD, Policy>) {
+      // Read by the first phase of every grid tile (P = 0 against it; garbage could hold NaN, and
+      // 0 x NaN is NaN), through the async proxy.
+      zero_shared<KVTile::kBytes, block_threads<kD, Policy>()>(smem_v(kStages));
+      fence_proxy_async();
     }
     __syncthreads();
   }
-  // The math warpgroups' part (with a copy warpgroup, the else branch of the role split below:
-  // ptxas gives each branch of one if / else the registers its setmaxnreg sets).
-  auto math_warps = [&]() {
-    // Without a copy warpgroup every thread copies: group j of the pipeline, K(j) (and its bias
-    // tile) and V(j - 1), each into the stage of its tile; V trails K by one group because
-    // P(j - 1) V(j - 1) is issued with S(j) (below).
-    [[maybe_unused]] const KvLoaders<kN, kD, kThreads> all_loaders{
-        {k_range, p.k_row_stride, p.head_dim},
-        {v_range, p.v_row_stride, p.value_dim},
-        static_cast<int>(threadIdx.x)};
-    auto load_group = [&](int j) {
-      if (j < num_tiles) load_k(j, j % kStages, all_loaders);
-      if (j >= 1 && j - 1 < num_tiles) load_v(j - 1, (j - 1) % kStages, all_loaders);
-    };
+  // A persistent block's progress over its grid tiles (copy warpgroup; otherwise the block has one
+  // tile): the phases so far, which the copy role counts as groups (a tile has as many of each),
+  // so that stage slots and barrier parities run on across tiles; and the Q tiles loaded.
+  int phases_done = 0;
+  int q_tiles_done = 0;
 
-    // Commit groups: {Q, group 0}, {group 1}, .., {group stages - 2}, then one per rendezvous
-    // (maybe empty), so that at rendezvous u, which needs group u, exactly stages - 2 later groups
-    // may still be in flight.
-    if constexpr (!kCopyWarps) {
-      if constexpr (kTokenTiles) {
-        load_rows_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, tt->query_token, p.head_dim,
-                                          p.vector_loads);
+  // One grid tile, for the copy role (copy_role true: the copy warpgroup) or the math role.
+  auto run_tile = [&](const BlockCoords& coords, auto copy_role) {
+    const std::int64_t b = coords.batch;
+    const int h = coords.head;
+    // Last row blocks first: under a causal mask they have the most key tiles.
+    const std::int64_t m_block = coords.tiles - 1 - coords.tile;
+
+    std::int64_t q_start = 0, k_start = 0, num_queries = p.seqlen_q, num_keys = p.seqlen_k;
+    if (p.cu_seqlens_q != nullptr) {
+      q_start = p.cu_seqlens_q[b];
+      num_queries = p.cu_seqlens_q[b + 1] - q_start;
+      k_start = p.cu_seqlens_k[b];
+      num_keys = p.cu_seqlens_k[b + 1] - k_start;
+    }
+    // Token tiles: the block's rows are tokens of its grid box, so the pointers start at token 0.
+    const std::int64_t m0 = kTokenTiles ? 0 : m_block * kM;
+    if (m0 >= num_queries)
+      return;  // varlen: this sequence is shorter than the longest (both roles)
+    // Token tiles: every row may hold a token (a box of a small grid has holes between them).
+    const int rows =
+        kTokenTiles ? kM : static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
+    const std::int64_t last_row = m0 + rows - 1;
+    const int hk = h / p.kv_group;
+
+    const auto* q = static_cast<const std::uint16_t*>(p.q) + b * p.q_batch_stride +
+                    (q_start + m0) * p.q_row_stride + h * p.q_head_stride;
+    const auto* k = static_cast<const std::uint16_t*>(p.k) + b * p.k_batch_stride +
+                    k_start * p.k_row_stride + hk * p.k_head_stride;
+    const auto* v = static_cast<const std::uint16_t*>(p.v) + b * p.v_batch_stride +
+                    k_start * p.v_row_stride + hk * p.v_head_stride;
+    const auto* extra_k = static_cast<const std::uint16_t*>(p.extra_k) +
+                          b * p.extra_k_batch_stride + hk * p.extra_k_head_stride;
+    const auto* extra_v = static_cast<const std::uint16_t*>(p.extra_v) +
+                          b * p.extra_v_batch_stride + hk * p.extra_v_head_stride;
+
+    const Mask mask = Mask::make(p, num_queries, num_keys);
+    Scores scores = Scores::make(p, b, h, num_queries, num_keys);
+    // Staged bias tiles (one per K/V stage) and rel-pos rows follow the K/V stages; token-tile
+    // bookkeeping (which has neither) too.
+    const std::uint32_t smem_bias = smem_q + tile_smem_bytes<kD, Policy>();
+    auto* const tt = reinterpret_cast<TokenTiles*>(smem_q_ptr + (smem_bias - smem_q));
+    TileSpan key_tiles{0, 0};  // range masks: the key tiles the block visits
+    // Tile counts and indices are 32-bit (a sequence has fewer than 2^31 keys): the loop's index
+    // arithmetic (stage = u % stages, comparisons) runs on every tile.
+    int main_tiles = 0;
+    if constexpr (kTokenTiles) {
+      // The block's query box and key boxes, its rows' tokens and windows, key boxes 0 .. stages
+      // - 1.
+      main_tiles = static_cast<int>(
+          init_query_box<kM, kN, kThreads>(tt, *mask.grid, static_cast<int>(m_block), kStages));
+    } else {
+      const KeyRange range = mask.key_range(m0, last_row);
+      key_tiles = tiles_over(range.begin, range.end, kN);
+      main_tiles = static_cast<int>(key_tiles.count);
+    }
+    const int num_tiles = main_tiles + static_cast<int>((p.num_extra + kN - 1) / kN);
+
+    auto key_source = [&](int u) {
+      KeySource t;
+      t.extra = u >= main_tiles;
+      if (!t.extra && kTokenTiles) {  // gathered by token from key box u (stage_key_box)
+        t.first_key = 0;
+        t.k_row_stride = p.k_row_stride;
+        t.v_row_stride = p.v_row_stride;
+        t.k = k;
+        t.v = v;
+        t.valid = kN;
+      } else if (!t.extra) {
+        t.first_key = key_tiles.first_row + static_cast<std::int64_t>(u) * kN;
+        t.k_row_stride = p.k_row_stride;
+        t.v_row_stride = p.v_row_stride;
+        t.k = k + t.first_key * p.k_row_stride;
+        t.v = v + t.first_key * p.v_row_stride;
+        t.valid = static_cast<int>(num_keys - t.first_key < kN ? num_keys - t.first_key : kN);
       } else {
-        load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim,
-                                          p.vector_loads);
+        t.first_key = static_cast<std::int64_t>(u - main_tiles) * kN;
+        t.k_row_stride = p.extra_k_row_stride;
+        t.v_row_stride = p.extra_v_row_stride;
+        t.k = extra_k + t.first_key * p.extra_k_row_stride;
+        t.v = extra_v + t.first_key * p.extra_v_row_stride;
+        t.valid = static_cast<int>(p.num_extra - t.first_key < kN ? p.num_extra - t.first_key : kN);
       }
-      if constexpr (!kRelPosTiles<Policy> && !kBiasRegisters<Policy>) {
-        scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)), m0,
-                             kM);
-      }
-#pragma unroll
-      for (int j = 0; j < kStages - 1; ++j) {
-        load_group(j);
-        tile::cp_async_commit();
-      }
-    }
-
-    // Rendezvous u of all threads (see the header): group u (K(u), V(u - 1)) has landed for
-    // everyone, and every warp is done with the stages that group u + stages - 1 overwrites.
-    auto rendezvous = [&](int u) {
-      tile::cp_async_wait<kStages - 2>();
-      fence_proxy_async();
-      named_barrier_sync<kPipelineBarrier, kThreads>();
-      if (u + kStages - 1 <= num_tiles) load_group(u + kStages - 1);
-      tile::cp_async_commit();
-      if constexpr (kTokenTiles) {
-        // Key box u + stages into the slot of box u + stages - kSlots, which no warp reads any more
-        // (its last reader, the follower's softmax of that tile, ran before this rendezvous); its
-        // K loads are issued at the next rendezvous.
-        if (u + kStages < main_tiles) {
-          stage_key_box<kM, kN, kThreads>(tt, *mask.grid, u + kStages);
-        }
-      }
+      return t;
     };
-
-    // Row of accumulator entries 0, 1 (+8 for entries 2, 3).
-    const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
-    const int fragment_col = 2 * (lane % 4);  // +1 for entries 1, 3
-    const int q_first_row = warpgroup * 64;
-
-    // Rel-pos register form: this thread's rel_w entries for the whole block, and rel_h of tile u
-    // fetched at the softmax of tile u - 1 (tile 0's here). Main tiles start at key 0 (no mask).
-    constexpr int kRuns = kRelPosTiles<Policy> ? 2 : 1;
-    [[maybe_unused]] float rel_w[kRelPosTiles<Policy> ? kScoreTiles / 2 : 1][4];
-    [[maybe_unused]] RelHRows rel_h_rows{};
-    [[maybe_unused]] RelHFetch<2> rel_h_next{};
-    if constexpr (kRelPosTiles<Policy>) {
-      scores.load_rel_w(rel_w, fragment_row, fragment_col);
-      rel_h_rows = scores.rel_h_rows(fragment_row);
-      rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, 0);
-    }
-    // Bias register form: this thread's bias of tile u, fetched at the softmax of tile u - 1 (tile
-    // 0's here).
-    [[maybe_unused]] BiasFetch<kBiasRegisters<Policy> ? kScoreTiles : 1> bias_next{};
-    [[maybe_unused]] BiasRows bias_rows{};
-    if constexpr (kBiasRegisters<Policy>) {
-      bias_rows = scores.rows(fragment_row);
-      if (main_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
-    }
-
-    float o[kOutTiles][4];
-    float s[kScoreTiles][4];
-#pragma unroll
-    for (int t = 0; t < kOutTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-#pragma unroll
-    for (int t = 0; t < kScoreTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
-    OnlineSoftmax softmax;
-    softmax.init();
-    // The plain scale is folded into the exponentials' FMA (one multiply less per score) when it is
-    // positive, which keeps the order of the scores and -inf as -inf; else it is applied first.
-    bool scale_folded = false;
-    float exp_scale = 1.0f;
-    if constexpr (std::is_same_v<Scores, ScoreScale>) {
-      scale_folded = scores.scale_log2 > 0.0f;
-      if (scale_folded) exp_scale = scores.scale_log2;
-    } else if constexpr (kBiasRegisters<Policy>) {
-      exp_scale = Scores::kExpScale;  // its scores come in natural units
-    }
-
-    const bool follower = kPingPong && warpgroup == 1;
-    // Whether S takes the bucket's last k-step: skipped when it would hold zero columns only.
-    const bool full_dim = p.head_dim > kD - 16;
-    const int num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
-    if constexpr (!kCopyWarps) {
-      // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero; kFirstPhasePv). The
-      // V stage it reads, the last one, first receives a tile at rendezvous 1 (group `stages`,
-      // V(stages - 1)): zeroed here, as garbage could hold NaN and 0 x NaN is NaN, and published
-      // by rendezvous 0's fence and barrier. A copy warpgroup zeroes it itself.
-      zero_shared<KVTile::kBytes, kThreads>(smem_v(kStages - 1));
-      if (follower && num_phases > 0) rendezvous(0);
-    }
-    for (int u = 0; u < num_phases; ++u) {
-      if constexpr (kCopyWarps) {
-        // The turns: the follower issues phase u after the leader did, the leader phase u after the
-        // follower issued phase u - 1. Then the phase's stage (and Q before the first).
-        if constexpr (kPingPong) {
-          if (follower) {
-            named_barrier_sync<kTurnBarrier, kThreads>();
-          } else if (u > 0) {
-            named_barrier_sync<kTurnBackBarrier, kThreads>();
+    const std::uint32_t smem_rel = smem_bias + (p.bias_staged ? kStages * bias_tile_bytes(kD) : 0);
+    // Range key tiles of 16-byte rows take the loaders set up once per thread (tiles.cuh); token
+    // tiles, extra keys and unaligned rows the general copies.
+    constexpr bool kRangeLoads = !kTokenTiles;
+    const bool range_loads = kRangeLoads && p.vector_loads;
+    const std::uint16_t* const k_range = k + key_tiles.first_row * p.k_row_stride;
+    const std::uint16_t* const v_range = v + key_tiles.first_row * p.v_row_stride;
+    // Keys of main tile u that exist (the last tile of a range may be partial).
+    auto range_rows = [&](int u) {
+      const std::int64_t left = num_keys - key_tiles.first_row - static_cast<std::int64_t>(u) * kN;
+      return static_cast<int>(left < kN ? left : kN);
+    };
+    // K(j) (and its bias tile), V(j), each into the given stage, copied by the threads that
+    // `loaders` belong to.
+    auto load_k = [&](int j, int stage, const auto& loaders) {
+      constexpr int kCopiers = std::decay_t<decltype(loaders)>::kThreads;
+      if constexpr (kRangeLoads && std::decay_t<decltype(loaders)>::Loader::kUsable) {
+        if (range_loads && j < main_tiles) {
+          if constexpr (kHasModifiers<Policy>) {
+            static_assert(kCopiers == kThreads, "bias tiles are copied by the math threads");
+            if (p.bias_staged) {
+              scores.template load_bias_tile_async<kM, kN, kThreads>(
+                  smem_bias + stage * bias_tile_bytes(kD), m0,
+                  key_tiles.first_row + static_cast<std::int64_t>(j) * kN);
+            }
           }
-        }
-        if (u == 0) barrier_wait(&bars->q_full, 0);
-        barrier_wait(&bars->full[u % kStages], (u / kStages) & 1);
-        // Tiles that cp.async wrote (the generic proxy) are read by the tensor cores next.
-        if (!tma || u == 0 || u >= main_tiles) fence_proxy_async();
-      } else {
-        if (!follower) rendezvous(u);
-        if constexpr (kPingPong) {
-          if (follower) named_barrier_sync<kTurnBarrier, kThreads>();  // the leader issued phase u
+          loaders.k.load(smem_k(stage), j, range_rows(j));
+          return;
         }
       }
+      const KeySource t = key_source(j);
+      if constexpr (kHasModifiers<Policy>) {
+        if (p.bias_staged && !t.extra) {
+          scores.template load_bias_tile_async<kM, kN, kThreads>(
+              smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
+        }
+      }
+      if (kTokenTiles && !t.extra) {
+        load_rows_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride,
+                                          tt->key_token[j % TokenTiles::kSlots], p.head_dim,
+                                          p.vector_loads, loaders.thread);
+      } else {
+        load_tile_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
+                                          p.vector_loads, loaders.thread);
+      }
+    };
+    auto load_v = [&](int j, int stage, const auto& loaders) {
+      constexpr int kCopiers = std::decay_t<decltype(loaders)>::kThreads;
+      if constexpr (kRangeLoads && std::decay_t<decltype(loaders)>::Loader::kUsable) {
+        if (range_loads && j < main_tiles) {
+          loaders.v.load(smem_v(stage), j, range_rows(j));
+          return;
+        }
+      }
+      const KeySource t = key_source(j);
+      if (kTokenTiles && !t.extra) {
+        load_rows_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride,
+                                          tt->key_token[j % TokenTiles::kSlots], p.value_dim,
+                                          p.vector_loads, loaders.thread);
+      } else {
+        load_tile_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
+                                          p.vector_loads, loaders.thread);
+      }
+    };
 
-      // Phase u: O += P(u - 1) V(u - 1) (P = 0 at u = 0, or none: kFirstPhasePv), then S(u) = Q
-      // K(u)^T over the head dim (u < num_tiles), one wgmma group issued as one straight run from
-      // the fence to the commit: a branch inside the run makes ptxas end the group there and inject
-      // warpgroup.arrive (warning C7519) before the next product; with those branches the D 64
-      // kernel also took 33 registers more. So the kinds of phase (with S over all k-steps of the
-      // bucket, or short of the last one when it would hold zero columns only, D 80 in bucket 96;
-      // the last phase, without S; the first without P V) are runs of their own, chosen before the
-      // fence. Inside a run, P is packed before the accumulators' fences: packed after them, ptxas
-      // ran short of registers at D 128 and serialized the wgmma (C7512; 1.39 -> 2.07 ms at SAM-B's
-      // shape).
-      const bool has_s = u < num_tiles;
-      const int v_stage = (u - 1 + kStages) % kStages;
-      const int k_stage = u % kStages;
-      auto issue_phase = [&](auto with_pv, auto with_s, auto s_steps) {
-        [[maybe_unused]] std::uint32_t a[kN / 16][4];
-        if constexpr (decltype(with_pv)::value) {
-          pack_fragments<T>(s, a);
-          fence_fragments(a);
-          fence_accumulators(o);
-        }
-        fence_accumulators(s);
-        wgmma_fence();
-        if constexpr (decltype(with_pv)::value)
-          rs_product<T, kN / 16, KVTile>(o, a, smem_v(v_stage));
-        if constexpr (decltype(with_s)::value) {
-          ss_product<T, decltype(s_steps)::value, QTile, KVTile>(s, smem_q, q_first_row,
-                                                                 smem_k(k_stage));
-        }
-        wgmma_commit();
+    // The math warpgroups' part.
+    auto math_warps = [&]() {
+      // Without a copy warpgroup every thread copies: group j of the pipeline, K(j) (and its bias
+      // tile) and V(j - 1), each into the stage of its tile; V trails K by one group because
+      // P(j - 1) V(j - 1) is issued with S(j) (below).
+      [[maybe_unused]] const KvLoaders<kN, kD, kThreads> all_loaders{
+          {k_range, p.k_row_stride, p.head_dim},
+          {v_range, p.v_row_stride, p.value_dim},
+          static_cast<int>(threadIdx.x)};
+      auto load_group = [&](int j) {
+        if (j < num_tiles) load_k(j, j % kStages, all_loaders);
+        if (j >= 1 && j - 1 < num_tiles) load_v(j - 1, (j - 1) % kStages, all_loaders);
       };
-      using Yes = std::true_type;
-      using No = std::false_type;
-      using FullSteps = std::integral_constant<int, kD / 16>;
-      using ShortSteps = std::integral_constant<int, kD / 16 - 1>;
-      if (!kFirstPhasePv<kD, Policy> && u == 0) {
-        if constexpr (!kFirstPhasePv<kD, Policy>) {
-          if (full_dim) {
-            issue_phase(No{}, Yes{}, FullSteps{});
-          } else {
-            issue_phase(No{}, Yes{}, ShortSteps{});
+
+      // Commit groups: {Q, group 0}, {group 1}, .., {group stages - 2}, then one per rendezvous
+      // (maybe empty), so that at rendezvous u, which needs group u, exactly stages - 2 later
+      // groups may still be in flight.
+      if constexpr (!kCopyWarps) {
+        if constexpr (kTokenTiles) {
+          load_rows_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, tt->query_token, p.head_dim,
+                                            p.vector_loads);
+        } else {
+          load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim,
+                                            p.vector_loads);
+        }
+        if constexpr (!kRelPosTiles<Policy> && !kBiasRegisters<Policy>) {
+          scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)),
+                               m0, kM);
+        }
+#pragma unroll
+        for (int j = 0; j < kStages - 1; ++j) {
+          load_group(j);
+          tile::cp_async_commit();
+        }
+      }
+
+      // Rendezvous u of all threads (see the header): group u (K(u), V(u - 1)) has landed for
+      // everyone, and every warp is done with the stages that group u + stages - 1 overwrites.
+      auto rendezvous = [&](int u) {
+        tile::cp_async_wait<kStages - 2>();
+        fence_proxy_async();
+        named_barrier_sync<kPipelineBarrier, kThreads>();
+        if (u + kStages - 1 <= num_tiles) load_group(u + kStages - 1);
+        tile::cp_async_commit();
+        if constexpr (kTokenTiles) {
+          // Key box u + stages into the slot of box u + stages - kSlots, which no warp reads any
+          // more (its last reader, the follower's softmax of that tile, ran before this
+          // rendezvous); its K loads are issued at the next rendezvous.
+          if (u + kStages < main_tiles) {
+            stage_key_box<kM, kN, kThreads>(tt, *mask.grid, u + kStages);
           }
         }
-      } else if (!has_s) {
-        issue_phase(Yes{}, No{}, std::integral_constant<int, 0>{});
-      } else if (full_dim) {
-        issue_phase(Yes{}, Yes{}, FullSteps{});
-      } else {
-        issue_phase(Yes{}, Yes{}, ShortSteps{});
+      };
+
+      // Row of accumulator entries 0, 1 (+8 for entries 2, 3).
+      const std::int64_t fragment_row = m0 + warp * 16 + lane / 4;
+      const int fragment_col = 2 * (lane % 4);  // +1 for entries 1, 3
+      const int q_first_row = warpgroup * 64;
+
+      // Rel-pos register form: this thread's rel_w entries for the whole block, and rel_h of tile u
+      // fetched at the softmax of tile u - 1 (tile 0's here). Main tiles start at key 0 (no mask).
+      constexpr int kRuns = kRelPosTiles<Policy> ? 2 : 1;
+      [[maybe_unused]] float rel_w[kRelPosTiles<Policy> ? kScoreTiles / 2 : 1][4];
+      [[maybe_unused]] RelHRows rel_h_rows{};
+      [[maybe_unused]] RelHFetch<2> rel_h_next{};
+      if constexpr (kRelPosTiles<Policy>) {
+        scores.load_rel_w(rel_w, fragment_row, fragment_col);
+        rel_h_rows = scores.rel_h_rows(fragment_row);
+        rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, 0);
       }
-      if constexpr (kPingPong) {
-        if (!follower) {
-          named_barrier_arrive<kTurnBarrier, kThreads>();
-        } else if (kCopyWarps && u + 1 < num_phases) {
-          named_barrier_arrive<kTurnBackBarrier, kThreads>();
+      // Bias register form: this thread's bias of tile u, fetched at the softmax of tile u - 1
+      // (tile 0's here).
+      [[maybe_unused]] BiasFetch<kBiasRegisters<Policy> ? kScoreTiles : 1> bias_next{};
+      [[maybe_unused]] BiasRows bias_rows{};
+      if constexpr (kBiasRegisters<Policy>) {
+        bias_rows = scores.rows(fragment_row);
+        if (main_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
+      }
+
+      float o[kOutTiles][4];
+      float s[kScoreTiles][4];
+#pragma unroll
+      for (int t = 0; t < kOutTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+#pragma unroll
+      for (int t = 0; t < kScoreTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+      OnlineSoftmax softmax;
+      softmax.init();
+      // The plain scale is folded into the exponentials' FMA (one multiply less per score) when it
+      // is positive, which keeps the order of the scores and -inf as -inf; else it is applied
+      // first.
+      bool scale_folded = false;
+      float exp_scale = 1.0f;
+      if constexpr (std::is_same_v<Scores, ScoreScale>) {
+        scale_folded = scores.scale_log2 > 0.0f;
+        if (scale_folded) exp_scale = scores.scale_log2;
+      } else if constexpr (kBiasRegisters<Policy>) {
+        exp_scale = Scores::kExpScale;  // its scores come in natural units
+      }
+
+      const bool follower = kPingPong && warpgroup == 1;
+      // Whether S takes the bucket's last k-step: skipped when it would hold zero columns only.
+      const bool full_dim = p.head_dim > kD - 16;
+      const int num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
+      if constexpr (!kCopyWarps) {
+        // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero; kFirstPhasePv). The
+        // V stage it reads, the last one, first receives a tile at rendezvous 1 (group `stages`,
+        // V(stages - 1)): zeroed here, as garbage could hold NaN and 0 x NaN is NaN, and published
+        // by rendezvous 0's fence and barrier. A copy warpgroup zeroes it itself.
+        zero_shared<KVTile::kBytes, kThreads>(smem_v(kStages - 1));
+        if (follower && num_phases > 0) rendezvous(0);
+      }
+      for (int u = 0; u < num_phases; ++u) {
+        const int g = phases_done + u;  // the phase among the block's (stage slot g % stages)
+        if constexpr (kCopyWarps) {
+          // The turns: the follower issues phase u after the leader did, the leader phase u after
+          // the follower issued phase u - 1. Then the phase's stage (and Q before the first).
+          if constexpr (kPingPong) {
+            if (follower) {
+              named_barrier_sync<kTurnBarrier, kThreads>();
+            } else if (g > 0) {
+              named_barrier_sync<kTurnBackBarrier, kThreads>();
+            }
+          }
+          if (u == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
+          barrier_wait(&bars->full[g % kStages], (g / kStages) & 1);
+          // Tiles that cp.async wrote (the generic proxy) are read by the tensor cores next.
+          if (!tma || u == 0 || u >= main_tiles) fence_proxy_async();
+        } else {
+          if (!follower) rendezvous(u);
+          if constexpr (kPingPong) {
+            if (follower)
+              named_barrier_sync<kTurnBarrier, kThreads>();  // the leader issued phase u
+          }
+        }
+
+        // Phase u: O += P(u - 1) V(u - 1) (P = 0 at u = 0, or none: kFirstPhasePv), then S(u) = Q
+        // K(u)^T over the head dim (u < num_tiles), one wgmma group issued as one straight run from
+        // the fence to the commit: a branch inside the run makes ptxas end the group there and
+        // inject warpgroup.arrive (warning C7519) before the next product; with those branches the
+        // D 64 kernel also took 33 registers more. So the kinds of phase (with S over all k-steps
+        // of the bucket, or short of the last one when it would hold zero columns only, D 80 in
+        // bucket 96; the last phase, without S; the first without P V) are runs of their own,
+        // chosen before the fence. Inside a run, P is packed before the accumulators' fences:
+        // packed after them, ptxas ran short of registers at D 128 and serialized the wgmma
+        // (C7512; 1.39 -> 2.07 ms at SAM-B's shape).
+        const bool has_s = u < num_tiles;
+        const int k_stage = g % kStages;
+        const int v_stage =
+            kZeroVTile<kD, Policy> && u == 0 ? kStages : (g - 1 + kStages) % kStages;
+        auto issue_phase = [&](auto with_pv, auto with_s, auto s_steps) {
+          [[maybe_unused]] std::uint32_t a[kN / 16][4];
+          if constexpr (decltype(with_pv)::value) {
+            pack_fragments<T>(s, a);
+            fence_fragments(a);
+            fence_accumulators(o);
+          }
+          fence_accumulators(s);
+          wgmma_fence();
+          if constexpr (decltype(with_pv)::value)
+            rs_product<T, kN / 16, KVTile>(o, a, smem_v(v_stage));
+          if constexpr (decltype(with_s)::value) {
+            ss_product<T, decltype(s_steps)::value, QTile, KVTile>(s, smem_q, q_first_row,
+                                                                   smem_k(k_stage));
+          }
+          wgmma_commit();
+        };
+        using Yes = std::true_type;
+        using No = std::false_type;
+        using FullSteps = std::integral_constant<int, kD / 16>;
+        using ShortSteps = std::integral_constant<int, kD / 16 - 1>;
+        if (!kFirstPhasePv<kD, Policy> && u == 0) {
+          if constexpr (!kFirstPhasePv<kD, Policy>) {
+            if (full_dim) {
+              issue_phase(No{}, Yes{}, FullSteps{});
+            } else {
+              issue_phase(No{}, Yes{}, ShortSteps{});
+            }
+          }
+        } else if (!has_s) {
+          issue_phase(Yes{}, No{}, std::integral_constant<int, 0>{});
+        } else if (full_dim) {
+          issue_phase(Yes{}, Yes{}, FullSteps{});
+        } else {
+          issue_phase(Yes{}, Yes{}, ShortSteps{});
+        }
+        if constexpr (kPingPong) {
+          if (!follower) {
+            named_barrier_arrive<kTurnBarrier, kThreads>();
+          } else if (kCopyWarps) {  // the leader's last wait is after its last tile
+            named_barrier_arrive<kTurnBackBarrier, kThreads>();
+          }
+        }
+        wgmma_wait<0>();
+        fence_accumulators(o);
+        fence_accumulators(s);
+        if constexpr (kCopyWarps) {
+          __syncwarp();
+          if (lane == 0) barrier_arrive(&bars->empty[k_stage]);  // the stage is free to refill
+          // The last product that reads Q (with the output staged in Q's tile, the epilogue).
+          if (kOutputTile<kD, Policy> && u == num_tiles - 1) barrier_arrive(&bars->q_empty);
+        } else {
+          if (follower && u + 1 < num_phases) rendezvous(u + 1);
+        }
+        if (!has_s) continue;
+
+        const KeySource tile = key_source(u);
+        const std::int64_t first_col = tile.first_key + fragment_col;
+        bool full = tile.valid == kN;  // extra keys (token tiles: gathered_scores reads its own)
+        if constexpr (!kTokenTiles) {
+          full =
+              tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
+        }
+        float offset[2][kRuns] = {};  // per-row offsets of the tile's halves (rel_h)
+        if constexpr (kRelPosTiles<Policy>) {
+          if (!tile.extra) {
+            scores.scale_and_add_w(s, rel_w);
+            scores.rel_h_offsets(rel_h_next, offset);
+            rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, tile.first_key + kN);
+          } else {
+            scores.transform(s);
+          }
+        } else if constexpr (kBiasRegisters<Policy>) {
+          if (!tile.extra) {
+            scores.scale_and_add(s, bias_next);
+            if (u + 1 < main_tiles) scores.fetch(bias_next, bias_rows, first_col + kN);
+          } else {
+            scores.transform(s);
+          }
+        } else if (!scale_folded) {
+          scores.transform(s);
+        }
+        if (kTokenTiles && !tile.extra) {
+          // m0 is 0: fragment_row is the block-local row.
+          if constexpr (kTokenTiles) {
+            gathered_scores(tt, u % TokenTiles::kSlots, scores, s, static_cast<int>(fragment_row),
+                            fragment_col);
+          }
+        } else if (!tile.extra) {
+          if constexpr (kHasModifiers<Policy>) {
+            if (p.bias_staged) {
+              scores.add_bias_tile(
+                  s, fragment_row, first_col,
+                  smem_q_ptr + (smem_bias - smem_q) + k_stage * bias_tile_bytes(kD),
+                  warp * 16 + lane / 4);
+            } else {
+              scores.add_bias(s, fragment_row, first_col);
+            }
+          }
+          if (!full) hide_invisible(mask, s, fragment_row, first_col);
+        } else if (!full) {
+          // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
+          hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
+        }
+        softmax_update(softmax, s, o, exp_scale, offset);
+      }
+
+      // Epilogue. Each warp stages its own 16 rows in its own rows of the output tile (Q's tile
+      // or one of its own: kOutputTile; only its warpgroup's products ever read those rows of Q,
+      // and they are done), then stores them in 16-byte chunks. Without a copy warpgroup, Q's copy
+      // must have landed before its rows are reused for the output (it is still in flight when the
+      // block had no key tile at all, and other threads copied this warp's rows: hence a block
+      // barrier, found by racecheck). With one, the warp's reads of its previous grid tile's rows
+      // come before these writes (__syncwarp).
+      if constexpr (!kCopyWarps) {
+        tile::cp_async_wait<0>();
+        __syncthreads();
+      }
+      const float sink_log2 = p.sinks != nullptr ? p.sinks[h * p.sinks_stride] * kLog2e : -INFINITY;
+      float factor[2], lse[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) factor[r] = softmax.finish_row(r, sink_log2, &lse[r]);
+      if (p.lse != nullptr && lane % 4 == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const std::int64_t i =
+              kTokenTiles ? tt->query_token[fragment_row + 8 * r] : fragment_row + 8 * r;
+          if ((!kTokenTiles || i >= 0) && i < num_queries) {  // token -1: past the grid
+            p.lse[b * p.lse_batch_stride + h * p.lse_head_stride +
+                  (q_start + i) * p.lse_row_stride] = lse[r];
+          }
         }
       }
-      wgmma_wait<0>();
-      fence_accumulators(o);
-      fence_accumulators(s);
       if constexpr (kCopyWarps) {
         __syncwarp();
-        if (lane == 0) barrier_arrive(&bars->empty[u % kStages]);  // the stage is free to refill
-      } else {
-        if (follower && u + 1 < num_phases) rendezvous(u + 1);
+        // A tile without key tiles waits for Q's barrier here: Q's tile must hold no copy in
+        // flight, and each phase of the barrier is waited for in turn.
+        if (num_phases == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
       }
-      if (!has_s) continue;
+#pragma unroll
+      for (int t = 0; t < kOutTiles; ++t) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = warp * 16 + lane / 4 + 8 * r;
+          const std::uint32_t packed =
+              Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_o + QTile::chunk_offset(row, t) +
+                                                         fragment_col * 2),
+                       "r"(packed)
+                       : "memory");
+        }
+      }
+      __syncwarp();
 
-      const KeySource tile = key_source(u);
-      const std::int64_t first_col = tile.first_key + fragment_col;
-      bool full = tile.valid == kN;  // extra keys (token tiles: gathered_scores reads its own)
-      if constexpr (!kTokenTiles) {
-        full = tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
-      }
-      float offset[2][kRuns] = {};  // per-row offsets of the tile's halves (rel_h)
-      if constexpr (kRelPosTiles<Policy>) {
-        if (!tile.extra) {
-          scores.scale_and_add_w(s, rel_w);
-          scores.rel_h_offsets(rel_h_next, offset);
-          rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, tile.first_key + kN);
-        } else {
-          scores.transform(s);
-        }
-      } else if constexpr (kBiasRegisters<Policy>) {
-        if (!tile.extra) {
-          scores.scale_and_add(s, bias_next);
-          if (u + 1 < main_tiles) scores.fetch(bias_next, bias_rows, first_col + kN);
-        } else {
-          scores.transform(s);
-        }
-      } else if (!scale_folded) {
-        scores.transform(s);
-      }
-      if (kTokenTiles && !tile.extra) {
-        // m0 is 0: fragment_row is the block-local row.
+      const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
+      // Token tiles address rows by token: their pointer starts at token 0.
+      auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
+                  (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
+                  h * p.out_head_stride;
+      constexpr int kChunks = kD / 8;
+      for (int index = lane; index < 16 * kChunks; index += 32) {
+        const int r = index / kChunks;
+        const int c = index % kChunks;
+        if (r >= warp_rows || c * 8 >= p.value_dim) continue;
+        // Token tiles: row r goes to its token (out starts at token 0; -1: not stored).
+        std::int64_t dst_row = r;
         if constexpr (kTokenTiles) {
-          gathered_scores(tt, u % TokenTiles::kSlots, scores, s, static_cast<int>(fragment_row),
-                          fragment_col);
+          dst_row = tt->query_token[warp * 16 + r];
+          if (dst_row < 0) continue;
         }
-      } else if (!tile.extra) {
-        if constexpr (kHasModifiers<Policy>) {
-          if (p.bias_staged) {
-            scores.add_bias_tile(s, fragment_row, first_col,
-                                 smem_q_ptr + (smem_bias - smem_q) + k_stage * bias_tile_bytes(kD),
-                                 warp * 16 + lane / 4);
-          } else {
-            scores.add_bias(s, fragment_row, first_col);
-          }
-        }
-        if (!full) hide_invisible(mask, s, fragment_row, first_col);
-      } else if (!full) {
-        // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
-        hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
-      }
-      softmax_update(softmax, s, o, exp_scale, offset);
-    }
-
-    // Epilogue. Q's copy must have landed before its rows are reused for the output (it is still
-    // in flight when the block had no key tile at all, and other threads copied this warp's rows:
-    // hence a block barrier, found by racecheck). Each warp stages its own 16 rows in its own rows
-    // of Q's tile (only its warpgroup's products ever read them, and those are done).
-    if constexpr (kCopyWarps) {
-      barrier_wait(&bars->q_full, 0);  // a block without key tiles never waited for Q
-    } else {
-      tile::cp_async_wait<0>();
-      __syncthreads();
-    }
-    const float sink_log2 = p.sinks != nullptr ? p.sinks[h * p.sinks_stride] * kLog2e : -INFINITY;
-    float factor[2], lse[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) factor[r] = softmax.finish_row(r, sink_log2, &lse[r]);
-#pragma unroll
-    for (int t = 0; t < kOutTiles; ++t) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = warp * 16 + lane / 4 + 8 * r;
-        const std::uint32_t packed =
-            Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_q + QTile::chunk_offset(row, t) +
-                                                       fragment_col * 2),
-                     "r"(packed)
-                     : "memory");
-      }
-    }
-    if (p.lse != nullptr && lane % 4 == 0) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const std::int64_t i =
-            kTokenTiles ? tt->query_token[fragment_row + 8 * r] : fragment_row + 8 * r;
-        if ((!kTokenTiles || i >= 0) && i < num_queries) {  // token -1: past the grid
-          p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_start + i) * p.lse_row_stride] =
-              lse[r];
+        const std::uint8_t* staged =
+            smem_q_ptr + (smem_o - smem_q) + QTile::chunk_offset(warp * 16 + r, c);
+        if (p.vector_stores) {
+          *reinterpret_cast<uint4*>(out + dst_row * p.out_row_stride + c * 8) =
+              *reinterpret_cast<const uint4*>(staged);
+        } else {
+          const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
+          for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e)
+            out[dst_row * p.out_row_stride + c * 8 + e] = x[e];
         }
       }
-    }
-    __syncwarp();
-
-    const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
-    // Token tiles address rows by token: their pointer starts at token 0.
-    auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
-                (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
-                h * p.out_head_stride;
-    constexpr int kChunks = kD / 8;
-    for (int index = lane; index < 16 * kChunks; index += 32) {
-      const int r = index / kChunks;
-      const int c = index % kChunks;
-      if (r >= warp_rows || c * 8 >= p.value_dim) continue;
-      // Token tiles: row r goes to its token (out starts at token 0; -1: not stored).
-      std::int64_t dst_row = r;
-      if constexpr (kTokenTiles) {
-        dst_row = tt->query_token[warp * 16 + r];
-        if (dst_row < 0) continue;
+      // Q's tile is free for the next grid tile's Q once this thread's reads are done.
+      if constexpr (kCopyWarps) {
+        if (!kOutputTile<kD, Policy> || num_phases == 0) barrier_arrive(&bars->q_empty);
       }
-      const std::uint8_t* staged = smem_q_ptr + QTile::chunk_offset(warp * 16 + r, c);
-      if (p.vector_stores) {
-        *reinterpret_cast<uint4*>(out + dst_row * p.out_row_stride + c * 8) =
-            *reinterpret_cast<const uint4*>(staged);
-      } else {
-        const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
-        for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e)
-          out[dst_row * p.out_row_stride + c * 8 + e] = x[e];
-      }
-    }
-  };
+    };
 
-  if constexpr (kCopyWarps) {
-    if (threadIdx.x >= kThreads) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters));
+    if constexpr (decltype(copy_role)::value) {
+      // The copy role: group j = K(j), V(j - 1) into stage slot g % stages, g = the group among
+      // the block's (phases_done + j), once the math warps have left its last use (phase g -
+      // stages); each thread arrives once per fill, after its own copies; thread 0 announces the
+      // bytes of the fill's TMA copies first. Q of a later grid tile waits until the previous
+      // tile's Q is read (q_empty): by its last product where the output has a tile of its own
+      // (before that tile's last phase and epilogue, under which the next tile's first groups
+      // land), else by its epilogue.
       const int thread = static_cast<int>(threadIdx.x) - kThreads;
-      const KvLoaders<kN, kD, kCopyThreads> loaders{{k_range, p.k_row_stride, p.head_dim, thread},
-                                                    {v_range, p.v_row_stride, p.value_dim, thread},
-                                                    thread};
-      // Q, then group j = K(j), V(j - 1) into stage slot j % stages once the math warps have
-      // left its last use (phase j - stages); each thread arrives once per fill, after its own
-      // copies; thread 0 announces the bytes of the fill's TMA copies first.
-      if (tma) {
-        if (thread == 0) {
-          barrier_expect_bytes(&bars->q_full, QTile::kBytes);
-          tma_load_tile<QTile>(smem_q_ptr, maps.q, m0, h, b, &bars->q_full);
-        }
-      } else {
-        load_tile_async<kM, kD, kCopyThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim,
-                                              p.vector_loads, thread);
-      }
-      // Each copy thread's arrival: after its cp.async copies, or, where rows are copied element
-      // by element (no 16-byte rows: plain shared-memory stores, no cp.async), a plain arrival,
-      // which releases those stores.
+      // The threads that copy with cp.async: a multiple of the head dim, so that the range loaders
+      // (16-byte chunks, whole rows, 8 rows a pass) apply: 96 of the 128 at D 96. The general
+      // copies inside the tile loop spilled the copy threads (Q's at D 128: 544 bytes at 40
+      // registers; D 96 800 bytes).
+      constexpr int kCopiers = kCopyThreads / kD * kD;
+      const bool copier = kCopiers == kCopyThreads || thread < kCopiers;
+      const KvLoaders<kN, kD, kCopiers> loaders{{k_range, p.k_row_stride, p.head_dim, thread},
+                                                {v_range, p.v_row_stride, p.value_dim, thread},
+                                                thread};
+      // Each copy thread's arrival: after its cp.async copies, or, where rows are copied element by
+      // element (no 16-byte rows: plain shared-memory stores, no cp.async), a plain arrival, which
+      // releases those stores.
       auto arrive = [&](std::uint64_t* bar) {
         if (p.vector_loads) {
           barrier_arrive_after_copies(bar);
@@ -629,23 +692,31 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           barrier_arrive(bar);
         }
       };
-      if constexpr (kFirstPhasePv<kD, Policy>) {
-        // The V stage that a first phase with P V reads (P = 0; see the math warps' loop) zeroed
-        // while Q is in flight, as garbage could hold NaN and 0 x NaN is NaN, before any copy
-        // thread fills it (group `stages`, after phase 0; the barrier orders the two for every
-        // copy thread), then published with this thread's landed copies of Q by a plain arrival.
-        zero_shared<KVTile::kBytes, kCopyThreads>(smem_v(kStages - 1), thread);
-        tile::cp_async_wait_all();
-        fence_proxy_async();
-        named_barrier_sync<kCopyBarrier, kCopyThreads>();
-        barrier_arrive(&bars->q_full);
-      } else {
+      using QLoader = RangeTileLoader<kM, kD, kCopiers>;
+      // Q's barriers complete once a grid tile, Q or not (a tile without key tiles reads no Q, but
+      // its epilogue may stage in Q's tile): each waits for the previous one's readers. Q by TMA
+      // comes after K(0) (in the loop): its wait for the previous tile's epilogue (where Q's tile
+      // stages the output) then holds back no copy that the first phase needs. (With the cp.async
+      // copies of Q in the loop, the copy threads spilled 200-400 bytes: those stay before it.)
+      auto wait_q_free = [&]() {
+        if (q_tiles_done > 0) barrier_wait(&bars->q_empty, (q_tiles_done - 1) & 1);
+      };
+      const int num_groups = num_tiles > 0 ? num_tiles + 1 : 0;
+      if (num_groups == 0 || !tma) {
+        wait_q_free();
+        if (num_tiles == 0 || !copier) {
+        } else if (p.vector_loads) {
+          QLoader{q, p.q_row_stride, p.head_dim, thread}.load(smem_q, 0, rows);
+        } else {
+          load_tile_async<kM, kD, kCopiers>(smem_q, q, p.q_row_stride, rows, p.head_dim,
+                                            p.vector_loads, thread);
+        }
         arrive(&bars->q_full);
       }
-      const int num_groups = num_tiles > 0 ? num_tiles + 1 : 0;
       for (int j = 0; j < num_groups; ++j) {
-        const int slot = j % kStages;
-        if (j >= kStages) barrier_wait(&bars->empty[slot], (j / kStages - 1) & 1);
+        const int g = phases_done + j;
+        const int slot = g % kStages, v_slot = (g - 1 + kStages) % kStages;
+        if (g >= kStages) barrier_wait(&bars->empty[slot], (g / kStages - 1) & 1);
         const bool has_k = j < num_tiles, has_v = j >= 1;
         const bool k_by_tma = tma && j < main_tiles, v_by_tma = tma && has_v && j - 1 < main_tiles;
         if (thread == 0 && (k_by_tma || v_by_tma)) {
@@ -657,22 +728,80 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
                                   &bars->full[slot]);
           }
           if (v_by_tma) {
-            const int v_slot = (j - 1) % kStages;
             tma_load_tile<KVTile>(smem_q_ptr + (smem_v(v_slot) - smem_q), maps.v, first - kN, hk, b,
                                   &bars->full[slot]);
           }
         }
-        if (has_k && !k_by_tma) load_k(j, slot, loaders);
-        if (has_v && !v_by_tma) load_v(j - 1, (j - 1) % kStages, loaders);
+        if (copier && has_k && !k_by_tma) load_k(j, slot, loaders);
+        if (copier && has_v && !v_by_tma) load_v(j - 1, v_slot, loaders);
         arrive(&bars->full[slot]);
+        if (j == 0 && tma) {
+          wait_q_free();
+          if (thread == 0) {
+            barrier_expect_bytes(&bars->q_full, QTile::kBytes);
+            tma_load_tile<QTile>(smem_q_ptr, maps.q, m0, h, b, &bars->q_full);
+          }
+          arrive(&bars->q_full);
+        }
       }
+    } else {
+      math_warps();
+    }
+    phases_done += num_tiles > 0 ? num_tiles + 1 : 0;
+    ++q_tiles_done;
+  };  // run_tile
+
+  if constexpr (kCopyWarps) {
+    // Persistent blocks (the launcher starts at most one an SM), each from grid tile blockIdx.x
+    // on, in the order the hardware would start the tiles' own blocks. Tiles of equal work go
+    // round robin: block i takes tiles i, i + blocks, ... Under masks that make their work unequal
+    // (p.tile_counter set) a block takes the next tile not yet taken when it is done with one, as
+    // the hardware would start blocks: the copy warpgroup's thread 0 takes it (an atomic add on
+    // the counter, which the launcher zeroed) once it has issued the copies of its current tile,
+    // and announces it to the block in a ring of two slots (tile ordinal k in slot k % 2, read by
+    // lane 0 of every warp). The roles split once (ptxas gives each branch of one if / else the
+    // registers its setmaxnreg sets).
+    const dim3 tiles(p.tile_grid[0], p.tile_grid[1], p.tile_grid[2]);
+    const unsigned num_grid_tiles = tiles.x * tiles.y * tiles.z;
+    auto for_each_tile = [&](auto copy_role) {
+      unsigned t = blockIdx.x;
+      for (int k = 1; t < num_grid_tiles; ++k) {  // k: the ordinal of the next tile
+        run_tile(block_coords<kBiasRegisters<Policy>>(p, tile_index(t, tiles), tiles), copy_role);
+        if (p.tile_counter == nullptr) {
+          t += gridDim.x;
+          continue;
+        }
+        const int slot = k % 2;
+        if (decltype(copy_role)::value && threadIdx.x == kThreads) {
+          const unsigned next = gridDim.x + atomicAdd(p.tile_counter, 1u);
+          if (k >= 3) barrier_wait(&bars->tile_empty[slot], ((k - 3) / 2) & 1);
+          bars->tile[slot] = next;
+          barrier_arrive(&bars->tile_full[slot]);
+        }
+        // Lane 0 of each warp reads the slot, frees it and hands the tile to its warp.
+        unsigned next = 0;
+        if (lane == 0) {
+          barrier_wait(&bars->tile_full[slot], ((k - 1) / 2) & 1);
+          next = *static_cast<volatile unsigned*>(&bars->tile[slot]);
+          barrier_arrive(&bars->tile_empty[slot]);
+        }
+        t = __shfl_sync(0xffffffffu, next, 0);
+      }
+    };
+    if (threadIdx.x >= kThreads) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters));
+      for_each_tile(std::true_type{});
       tile::cp_async_wait_all();  // no thread leaves with copies in flight
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters));
-      math_warps();
+      for_each_tile(std::false_type{});
+      // The follower arrived after each of its phases: the leader's wait for the last one.
+      if (kPingPong && warpgroup == 0 && phases_done > 0) {
+        named_barrier_sync<kTurnBackBarrier, kThreads>();
+      }
     }
   } else {
-    math_warps();
+    run_tile(block_coords<kBiasRegisters<Policy>>(p), std::false_type{});
   }
 }
 

@@ -168,12 +168,17 @@ __device__ __forceinline__ void barrier_expect_bytes(std::uint64_t* bar, int byt
 template <typename Tile>
 __device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& m, std::int64_t row,
                                               int head, std::int64_t batch, std::uint64_t* bar) {
-  const std::int32_t outer[3] = {static_cast<std::int32_t>(row), head,
-                                 static_cast<std::int32_t>(batch)};
+  // Selects, not an array indexed by the map's order (which went through local memory, a store
+  // and a load before every copy).
+  auto outer = [&](int which) {
+    return which == kRowDim    ? static_cast<std::int32_t>(row)
+           : which == kHeadDim ? head
+                               : static_cast<std::int32_t>(batch);
+  };
+  const std::int32_t c1 = outer(m.order[0]), c2 = outer(m.order[1]), c3 = outer(m.order[2]);
 #pragma unroll
   for (int block = 0; block < Tile::kBytes / Tile::kBlockBytes; ++block) {
-    const std::int32_t coords[4] = {block * Tile::kBlockCols, outer[m.order[0]], outer[m.order[1]],
-                                    outer[m.order[2]]};
+    const std::int32_t coords[4] = {block * Tile::kBlockCols, c1, c2, c3};
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
                                       dst + block * Tile::kBlockBytes, &m.map, coords, bar);
   }
