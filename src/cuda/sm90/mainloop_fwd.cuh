@@ -28,6 +28,7 @@
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/forward_pipeline.cuh"
+#include "cuda/sm90/forward_smem.cuh"
 #include "cuda/sm90/forward_softmax.cuh"
 #include "cuda/sm90/tile_copies.cuh"
 #include "cuda/sm90/tile_sizes.h"
@@ -48,58 +49,6 @@ struct KeySource {
   int valid;               // keys of the tile that exist (the rest is zero-filled)
   bool extra;
 };
-
-// The 227 KB of shared memory a block may opt into on sm90; + 1024: the dynamic shared-memory
-// base is rounded up to the swizzle period.
-inline constexpr int kMaxBlockSmem = 227 * 1024;
-inline constexpr int kSmemAlignSlack = 1024;
-
-// Token-tile bookkeeping of a forward block: the kernel's, and the type its launcher sizes shared
-// memory and fills the column tables for (set_token_tiles).
-template <int kD>
-using FwdTokenTiles = TokenTileSmem<block_m(kD), block_n(kD)>;
-
-// K/V stages of a policy: tile_sizes.h's, one fewer for token tiles where their bookkeeping does
-// not fit beside three (D = 128 and 224, where three leave 2 KB; 236 KB was refused on an H100).
-template <int kD, typename Policy>
-constexpr int stages_of() {
-  constexpr int stages = kv_stages(kD, kStagesScores<Policy>);
-  constexpr int bytes = SwizzledTile<block_m(kD), kD>::kBytes +
-                        2 * stages * SwizzledTile<block_n(kD), kD>::kBytes + kSmemAlignSlack +
-                        static_cast<int>(sizeof(FwdTokenTiles<kD>));
-  return Policy::Mask::kTokenTiles && bytes > kMaxBlockSmem ? stages - 1 : stages;
-}
-
-// Whether the first phase of a block with a copy warpgroup reads a V tile of zeros of its own
-// (kFirstPhasePv): the V stage before it holds the last tile of the block's previous grid tile.
-template <int kD, typename Policy>
-inline constexpr bool kZeroVTile = kCopyWarpgroup<kD, Policy>&& kFirstPhasePv<kD, Policy>;
-
-// Q, the K/V stages and the zero V tile.
-template <int kD, typename Policy>
-constexpr int input_smem_bytes() {
-  return SwizzledTile<block_m(kD), kD>::kBytes +
-         (2 * stages_of<kD, Policy>() + (kZeroVTile<kD, Policy> ? 1 : 0)) *
-             SwizzledTile<block_n(kD), kD>::kBytes;
-}
-
-// Whether a block with a copy warpgroup stages its output rows in a tile of their own (where
-// shared memory has room: up to D 96), or, as the other schedule does, in Q's tile, whose next
-// grid tile's copy then waits for the epilogue. Staged, the rows leave in 16-byte stores: each
-// thread storing its accumulator pairs itself cost 9.5% at D 128 L 8192 (H200, session 16).
-template <int kD, typename Policy>
-inline constexpr bool kOutputTile = kCopyWarpgroup<kD, Policy>&& input_smem_bytes<kD, Policy>() +
-                                        SwizzledTile<block_m(kD), kD>::kBytes + kSmemAlignSlack +
-                                        static_cast<int>(sizeof(StageBarriers<3>)) <=
-                                    kMaxBlockSmem;
-
-// Shared memory of Q, the K/V stages, the zero V tile and the output tile; the staged bias tiles
-// and rel-pos rows (if any), the token-tile bookkeeping, or the copy warpgroup's barriers follow.
-template <int kD, typename Policy>
-constexpr int tile_smem_bytes() {
-  return input_smem_bytes<kD, Policy>() +
-         (kOutputTile<kD, Policy> ? SwizzledTile<block_m(kD), kD>::kBytes : 0);
-}
 
 template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 16 call 7 (commit 786922c + the launcher without its D 128 rule): the Python package
+# Session 16 call 7 (commit 786922c): the Python package
 # with every head-dim bucket, pytest on CUDA, then the dense forward grid against FA2 and cuDNN,
 # the SAM cases against cuDNN, and the rel-pos cases against compiled FlexAttention, one process
 # each.
