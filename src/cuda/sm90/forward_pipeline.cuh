@@ -32,9 +32,10 @@
 // is done (q_empty), by TMA after the next tile's K(0); the output is staged in a tile of its own
 // where shared memory has room (kOutputTile, up to D 96), so that the next tile's Q and first
 // K / V groups land under the previous tile's last phase and epilogue. Measured on an H200
-// (session 16, against a block a tile, same inputs): D 64 L 512 0.290 -> 0.243 ms, causal L 512
-// 0.246 -> 0.204; D 80 (bucket 96) L 512 0.307 -> 0.228, SAM-H's shape 1.71 -> 1.60; D 128 L 512
-// 0.186 -> 0.170; from L 2048 on within 4% either way.
+// (session 16, against the kernel before, a block a tile, same inputs): D 64 L 512 0.290 -> 0.243
+// ms, causal L 512 0.246 -> 0.204; D 80 (bucket 96) L 512 0.307 -> 0.228, SAM-H's shape 1.71
+// -> 1.60; D 128 L 512 0.186 -> 0.170; from L 2048 on -3% (D 128 L 8192) to +21% (D 80 causal
+// L 2048).
 //
 // Without a copy warpgroup (neighborhood token tiles, the score modifiers' general policy, and
 // head dims above 128, whose math warpgroups need every register of a 256-thread block):
