@@ -1,11 +1,13 @@
 // The sm90 kernels' block order (src/cuda/common/block_coords.cuh) checked on the host, no GPU
 // needed: when head sections apply (one-sided windows, 8 tiles a head or more, an even head count)
-// and how large they grow, and the grid they launch. The decode itself runs on the device; the
-// CUDA suite's CausalHeadSections covers it against the reference.
+// and how large they grow, the grid they launch, and the persistent forward's walk over that grid.
+// The decode also runs on the device; the CUDA suite's CausalHeadSections covers it against the
+// reference.
 #include <cuda_runtime.h>  // defines __host__ / __device__ for the host compiler
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "cuda/common/block_coords.cuh"
 
@@ -59,6 +61,41 @@ TEST(CudaBlockOrder, GridHoldsEveryBlock) {
   f.head_section_log2 = 0;
   const dim3 plain = fmha::cuda::batch_grid(f, 9, 12);
   EXPECT_EQ(plain.x * plain.y * plain.z, grid.x * grid.y * grid.z);
+}
+
+// The persistent sm90 forward walks the grid's tiles by a linear index (tile_index, then
+// block_coords as for a block of that grid): every (batch, head, tile) once, in every grid order.
+TEST(CudaBlockOrder, PersistentWalkTakesEveryTileOnce) {
+  struct Order {
+    int head_section_log2;
+    bool batch_innermost;
+  };
+  for (const Order order : {Order{0, false}, Order{1, false}, Order{2, false}, Order{0, true}}) {
+    ForwardParams f = causal();
+    f.batch = 3;
+    f.head_section_log2 = order.head_section_log2;
+    f.batch_innermost = order.batch_innermost;
+    constexpr std::int64_t kTiles = 9, kHeads = 12;
+    const dim3 grid = fmha::cuda::batch_grid(f, kTiles, kHeads);
+    const unsigned total = grid.x * grid.y * grid.z;
+    ASSERT_EQ(total, static_cast<unsigned>(kTiles * kHeads * f.batch));
+    std::vector<int> seen(static_cast<std::size_t>(total), 0);
+    for (unsigned t = 0; t < total; ++t) {
+      const uint3 index = fmha::cuda::tile_index(t, grid);
+      ASSERT_LT(index.x, grid.x);
+      ASSERT_LT(index.y, grid.y);
+      ASSERT_LT(index.z, grid.z);
+      EXPECT_EQ(index.x + grid.x * (index.y + grid.y * index.z), t);  // x fastest, as launched
+      const fmha::cuda::BlockCoords c = fmha::cuda::block_coords<true>(f, index, grid);
+      ASSERT_EQ(c.tiles, kTiles);
+      ASSERT_TRUE(c.batch >= 0 && c.batch < f.batch && c.head >= 0 && c.head < kHeads &&
+                  c.tile >= 0 && c.tile < kTiles)
+          << "tile " << t << " of order " << order.head_section_log2 << "/"
+          << order.batch_innermost;
+      ++seen[static_cast<std::size_t>((c.batch * kHeads + c.head) * kTiles + c.tile)];
+    }
+    for (unsigned i = 0; i < total; ++i) EXPECT_EQ(seen[i], 1) << "work item " << i;
+  }
 }
 
 }  // namespace

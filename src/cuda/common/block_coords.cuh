@@ -33,14 +33,13 @@ struct BlockCoords {
   int head;                         // of the grid's heads (the kv heads for the dK/dV kernels)
 };
 
-#ifdef __CUDACC__
 // kBatchInnermost: whether the kernel's policy may run the batch innermost (the branch alone cost
 // the D 128 forward's general policy 100 bytes more spill).
 // `index` is the block's place in a grid of `dims` (blockIdx, gridDim; or a persistent block's
-// current tile of the grid it walks, tile_index below).
+// current tile of the grid it walks, tile_index below). Host-callable for the host tests.
 template <bool kBatchInnermost>
-__device__ __forceinline__ BlockCoords block_coords(const ForwardParams& f, uint3 index,
-                                                    dim3 dims) {
+__host__ __device__ __forceinline__ BlockCoords block_coords(const ForwardParams& f, uint3 index,
+                                                             dim3 dims) {
   if constexpr (kBatchInnermost) {
     if (f.batch_innermost) {
       const unsigned batch = static_cast<unsigned>(f.batch);  // a grid dimension's worth at most
@@ -51,16 +50,18 @@ __device__ __forceinline__ BlockCoords block_coords(const ForwardParams& f, uint
   return {index.z, index.x >> log2, dims.x >> log2,
           static_cast<int>((index.y << log2) | (index.x & ((1u << log2) - 1u)))};
 }
-template <bool kBatchInnermost>
-__device__ __forceinline__ BlockCoords block_coords(const ForwardParams& f) {
-  return block_coords<kBatchInnermost>(f, blockIdx, gridDim);
-}
 
 // Tile `linear` of a grid of `dims` blocks, x fastest: the order in which the hardware starts the
 // blocks of such a grid, which a persistent block walks instead (sm90 forward).
-__device__ __forceinline__ uint3 tile_index(unsigned linear, dim3 dims) {
+__host__ __device__ __forceinline__ uint3 tile_index(unsigned linear, dim3 dims) {
   const unsigned rest = linear / dims.x;
   return make_uint3(linear - rest * dims.x, rest % dims.y, rest / dims.y);
+}
+
+#ifdef __CUDACC__
+template <bool kBatchInnermost>
+__device__ __forceinline__ BlockCoords block_coords(const ForwardParams& f) {
+  return block_coords<kBatchInnermost>(f, blockIdx, gridDim);
 }
 #endif
 
