@@ -366,9 +366,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       softmax.init();
       // The plain scale is folded into the exponentials' FMA (one multiply less per score) when it
       // is positive, which keeps the order of the scores and -inf as -inf; else it is applied
-      // first.
-      [[maybe_unused]] bool scale_folded =
-          false;  // unreferenced where the policy picks no branch on it
+      // first. (Unreferenced where the policy's softmax takes no branch on it.)
+      [[maybe_unused]] bool scale_folded = false;
       float exp_scale = 1.0f;
       if constexpr (std::is_same_v<Scores, ScoreScale>) {
         scale_folded = scores.scale_log2 > 0.0f;
