@@ -30,7 +30,7 @@
 // (round robin, or one by one from a counter where their work differs: mainloop_fwd.cuh). Stage
 // slots and barrier parities run on from tile to tile; Q's tile is refilled once its last reader
 // is done (q_empty), by TMA after the next tile's K(0); the output is staged in a tile of its own
-// where shared memory has room (kOutputTile, up to D 96), so that the next tile's Q and first
+// where shared memory has room (output_tile(), up to D 96), so that the next tile's Q and first
 // K / V groups land under the previous tile's last phase and epilogue. Measured on an H200
 // (session 16, against the kernel before, a block a tile, same inputs): D 64 L 512 0.290 -> 0.243
 // ms, causal L 512 0.246 -> 0.204; D 80 (bucket 96) L 512 0.307 -> 0.228, SAM-H's shape 1.71
@@ -74,31 +74,22 @@
 #include <type_traits>
 
 #include "cuda/common/forward_policies.cuh"
+#include "cuda/sm90/policy_forms.h"
 #include "cuda/sm90/tile_sizes.h"
 #include "cuda/sm90/tiles.cuh"
 
 namespace fmha::cuda::sm90 {
 
-// The policies' kernel forms.
-template <typename Policy>
-inline constexpr bool kHasModifiers = std::is_same_v<Policy, PolicyGeneral>;
-// SAM rel-pos in the register form (score_rel_pos.cuh): rel_w in registers, rel_h per half tile.
-template <typename Policy>
-inline constexpr bool kRelPosTiles = std::is_same_v<Policy, PolicyRelPos>;
-// An additive bias alone in the register form (score_bias.cuh): each thread's bias entries of
-// tile u fetched at the softmax of tile u - 1.
-template <typename Policy>
-inline constexpr bool kBiasRegisters = std::is_same_v<Policy, PolicyBias>;
 // Policies whose staged rows or tiles take shared memory besides the K/V stages.
 template <typename Policy>
-inline constexpr bool kStagesScores = kHasModifiers<Policy>;
+inline constexpr bool kStagesScores = kGeneralForm<Policy>;
 
 // Whether a copy warpgroup feeds the stages (above): range tiles of the policies whose softmax
 // reads nothing staged per tile, in the ping-pong buckets (up to D 128), where the math
 // warpgroups keep enough registers beside it.
 template <int kD, typename Policy>
 inline constexpr bool kCopyWarpgroup =
-    !Policy::Mask::kTokenTiles && !kHasModifiers<Policy> && kD <= 128;
+    !Policy::Mask::kTokenTiles && !kGeneralForm<Policy> && kD <= 128;
 // Threads of a forward block: the math warpgroups, and the copy warpgroup after them.
 inline constexpr int kCopyThreads = 128;
 template <int kD, typename Policy>

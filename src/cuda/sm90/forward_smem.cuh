@@ -35,13 +35,15 @@ constexpr int stages_of() {
 // Whether the first phase of a block with a copy warpgroup reads a V tile of zeros of its own
 // (kFirstPhasePv): the V stage before it holds the last tile of the block's previous grid tile.
 template <int kD, typename Policy>
-inline constexpr bool kZeroVTile = kCopyWarpgroup<kD, Policy>&& kFirstPhasePv<kD, Policy>;
+constexpr bool zero_v_tile() {
+  return kCopyWarpgroup<kD, Policy> && kFirstPhasePv<kD, Policy>;
+}
 
 // Q, the K/V stages and the zero V tile.
 template <int kD, typename Policy>
 constexpr int input_smem_bytes() {
   return SwizzledTile<block_m(kD), kD>::kBytes +
-         (2 * stages_of<kD, Policy>() + (kZeroVTile<kD, Policy> ? 1 : 0)) *
+         (2 * stages_of<kD, Policy>() + (zero_v_tile<kD, Policy>() ? 1 : 0)) *
              SwizzledTile<block_n(kD), kD>::kBytes;
 }
 
@@ -50,17 +52,19 @@ constexpr int input_smem_bytes() {
 // grid tile's copy then waits for the epilogue. Staged, the rows leave in 16-byte stores: each
 // thread storing its accumulator pairs itself cost 9.5% at D 128 L 8192 (H200, session 16).
 template <int kD, typename Policy>
-inline constexpr bool kOutputTile = kCopyWarpgroup<kD, Policy>&& input_smem_bytes<kD, Policy>() +
-                                        SwizzledTile<block_m(kD), kD>::kBytes + kSmemAlignSlack +
-                                        static_cast<int>(sizeof(StageBarriers<3>)) <=
-                                    kMaxBlockSmem;
+constexpr bool output_tile() {
+  return kCopyWarpgroup<kD, Policy> &&
+         input_smem_bytes<kD, Policy>() + SwizzledTile<block_m(kD), kD>::kBytes + kSmemAlignSlack +
+                 static_cast<int>(sizeof(StageBarriers<3>)) <=
+             kMaxBlockSmem;
+}
 
 // Shared memory of Q, the K/V stages, the zero V tile and the output tile; the staged bias tiles
 // and rel-pos rows (if any), the token-tile bookkeeping, or the copy warpgroup's barriers follow.
 template <int kD, typename Policy>
 constexpr int tile_smem_bytes() {
   return input_smem_bytes<kD, Policy>() +
-         (kOutputTile<kD, Policy> ? SwizzledTile<block_m(kD), kD>::kBytes : 0);
+         (output_tile<kD, Policy>() ? SwizzledTile<block_m(kD), kD>::kBytes : 0);
 }
 
 }  // namespace fmha::cuda::sm90

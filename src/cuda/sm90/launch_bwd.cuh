@@ -47,7 +47,7 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
   static_assert(!kTokenTiles || kD <= kBwdNeighborhoodMaxHeadDim, "as the dispatch refuses");
   p.fwd.batch_innermost =
-      (kBwdModifiers<Policy> || kBwdBias<Policy>) && bias_shared_by_batches(p.fwd);
+      (kGeneralForm<Policy> || kBiasForm<Policy>) && bias_shared_by_batches(p.fwd);
   // Token tiles: one block a key box of the grid (neighborhood_mask.cuh).
   const std::int64_t key_tiles =
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdKeysPerBlock)
@@ -79,10 +79,10 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
     smem += static_cast<int>(bwd_rel_w_rows_bytes(p.fwd, kD));
   }
-  if constexpr (kBwdModifiers<Policy> || kBwdBias<Policy>) {
+  if constexpr (kGeneralForm<Policy> || kBiasForm<Policy>) {
     smem += detail::stage_bias(p, smem, bwd_dkdv_bias_tile_bytes(kD));
   }
-  if constexpr (kBwdBias<Policy>) {  // reads staged tiles only: else the general policy
+  if constexpr (kBiasForm<Policy>) {  // reads staged tiles only: else the general policy
     if (!p.fwd.bias_staged) return launch_backward_dkdv<T, kD, PolicyGeneral>(params, stream);
   }
   if constexpr (kFusable) {
@@ -111,7 +111,7 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
   static_assert(!kTokenTiles || kD <= kBwdNeighborhoodMaxHeadDim, "as the dispatch refuses");
   p.fwd.batch_innermost =
-      (kBwdModifiers<Policy> || kBwdBias<Policy>) && bias_shared_by_batches(p.fwd);
+      (kGeneralForm<Policy> || kBiasForm<Policy>) && bias_shared_by_batches(p.fwd);
   // Token tiles: one block a query box of the grid (neighborhood_mask.cuh).
   const std::int64_t query_tiles =
       kTokenTiles ? neighborhood::num_block_boxes(p.fwd.neighborhood, kBwdQueriesPerBlock)
@@ -127,11 +127,11 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kTokenTiles) {
     smem += static_cast<int>(sizeof(DqTokenTiles<kD, Policy>));
   }
-  if constexpr (kBwdRelPos<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
-  if constexpr (kBwdModifiers<Policy>)
+  if constexpr (kRelPosForm<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
+  if constexpr (kGeneralForm<Policy>)
     smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD));
   auto* kernel = &backward_dq_kernel<T, kD, Policy>;
-  if constexpr (kBwdRelPos<Policy>) {
+  if constexpr (kRelPosForm<Policy>) {
     // The register form where a key tile is one or two grid rows; its rel_h fetch takes key
     // positions as 32-bit, one tile past the last (fetch_rel_h).
     constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);

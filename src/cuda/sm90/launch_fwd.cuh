@@ -35,17 +35,17 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   const int max_smem = max_block_smem();
   // Bias: stage its tiles next to the K/V tiles (cp.async) when their rows are whole 16-byte
   // chunks and the tiles fit.
-  if (kHasModifiers<Policy> && bias_stageable(p) &&
+  if (kGeneralForm<Policy> && bias_stageable(p) &&
       smem + kv_stages(kD, true) * bias_tile_bytes(kD) <= max_smem) {
     p.bias_staged = true;
     smem += kv_stages(kD, true) * bias_tile_bytes(kD);
   }
-  if constexpr (kBiasRegisters<Policy>) {
+  if constexpr (kBiasForm<Policy>) {
     if (!bias_registers_apply(p)) return launch_forward<T, kD, PolicyGeneral>(params, stream);
     // A bias shared by the batches is read from memory once with the batch innermost
     // (block_coords.cuh).
     p.batch_innermost = bias_shared_by_batches(p);
-  } else if constexpr (kRelPosTiles<Policy>) {
+  } else if constexpr (kRelPosForm<Policy>) {
     // The register form (two grid rows a key tile, nothing staged); else the general path. Its
     // rel_h fetch takes key positions as 32-bit, one tile past the last (fetch_rel_h).
     if (!rel_pos_registers_apply(p.rel_w_size, block_n(kD)) || p.cu_seqlens_q != nullptr ||

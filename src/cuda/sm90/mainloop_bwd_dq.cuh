@@ -24,6 +24,7 @@
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/policy_forms.h"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
 #include "cuda/sm90/token_tiles.cuh"
@@ -31,20 +32,10 @@
 
 namespace fmha::cuda::sm90 {
 
-template <typename Policy>
-inline constexpr bool kBwdRelPos = std::is_same_v<Policy, PolicyRelPos>;
-// Score modifiers (softcap, bias and dbias) on the backward: the general policy.
-template <typename Policy>
-inline constexpr bool kBwdModifiers = std::is_same_v<Policy, PolicyGeneral>;
-// An additive bias alone (score_bias.cuh): in the dQ kernel, whose rows are queries as the
-// forward's, the register form (each thread's bias of key tile u fetched one tile ahead), dbias as
-// under the general policy; the dK/dV kernel reads it transposed from staged tiles.
-template <typename Policy>
-inline constexpr bool kBwdBias = std::is_same_v<Policy, PolicyBias>;
 // Policies whose per-tile code takes the registers of wider key tiles (bwd_keys_per_tile). Token
 // tiles were among them while their test ran per score (108 bytes of spill at 128 keys).
 template <typename Policy>
-inline constexpr bool kBwdNarrowKeys = kBwdModifiers<Policy>;
+inline constexpr bool kBwdNarrowKeys = kGeneralForm<Policy>;
 
 // Shared memory of the tiles; under rel-pos its rows and table follow (bwd_rel_pos_smem_bytes),
 // under the general policy the staged bias tiles (bwd_dq_bias_tile_bytes a stage), under token
@@ -86,7 +77,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   constexpr bool kTokenTiles = Mask::kTokenTiles;
   using TokenTiles = DqTokenTiles<kD, Policy>;
   constexpr bool kRelRegisters = kRelRows > 0;
-  static_assert(!kRelRegisters || kBwdRelPos<Policy>, "a form of rel-pos");
+  static_assert(!kRelRegisters || kRelPosForm<Policy>, "a form of rel-pos");
   static_assert(kStages + 1 <= TokenTiles::kSlots, "key boxes u .. u + stages live at once");
   const ForwardParams& f = p.fwd;
 
@@ -106,7 +97,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const BlockCoords block = block_coords<kBwdModifiers<Policy> || kBwdBias<Policy>>(f);
+  const BlockCoords block = block_coords < kGeneralForm<Policy> || kBiasForm < Policy >> (f);
   const std::int64_t b = block.batch;
   const int h = block.head;
   const std::int64_t m_block = block.tiles - 1 - block.tile;
@@ -140,7 +131,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   auto* const tt =
       reinterpret_cast<TokenTiles*>(smem_q_ptr + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes);
   TileSpan key_tiles{0, 0};  // range masks: the key tiles the block visits
-  int num_tiles = 0;  // 32-bit: the loop's index arithmetic runs on every tile
+  int num_tiles = 0;         // 32-bit: the loop's index arithmetic runs on every tile
   if constexpr (kTokenTiles) {
     // The block's query box, its rows' tokens and windows, key boxes 0 .. stages - 1.
     num_tiles = static_cast<int>(
@@ -154,8 +145,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   using RangeLoader = RangeTileLoader<kN, kD, kBwdThreads>;
   constexpr bool kRangeLoads = !kTokenTiles && RangeLoader::kUsable;
   const RangeLoader k_loader(k + key_tiles.first_row * f.k_row_stride, f.k_row_stride, f.head_dim);
-  const RangeLoader v_loader(v + key_tiles.first_row * f.v_row_stride, f.v_row_stride,
-                             f.value_dim);
+  const RangeLoader v_loader(v + key_tiles.first_row * f.v_row_stride, f.v_row_stride, f.value_dim);
   auto load_keys = [&](int u, int stage) {
     if constexpr (kTokenTiles) {  // key box u, gathered by token
       const int* tokens = tt->key_token[u % TokenTiles::kSlots];
@@ -181,7 +171,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       load_tile_async<kN, kD, kBwdThreads>(smem_v(stage), v + first_key * f.v_row_stride,
                                            f.v_row_stride, valid, f.value_dim, f.vector_loads);
     }
-    if constexpr (kBwdModifiers<Policy>) {
+    if constexpr (kGeneralForm<Policy>) {
       if (f.bias_staged) {
         scores.template load_bias_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), m0, first_key);
       }
@@ -217,7 +207,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   Storage *dh0 = nullptr, *dh8 = nullptr;
   float *dw0 = nullptr, *dw8 = nullptr;
   [[maybe_unused]] int dw_pitch = 0;
-  if constexpr (kBwdRelPos<Policy>) {
+  if constexpr (kRelPosForm<Policy>) {
     auto* const rows_smem = reinterpret_cast<std::uint32_t*>(smem_q_ptr + 2 * QTile::kBytes +
                                                              2 * kStages * KVTile::kBytes);
     if constexpr (!kRelRegisters) scores.stage(rows_smem, m0, kM);
@@ -278,9 +268,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     rel_h_next = scores.template fetch_rel_h<kRuns>(rel_h_rows, 0);
   }
   // Register-form bias: this thread's bias of key tile u, fetched at tile u - 1 (tile 0's here).
-  [[maybe_unused]] BiasFetch<kBwdBias<Policy> ? kScoreTiles : 1> bias_next{};
+  [[maybe_unused]] BiasFetch<kBiasForm<Policy> ? kScoreTiles : 1> bias_next{};
   [[maybe_unused]] BiasRows bias_rows{};
-  if constexpr (kBwdBias<Policy>) {
+  if constexpr (kBiasForm<Policy>) {
     bias_rows = scores.rows(fragment_row);
     if (num_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
   }
@@ -341,16 +331,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
         for (int g = 0; g < kRuns; ++g) shift[r][g] += offset[r][g];
       }
-    } else if constexpr (kBwdRelPos<Policy>) {
+    } else if constexpr (kRelPosForm<Policy>) {
       scores.scale_and_add(s, fragment_row, first_key, fragment_col);
-    } else if constexpr (kBwdBias<Policy>) {
+    } else if constexpr (kBiasForm<Policy>) {
       scores.scale_and_add(s, bias_next);
       if (u + 1 < num_tiles) scores.fetch(bias_next, bias_rows, first_key + kN + fragment_col);
     } else if (!scale_folded) {
       scores.transform(s);
     }
     float row_delta[2] = {delta[0], delta[1]};  // what dS subtracts from dP below
-    if constexpr (kBwdModifiers<Policy>) {
+    if constexpr (kGeneralForm<Policy>) {
       if (scores.softcap_log2 > 0.0f) {
         fold_softcap_grad(scores, s, dp, [&](int, int e) { return row_delta[e / 2]; });
         row_delta[0] = row_delta[1] = 0.0f;
@@ -377,16 +367,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         s[t][e] = prob * (dp[t][e] - row_delta[e / 2]);  // dS, the gradient wrt scale * q.k
       }
     }
-    if constexpr (kBwdRelPos<Policy>) {
+    if constexpr (kRelPosForm<Policy>) {
       if constexpr (kRelRegisters) {  // the width kN / kRelRows, a constant
         scores.template accumulate_grads_width<kN / kRelRows>(s, first_key, fragment_col, dh0, dh8,
                                                               p.drel_h_stride[3], dw0, dw8);
       } else {
-        scores.accumulate_grads(s, first_key, fragment_col, dh0, dh8, p.drel_h_stride[3], dw0,
-                                dw8);
+        scores.accumulate_grads(s, first_key, fragment_col, dh0, dh8, p.drel_h_stride[3], dw0, dw8);
       }
     }
-    if constexpr (kBwdModifiers<Policy> || kBwdBias<Policy>) {
+    if constexpr (kGeneralForm<Policy> || kBiasForm<Policy>) {
       // Without softcap (the dispatch's rule for dbias here) dS is also the score's gradient.
       if (p.dbias_accum != nullptr) {
         store_dbias_tiles(p, b, h, fragment_row, first_key + fragment_col, num_queries, num_keys,
@@ -409,7 +398,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // warpgroup's finished products), then stored 16 bytes at a time.
   tile::cp_async_wait<0>();
   __syncthreads();
-  if constexpr (kBwdRelPos<Policy>) {
+  if constexpr (kRelPosForm<Policy>) {
     if (p.drel_w_out != nullptr) {  // every slot of the table has its final sum
       const int width = static_cast<int>(f.rel_w_size);
       Storage* const rows_of_head =

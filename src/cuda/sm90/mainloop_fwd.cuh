@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
                 "key boxes u - 1 .. u + stages live at once");
   // Ping-pong (tile_sizes.h) where the softmax reads nothing that a rendezvous frees: the staged
   // bias tiles of the score modifiers would be overwritten under the follower's softmax.
-  constexpr bool kPingPong = ping_pong(kD) && !kHasModifiers<Policy>;
+  constexpr bool kPingPong = ping_pong(kD) && !kGeneralForm<Policy>;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
@@ -82,9 +82,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   auto smem_v = [&](int stage) {
     return smem_q + QTile::kBytes + (kStages + stage) * KVTile::kBytes;
   };
-  // Where the epilogue stages the output rows (kOutputTile).
+  // Where the epilogue stages the output rows (output_tile()).
   const std::uint32_t smem_o =
-      kOutputTile<kD, Policy> ? smem_q + input_smem_bytes<kD, Policy>() : smem_q;
+      output_tile<kD, Policy>() ? smem_q + input_smem_bytes<kD, Policy>() : smem_q;
 
   // Broadcast from lane 0 so that the compiler sees a warp-uniform value: branches on the role
   // (ping-pong) are then not divergent paths, around which it would serialize the wgmma.
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       }
       ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
     }
-    if constexpr (kZeroVTile<kD, Policy>) {
+    if constexpr (zero_v_tile<kD, Policy>()) {
       // Read by the first phase of every grid tile (P = 0 against it; garbage could hold NaN, and
       // 0 x NaN is NaN), through the async proxy.
       zero_shared<KVTile::kBytes, block_threads<kD, Policy>()>(smem_v(kStages));
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       constexpr int kCopiers = std::decay_t<decltype(loaders)>::kThreads;
       if constexpr (kRangeLoads && std::decay_t<decltype(loaders)>::Loader::kUsable) {
         if (range_loads && j < main_tiles) {
-          if constexpr (kHasModifiers<Policy>) {
+          if constexpr (kGeneralForm<Policy>) {
             static_assert(kCopiers == kThreads, "bias tiles are copied by the math threads");
             if (p.bias_staged) {
               scores.template load_bias_tile_async<kM, kN, kThreads>(
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         }
       }
       const KeySource t = key_source(j);
-      if constexpr (kHasModifiers<Policy>) {
+      if constexpr (kGeneralForm<Policy>) {
         if (p.bias_staged && !t.extra) {
           scores.template load_bias_tile_async<kM, kN, kThreads>(
               smem_bias + stage * bias_tile_bytes(kD), m0, t.first_key);
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim,
                                             p.vector_loads);
         }
-        if constexpr (!kRelPosTiles<Policy> && !kBiasRegisters<Policy>) {
+        if constexpr (!kRelPosForm<Policy> && !kBiasForm<Policy>) {
           scores.stage_rel_pos(reinterpret_cast<std::uint16_t*>(smem_q_ptr + (smem_rel - smem_q)),
                                m0, kM);
         }
@@ -338,20 +338,20 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
 
       // Rel-pos register form: this thread's rel_w entries for the whole block, and rel_h of tile u
       // fetched at the softmax of tile u - 1 (tile 0's here). Main tiles start at key 0 (no mask).
-      constexpr int kRuns = kRelPosTiles<Policy> ? 2 : 1;
-      [[maybe_unused]] float rel_w[kRelPosTiles<Policy> ? kScoreTiles / 2 : 1][4];
+      constexpr int kRuns = kRelPosForm<Policy> ? 2 : 1;
+      [[maybe_unused]] float rel_w[kRelPosForm<Policy> ? kScoreTiles / 2 : 1][4];
       [[maybe_unused]] RelHRows rel_h_rows{};
       [[maybe_unused]] RelHFetch<2> rel_h_next{};
-      if constexpr (kRelPosTiles<Policy>) {
+      if constexpr (kRelPosForm<Policy>) {
         scores.load_rel_w(rel_w, fragment_row, fragment_col);
         rel_h_rows = scores.rel_h_rows(fragment_row);
         rel_h_next = scores.template fetch_rel_h<2>(rel_h_rows, 0);
       }
       // Bias register form: this thread's bias of tile u, fetched at the softmax of tile u - 1
       // (tile 0's here).
-      [[maybe_unused]] BiasFetch<kBiasRegisters<Policy> ? kScoreTiles : 1> bias_next{};
+      [[maybe_unused]] BiasFetch<kBiasForm<Policy> ? kScoreTiles : 1> bias_next{};
       [[maybe_unused]] BiasRows bias_rows{};
-      if constexpr (kBiasRegisters<Policy>) {
+      if constexpr (kBiasForm<Policy>) {
         bias_rows = scores.rows(fragment_row);
         if (main_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
       }
@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       if constexpr (std::is_same_v<Scores, ScoreScale>) {
         scale_folded = scores.scale_log2 > 0.0f;
         if (scale_folded) exp_scale = scores.scale_log2;
-      } else if constexpr (kBiasRegisters<Policy>) {
+      } else if constexpr (kBiasForm<Policy>) {
         exp_scale = Scores::kExpScale;  // its scores come in natural units
       }
 
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         const bool has_s = u < num_tiles;
         const int k_stage = g % kStages;
         const int v_stage =
-            kZeroVTile<kD, Policy> && u == 0 ? kStages : (g - 1 + kStages) % kStages;
+            zero_v_tile<kD, Policy>() && u == 0 ? kStages : (g - 1 + kStages) % kStages;
         auto issue_phase = [&](auto with_pv, auto with_s, auto s_steps) {
           [[maybe_unused]] std::uint32_t a[kN / 16][4];
           if constexpr (decltype(with_pv)::value) {
@@ -476,7 +476,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           __syncwarp();
           if (lane == 0) barrier_arrive(&bars->empty[k_stage]);  // the stage is free to refill
           // The last product that reads Q (with the output staged in Q's tile, the epilogue).
-          if (kOutputTile<kD, Policy> && u == num_tiles - 1) barrier_arrive(&bars->q_empty);
+          if (output_tile<kD, Policy>() && u == num_tiles - 1) barrier_arrive(&bars->q_empty);
         } else {
           if (follower && u + 1 < num_phases) rendezvous(u + 1);
         }
@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
               tile.extra ? tile.valid == kN : mask.tile_is_full(m0, last_row, tile.first_key, kN);
         }
         float offset[2][kRuns] = {};  // per-row offsets of the tile's halves (rel_h)
-        if constexpr (kRelPosTiles<Policy>) {
+        if constexpr (kRelPosForm<Policy>) {
           if (!tile.extra) {
             scores.scale_and_add_w(s, rel_w);
             scores.rel_h_offsets(rel_h_next, offset);
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           } else {
             scores.transform(s);
           }
-        } else if constexpr (kBiasRegisters<Policy>) {
+        } else if constexpr (kBiasForm<Policy>) {
           if (!tile.extra) {
             scores.scale_and_add(s, bias_next);
             if (u + 1 < main_tiles) scores.fetch(bias_next, bias_rows, first_col + kN);
@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
                             fragment_col);
           }
         } else if (!tile.extra) {
-          if constexpr (kHasModifiers<Policy>) {
+          if constexpr (kGeneralForm<Policy>) {
             if (p.bias_staged) {
               scores.add_bias_tile(
                   s, fragment_row, first_col,
@@ -534,7 +534,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       }
 
       // Epilogue. Each warp stages its own 16 rows in its own rows of the output tile (Q's tile
-      // or one of its own: kOutputTile; only its warpgroup's products ever read those rows of Q,
+      // or one of its own: output_tile(); only its warpgroup's products ever read those rows of Q,
       // and they are done), then stores them in 16-byte chunks. Without a copy warpgroup, Q's copy
       // must have landed before its rows are reused for the output (it is still in flight when the
       // block had no key tile at all, and other threads copied this warp's rows: hence a block
@@ -609,7 +609,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       }
       // Q's tile is free for the next grid tile's Q once this thread's reads are done.
       if constexpr (kCopyWarps) {
-        if (!kOutputTile<kD, Policy> || num_phases == 0) barrier_arrive(&bars->q_empty);
+        if (!output_tile<kD, Policy>() || num_phases == 0) barrier_arrive(&bars->q_empty);
       }
     };
 
@@ -715,7 +715,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     auto for_each_tile = [&](auto copy_role) {
       unsigned t = blockIdx.x;
       for (int k = 1; t < num_grid_tiles; ++k) {  // k: the ordinal of the next tile
-        run_tile(block_coords<kBiasRegisters<Policy>>(p, tile_index(t, tiles), tiles), copy_role);
+        run_tile(block_coords<kBiasForm<Policy>>(p, tile_index(t, tiles), tiles), copy_role);
         if (p.tile_counter == nullptr) {
           t += gridDim.x;
           continue;
@@ -750,7 +750,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       }
     }
   } else {
-    run_tile(block_coords<kBiasRegisters<Policy>>(p), std::false_type{});
+    run_tile(block_coords<kBiasForm<Policy>>(p), std::false_type{});
   }
 }
 
