@@ -1,12 +1,13 @@
 // The sm90 forward kernel (wgmma; TMA or cp.async copies; sm_90a only).
 //
-// One block computes block_m(D) query rows of one (batch, head): warpgroups of 64 rows each. It
-// walks the key tiles that its mask policy leaves visible, then the extra-key tiles, with the
-// same policies, online softmax and epilogue contract as the sm80 kernel: scores come out of the
-// wgmma accumulators in the m16n8 fragment layout that the policies already work on. Rows and key
-// tiles are ranges of the sequence, or, for a mask with kTokenTiles (neighborhood attention),
-// boxes of the token grid whose rows are gathered by token (neighborhood_mask.cuh; resolved at
-// compile time, so the range policies keep their code).
+// A grid tile is block_m(D) query rows of one (batch, head), computed by warpgroups of 64 rows
+// each; a block computes one, or with a copy warpgroup a run of them (persistent blocks,
+// forward_pipeline.cuh). For each it walks the key tiles that its mask policy leaves visible, then
+// the extra-key tiles, with the same policies, online softmax and epilogue contract as the sm80
+// kernel: scores come out of the wgmma accumulators in the m16n8 fragment layout that the policies
+// already work on. Rows and key tiles are ranges of the sequence, or, for a mask with kTokenTiles
+// (neighborhood attention), boxes of the token grid whose rows are gathered by token
+// (neighborhood_mask.cuh; resolved at compile time, so the range policies keep their code).
 //
 // Phases. K and V sit in kv_stages(D) shared-memory stages (tile_sizes.h), tile j in stage
 // j % stages. Each warpgroup runs phases u = 0 .. num_tiles (none when there is no key tile):
