@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   }
   // A persistent block's progress over its grid tiles (copy warpgroup; otherwise the block has one
   // tile): the phases so far, which the copy role counts as groups (a tile has as many of each),
-  // so that stage slots and barrier parities run on across tiles; and the Q tiles loaded.
+  // so that stage slots and barrier parities run on across tiles; and the tiles done, whose count
+  // gives Q's barrier parities (they complete once a tile, Q or not).
   int phases_done = 0;
   int q_tiles_done = 0;
 
