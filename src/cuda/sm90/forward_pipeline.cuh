@@ -105,10 +105,11 @@ inline constexpr int kMathRegisters = 232;
 // Whether the first phase issues P V too, with P = 0 against a zeroed V stage, so that it runs
 // the same wgmma run as every phase with both products (mainloop_fwd.cuh), or a run of its own
 // without P V. The schedule without a copy warpgroup always does (a run more costs the general
-// policy spills); with one, the copy threads zero the stage. Measured on an H200 (session 15,
-// calls 6-7, against the first phase without P V): D 64 2-5% faster from L 2048, D 80 (bucket
-// 96) 1% faster at SAM-H's shape and 5% at L 8192; D 128 slower (L 512 0.193 against 0.186 ms,
-// L 8192 1.94 against 1.80).
+// policy spills); with one, it reads a V tile of zeros of its own, zeroed once a block
+// (forward_smem.cuh's zero_v_tile: the V stage before a grid tile holds the previous tile's V).
+// Measured on an H200 (session 15, calls 6-7, against the first phase without P V): D 64 2-5%
+// faster from L 2048, D 80 (bucket 96) 1% faster at SAM-H's shape and 5% at L 8192; D 128 slower (L
+// 512 0.193 against 0.186 ms, L 8192 1.94 against 1.80).
 template <int kD, typename Policy>
 inline constexpr bool kFirstPhasePv = !kCopyWarpgroup<kD, Policy> || kD <= 96;
 

@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero; kFirstPhasePv). The
         // V stage it reads, the last one, first receives a tile at rendezvous 1 (group `stages`,
         // V(stages - 1)): zeroed here, as garbage could hold NaN and 0 x NaN is NaN, and published
-        // by rendezvous 0's fence and barrier. A copy warpgroup zeroes it itself.
+        // by rendezvous 0's fence and barrier. With a copy warpgroup phase 0 reads the zero V tile.
         zero_shared<KVTile::kBytes, kThreads>(smem_v(kStages - 1));
         if (follower && num_phases > 0) rendezvous(0);
       }

@@ -188,10 +188,9 @@ __device__ __forceinline__ void load_floats_by_token_async(std::uint32_t dst, co
 // Zeros kBytes of shared memory from `dst` (16-byte stores by all kThreads threads); the tensor
 // cores see them after each writer's fence_proxy_async and a barrier.
 template <int kBytes, int kThreads>
-__device__ __forceinline__ void zero_shared(std::uint32_t dst,
-                                            int thread = static_cast<int>(threadIdx.x)) {
+__device__ __forceinline__ void zero_shared(std::uint32_t dst) {
   static_assert(kBytes % 16 == 0, "whole 16-byte chunks");
-  for (int i = thread; i < kBytes / 16; i += kThreads) {
+  for (int i = static_cast<int>(threadIdx.x); i < kBytes / 16; i += kThreads) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst + 16 * i), "r"(0)
                  : "memory");
   }
