@@ -9,7 +9,7 @@ Run it after changing N_VALUES and commit its output:  python3 scripts/gen_wgmma
 import pathlib
 import sys
 
-N_VALUES = [32, 64, 96, 128, 160, 192, 224, 256]
+N_VALUES = [32, 64, 80, 96, 128, 160, 192, 224, 256]
 DTYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 OUT = pathlib.Path(__file__).resolve().parent.parent / "src/cuda/sm90/wgmma_ops.cuh"
 

@@ -75,6 +75,10 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   // Ping-pong (tile_sizes.h) where the softmax reads nothing that a rendezvous frees: the staged
   // bias tiles of the score modifiers would be overwritten under the follower's softmax.
   constexpr bool kPingPong = ping_pong(kD) && !kGeneralForm<Policy>;
+  // P V short of the bucket's last 16 output columns where the value dim leaves them empty
+  // (tile_sizes.h), with a copy warpgroup: the general policy, at 255 registers, spilled 56 bytes
+  // more with the phase kind it adds.
+  constexpr bool kNarrowPv = narrow_pv(kD) && kCopyWarps;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
@@ -379,8 +383,10 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       }
 
       const bool follower = kPingPong && warpgroup == 1;
-      // Whether S takes the bucket's last k-step: skipped when it would hold zero columns only.
-      const bool full_dim = p.head_dim > kD - 16;
+      // Whether the products take the bucket's whole head dim: else S skips its last k-step, which
+      // would hold zero columns only, and with kNarrowPv P V its last 16 output columns, when the
+      // value dim leaves them empty too (else both keep them).
+      const bool full_dim = p.head_dim > kD - 16 || (kNarrowPv && p.value_dim > kD - 16);
       const int num_phases = num_tiles > 0 ? num_tiles + 1 : 0;
       if constexpr (!kCopyWarps) {
         // Phase 0 issues O += P(-1) V(-1) too, with P = 0 (s starts at zero; kFirstPhasePv). The
@@ -419,8 +425,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         // the fence to the commit: a branch inside the run makes ptxas end the group there and
         // inject warpgroup.arrive (warning C7519) before the next product; with those branches the
         // D 64 kernel also took 33 registers more. So the kinds of phase (with S over all k-steps
-        // of the bucket, or short of the last one when it would hold zero columns only, D 80 in
-        // bucket 96; the last phase, without S; the first without P V) are runs of their own,
+        // of the bucket and P V over all its output columns, or both short of the last 16 when they
+        // would hold zero columns only, D 80 in bucket 96; the last phase, without S; the first
+        // without P V) are runs of their own,
         // chosen before the fence. Inside a run, P is packed before the accumulators' fences:
         // packed after them, ptxas ran short of registers at D 128 and serialized the wgmma
         // (C7512; 1.39 -> 2.07 ms at SAM-B's shape).
@@ -428,7 +435,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         const int k_stage = g % kStages;
         const int v_stage =
             zero_v_tile<kD, Policy>() && u == 0 ? kStages : (g - 1 + kStages) % kStages;
-        auto issue_phase = [&](auto with_pv, auto with_s, auto s_steps) {
+        auto issue_phase = [&](auto with_pv, auto with_s, auto short_dims) {
+          constexpr bool kShort = decltype(short_dims)::value;
           [[maybe_unused]] std::uint32_t a[kN / 16][4];
           if constexpr (decltype(with_pv)::value) {
             pack_fragments<T>(s, a);
@@ -437,32 +445,41 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           }
           fence_accumulators(s);
           wgmma_fence();
-          if constexpr (decltype(with_pv)::value)
-            rs_product<T, kN / 16, KVTile>(o, a, smem_v(v_stage));
+          if constexpr (decltype(with_pv)::value) {
+            if constexpr (kShort && kNarrowPv) {
+              // The first kOutTiles - 2 accumulator tiles, the product's 64 x (D - 16) block.
+              rs_product<T, kN / 16, KVTile>(reinterpret_cast<float(&)[kOutTiles - 2][4]>(o), a,
+                                             smem_v(v_stage));
+            } else {
+              rs_product<T, kN / 16, KVTile>(o, a, smem_v(v_stage));
+            }
+          }
           if constexpr (decltype(with_s)::value) {
-            ss_product<T, decltype(s_steps)::value, QTile, KVTile>(s, smem_q, q_first_row,
-                                                                   smem_k(k_stage));
+            ss_product<T, kShort ? kD / 16 - 1 : kD / 16, QTile, KVTile>(s, smem_q, q_first_row,
+                                                                         smem_k(k_stage));
           }
           wgmma_commit();
         };
         using Yes = std::true_type;
         using No = std::false_type;
-        using FullSteps = std::integral_constant<int, kD / 16>;
-        using ShortSteps = std::integral_constant<int, kD / 16 - 1>;
         if (!kFirstPhasePv<kD, Policy> && u == 0) {
           if constexpr (!kFirstPhasePv<kD, Policy>) {
             if (full_dim) {
-              issue_phase(No{}, Yes{}, FullSteps{});
+              issue_phase(No{}, Yes{}, No{});
             } else {
-              issue_phase(No{}, Yes{}, ShortSteps{});
+              issue_phase(No{}, Yes{}, Yes{});
             }
           }
         } else if (!has_s) {
-          issue_phase(Yes{}, No{}, std::integral_constant<int, 0>{});
+          if (!kNarrowPv || full_dim) {
+            issue_phase(Yes{}, No{}, No{});
+          } else {
+            issue_phase(Yes{}, No{}, Yes{});
+          }
         } else if (full_dim) {
-          issue_phase(Yes{}, Yes{}, FullSteps{});
+          issue_phase(Yes{}, Yes{}, No{});
         } else {
-          issue_phase(Yes{}, Yes{}, ShortSteps{});
+          issue_phase(Yes{}, Yes{}, Yes{});
         }
         if constexpr (kPingPong) {
           if (!follower) {

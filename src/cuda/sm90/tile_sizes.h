@@ -38,6 +38,14 @@ constexpr int kv_stages(int head_dim_bucket, bool modifiers) {
   return head_dim_bucket < 256 && (!modifiers || head_dim_bucket <= 64) ? 3 : 2;
 }
 
+// Whether the forward's P V product drops the bucket's last 16 output columns when the value dim
+// leaves them empty (N = D - 16), as S = Q K^T drops its last k-step when the head dim does: in
+// bucket 96 only, where SAM-H's head dim 80 lives (the 64 x 80 wgmma is the only such shape that
+// wgmma_ops.cuh generates). At D 80 that is a sixth of P V's work.
+constexpr bool narrow_pv(int head_dim_bucket) {
+  return head_dim_bucket == 96;
+}
+
 // A staged bias tile: the block's rows x one key tile of 16-bit values, 16-byte chunks of each
 // row swizzled by the row's index modulo 8 (the 8 rows x 4 pair loads of a warp's fragment fall
 // in 32 different banks).
