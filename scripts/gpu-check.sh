@@ -104,7 +104,7 @@ persistent_tests() {
 }
 # Memcheck and racecheck over SANITIZER_FILTER; racecheck again over the forward tests with two
 # persistent blocks (hazards between one tile's reads and the next tile's copies).
-PERSISTENT_RACECHECK_FILTER=${PERSISTENT_RACECHECK_FILTER:-"CudaForward.OddShapesAndHeadDims:CudaForward.Varlen:CudaForward.SinksAndExtraKeys:CudaForward.CausalBothAlignments:CudaForward.EmptyQueries:CudaForward.BiasRegisterForm"}
+PERSISTENT_RACECHECK_FILTER=${PERSISTENT_RACECHECK_FILTER:-"CudaForward.OddShapesAndHeadDims:CudaForward.Varlen:CudaForward.SinksAndExtraKeys:CudaForward.CausalBothAlignments:CudaForward.EmptyQueries:CudaForward.BiasRegisterForm:CudaForward.BiasStagedTiles"}
 sanitizer() {
   FMHA_SM90_PERSISTENT=2 timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck \
       --error-exitcode 1 "$TESTS" --gtest_brief=1 --gtest_filter="$PERSISTENT_RACECHECK_FILTER" &&

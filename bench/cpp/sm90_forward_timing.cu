@@ -9,8 +9,10 @@
 //        -o sm90-forward-timing bench/cpp/sm90_forward_timing.cu src/cuda/workspace_pool.cu -lcuda
 //
 // Cases: the SAM-B shape (SAM-H at D 80), then 16k tokens at L 512 / 2048 / 8192 with 2048 / D
-// heads (a hidden size of 2048; 2000 at D 80), non-causal and causal (issue 4's grid). No
-// correctness check: the GPU suite is the test. TFLOP/s count visible pairs only.
+// heads (a hidden size of 2048; 2000 at D 80), non-causal and causal (issue 4's grid). With the
+// argument `bias`: the SAM shape without and with a bias [1, H, L, L] (random, shared by the
+// batches; the bias policy), issue 4's bias case. No correctness check: the GPU suite is the test.
+// TFLOP/s count visible pairs only.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "cuda/sm90/launch_fwd.cuh"
@@ -32,6 +35,8 @@ template Status launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyPlain>(c
                                                                                cudaStream_t);
 template Status launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyWindow>(
     const ForwardParams&, cudaStream_t);
+template Status launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyBias>(const ForwardParams&,
+                                                                              cudaStream_t);
 }  // namespace fmha::cuda::sm90
 
 #define CHECK(x)                                                                      \
@@ -45,7 +50,7 @@ template Status launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyWindow>(
 
 using fmha::cuda::ForwardParams;
 
-static double run_case(int B, int H, int L, int D, bool causal) {
+static double run_case(int B, int H, int L, int D, bool causal, bool bias = false) {
   const std::size_t n = std::size_t(B) * L * H * D;
   std::vector<__nv_bfloat16> host(n);
   std::mt19937 gen(42);
@@ -61,7 +66,20 @@ static double run_case(int B, int H, int L, int D, bool causal) {
   CHECK(cudaMemcpy(q, host.data(), n * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(k, host.data(), n * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(v, host.data(), n * 2, cudaMemcpyHostToDevice));
+  void* bias_data = nullptr;
   ForwardParams p;
+  if (bias) {  // [1, H, L, L], contiguous: a batch stride of 0
+    const std::size_t bias_n = std::size_t(H) * L * L;
+    std::vector<__nv_bfloat16> bias_host(bias_n);
+    for (auto& x : bias_host) x = __float2bfloat16(dist(gen));
+    CHECK(cudaMalloc(&bias_data, bias_n * 2));
+    CHECK(cudaMemcpy(bias_data, bias_host.data(), bias_n * 2, cudaMemcpyHostToDevice));
+    p.bias = bias_data;
+    p.bias_stride[0] = 0;
+    p.bias_stride[1] = std::int64_t(L) * L;
+    p.bias_stride[2] = L;
+    p.bias_stride[3] = 1;
+  }
   p.q = q;
   p.k = k;
   p.v = v;
@@ -79,10 +97,11 @@ static double run_case(int B, int H, int L, int D, bool causal) {
   p.scale_log2 = 1.0f / std::sqrt(float(D)) * 1.4426950408889634f;
   if (causal) p.window_right = 0;
   auto launch = [&] {
-    auto st = causal ? fmha::cuda::sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET,
-                                                        fmha::cuda::PolicyWindow>(p, nullptr)
-                     : fmha::cuda::sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET,
-                                                        fmha::cuda::PolicyPlain>(p, nullptr);
+    using namespace fmha::cuda;
+    auto st =
+        bias     ? sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyBias>(p, nullptr)
+        : causal ? sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyWindow>(p, nullptr)
+                 : sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyPlain>(p, nullptr);
     if (!st.ok()) {
       std::fprintf(stderr, "launch failed\n");
       std::exit(1);
@@ -110,19 +129,27 @@ static double run_case(int B, int H, int L, int D, bool causal) {
   CHECK(cudaFree(v));
   CHECK(cudaFree(o));
   CHECK(cudaFree(flush));
+  if (bias_data != nullptr) CHECK(cudaFree(bias_data));
   const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;
   const double flops = 4.0 * pairs * D * B * H;
-  std::printf("%s D=%d B=%d H=%d L=%d causal=%d median %.4f ms p10 %.4f p90 %.4f  %.1f TFLOP/s\n",
-              VARIANT, D, B, H, L, causal, ms[25], ms[5], ms[45], flops / ms[25] / 1e9);
+  std::printf(
+      "%s D=%d B=%d H=%d L=%d causal=%d bias=%d median %.4f ms p10 %.4f p90 %.4f  %.1f TFLOP/s\n",
+      VARIANT, D, B, H, L, causal, bias, ms[25], ms[5], ms[45], flops / ms[25] / 1e9);
   return ms[25];
 }
 
 #ifndef FMHA_TIMING_D
 #define FMHA_TIMING_D FMHA_TIMING_BUCKET
 #endif
-int main() {
+int main(int argc, char** argv) {
   const int D = FMHA_TIMING_D;
   const int tokens = 16384, heads = 2048 / D;
+  if (argc > 1 && std::string_view(argv[1]) == "bias") {
+    const int sam_heads = D == 80 ? 16 : 12;
+    run_case(8, sam_heads, 4096, D, false);
+    run_case(8, sam_heads, 4096, D, false, /*bias=*/true);
+    return 0;
+  }
   run_case(8, D == 80 ? 16 : 12, 4096, D, false);  // SAM-B (SAM-H at D 80) shape
   for (int L : {512, 2048, 8192}) run_case(tokens / L, heads, L, D, false);
   for (int L : {512, 2048}) run_case(tokens / L, heads, L, D, true);

@@ -191,9 +191,10 @@ TEST(CudaForward, Bias) {
 
 // A bias alone with pair-aligned rows: the sm90 forward's PolicyBias register form (each thread's
 // bias entries loaded into registers a key tile ahead; ping-pong kept). Odd Lk behind an even row
-// stride (the last pair half outside), partial first and last tiles under causal and window masks,
-// a bias shared by the batches (the grid runs the batch innermost), broadcast rows, extra keys and
-// sinks (no bias on extra keys), every head-dim bucket's tile shape.
+// stride (the last pair half outside; 484 bytes, which no tensor map takes, so D 32 and 64 stay on
+// the register form too), partial first and last tiles under causal and window masks, a bias
+// shared by the batches (the grid runs the batch innermost), broadcast rows, extra keys and sinks
+// (no bias on extra keys), every head-dim bucket's tile shape.
 TEST(CudaForward, BiasRegisterForm) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 400;
@@ -201,7 +202,7 @@ TEST(CudaForward, BiasRegisterForm) {
     ForwardCase c =
         shape_case(d % 64 == 0 ? DType::kBFloat16 : DType::kFloat16, 201, 239, d, d, 4, 2, 2);
     c.bias = true;
-    c.bias_pad = 1;  // row stride 240: pairs aligned, the last key alone
+    c.bias_pad = 3;  // row stride 242: pairs aligned, the last key alone
     check_forward(c, seed++);
     c.options.causal = true;
     c.options.causal_alignment = CausalAlignment::kBottomRight;
@@ -221,6 +222,43 @@ TEST(CudaForward, BiasRegisterForm) {
   one.bias_size_one = true;
   one.bias_broadcast = {false, true, true, false};  // [B, 1, 1, Lk]: key padding
   check_forward(one, seed++, /*twice=*/true);
+}
+
+// A bias alone whose rows a tensor map describes (16-byte aligned, not broadcast over queries), up
+// to D 64: the staged form (the copy warpgroup copies each key tile's bias by TMA into a ring of
+// two tiles; the softmax reads them with ldmatrix). Odd Lq (rows past it read the map's zeros), Lk
+// short of a whole key tile and an odd one behind a padded row, causal and window masks (partial
+// first tiles: the bias tile starts at the mask's first key), a bias shared by the batches or by
+// the heads (size-1 map dimensions read at 0), GQA, extra keys and sinks, fp16 and bf16, and
+// several grid tiles a block (more tiles than the ring has slots, across grid tiles).
+TEST(CudaForward, BiasStagedTiles) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 430;
+  for (std::int64_t d : {32, 64}) {
+    for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+      ForwardCase c = shape_case(dt, 333, 520, d, d, 4, 2, 3);
+      c.bias = true;
+      check_forward(c, seed++);
+      c.bias_pad = 9;  // Lk 519 in rows of 528 (16-byte aligned): the last key tile partial
+      c.seqlen_k = 519;
+      c.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: batch innermost
+      c.options.causal = true;
+      c.options.causal_alignment = CausalAlignment::kBottomRight;
+      check_forward(c, seed++);
+      c.options.causal = false;
+      c.options.window_left = 150;
+      c.options.window_right = 20;
+      c.bias_broadcast = {false, true, false, false};  // [B, 1, Lq, Lk]
+      c.sinks = true;
+      c.extra = 9;
+      check_forward(c, seed++);
+    }
+  }
+  // Many grid tiles (B 2, H 8, Lq 1000: 128 of them), each with 8 key tiles.
+  ForwardCase big = shape_case(DType::kBFloat16, 1000, 1024, 64, 64, 8, 8, 2);
+  big.bias = true;
+  big.bias_broadcast = {true, false, false, false};
+  check_forward(big, seed++, /*twice=*/true);
 }
 
 TEST(CudaForward, RelativePositionSam) {

@@ -3,12 +3,15 @@
 // straight from global memory into registers, one key tile ahead of its softmax, and a score then
 // costs one fused multiply-add more than the plain kernel's:
 //   s = scale * q.k + bias[b, h, i, j]          (natural units; the softmax multiplies by log2(e))
-// Nothing is staged in shared memory, so the kernel keeps its ping-pong schedule (a staged tile
-// would be overwritten under the follower's softmax: mainloop_fwd.cuh) and its third K/V stage.
 // Entries j, j + 1 of a row (j even) come as one 32-bit load: the bias must have unit key stride
 // and even other strides on a 4-byte aligned base (bias_registers_apply); ScoreModifiers
-// (score_modifiers.cuh) covers every other layout. The backward's dK/dV kernel, whose score rows
-// are keys, reads the bias transposed from staged tiles (bias_tiles.cuh) with the same scores.
+// (score_modifiers.cuh) covers every other layout. Staged form (sm90 up to D 64, where a tensor
+// map describes the bias: forward_pipeline.cuh's bias_ring): the copy warpgroup copies each key
+// tile's bias by TMA into a ring of shared-memory tiles, with barriers of its own, so ping-pong
+// and the third K/V stage stay, and a thread takes its 2 x kTiles pairs in kTiles / 2 ldmatrix
+// instead of 2 x kTiles global loads (fetch_staged). The backward's dK/dV kernel, whose score
+// rows are keys, reads the bias transposed from staged tiles (bias_tiles.cuh) with the same
+// scores.
 #pragma once
 
 #include <cstdint>
@@ -98,6 +101,29 @@ struct ScoreBias {
         }
         f.x[t][r] = x;
       }
+    }
+  }
+
+  // The pairs fetch() would give, from a staged tile (a K-major Tile of the block's rows x the
+  // key tile, sm90/wgmma.cuh's layout) at shared address `tile`, for the warp whose 16 rows start
+  // at tile row `warp_row`. One ldmatrix.x4 reads n8 tiles t, t + 1 x rows 0-7, 8-15 (lanes
+  // 8i .. 8i + 7 address matrix i's rows), and a lane's register of matrix i is the pair of its
+  // own fragment row and columns; the 8 rows of a matrix sit in 8 different swizzle phases, so
+  // the reads are free of bank conflicts.
+  template <typename Tile, int kTiles>
+  __device__ static void fetch_staged(BiasFetch<kTiles>& f, std::uint32_t tile, int warp_row,
+                                      int lane) {
+    static_assert(kTiles % 2 == 0, "two n8 tiles per ldmatrix");
+    const int row = warp_row + (lane & 7) + (lane & 8);
+    const int second = lane >> 4;  // lanes 16-31 address n8 tile t + 1
+#pragma unroll
+    for (int t = 0; t < kTiles; t += 2) {
+      std::uint32_t x[4];
+      tile::ldmatrix_x4(x, tile + Tile::chunk_offset(row, t + second));
+      f.x[t][0] = x[0];
+      f.x[t][1] = x[1];
+      f.x[t + 1][0] = x[2];
+      f.x[t + 1][1] = x[3];
     }
   }
 

@@ -9,7 +9,8 @@
 // role split its own budget). It copies Q, then group j = K(j), V(j - 1) into stage slot j %
 // stages, once the slot's `empty` barrier says that the math warps have finished phase j - stages,
 // its last reader; the slot's `full` barrier completes when the group has landed
-// (tile_copies.cuh). Q and the main key tiles of a dense batch go through the tensor-memory
+// (tile_copies.cuh); the bias policy's tiles go into a ring of their own (bias_ring(), below).
+// Q and the main key tiles of a dense batch go through the tensor-memory
 // accelerator: one thread issues one cp.async.bulk.tensor per column block of a tile (the launcher
 // makes the tensor maps); extra keys, varlen sequences and strides no tensor map can describe go
 // through the copy threads' cp.async, as in the other schedule. A math warpgroup's phase u waits
@@ -90,6 +91,16 @@ inline constexpr bool kStagesScores = kGeneralForm<Policy>;
 template <int kD, typename Policy>
 inline constexpr bool kCopyWarpgroup =
     !Policy::Mask::kTokenTiles && !kGeneralForm<Policy> && kD <= 128;
+// Whether the copy warpgroup also stages the bias of each main key tile (the bias policy's
+// staged form, score_bias.cuh), by TMA into a ring of kBiasStages tiles that the math warps'
+// softmax reads and hands back (bias_full / bias_empty); where no tensor map describes the bias
+// the kernel keeps the register form. Up to D 64, where the ring fits beside the K/V stages and
+// the output tile (208 of the 227 KB).
+template <int kD, typename Policy>
+constexpr bool bias_ring() {
+  return kBiasForm<Policy> && kCopyWarpgroup<kD, Policy> && kD <= 64;
+}
+inline constexpr int kBiasStages = 2;
 // Threads of a forward block: the math warpgroups, and the copy warpgroup after them.
 inline constexpr int kCopyThreads = 128;
 template <int kD, typename Policy>
@@ -126,6 +137,10 @@ struct StageBarriers {
   std::uint64_t tile_full[2];
   std::uint64_t tile_empty[2];
   unsigned tile[2];
+  // The staged bias ring (bias_ring()): bias tile n of the block in slot n % kBiasStages, landed
+  // (full: the copying thread's arrival with its TMA bytes) and read by every math thread (empty).
+  std::uint64_t bias_full[kBiasStages];
+  std::uint64_t bias_empty[kBiasStages];
 };
 
 // Named barriers of the forward kernel (__syncthreads is barrier 0): the rendezvous of all threads

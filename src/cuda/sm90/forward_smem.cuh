@@ -1,7 +1,7 @@
 // The sm90 forward block's shared memory (mainloop_fwd.cuh): Q's tile, the K/V stages, with a
-// copy warpgroup the zero V tile and the output tile, then the staged bias tiles and rel-pos rows,
-// the token-tile bookkeeping or the copy warpgroup's barriers. Sized here for the kernel and its
-// launcher.
+// copy warpgroup the zero V tile, the output tile and the bias policy's ring (bias_ring()), then
+// the general policy's staged bias tiles and rel-pos rows, the token-tile bookkeeping or the copy
+// warpgroup's barriers. Sized here for the kernel and its launcher.
 #pragma once
 
 #include "cuda/sm90/forward_pipeline.cuh"
@@ -59,12 +59,26 @@ constexpr bool output_tile() {
              kMaxBlockSmem;
 }
 
-// Shared memory of Q, the K/V stages, the zero V tile and the output tile; the staged bias tiles
-// and rel-pos rows (if any), the token-tile bookkeeping, or the copy warpgroup's barriers follow.
+// A staged bias tile of the copy warpgroup's ring (bias_ring()): the block's rows x a key tile,
+// in the layout of a K-major operand, so that one ldmatrix gives a warp four accumulator
+// fragments' pairs (score_bias.cuh).
+template <int kD>
+using BiasTile = SwizzledTile<block_m(kD), block_n(kD)>;
+
+// Where the staged bias ring starts: after Q, the K/V stages, the zero V tile and the output tile.
 template <int kD, typename Policy>
-constexpr int tile_smem_bytes() {
+constexpr int bias_ring_offset() {
   return input_smem_bytes<kD, Policy>() +
          (output_tile<kD, Policy>() ? SwizzledTile<block_m(kD), kD>::kBytes : 0);
+}
+
+// Shared memory of Q, the K/V stages, the zero V tile, the output tile and the staged bias ring;
+// the general policy's staged bias tiles and rel-pos rows (if any), the token-tile bookkeeping,
+// or the copy warpgroup's barriers follow.
+template <int kD, typename Policy>
+constexpr int tile_smem_bytes() {
+  return bias_ring_offset<kD, Policy>() +
+         (bias_ring<kD, Policy>() ? kBiasStages * BiasTile<kD>::kBytes : 0);
 }
 
 }  // namespace fmha::cuda::sm90

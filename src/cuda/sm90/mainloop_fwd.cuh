@@ -90,6 +90,14 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   // Where the epilogue stages the output rows (output_tile()).
   const std::uint32_t smem_o =
       output_tile<kD, Policy>() ? smem_q + input_smem_bytes<kD, Policy>() : smem_q;
+  // The staged bias ring (bias_ring()), bias tile n of the block in slot n % kBiasStages.
+  [[maybe_unused]] auto smem_bias_slot = [&](int n) {
+    return smem_q + bias_ring_offset<kD, Policy>() + (n % kBiasStages) * BiasTile<kD>::kBytes;
+  };
+  static_assert(!kCopyWarps || tile_smem_bytes<kD, Policy>() + kSmemAlignSlack +
+                                       static_cast<int>(sizeof(StageBarriers<kStages>)) <=
+                                   kMaxBlockSmem,
+                "the tiles and the copy warpgroup's barriers fit in a block's shared memory");
 
   // Broadcast from lane 0 so that the compiler sees a warp-uniform value: branches on the role
   // (ping-pong) are then not divergent paths, around which it would serialize the wgmma.
@@ -103,6 +111,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   // Whether the tensor-memory accelerator copies Q and the main key tiles (a dense batch whose
   // maps the launcher made); else the copy warpgroup copies them with cp.async.
   [[maybe_unused]] const bool tma = kCopyWarps && maps.usable;
+  // Whether the copy warpgroup stages the bias by TMA (bias_ring(); the launcher made its map), or
+  // the math threads load it into registers.
+  [[maybe_unused]] const bool staged_bias = bias_ring<kD, Policy>() && maps.bias_usable;
   if constexpr (kCopyWarps) {
     bars = reinterpret_cast<StageBarriers<kStages>*>(smem_q_ptr + tile_smem_bytes<kD, Policy>());
     if (threadIdx.x == 0) {
@@ -116,6 +127,12 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       for (int slot = 0; slot < 2; ++slot) {
         barrier_init(&bars->tile_full[slot], 1);
         barrier_init(&bars->tile_empty[slot], (kThreads + kCopyThreads) / 32);
+      }
+      if constexpr (bias_ring<kD, Policy>()) {
+        for (int slot = 0; slot < kBiasStages; ++slot) {
+          barrier_init(&bars->bias_full[slot], 1);
+          barrier_init(&bars->bias_empty[slot], kThreads);
+        }
       }
       ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
     }
@@ -133,6 +150,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   // gives Q's barrier parities (they complete once a tile, Q or not).
   int phases_done = 0;
   int q_tiles_done = 0;
+  // The staged bias tiles so far (one per main key tile), whose count gives the ring's slots and
+  // parities.
+  [[maybe_unused]] int bias_tiles_done = 0;
 
   // One grid tile, for the copy role (copy_role true: the copy warpgroup) or the math role.
   auto run_tile = [&](const BlockCoords& coords, auto copy_role) {
@@ -359,7 +379,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       [[maybe_unused]] BiasRows bias_rows{};
       if constexpr (kBiasForm<Policy>) {
         bias_rows = scores.rows(fragment_row);
-        if (main_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
+        if (main_tiles > 0 && !staged_bias) {
+          scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
+        }
       }
 
       float o[kOutTiles][4];
@@ -518,7 +540,16 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
             scores.transform(s);
           }
         } else if constexpr (kBiasForm<Policy>) {
-          if (!tile.extra) {
+          if (!tile.extra && staged_bias) {
+            // The tile's staged bias; the slot is handed back once the pairs are used (so the
+            // loads are done).
+            const int n = bias_tiles_done + u;
+            barrier_wait(&bars->bias_full[n % kBiasStages], (n / kBiasStages) & 1);
+            Scores::template fetch_staged<BiasTile<kD>>(bias_next, smem_bias_slot(n), warp * 16,
+                                                        lane);
+            scores.scale_and_add(s, bias_next);
+            barrier_arrive(&bars->bias_empty[n % kBiasStages]);
+          } else if (!tile.extra) {
             scores.scale_and_add(s, bias_next);
             if (u + 1 < main_tiles) scores.fetch(bias_next, bias_rows, first_col + kN);
           } else {
@@ -699,6 +730,24 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
             tma_load_tile<KVTile>(smem_q_ptr + (smem_v(v_slot) - smem_q), maps.v, first - kN, hk, b,
                                   &bars->full[slot]);
           }
+          // K(j)'s bias into its ring slot, once both warpgroups' softmax of the bias tile two
+          // before is done with it. (This thread's arrival on full[slot] waits too: the phase that
+          // needs the slot comes after that softmax anyway.)
+          if constexpr (bias_ring<kD, Policy>()) {
+            if (staged_bias && k_by_tma) {
+              const int n = bias_tiles_done + j;
+              std::uint64_t* const full = &bars->bias_full[n % kBiasStages];
+              if (n >= kBiasStages) {
+                barrier_wait(&bars->bias_empty[n % kBiasStages], (n / kBiasStages - 1) & 1);
+              }
+              barrier_arrive_expect_bytes(full, BiasTile<kD>::kBytes);
+              // A broadcast batch or head reads coordinate 0 of its size-1 dimension.
+              tma_load_tile<BiasTile<kD>>(smem_q_ptr + (smem_bias_slot(n) - smem_q), maps.bias, m0,
+                                          p.bias_stride[1] != 0 ? h : 0,
+                                          p.bias_stride[0] != 0 ? b : 0, full,
+                                          static_cast<std::int32_t>(first));
+            }
+          }
         }
         if (copier && has_k && !k_by_tma) load_k(j, slot, loaders);
         if (copier && has_v && !v_by_tma) load_v(j - 1, v_slot, loaders);
@@ -717,6 +766,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     }
     phases_done += num_tiles > 0 ? num_tiles + 1 : 0;
     ++q_tiles_done;
+    bias_tiles_done += main_tiles;
   };  // run_tile
 
   if constexpr (kCopyWarps) {

@@ -42,9 +42,12 @@ struct RowsMap {
 };
 
 // The forward kernel's maps of q, k and v; `usable` is false where any of them could not be made.
+// `bias`: a 16-bit bias's rows of queries (columns = keys), in blocks of a key tile's columns,
+// where the kernel stages the bias by TMA (bias_usable: mainloop_fwd.cuh).
 struct ForwardTileMaps {
-  RowsMap q, k, v;
+  RowsMap q, k, v, bias;
   bool usable = false;
+  bool bias_usable = false;
 };
 
 // ---- Host -------------------------------------------------------------------------------------
@@ -163,11 +166,21 @@ __device__ __forceinline__ void barrier_expect_bytes(std::uint64_t* bar, int byt
                                   static_cast<std::uint32_t>(bytes));
 }
 
-// Rows [row, row + the box's rows) of head `head`, batch `batch` (every column block of the tile)
-// into the tile at `dst` (shared memory), completing Tile::kBytes on `bar`.
+// The arrival of the one thread that copies a tile for a barrier (count 1), announcing the bytes
+// its TMA copies will complete: the phase completes once they have landed.
+__device__ __forceinline__ void barrier_arrive_expect_bytes(std::uint64_t* bar, int bytes) {
+  (void)::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                               ::cuda::ptx::space_shared, bar,
+                                               static_cast<std::uint32_t>(bytes));
+}
+
+// Rows [row, row + the box's rows) of head `head`, batch `batch` (every column block of the tile,
+// from column first_col on) into the tile at `dst` (shared memory), completing Tile::kBytes on
+// `bar`.
 template <typename Tile>
 __device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& m, std::int64_t row,
-                                              int head, std::int64_t batch, std::uint64_t* bar) {
+                                              int head, std::int64_t batch, std::uint64_t* bar,
+                                              std::int32_t first_col = 0) {
   // Selects, not an array indexed by the map's order (which went through local memory, a store
   // and a load before every copy).
   auto outer = [&](int which) {
@@ -178,7 +191,7 @@ __device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& 
   const std::int32_t c1 = outer(m.order[0]), c2 = outer(m.order[1]), c3 = outer(m.order[2]);
 #pragma unroll
   for (int block = 0; block < Tile::kBytes / Tile::kBlockBytes; ++block) {
-    const std::int32_t coords[4] = {block * Tile::kBlockCols, c1, c2, c3};
+    const std::int32_t coords[4] = {first_col + block * Tile::kBlockCols, c1, c2, c3};
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
                                       dst + block * Tile::kBlockBytes, &m.map, coords, bar);
   }
