@@ -139,6 +139,35 @@ TEST(CudaBackward, BiasRegisterForm) {
   }
 }
 
+// A bias alone in whole 16-byte chunks up to D 64: the sm90 dQ kernel stages the bias policy's
+// tiles with cp.async and reads each thread's pairs with ldmatrix (the register form otherwise).
+// Odd Lq (rows past it staged as zeros), a partial last key tile, causal and window masks (key
+// tiles start at the first visible key), dbias stored or summed over the batches, extra keys and
+// sinks, GQA.
+TEST(CudaBackward, BiasStagedTiles) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 440;
+  for (std::int64_t d : {32, 64}) {
+    BackwardCase c =
+        shape_case(d == 32 ? DType::kFloat16 : DType::kBFloat16, 201, 264, d, d, 4, 2, 2);
+    c.bias = true;
+    c.dbias = true;
+    check_backward(c, seed++);
+    c.options.causal = true;
+    c.options.causal_alignment = CausalAlignment::kBottomRight;
+    c.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: dbias summed over B
+    c.batch = 3;
+    check_backward(c, seed++);
+    c.options.causal = false;
+    c.options.window_left = 150;
+    c.options.window_right = 9;
+    c.dbias = false;
+    c.sinks = true;
+    c.extra = 4;
+    check_backward(c, seed++);
+  }
+}
+
 TEST(CudaBackward, RelativePositionSam) {
   SKIP_WITHOUT_GPU();
   // SAM-like: a 14 x 14 key grid, D = 80, with and without an additive bias on top.

@@ -104,14 +104,15 @@ struct ScoreBias {
     }
   }
 
-  // The pairs fetch() would give, from a staged tile (a K-major Tile of the block's rows x the
-  // key tile, sm90/wgmma.cuh's layout) at shared address `tile`, for the warp whose 16 rows start
-  // at tile row `warp_row`. One ldmatrix.x4 reads n8 tiles t, t + 1 x rows 0-7, 8-15 (lanes
-  // 8i .. 8i + 7 address matrix i's rows), and a lane's register of matrix i is the pair of its
-  // own fragment row and columns; the 8 rows of a matrix sit in 8 different swizzle phases, so
-  // the reads are free of bank conflicts.
-  template <typename Tile, int kTiles>
-  __device__ static void fetch_staged(BiasFetch<kTiles>& f, std::uint32_t tile, int warp_row,
+  // The pairs fetch() would give, from a staged tile of the block's rows x the key tile, for the
+  // warp whose 16 rows start at tile row `warp_row`; chunk(r, c) is the shared address of row r's
+  // 16-byte chunk c (keys 8c .. 8c + 7): a K-major SwizzledTile (sm90/wgmma.cuh; the forward's
+  // TMA ring) or bias_tiles' layout (the dQ kernel's cp.async stages). One ldmatrix.x4 reads n8
+  // tiles t, t + 1 x rows 0-7, 8-15 (lanes 8i .. 8i + 7 address matrix i's rows), and a lane's
+  // register of matrix i is the pair of its own fragment row and columns; both layouts put the 8
+  // rows of a matrix in 8 different swizzle phases, so the reads are free of bank conflicts.
+  template <int kTiles, typename ChunkAddress>
+  __device__ static void fetch_staged(BiasFetch<kTiles>& f, const ChunkAddress& chunk, int warp_row,
                                       int lane) {
     static_assert(kTiles % 2 == 0, "two n8 tiles per ldmatrix");
     const int row = warp_row + (lane & 7) + (lane & 8);
@@ -119,7 +120,7 @@ struct ScoreBias {
 #pragma unroll
     for (int t = 0; t < kTiles; t += 2) {
       std::uint32_t x[4];
-      tile::ldmatrix_x4(x, tile + Tile::chunk_offset(row, t + second));
+      tile::ldmatrix_x4(x, chunk(row, t + second));
       f.x[t][0] = x[0];
       f.x[t][1] = x[1];
       f.x[t + 1][0] = x[2];

@@ -31,8 +31,9 @@ Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardPara
   return Status::ok_status();
 }
 
-// The general policy stages its bias tiles (one a stage) when their rows are whole 16-byte chunks
-// and they fit next to the kernel's other shared memory `smem`; sets p.fwd.bias_staged.
+// Bias tiles (one a stage; the general policy's, and the bias policy's in the dQ kernel) are
+// staged when their rows are whole 16-byte chunks and they fit next to the kernel's other shared
+// memory `smem`; sets p.fwd.bias_staged.
 inline int stage_bias(BackwardParams& p, int smem, int tile_bytes) {
   const int bytes = kBwdStages * tile_bytes;
   p.fwd.bias_staged = bias_stageable(p.fwd) && smem + bytes <= max_block_smem();
@@ -128,8 +129,11 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
     smem += static_cast<int>(sizeof(DqTokenTiles<kD, Policy>));
   }
   if constexpr (kRelPosForm<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
-  if constexpr (kGeneralForm<Policy>)
-    smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD));
+  // The bias policy stages its tiles up to D 64 (3 x 128 queries x 128 keys: 225 of the 227 KB),
+  // where it was measured (SAM-B, H200, session 17); above, the register form.
+  if constexpr (kGeneralForm<Policy> || (kBiasForm<Policy> && kD <= 64)) {
+    smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD, kBwdNarrowKeys<Policy>));
+  }
   auto* kernel = &backward_dq_kernel<T, kD, Policy>;
   if constexpr (kRelPosForm<Policy>) {
     // The register form where a key tile is one or two grid rows; its rel_h fetch takes key

@@ -38,8 +38,8 @@ template <typename Policy>
 inline constexpr bool kBwdNarrowKeys = kGeneralForm<Policy>;
 
 // Shared memory of the tiles; under rel-pos its rows and table follow (bwd_rel_pos_smem_bytes),
-// under the general policy the staged bias tiles (bwd_dq_bias_tile_bytes a stage), under token
-// tiles their bookkeeping (TokenTileSmem).
+// under the general and bias policies the staged bias tiles (bwd_dq_bias_tile_bytes a stage),
+// under token tiles their bookkeeping (TokenTileSmem).
 template <int kD, typename Policy>
 constexpr int bwd_dq_smem_bytes() {
   constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   };
   [[maybe_unused]] auto smem_bias = [&](int stage) {
     return smem_q + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes +
-           stage * bwd_dq_bias_tile_bytes(kD);
+           stage * bwd_dq_bias_tile_bytes(kD, kBwdNarrowKeys<Policy>);
   };
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       load_tile_async<kN, kD, kBwdThreads>(smem_v(stage), v + first_key * f.v_row_stride,
                                            f.v_row_stride, valid, f.value_dim, f.vector_loads);
     }
-    if constexpr (kGeneralForm<Policy>) {
+    if constexpr (kGeneralForm<Policy> || kBiasForm<Policy>) {
       if (f.bias_staged) {
         scores.template load_bias_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), m0, first_key);
       }
@@ -267,12 +267,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     rel_h_rows = scores.rel_h_rows(fragment_row);
     rel_h_next = scores.template fetch_rel_h<kRuns>(rel_h_rows, 0);
   }
-  // Register-form bias: this thread's bias of key tile u, fetched at tile u - 1 (tile 0's here).
+  // The bias policy: this thread's bias of key tile u from the tile's staged bias (f.bias_staged:
+  // the tiles' rows are 16-byte chunks and they fit), else in the register form, fetched at tile
+  // u - 1 (tile 0's here).
   [[maybe_unused]] BiasFetch<kBiasForm<Policy> ? kScoreTiles : 1> bias_next{};
   [[maybe_unused]] BiasRows bias_rows{};
   if constexpr (kBiasForm<Policy>) {
     bias_rows = scores.rows(fragment_row);
-    if (num_tiles > 0) scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
+    if (num_tiles > 0 && !f.bias_staged) {
+      scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
+    }
   }
   // Whether S and dP skip the bucket's last k-step, which would hold zero columns only for both.
   const bool short_dims = f.head_dim <= kD - 16 && f.value_dim <= kD - 16;
@@ -334,8 +338,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     } else if constexpr (kRelPosForm<Policy>) {
       scores.scale_and_add(s, fragment_row, first_key, fragment_col);
     } else if constexpr (kBiasForm<Policy>) {
+      if (f.bias_staged) {
+        const std::uint32_t tile = smem_bias(stage);
+        Scores::fetch_staged(
+            bias_next,
+            [tile](int r, int c) {
+              return tile + r * kN * 2 + (bias_tiles::swizzled_chunk<kN / 8>(c, r) << 4);
+            },
+            warp * 16, lane);
+      }
       scores.scale_and_add(s, bias_next);
-      if (u + 1 < num_tiles) scores.fetch(bias_next, bias_rows, first_key + kN + fragment_col);
+      if (!f.bias_staged && u + 1 < num_tiles) {
+        scores.fetch(bias_next, bias_rows, first_key + kN + fragment_col);
+      }
     } else if (!scale_folded) {
       scores.transform(s);
     }

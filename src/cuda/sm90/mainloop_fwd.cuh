@@ -545,8 +545,10 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
             // loads are done).
             const int n = bias_tiles_done + u;
             barrier_wait(&bars->bias_full[n % kBiasStages], (n / kBiasStages) & 1);
-            Scores::template fetch_staged<BiasTile<kD>>(bias_next, smem_bias_slot(n), warp * 16,
-                                                        lane);
+            const std::uint32_t slot = smem_bias_slot(n);
+            Scores::fetch_staged(
+                bias_next, [slot](int r, int c) { return slot + BiasTile<kD>::chunk_offset(r, c); },
+                warp * 16, lane);
             scores.scale_and_add(s, bias_next);
             barrier_arrive(&bars->bias_empty[n % kBiasStages]);
           } else if (!tile.extra) {

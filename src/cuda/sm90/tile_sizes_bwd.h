@@ -72,11 +72,12 @@ constexpr int bwd_dkdv_tile_bytes(int head_dim_bucket, bool token_tiles = false)
          kBwdStages * (2 * queries * head_dim_bucket * 2 + 2 * queries * 4) + 1024;
 }
 
-// A staged bias tile (PolicyGeneral), one per stage after the tiles, 16-bit in 16-byte chunks
-// swizzled by row: the dQ block's queries x one key tile, or one query tile x the dK/dV block's
-// keys. The launches stage them when they fit (else the kernels read the bias from global memory).
-constexpr int bwd_dq_bias_tile_bytes(int head_dim_bucket) {
-  return kBwdQueriesPerBlock * bwd_keys_per_tile(head_dim_bucket, /*narrow=*/true) * 2;
+// A staged bias tile, one per stage after the tiles, 16-bit in 16-byte chunks swizzled by row:
+// the dQ block's queries x one key tile (PolicyGeneral's narrow tiles, or PolicyBias's), or one
+// query tile x the dK/dV block's keys. The launches stage them when they fit (else the kernels
+// read the bias from global memory).
+constexpr int bwd_dq_bias_tile_bytes(int head_dim_bucket, bool narrow = true) {
+  return kBwdQueriesPerBlock * bwd_keys_per_tile(head_dim_bucket, narrow) * 2;
 }
 constexpr int bwd_dkdv_bias_tile_bytes(int head_dim_bucket) {
   return bwd_queries_per_tile(head_dim_bucket) * kBwdKeysPerBlock * 2;

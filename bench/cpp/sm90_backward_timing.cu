@@ -1,0 +1,161 @@
+// sm90-backward-timing: the sm90 split backward's two kernels (dQ, dK/dV) alone, launched through
+// their launchers on random bf16 inputs at the SAM-B shape (B 8, H 12, L 4096, D 64), without and
+// with a [1, H, L, L] bias (the bias policy; no dbias), for comparing builds of the kernels
+// without the library or Python: CUDA events around each launch, the L2 flushed in between, the
+// median of 30 runs. The row statistics (lse, Delta) are random too: the kernels' work does not
+// depend on them. No correctness check: the GPU suite is the test. Built by hand for sm_90a:
+//
+//   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
+//        -Isrc -Iinclude -DVARIANT='"main"' -o sm90-backward-timing \
+//        bench/cpp/sm90_backward_timing.cu src/cuda/workspace_pool.cu -lcuda
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "cuda/sm90/launch_bwd.cuh"
+
+#ifndef VARIANT
+#define VARIANT "build"
+#endif
+
+namespace fmha::cuda::sm90 {
+template Status launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(const BackwardParams&,
+                                                                   cudaStream_t);
+template Status launch_backward_dq<__nv_bfloat16, 64, PolicyBias>(const BackwardParams&,
+                                                                  cudaStream_t);
+template Status launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(const BackwardParams&,
+                                                                     cudaStream_t);
+template Status launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(const BackwardParams&,
+                                                                    cudaStream_t);
+}  // namespace fmha::cuda::sm90
+
+#define CHECK(x)                                                                      \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+namespace {
+
+void* device_random(std::size_t n, std::mt19937& gen, bool bf16) {
+  std::normal_distribution<float> dist;
+  void* d = nullptr;
+  if (bf16) {
+    std::vector<__nv_bfloat16> host(n);
+    for (auto& x : host) x = __float2bfloat16(dist(gen));
+    CHECK(cudaMalloc(&d, n * 2));
+    CHECK(cudaMemcpy(d, host.data(), n * 2, cudaMemcpyHostToDevice));
+  } else {
+    std::vector<float> host(n);
+    for (auto& x : host) x = dist(gen);
+    CHECK(cudaMalloc(&d, n * 4));
+    CHECK(cudaMemcpy(d, host.data(), n * 4, cudaMemcpyHostToDevice));
+  }
+  return d;
+}
+
+template <typename Launch>
+float median_ms(Launch launch, void* flush, std::size_t flush_bytes) {
+  for (int i = 0; i < 3; ++i) launch();
+  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < 30; ++i) {
+    CHECK(cudaMemsetAsync(flush, i, flush_bytes));
+    CHECK(cudaEventRecord(a));
+    launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float t;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[15];
+}
+
+}  // namespace
+
+int main() {
+  using namespace fmha::cuda;
+  const int B = 8, H = 12, L = 4096, D = 64;
+  std::mt19937 gen(42);
+  const std::size_t n = std::size_t(B) * L * H * D;
+  fmha::cuda::BackwardParams p;
+  ForwardParams& f = p.fwd;
+  f.q = device_random(n, gen, true);
+  f.k = device_random(n, gen, true);
+  f.v = device_random(n, gen, true);
+  p.dout = device_random(n, gen, true);
+  CHECK(cudaMalloc(&p.dq, n * 2));
+  CHECK(cudaMalloc(&p.dk, n * 2));
+  CHECK(cudaMalloc(&p.dv, n * 2));
+  p.delta = static_cast<float*>(device_random(std::size_t(B) * H * L, gen, false));
+  p.lse_log2 = static_cast<float*>(device_random(std::size_t(B) * H * L, gen, false));
+  void* bias = device_random(std::size_t(H) * L * L, gen, true);
+  const std::int64_t row = std::int64_t(H) * D, batch = std::int64_t(L) * row;
+  f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = p.dout_batch_stride = batch;
+  f.q_row_stride = f.k_row_stride = f.v_row_stride = p.dout_row_stride = row;
+  f.q_head_stride = f.k_head_stride = f.v_head_stride = p.dout_head_stride = D;
+  p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = batch;
+  p.dq_row_stride = p.dk_row_stride = p.dv_row_stride = row;
+  p.dq_head_stride = p.dk_head_stride = p.dv_head_stride = D;
+  p.stat_batch_stride = std::int64_t(H) * L;
+  p.stat_head_stride = L;
+  f.batch = B;
+  f.seqlen_q = f.seqlen_k = L;
+  f.heads = H;
+  f.kv_group = 1;
+  f.head_dim = f.value_dim = D;
+  f.vector_loads = f.vector_stores = true;
+  p.scale = 1.0f / std::sqrt(float(D));
+  f.scale_log2 = p.scale * 1.4426950408889634f;
+  const std::size_t flush_bytes = 256u << 20;
+  void* flush = nullptr;
+  CHECK(cudaMalloc(&flush, flush_bytes));
+  auto report = [&](const char* kernel, bool with_bias, float ms) {
+    std::printf("%s %s B=%d H=%d L=%d D=%d bias=%d median %.4f ms\n", VARIANT, kernel, B, H, L, D,
+                with_bias, ms);
+  };
+  for (bool with_bias : {false, true}) {
+    if (with_bias) {  // [1, H, L, L], contiguous: a batch stride of 0
+      f.bias = bias;
+      f.bias_stride[0] = 0;
+      f.bias_stride[1] = std::int64_t(L) * L;
+      f.bias_stride[2] = L;
+      f.bias_stride[3] = 1;
+    }
+    auto run = [&](auto launch) {
+      return median_ms(
+          [&] {
+            if (!launch().ok()) {
+              std::fprintf(stderr, "launch failed\n");
+              std::exit(1);
+            }
+          },
+          flush, flush_bytes);
+    };
+    const float dq =
+        with_bias
+            ? run([&] { return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyBias>(p, 0); })
+            : run([&] { return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(p, 0); });
+    const float dkdv =
+        with_bias
+            ? run([&] { return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(p, 0); })
+            : run([&] { return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(p, 0); });
+    report("dQ", with_bias, dq);
+    report("dK/dV", with_bias, dkdv);
+  }
+  return 0;
+}
