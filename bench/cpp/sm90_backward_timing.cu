@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/sm90/launch_bwd.cuh"
+#include "kernel_timing.h"
 
 #ifndef VARIANT
 #define VARIANT "build"
@@ -34,15 +35,6 @@ template Status launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(const Backw
 template Status launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(const BackwardParams&,
                                                                     cudaStream_t);
 }  // namespace fmha::cuda::sm90
-
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 namespace {
 
@@ -61,28 +53,6 @@ void* device_random(std::size_t n, std::mt19937& gen, bool bf16) {
     CHECK(cudaMemcpy(d, host.data(), n * 4, cudaMemcpyHostToDevice));
   }
   return d;
-}
-
-template <typename Launch>
-float median_ms(Launch launch, void* flush, std::size_t flush_bytes) {
-  for (int i = 0; i < 3; ++i) launch();
-  CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i < 30; ++i) {
-    CHECK(cudaMemsetAsync(flush, i, flush_bytes));
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float t;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[15];
 }
 
 }  // namespace
@@ -121,9 +91,6 @@ int main() {
   f.vector_loads = f.vector_stores = true;
   p.scale = 1.0f / std::sqrt(float(D));
   f.scale_log2 = p.scale * 1.4426950408889634f;
-  const std::size_t flush_bytes = 256u << 20;
-  void* flush = nullptr;
-  CHECK(cudaMalloc(&flush, flush_bytes));
   auto report = [&](const char* kernel, bool with_bias, float ms) {
     std::printf("%s %s B=%d H=%d L=%d D=%d bias=%d median %.4f ms\n", VARIANT, kernel, B, H, L, D,
                 with_bias, ms);
@@ -137,14 +104,14 @@ int main() {
       f.bias_stride[3] = 1;
     }
     auto run = [&](auto launch) {
-      return median_ms(
+      return sorted_launch_ms(
           [&] {
             if (!launch().ok()) {
               std::fprintf(stderr, "launch failed\n");
               std::exit(1);
             }
           },
-          flush, flush_bytes);
+          30)[15];
     };
     const float dq =
         with_bias

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cuda/sm90/launch_fwd.cuh"
+#include "kernel_timing.h"
 
 #ifndef VARIANT
 #define VARIANT "build"
@@ -39,15 +40,6 @@ template Status launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyBias>(co
                                                                               cudaStream_t);
 }  // namespace fmha::cuda::sm90
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
 using fmha::cuda::ForwardParams;
 
 static double run_case(int B, int H, int L, int D, bool causal, bool bias = false) {
@@ -56,13 +48,11 @@ static double run_case(int B, int H, int L, int D, bool causal, bool bias = fals
   std::mt19937 gen(42);
   std::normal_distribution<float> dist;
   for (auto& x : host) x = __float2bfloat16(dist(gen));
-  void *q, *k, *v, *o, *flush;
+  void *q, *k, *v, *o;
   CHECK(cudaMalloc(&q, n * 2));
   CHECK(cudaMalloc(&k, n * 2));
   CHECK(cudaMalloc(&v, n * 2));
   CHECK(cudaMalloc(&o, n * 2));
-  const std::size_t flush_bytes = 256u << 20;
-  CHECK(cudaMalloc(&flush, flush_bytes));
   CHECK(cudaMemcpy(q, host.data(), n * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(k, host.data(), n * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(v, host.data(), n * 2, cudaMemcpyHostToDevice));
@@ -107,28 +97,11 @@ static double run_case(int B, int H, int L, int D, bool causal, bool bias = fals
       std::exit(1);
     }
   };
-  for (int i = 0; i < 3; ++i) launch();
-  CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i < 50; ++i) {
-    CHECK(cudaMemsetAsync(flush, i, flush_bytes));
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float t;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
+  const std::vector<float> ms = sorted_launch_ms(launch, 50);
   CHECK(cudaFree(q));
   CHECK(cudaFree(k));
   CHECK(cudaFree(v));
   CHECK(cudaFree(o));
-  CHECK(cudaFree(flush));
   if (bias_data != nullptr) CHECK(cudaFree(bias_data));
   const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;
   const double flops = 4.0 * pairs * D * B * H;

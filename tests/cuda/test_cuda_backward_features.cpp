@@ -109,33 +109,41 @@ TEST(CudaBackward, BiasOnWholeChunkRows) {
   check_backward(d, 100, /*twice=*/true);
 }
 
+// The cases a form of the bias policy is tested on, from `c` (its shape and bias layout): a bias
+// with its gradient; causal bottom-right with a bias shared by the batches (batch innermost, dbias
+// summed over B); a window of window_left keys to the left and 9 to the right with sinks and extra
+// keys, without dbias.
+void check_bias_alone(BackwardCase c, std::int64_t window_left, std::uint64_t* seed) {
+  c.bias = true;
+  c.dbias = true;
+  check_backward(c, (*seed)++);
+  c.options.causal = true;
+  c.options.causal_alignment = CausalAlignment::kBottomRight;
+  c.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: dbias summed over B
+  c.batch = 3;
+  check_backward(c, (*seed)++);
+  c.options.causal = false;
+  c.options.window_left = window_left;
+  c.options.window_right = 9;
+  c.dbias = false;
+  c.sinks = true;
+  c.extra = 4;
+  check_backward(c, (*seed)++);
+}
+
 // A bias alone with pair-aligned rows: the sm90 dQ kernel's PolicyBias register form (the dK/dV
 // kernel reads it transposed, general policy). Odd Lk behind an even row stride (the last key's
-// pair half outside), masks with partial first and last key tiles, a bias shared by the batches
-// (batch innermost, dbias summed over B), extra keys and sinks, every key-tile width of the dQ
-// kernel (128 / 64 / 32 keys for D 64 / 128 / 256).
+// pair half outside), masks with partial first and last key tiles, a bias shared by the batches,
+// extra keys and sinks, every key-tile width of the dQ kernel (128 / 64 / 32 keys for D 64 / 128 /
+// 256).
 TEST(CudaBackward, BiasRegisterForm) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 420;
   for (std::int64_t d : {32, 64, 128, 160, 256}) {
     BackwardCase c =
         shape_case(d == 128 ? DType::kFloat16 : DType::kBFloat16, 201, 239, d, d, 4, 2, 2);
-    c.bias = true;
     c.bias_pad = 1;  // row stride 240
-    c.dbias = true;
-    check_backward(c, seed++);
-    c.options.causal = true;
-    c.options.causal_alignment = CausalAlignment::kBottomRight;
-    c.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: dbias summed over B
-    c.batch = 3;
-    check_backward(c, seed++);
-    c.options.causal = false;
-    c.options.window_left = 50;
-    c.options.window_right = 9;
-    c.dbias = false;
-    c.sinks = true;
-    c.extra = 4;
-    check_backward(c, seed++);
+    check_bias_alone(c, 50, &seed);
   }
 }
 
@@ -150,21 +158,7 @@ TEST(CudaBackward, BiasStagedTiles) {
   for (std::int64_t d : {32, 64}) {
     BackwardCase c =
         shape_case(d == 32 ? DType::kFloat16 : DType::kBFloat16, 201, 264, d, d, 4, 2, 2);
-    c.bias = true;
-    c.dbias = true;
-    check_backward(c, seed++);
-    c.options.causal = true;
-    c.options.causal_alignment = CausalAlignment::kBottomRight;
-    c.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: dbias summed over B
-    c.batch = 3;
-    check_backward(c, seed++);
-    c.options.causal = false;
-    c.options.window_left = 150;
-    c.options.window_right = 9;
-    c.dbias = false;
-    c.sinks = true;
-    c.extra = 4;
-    check_backward(c, seed++);
+    check_bias_alone(c, 150, &seed);
   }
 }
 
