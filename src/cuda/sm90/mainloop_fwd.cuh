@@ -449,10 +449,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         // D 64 kernel also took 33 registers more. So the kinds of phase (with S over all k-steps
         // of the bucket and P V over all its output columns, or both short of the last 16 when they
         // would hold zero columns only, D 80 in bucket 96; the last phase, without S; the first
-        // without P V) are runs of their own,
-        // chosen before the fence. Inside a run, P is packed before the accumulators' fences:
-        // packed after them, ptxas ran short of registers at D 128 and serialized the wgmma
-        // (C7512; 1.39 -> 2.07 ms at SAM-B's shape).
+        // without P V) are runs of their own, chosen before the fence. Inside a run, P is packed
+        // before the accumulators' fences: packed after them, ptxas ran short of registers at D 128
+        // and serialized the wgmma (C7512; 1.39 -> 2.07 ms at SAM-B's shape).
         const bool has_s = u < num_tiles;
         const int k_stage = g % kStages;
         const int v_stage =
