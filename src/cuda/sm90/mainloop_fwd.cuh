@@ -28,6 +28,7 @@
 #include "cuda/common/neighborhood_mask.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/forward_epilogue.cuh"
 #include "cuda/sm90/forward_pipeline.cuh"
 #include "cuda/sm90/forward_smem.cuh"
 #include "cuda/sm90/forward_softmax.cuh"
@@ -616,19 +617,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         // flight, and each phase of the barrier is waited for in turn.
         if (num_phases == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
       }
-#pragma unroll
-      for (int t = 0; t < kOutTiles; ++t) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = warp * 16 + lane / 4 + 8 * r;
-          const std::uint32_t packed =
-              Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_o + QTile::chunk_offset(row, t) +
-                                                         fragment_col * 2),
-                       "r"(packed)
-                       : "memory");
-        }
-      }
+      stage_output_rows<T, QTile>(o, factor, smem_o, warp * 16, lane);
       __syncwarp();
 
       const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
@@ -636,28 +625,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
                   (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
                   h * p.out_head_stride;
-      constexpr int kChunks = kD / 8;
-      for (int index = lane; index < 16 * kChunks; index += 32) {
-        const int r = index / kChunks;
-        const int c = index % kChunks;
-        if (r >= warp_rows || c * 8 >= p.value_dim) continue;
-        // Token tiles: row r goes to its token (out starts at token 0; -1: not stored).
-        std::int64_t dst_row = r;
-        if constexpr (kTokenTiles) {
-          dst_row = tt->query_token[warp * 16 + r];
-          if (dst_row < 0) continue;
-        }
-        const std::uint8_t* staged =
-            smem_q_ptr + (smem_o - smem_q) + QTile::chunk_offset(warp * 16 + r, c);
-        if (p.vector_stores) {
-          *reinterpret_cast<uint4*>(out + dst_row * p.out_row_stride + c * 8) =
-              *reinterpret_cast<const uint4*>(staged);
-        } else {
-          const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
-          for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e)
-            out[dst_row * p.out_row_stride + c * 8 + e] = x[e];
-        }
-      }
+      store_output_rows<kD, kTokenTiles, QTile>(p, out, smem_q_ptr + (smem_o - smem_q), warp * 16,
+                                                warp_rows, kTokenTiles ? tt->query_token : nullptr,
+                                                lane);
       // Q's tile is free for the next grid tile's Q once this thread's reads are done.
       if constexpr (kCopyWarps) {
         if (!output_tile<kD, Policy>() || num_phases == 0) barrier_arrive(&bars->q_empty);

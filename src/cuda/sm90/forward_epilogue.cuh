@@ -1,0 +1,67 @@
+// The sm90 forward's epilogue (mainloop_fwd.cuh): a warp's 16 output rows, normalised, staged in
+// its own rows of a shared-memory tile, then stored to global memory in 16-byte chunks (each thread
+// storing its accumulator pairs itself cost 9.5% at D 128 L 8192: perf-log, session 16).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/forward_params.h"
+#include "cuda/common/tile_primitives.cuh"
+
+namespace fmha::cuda::sm90 {
+
+// Writes this thread's accumulator entries o (m16n8 C layout, rows lane / 4 and + 8 of the warp's
+// 16, which start at tile row `first_row`), times the rows' factors, as 16-bit pairs into the
+// swizzled Tile at shared address `tile`.
+template <typename T, typename Tile, int kOutTiles>
+__device__ __forceinline__ void stage_output_rows(const float (&o)[kOutTiles][4],
+                                                  const float (&factor)[2], std::uint32_t tile,
+                                                  int first_row, int lane) {
+  using Convert = tile::Dtype<T>;
+  const int col = 2 * (lane % 4);
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = first_row + lane / 4 + 8 * r;
+      const std::uint32_t packed =
+          Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile + Tile::chunk_offset(row, t) + col * 2),
+                   "r"(packed)
+                   : "memory");
+    }
+  }
+}
+
+// Stores the warp's staged rows (tile rows first_row .. + 15 of the Tile at `staged_tile`, the
+// generic address of the staging tile) to `out`: rows that exist (warp_rows of them), columns
+// below the value dim. Row r goes to out row r, or with token tiles to out row
+// query_token[first_row
+// + r] (out then starts at token 0; -1: not stored).
+template <int kD, bool kTokenTiles, typename Tile>
+__device__ __forceinline__ void store_output_rows(const ForwardParams& p, std::uint16_t* out,
+                                                  const std::uint8_t* staged_tile, int first_row,
+                                                  int warp_rows, const int* query_token, int lane) {
+  constexpr int kChunks = kD / 8;
+  for (int index = lane; index < 16 * kChunks; index += 32) {
+    const int r = index / kChunks;
+    const int c = index % kChunks;
+    if (r >= warp_rows || c * 8 >= p.value_dim) continue;
+    std::int64_t dst_row = r;
+    if constexpr (kTokenTiles) {
+      dst_row = query_token[first_row + r];
+      if (dst_row < 0) continue;
+    }
+    const std::uint8_t* staged = staged_tile + Tile::chunk_offset(first_row + r, c);
+    if (p.vector_stores) {
+      *reinterpret_cast<uint4*>(out + dst_row * p.out_row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(staged);
+    } else {
+      const auto* x = reinterpret_cast<const std::uint16_t*>(staged);
+      for (int e = 0; e < 8 && c * 8 + e < p.value_dim; ++e)
+        out[dst_row * p.out_row_stride + c * 8 + e] = x[e];
+    }
+  }
+}
+
+}  // namespace fmha::cuda::sm90
