@@ -67,7 +67,6 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   using KVTile = SwizzledTile<kN, kD>;
   using Mask = typename Policy::Mask;
   using Scores = typename Policy::template Scores<T>;
-  using Convert = tile::Dtype<T>;
   // Rows and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
   constexpr bool kTokenTiles = Mask::kTokenTiles;
   using TokenTiles = FwdTokenTiles<kD>;
