@@ -1,0 +1,125 @@
+// sm80-fp32-timing: the fp32 kernels (sm80, mma.sync on tf32) of issue 4's fp32 case (B 4, H 16,
+// L 2048, D 64) alone, launched through their launchers on random inputs: the forward (the plain
+// policy, as the library runs it without options), the fused
+// backward's dK/dV kernel (dQ by atomics into an fp32 workspace) and the split backward's two
+// kernels, each in exact mode (3xTF32, the default) and with allow_tf32, for comparing builds of
+// the kernels without the library or Python. CUDA events around each launch, the L2 flushed in
+// between, the median of 30 runs. The row statistics (lse, Delta) are random: the kernels' work
+// does not depend on them. No correctness check: the GPU suite is the test. Built by hand, from the
+// source root, for the device at hand (sm_90a here):
+//
+//   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
+//        -Isrc -Iinclude -DVARIANT='"main"' -o sm80-fp32-timing \
+//        bench/cpp/sm80_fp32_timing.cu src/cuda/workspace_pool.cu -lcuda
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "cuda/sm80/launch_bwd.cuh"
+#include "cuda/sm80/launch_fwd.cuh"
+#include "kernel_timing.h"
+
+#ifndef VARIANT
+#define VARIANT "build"
+#endif
+
+namespace fmha::cuda::sm80 {
+template Status launch_forward<float, 64, PolicyPlain>(const ForwardParams&, cudaStream_t);
+template Status launch_backward_dq<float, 64, PolicyGeneral>(const BackwardParams&, cudaStream_t);
+template Status launch_backward_dkdv<float, 64, PolicyGeneral>(const BackwardParams&, cudaStream_t);
+}  // namespace fmha::cuda::sm80
+
+namespace {
+
+float* device_random(std::size_t n, std::mt19937& gen) {
+  std::normal_distribution<float> dist;
+  std::vector<float> host(n);
+  for (auto& x : host) x = dist(gen);
+  float* d = nullptr;
+  CHECK(cudaMalloc(&d, n * 4));
+  CHECK(cudaMemcpy(d, host.data(), n * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+}  // namespace
+
+int main() {
+  using namespace fmha::cuda;
+  const int B = 4, H = 16, L = 2048, D = 64;
+  std::mt19937 gen(42);
+  const std::size_t n = std::size_t(B) * L * H * D, stats = std::size_t(B) * H * L;
+  BackwardParams p;
+  ForwardParams& f = p.fwd;
+  f.q = device_random(n, gen);
+  f.k = device_random(n, gen);
+  f.v = device_random(n, gen);
+  p.dout = device_random(n, gen);
+  CHECK(cudaMalloc(&f.out, n * 4));
+  CHECK(cudaMalloc(&f.lse, stats * 4));
+  CHECK(cudaMalloc(&p.dq, n * 4));
+  CHECK(cudaMalloc(&p.dk, n * 4));
+  CHECK(cudaMalloc(&p.dv, n * 4));
+  float* dq_accum = nullptr;
+  CHECK(cudaMalloc(&dq_accum, n * 4));
+  CHECK(cudaMemset(dq_accum, 0, n * 4));
+  p.delta = device_random(stats, gen);
+  p.lse_log2 = device_random(stats, gen);
+  const std::int64_t row = std::int64_t(H) * D, batch = std::int64_t(L) * row;
+  f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.out_batch_stride = batch;
+  f.q_row_stride = f.k_row_stride = f.v_row_stride = f.out_row_stride = row;
+  f.q_head_stride = f.k_head_stride = f.v_head_stride = f.out_head_stride = D;
+  p.dout_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = batch;
+  p.dout_row_stride = p.dq_row_stride = p.dk_row_stride = p.dv_row_stride = row;
+  p.dout_head_stride = p.dq_head_stride = p.dk_head_stride = p.dv_head_stride = D;
+  f.lse_batch_stride = std::int64_t(H) * L;
+  f.lse_head_stride = L;
+  f.lse_row_stride = 1;
+  p.stat_batch_stride = std::int64_t(H) * L;
+  p.stat_head_stride = L;
+  f.batch = B;
+  f.seqlen_q = f.seqlen_k = L;
+  f.heads = H;
+  f.kv_group = 1;
+  f.head_dim = f.value_dim = D;
+  f.vector_loads = f.vector_stores = true;
+  p.scale = 1.0f / std::sqrt(float(D));
+  f.scale_log2 = p.scale * 1.4426950408889634f;
+  // The sm80 fused layout: [B, H, Lq, D] by row.
+  const std::int64_t accum_head = std::int64_t(L) * D;
+
+  auto run = [&](auto launch) {
+    return sorted_launch_ms(
+        [&] {
+          if (!launch().ok()) {
+            std::fprintf(stderr, "launch failed\n");
+            std::exit(1);
+          }
+        },
+        30)[15];
+  };
+  for (bool tf32 : {false, true}) {
+    f.allow_tf32 = tf32;
+    const char* mode = tf32 ? "tf32" : "exact";
+    const float fwd = run([&] { return sm80::launch_forward<float, 64, PolicyPlain>(f, 0); });
+    p.dq_accum = dq_accum;
+    p.accum_row_stride = D;
+    p.accum_head_stride = accum_head;
+    p.accum_batch_stride = H * accum_head;
+    const float fused =
+        run([&] { return sm80::launch_backward_dkdv<float, 64, PolicyGeneral>(p, 0); });
+    p.dq_accum = nullptr;
+    const float split_dkdv =
+        run([&] { return sm80::launch_backward_dkdv<float, 64, PolicyGeneral>(p, 0); });
+    const float split_dq =
+        run([&] { return sm80::launch_backward_dq<float, 64, PolicyGeneral>(p, 0); });
+    std::printf(
+        "%s %s B=%d H=%d L=%d D=%d forward %.4f ms | fused dK/dV+dQ atomics %.4f | split dK/dV "
+        "%.4f + dQ %.4f = %.4f\n",
+        VARIANT, mode, B, H, L, D, fwd, fused, split_dkdv, split_dq, split_dkdv + split_dq);
+  }
+  return 0;
+}
