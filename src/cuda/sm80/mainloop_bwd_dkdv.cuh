@@ -326,8 +326,8 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
       for (int np = 0; np < kScoreTiles / 2; ++np) {
         Frag bq;
         tile::load_rows(bq, q_bn + (np * 16 * kPitch + kk * kStep) * kBytes);
-        tile::mma(s[2 * np], a, bq, 0);
-        tile::mma(s[2 * np + 1], a, bq, 1);
+        tile::mma_fresh<kD / kStep>(s[2 * np], a, bq, 0);
+        tile::mma_fresh<kD / kStep>(s[2 * np + 1], a, bq, 1);
       }
     }
 #pragma unroll
@@ -339,8 +339,8 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
       for (int np = 0; np < kScoreTiles / 2; ++np) {
         Frag bo;
         tile::load_rows(bo, do_bn + (np * 16 * kPitch + kk * kStep) * kBytes);
-        tile::mma(dp[2 * np], a, bo, 0);
-        tile::mma(dp[2 * np + 1], a, bo, 1);
+        tile::mma_fresh<kD / kStep>(dp[2 * np], a, bo, 0);
+        tile::mma_fresh<kD / kStep>(dp[2 * np + 1], a, bo, 1);
       }
     }
 
@@ -490,8 +490,8 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
             Frag bk;
             tile::load_b_cols<T, kPitch>(
                 bk, k_bk + (kk * kStep * kPitch + group * kDqGroup + np * 16) * kBytes);
-            tile::mma(acc[2 * np], a, bk, 0);
-            tile::mma(acc[2 * np + 1], a, bk, 1);
+            tile::mma_fresh<kN / kStep>(acc[2 * np], a, bk, 0);
+            tile::mma_fresh<kN / kStep>(acc[2 * np + 1], a, bk, 1);
           }
         }
 #pragma unroll

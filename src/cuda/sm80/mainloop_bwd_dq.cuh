@@ -224,8 +224,8 @@ __device__ __forceinline__ void backward_dq_body(const BackwardParams& p) {
       for (int np = 0; np < kScoreTiles / 2; ++np) {
         Frag bk;
         tile::load_rows(bk, k_bn + (np * 16 * kPitch + kk * kStep) * kBytes);
-        tile::mma(s[2 * np], a, bk, 0);
-        tile::mma(s[2 * np + 1], a, bk, 1);
+        tile::mma_fresh<kD / kStep>(s[2 * np], a, bk, 0);
+        tile::mma_fresh<kD / kStep>(s[2 * np + 1], a, bk, 1);
       }
     }
 #pragma unroll
@@ -237,8 +237,8 @@ __device__ __forceinline__ void backward_dq_body(const BackwardParams& p) {
       for (int np = 0; np < kScoreTiles / 2; ++np) {
         Frag bv;
         tile::load_rows(bv, v_bn + (np * 16 * kPitch + kk * kStep) * kBytes);
-        tile::mma(dp[2 * np], a, bv, 0);
-        tile::mma(dp[2 * np + 1], a, bv, 1);
+        tile::mma_fresh<kD / kStep>(dp[2 * np], a, bv, 0);
+        tile::mma_fresh<kD / kStep>(dp[2 * np + 1], a, bv, 1);
       }
     }
 

@@ -405,8 +405,8 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
         tile::load_rows(bk, k_lane + (np * 16 * kPitch + kk * kStep) * kBytes);
 #pragma unroll
         for (int rb = 0; rb < kRowBlocks; ++rb) {
-          tile::mma(s[rb][2 * np], a[rb], bk, 0);
-          tile::mma(s[rb][2 * np + 1], a[rb], bk, 1);
+          tile::mma_fresh<kD / kStep>(s[rb][2 * np], a[rb], bk, 0);
+          tile::mma_fresh<kD / kStep>(s[rb][2 * np + 1], a[rb], bk, 1);
         }
       }
     }
