@@ -94,6 +94,20 @@ __device__ __forceinline__ void key_bounds_in_box(const DkDvTokenTileSmem<kM, kN
   neighborhood::box_bounds_bytes(w, origin, tt->tiles.seen_shape, lo, hi);
 }
 
+// dQ += (x0, x1) at columns col, col + 1 of an fp32 accumulator row (`at`, col even; `second`:
+// col + 1 is a column of the head). One 8-byte reduction where the GPU has them (sm90) and the
+// pair is 8-byte aligned (`aligned`), otherwise a 4-byte atomic per column.
+__device__ __forceinline__ void add_pair(float* at, float x0, float x1, bool second, bool aligned) {
+#if __CUDA_ARCH__ >= 900
+  if (second && aligned) {
+    atomicAdd(reinterpret_cast<float2*>(at), make_float2(x0, x1));
+    return;
+  }
+#endif
+  atomicAdd(at, x0);
+  if (second) atomicAdd(at + 1, x1);
+}
+
 // The kernel body; kSplit selects the 3xTF32 products for fp32 (tile_operands.cuh) and is false
 // for 16-bit types.
 template <typename T, int kD, typename Policy, bool kSplit>
@@ -472,6 +486,10 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
       const std::uint32_t k_bk = tile::shared_address(smem_k + bk_lane + slice);
       float* accum = p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride +
                      (q_start + m0) * p.accum_row_stride;
+      // Column pairs as one 8-byte reduction where the strides keep them aligned (the
+      // accumulator itself starts 16-byte aligned).
+      const bool pairs = p.accum_row_stride % 2 == 0 && p.accum_head_stride % 2 == 0 &&
+                         p.accum_batch_stride % 2 == 0;
       // 32 columns at a time: a small accumulator next to the live dK/dV ones.
 #pragma unroll
       for (int group = 0; group < kDqCols / kDqGroup; ++group) {
@@ -497,18 +515,19 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
 #pragma unroll
         for (int t = 0; t < kDqGroup / 8; ++t) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = row_block * 16 + g + (e >= 2 ? 8 : 0);
-            const int col = group_col + t * 8 + c2 + (e & 1);
+          for (int half = 0; half < 2; ++half) {  // rows g and g + 8: entries 2 half, 2 half + 1
+            const int r = row_block * 16 + g + 8 * half;
+            const int col = group_col + t * 8 + c2;
+            // The query's row of the accumulator; < 0: none.
+            std::int64_t row;
             if constexpr (kTokenTiles) {  // by token (accum starts at token 0)
-              const int token = tt->query_token[u & 1][r];
-              if (token >= 0 && col < f.head_dim) {
-                atomicAdd(accum + token * p.accum_row_stride + col, acc[t][e]);
-              }
+              row = tt->query_token[u & 1][r];
             } else {
-              if (m0 + r < num_queries && col < f.head_dim) {
-                atomicAdd(accum + r * p.accum_row_stride + col, acc[t][e]);
-              }
+              row = m0 + r < num_queries ? r : -1;
+            }
+            if (row >= 0 && col < f.head_dim) {
+              add_pair(accum + row * p.accum_row_stride + col, acc[t][2 * half],
+                       acc[t][2 * half + 1], col + 1 < f.head_dim, pairs);
             }
           }
         }
