@@ -188,6 +188,54 @@ __device__ __forceinline__ void mma(float (&d)[4], const Frag<T, kSplit>& a,
   }
 }
 
+// Tiles split once where they are staged (exact mode): a block whose tile feeds many fragment
+// loads (the dK/dV kernel's K and V, read again at every query step) splits it in place after its
+// copy lands, hi over x and lo in a plane `lo_offset` bytes on, and its loads then take both
+// parts with no arithmetic: two ldmatrix, or eight 32-bit loads for the column form.
+//
+// Splits rows [0, kRows) x columns [0, kCols) of a [kRows][kPitch] fp32 tile, 16 bytes a thread
+// at a time; the caller's barrier publishes it.
+template <int kRows, int kCols, int kPitch, int kThreads>
+__device__ __forceinline__ void split_tile_in_place(float* tile, int lo_offset_bytes) {
+  static_assert(kCols % 4 == 0 && kPitch % 4 == 0, "16-byte chunks");
+  constexpr int kChunksPerRow = kCols / 4;
+  for (int i = static_cast<int>(threadIdx.x); i < kRows * kChunksPerRow; i += kThreads) {
+    float* const at = tile + (i / kChunksPerRow) * kPitch + (i % kChunksPerRow) * 4;
+    const float4 x = *reinterpret_cast<const float4*>(at);
+    Frag<float, true> f;
+    f.x[0] = __float_as_uint(x.x);
+    f.x[1] = __float_as_uint(x.y);
+    f.x[2] = __float_as_uint(x.z);
+    f.x[3] = __float_as_uint(x.w);
+    split(f);
+    *reinterpret_cast<float4*>(at) = make_float4(__uint_as_float(f.x[0]), __uint_as_float(f.x[1]),
+                                                 __uint_as_float(f.x[2]), __uint_as_float(f.x[3]));
+    *reinterpret_cast<float4*>(reinterpret_cast<std::uint8_t*>(at) + lo_offset_bytes) =
+        make_float4(__uint_as_float(f.lo[0]), __uint_as_float(f.lo[1]), __uint_as_float(f.lo[2]),
+                    __uint_as_float(f.lo[3]));
+  }
+}
+
+// load_rows from a tile split in place.
+__device__ __forceinline__ void load_rows_presplit(Frag<float, true>& f, std::uint32_t address,
+                                                   std::uint32_t lo_offset_bytes) {
+  ldmatrix_x4(f.x, address);
+  ldmatrix_x4(f.lo, address + lo_offset_bytes);
+}
+
+// load_b_cols from a tile split in place.
+template <int kPitch>
+__device__ __forceinline__ void load_b_cols_presplit(Frag<float, true>& f, std::uint32_t address,
+                                                     std::uint32_t lo_offset_bytes) {
+  constexpr std::uint32_t kRow = kPitch * 4, kCol8 = 8 * 4;
+  const std::uint32_t offsets[4] = {0, kRow, kCol8, kRow + kCol8};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f.x[i] = ld_shared_b32(address + offsets[i]);
+    f.lo[i] = ld_shared_b32(address + lo_offset_bytes + offsets[i]);
+  }
+}
+
 // k-steps that a product whose accumulator starts at zero (S, dP, a tile's partial dQ) may add
 // straight into it in exact mode: each step adds three truncated sums at the accumulator's own
 // magnitude, so 8 steps (a depth of 64 floats) bound the bias to 24 ulps of the product (1.4e-6

@@ -142,7 +142,10 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
   Elem* const smem_do = smem_q + kM * kPitch;
   Elem* const smem_k = smem_do + kM * kPitch;
   Elem* const smem_v = smem_k + kN * kPitch;
-  Elem* const smem_ds = smem_v + kN * kPitch;
+  // K and V split once for the exact mode's products: their lo planes follow V (kPresplitKV).
+  constexpr bool kPresplitKV = kSplit && bwd_presplit_kv<T>(kD);
+  constexpr std::uint32_t kKvLoBytes = 2 * kN * kPitch * sizeof(Elem);  // K -> K lo, V -> V lo
+  Elem* const smem_ds = smem_v + (bwd_presplit_kv<T>(kD) ? 3 : 1) * kN * kPitch;
   float* const smem_lse = reinterpret_cast<float*>(smem_ds + kN * kDsPitch);
   float* const smem_delta = smem_lse + kM;
   auto* const tt = reinterpret_cast<DkDvTokenTileSmem<kM, kN>*>(smem_delta + kM);  // token tiles
@@ -302,6 +305,22 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
   const std::uint32_t q_bk = tile::shared_address(smem_q + bk_lane + col0);
   const std::uint32_t do_bk = tile::shared_address(smem_do + bk_lane + col0);
 
+  // K / V fragments: split as they load, or loaded already split.
+  auto load_kv_rows = [&](Frag& f, std::uint32_t address) {
+    if constexpr (kPresplitKV) {
+      tile::load_rows_presplit(f, address, kKvLoBytes);
+    } else {
+      tile::load_rows(f, address);
+    }
+  };
+  auto load_k_cols = [&](Frag& f, std::uint32_t address) {
+    if constexpr (kPresplitKV) {
+      tile::load_b_cols_presplit<kPitch>(f, address, kKvLoBytes);
+    } else {
+      tile::load_b_cols<T, kPitch>(f, address);
+    }
+  };
+
   const int g = lane / 4;         // fragment row (key) within the warp's 16, +8 for e >= 2
   const int c2 = 2 * (lane % 4);  // fragment column (query) within an n8 tile, +1 for odd e
   const std::int64_t key_row = n0 + warp * 16 + g;
@@ -318,6 +337,13 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
     const std::int64_t m0 = step_m0(u);
     tile::cp_async_wait<0>();
     __syncthreads();  // Q/dO/lse(u) visible; the previous step's dQ is done with dS^T
+    if constexpr (kPresplitKV) {
+      if (u == 0) {  // K and V landed with the first step's tiles
+        tile::split_tile_in_place<kN, kD, kPitch, kThreads>(smem_k, kKvLoBytes);
+        tile::split_tile_in_place<kN, kD, kPitch, kThreads>(smem_v, kKvLoBytes);
+        __syncthreads();
+      }
+    }
     if constexpr (kTokenTiles) {
       // Query box u + 1 into the other buffer, last read by step u - 1's dQ before the barrier.
       if (u + 1 < num_steps) {
@@ -335,7 +361,7 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
     for (int kk = 0; kk < kD / kStep; ++kk) {
       if (kk * kStep >= f.head_dim) break;  // zero columns of the bucket
       Frag a;
-      tile::load_rows(a, k_a + kk * kStep * kBytes);
+      load_kv_rows(a, k_a + kk * kStep * kBytes);
 #pragma unroll
       for (int np = 0; np < kScoreTiles / 2; ++np) {
         Frag bq;
@@ -348,7 +374,7 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
     for (int kk = 0; kk < kD / kStep; ++kk) {
       if (kk * kStep >= f.value_dim) break;
       Frag a;
-      tile::load_rows(a, v_a + kk * kStep * kBytes);
+      load_kv_rows(a, v_a + kk * kStep * kBytes);
 #pragma unroll
       for (int np = 0; np < kScoreTiles / 2; ++np) {
         Frag bo;
@@ -506,8 +532,7 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
           for (int np = 0; np < kDqGroup / 16; ++np) {
             if (group_col + np * 16 >= f.head_dim) break;
             Frag bk;
-            tile::load_b_cols<T, kPitch>(
-                bk, k_bk + (kk * kStep * kPitch + group * kDqGroup + np * 16) * kBytes);
+            load_k_cols(bk, k_bk + (kk * kStep * kPitch + group * kDqGroup + np * 16) * kBytes);
             tile::mma_fresh<kN / kStep>(acc[2 * np], a, bk, 0);
             tile::mma_fresh<kN / kStep>(acc[2 * np + 1], a, bk, 1);
           }

@@ -54,10 +54,22 @@ constexpr int bwd_ds_row(int head_dim_bucket) {
   return bwd_block_m<T>(head_dim_bucket) + kSmemPadBytes / elem_bytes<T>();
 }
 
-// Q, dO (M rows each), K, V (kBwdBlockN rows each), dS^T, and the per-row lse and Delta (floats).
+// fp32 up to bucket 64: K and V, read by every query step, are split once for the exact mode's
+// products (tile_operands.cuh's split_tile_in_place) into planes of their own after V, the most
+// that keeps the kernel within the 99 KB of sm86/sm89 (96.5 KB at bucket 64). Measured on an
+// H200 (bench/cpp/sm80_fp32_timing.cu, session 18): see docs/perf-log.md.
+template <typename T>
+constexpr bool bwd_presplit_kv(int head_dim_bucket) {
+  return elem_bytes<T>() == 4 && head_dim_bucket <= 64;
+}
+
+// Q, dO (M rows each), K, V (kBwdBlockN rows each; twice with bwd_presplit_kv), dS^T, and the
+// per-row lse and Delta (floats).
 template <typename T>
 constexpr int bwd_dkdv_smem_bytes(int head_dim_bucket) {
-  return ((2 * bwd_block_m<T>(head_dim_bucket) + 2 * kBwdBlockN) * smem_row<T>(head_dim_bucket) +
+  const int kv_tiles = bwd_presplit_kv<T>(head_dim_bucket) ? 4 : 2;
+  return ((2 * bwd_block_m<T>(head_dim_bucket) + kv_tiles * kBwdBlockN) *
+              smem_row<T>(head_dim_bucket) +
           kBwdBlockN * bwd_ds_row<T>(head_dim_bucket)) *
              elem_bytes<T>() +
          2 * bwd_block_m<T>(head_dim_bucket) * 4;
@@ -85,6 +97,7 @@ static_assert(bwd_dkdv_smem_bytes<short>(224) <= kPortableSmemBytes, "99 KB per 
 static_assert(bwd_dq_smem_bytes<short>(kMaxHeadDim) <= kPortableSmemBytes, "99 KB per block");
 static_assert(bwd_dq_smem_bytes<short>(128) <= kPortableSmemBytes, "99 KB per block");
 static_assert(bwd_dkdv_smem_bytes<float>(128) <= kPortableSmemBytes, "99 KB per block");
+static_assert(bwd_dkdv_smem_bytes<float>(64) <= kPortableSmemBytes, "99 KB per block");
 static_assert(bwd_dq_smem_bytes<float>(128) <= kPortableSmemBytes, "99 KB per block");
 static_assert(bwd_dkdv_smem_bytes<float>(kMaxHeadDim) <= kMaxSmemBytes, "227 KB per block");
 static_assert(bwd_dq_smem_bytes<float>(kMaxHeadDim) <= kMaxSmemBytes, "227 KB per block");
