@@ -447,6 +447,18 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
     }
     tile::cp_async_commit();
 
+    // fp32 exact up to D 64: the tile's P V in an accumulator of its own (registers allow it
+    // there), its products straight in (tile::mma_fresh), added to O once; otherwise into O.
+    constexpr bool kTilePv = tile::kIsFloat<T> && kSplit && kD <= 64;
+    float pv[kRowBlocks][kOutTiles][4];
+    if constexpr (kTilePv) {
+#pragma unroll
+      for (int rb = 0; rb < kRowBlocks; ++rb) {
+#pragma unroll
+        for (int t = 0; t < kOutTiles; ++t)
+          pv[rb][t][0] = pv[rb][t][1] = pv[rb][t][2] = pv[rb][t][3] = 0.0f;
+      }
+    }
 #pragma unroll
     for (int kk = 0; kk < kN / kStep; ++kk) {
       // The score accumulators of the step's key columns are the A fragment of P.
@@ -460,8 +472,23 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
         tile::load_b_cols<T, kPitch>(bv, v_lane + (kk * kStep * kPitch + np * 16) * kBytes);
 #pragma unroll
         for (int rb = 0; rb < kRowBlocks; ++rb) {
-          tile::mma(o[rb][2 * np], a[rb], bv, 0);
-          tile::mma(o[rb][2 * np + 1], a[rb], bv, 1);
+          if constexpr (kTilePv) {
+            tile::mma_fresh<kN / kStep>(pv[rb][2 * np], a[rb], bv, 0);
+            tile::mma_fresh<kN / kStep>(pv[rb][2 * np + 1], a[rb], bv, 1);
+          } else {
+            tile::mma(o[rb][2 * np], a[rb], bv, 0);
+            tile::mma(o[rb][2 * np + 1], a[rb], bv, 1);
+          }
+        }
+      }
+    }
+    if constexpr (kTilePv) {
+#pragma unroll
+      for (int rb = 0; rb < kRowBlocks; ++rb) {
+#pragma unroll
+        for (int t = 0; t < kOutTiles; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[rb][t][e] += pv[rb][t][e];
         }
       }
     }
