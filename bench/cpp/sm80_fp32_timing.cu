@@ -33,31 +33,20 @@ template Status launch_backward_dq<float, 64, PolicyGeneral>(const BackwardParam
 template Status launch_backward_dkdv<float, 64, PolicyGeneral>(const BackwardParams&, cudaStream_t);
 }  // namespace fmha::cuda::sm80
 
-namespace {
-
-float* device_random(std::size_t n, std::mt19937& gen) {
-  std::normal_distribution<float> dist;
-  std::vector<float> host(n);
-  for (auto& x : host) x = dist(gen);
-  float* d = nullptr;
-  CHECK(cudaMalloc(&d, n * 4));
-  CHECK(cudaMemcpy(d, host.data(), n * 4, cudaMemcpyHostToDevice));
-  return d;
-}
-
-}  // namespace
-
 int main() {
   using namespace fmha::cuda;
   const int B = 4, H = 16, L = 2048, D = 64;
   std::mt19937 gen(42);
+  auto random_floats = [&](std::size_t count) {
+    return static_cast<float*>(device_random(count, gen, /*bf16=*/false));
+  };
   const std::size_t n = std::size_t(B) * L * H * D, stats = std::size_t(B) * H * L;
   BackwardParams p;
   ForwardParams& f = p.fwd;
-  f.q = device_random(n, gen);
-  f.k = device_random(n, gen);
-  f.v = device_random(n, gen);
-  p.dout = device_random(n, gen);
+  f.q = random_floats(n);
+  f.k = random_floats(n);
+  f.v = random_floats(n);
+  p.dout = random_floats(n);
   CHECK(cudaMalloc(&f.out, n * 4));
   CHECK(cudaMalloc(&f.lse, stats * 4));
   CHECK(cudaMalloc(&p.dq, n * 4));
@@ -66,8 +55,8 @@ int main() {
   float* dq_accum = nullptr;
   CHECK(cudaMalloc(&dq_accum, n * 4));
   CHECK(cudaMemset(dq_accum, 0, n * 4));
-  p.delta = device_random(stats, gen);
-  p.lse_log2 = device_random(stats, gen);
+  p.delta = random_floats(stats);
+  p.lse_log2 = random_floats(stats);
   const std::int64_t row = std::int64_t(H) * D, batch = std::int64_t(L) * row;
   f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.out_batch_stride = batch;
   f.q_row_stride = f.k_row_stride = f.v_row_stride = f.out_row_stride = row;

@@ -36,27 +36,6 @@ template Status launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(const Backwa
                                                                     cudaStream_t);
 }  // namespace fmha::cuda::sm90
 
-namespace {
-
-void* device_random(std::size_t n, std::mt19937& gen, bool bf16) {
-  std::normal_distribution<float> dist;
-  void* d = nullptr;
-  if (bf16) {
-    std::vector<__nv_bfloat16> host(n);
-    for (auto& x : host) x = __float2bfloat16(dist(gen));
-    CHECK(cudaMalloc(&d, n * 2));
-    CHECK(cudaMemcpy(d, host.data(), n * 2, cudaMemcpyHostToDevice));
-  } else {
-    std::vector<float> host(n);
-    for (auto& x : host) x = dist(gen);
-    CHECK(cudaMalloc(&d, n * 4));
-    CHECK(cudaMemcpy(d, host.data(), n * 4, cudaMemcpyHostToDevice));
-  }
-  return d;
-}
-
-}  // namespace
-
 int main() {
   using namespace fmha::cuda;
   const int B = 8, H = 12, L = 4096, D = 64;
