@@ -1,17 +1,21 @@
 // What the kernel timing tools (sm90_forward_timing.cu, sm90_backward_timing.cu,
 // sm80_fp32_timing.cu, mma_sync_peak.cu) share: a CUDA error check that exits, random device
-// inputs, and the timing loop: CUDA events around each launch, the L2 flushed before each by a
-// 256 MB memset, after three warm-up launches.
+// inputs, a dense problem's layout, and the timing loop: CUDA events around each launch, the L2
+// flushed before each by a 256 MB memset, after three warm-up launches.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
+
+#include "cuda/common/backward_params.h"
 
 #define CHECK(x)                                                                      \
   do {                                                                                \
@@ -68,4 +72,50 @@ std::vector<float> sorted_launch_ms(const Launch& launch, int runs) {
   CHECK(cudaFree(flush));
   std::sort(ms.begin(), ms.end());
   return ms;
+}
+
+// The median milliseconds of 30 launches of `launch`, a callable that launches through an fmha
+// launcher on the default stream and returns its Status; exits on a failed launch.
+template <typename Launch>
+float median_launch_ms(const Launch& launch) {
+  return sorted_launch_ms(
+      [&] {
+        if (!launch().ok()) {
+          std::fprintf(stderr, "launch failed\n");
+          std::exit(1);
+        }
+      },
+      30)[15];
+}
+
+// A dense problem of B batches x L tokens x H heads of D (q, k, v, out [B, L, H, D] contiguous,
+// lse [B, H, L]) at the scale 1 / sqrt(D): sizes and strides; the pointers stay the caller's.
+inline void set_dense_forward(fmha::cuda::ForwardParams& f, int B, int H, int L, int D) {
+  const std::int64_t row = std::int64_t(H) * D, batch = std::int64_t(L) * row;
+  f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.out_batch_stride = batch;
+  f.q_row_stride = f.k_row_stride = f.v_row_stride = f.out_row_stride = row;
+  f.q_head_stride = f.k_head_stride = f.v_head_stride = f.out_head_stride = D;
+  f.lse_batch_stride = std::int64_t(H) * L;
+  f.lse_head_stride = L;
+  f.lse_row_stride = 1;
+  f.batch = B;
+  f.seqlen_q = f.seqlen_k = L;
+  f.heads = H;
+  f.kv_group = 1;
+  f.head_dim = f.value_dim = D;
+  f.vector_loads = f.vector_stores = true;
+  f.scale_log2 = 1.0f / std::sqrt(float(D)) * 1.4426950408889634f;
+}
+
+// set_dense_forward, and dout and the gradients [B, L, H, D] contiguous, the row statistics
+// [B, H, L].
+inline void set_dense_backward(fmha::cuda::BackwardParams& p, int B, int H, int L, int D) {
+  set_dense_forward(p.fwd, B, H, L, D);
+  const std::int64_t row = std::int64_t(H) * D, batch = std::int64_t(L) * row;
+  p.dout_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = batch;
+  p.dout_row_stride = p.dq_row_stride = p.dk_row_stride = p.dv_row_stride = row;
+  p.dout_head_stride = p.dq_head_stride = p.dk_head_stride = p.dv_head_stride = D;
+  p.stat_batch_stride = std::int64_t(H) * L;
+  p.stat_head_stride = L;
+  p.scale = 1.0f / std::sqrt(float(D));
 }

@@ -51,8 +51,8 @@ void measure(const char* name, int flop_per_product, int blocks_per_sm) {
   const int blocks = sms * blocks_per_sm;
   const float ms = sorted_launch_ms([&] { products<kKind><<<blocks, 256>>>(sink, 7u); }, 10)[5];
   const double flop = double(blocks) * 8 * kSteps * kChains * flop_per_product;
-  std::printf("%-20s %2d warps an SM %8.1f TFLOP/s  (%d SMs, %.3f ms)\n", name,
-              8 * blocks_per_sm, flop / ms * 1e-9, sms, ms);
+  std::printf("%-20s %2d warps an SM %8.1f TFLOP/s  (%d SMs, %.3f ms)\n", name, 8 * blocks_per_sm,
+              flop / ms * 1e-9, sms, ms);
   CHECK(cudaFree(sink));
 }
 

@@ -57,54 +57,26 @@ int main() {
   CHECK(cudaMemset(dq_accum, 0, n * 4));
   p.delta = random_floats(stats);
   p.lse_log2 = random_floats(stats);
-  const std::int64_t row = std::int64_t(H) * D, batch = std::int64_t(L) * row;
-  f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = f.out_batch_stride = batch;
-  f.q_row_stride = f.k_row_stride = f.v_row_stride = f.out_row_stride = row;
-  f.q_head_stride = f.k_head_stride = f.v_head_stride = f.out_head_stride = D;
-  p.dout_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = batch;
-  p.dout_row_stride = p.dq_row_stride = p.dk_row_stride = p.dv_row_stride = row;
-  p.dout_head_stride = p.dq_head_stride = p.dk_head_stride = p.dv_head_stride = D;
-  f.lse_batch_stride = std::int64_t(H) * L;
-  f.lse_head_stride = L;
-  f.lse_row_stride = 1;
-  p.stat_batch_stride = std::int64_t(H) * L;
-  p.stat_head_stride = L;
-  f.batch = B;
-  f.seqlen_q = f.seqlen_k = L;
-  f.heads = H;
-  f.kv_group = 1;
-  f.head_dim = f.value_dim = D;
-  f.vector_loads = f.vector_stores = true;
-  p.scale = 1.0f / std::sqrt(float(D));
-  f.scale_log2 = p.scale * 1.4426950408889634f;
+  set_dense_backward(p, B, H, L, D);
   // The sm80 fused layout: [B, H, Lq, D] by row.
   const std::int64_t accum_head = std::int64_t(L) * D;
 
-  auto run = [&](auto launch) {
-    return sorted_launch_ms(
-        [&] {
-          if (!launch().ok()) {
-            std::fprintf(stderr, "launch failed\n");
-            std::exit(1);
-          }
-        },
-        30)[15];
-  };
   for (bool tf32 : {false, true}) {
     f.allow_tf32 = tf32;
     const char* mode = tf32 ? "tf32" : "exact";
-    const float fwd = run([&] { return sm80::launch_forward<float, 64, PolicyPlain>(f, 0); });
+    const float fwd =
+        median_launch_ms([&] { return sm80::launch_forward<float, 64, PolicyPlain>(f, 0); });
     p.dq_accum = dq_accum;
     p.accum_row_stride = D;
     p.accum_head_stride = accum_head;
     p.accum_batch_stride = H * accum_head;
-    const float fused =
-        run([&] { return sm80::launch_backward_dkdv<float, 64, PolicyGeneral>(p, 0); });
+    const float fused = median_launch_ms(
+        [&] { return sm80::launch_backward_dkdv<float, 64, PolicyGeneral>(p, 0); });
     p.dq_accum = nullptr;
-    const float split_dkdv =
-        run([&] { return sm80::launch_backward_dkdv<float, 64, PolicyGeneral>(p, 0); });
+    const float split_dkdv = median_launch_ms(
+        [&] { return sm80::launch_backward_dkdv<float, 64, PolicyGeneral>(p, 0); });
     const float split_dq =
-        run([&] { return sm80::launch_backward_dq<float, 64, PolicyGeneral>(p, 0); });
+        median_launch_ms([&] { return sm80::launch_backward_dq<float, 64, PolicyGeneral>(p, 0); });
     std::printf(
         "%s %s B=%d H=%d L=%d D=%d forward %.4f ms | fused dK/dV+dQ atomics %.4f | split dK/dV "
         "%.4f + dQ %.4f = %.4f\n",

@@ -53,23 +53,7 @@ int main() {
   p.delta = static_cast<float*>(device_random(std::size_t(B) * H * L, gen, false));
   p.lse_log2 = static_cast<float*>(device_random(std::size_t(B) * H * L, gen, false));
   void* bias = device_random(std::size_t(H) * L * L, gen, true);
-  const std::int64_t row = std::int64_t(H) * D, batch = std::int64_t(L) * row;
-  f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = p.dout_batch_stride = batch;
-  f.q_row_stride = f.k_row_stride = f.v_row_stride = p.dout_row_stride = row;
-  f.q_head_stride = f.k_head_stride = f.v_head_stride = p.dout_head_stride = D;
-  p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = batch;
-  p.dq_row_stride = p.dk_row_stride = p.dv_row_stride = row;
-  p.dq_head_stride = p.dk_head_stride = p.dv_head_stride = D;
-  p.stat_batch_stride = std::int64_t(H) * L;
-  p.stat_head_stride = L;
-  f.batch = B;
-  f.seqlen_q = f.seqlen_k = L;
-  f.heads = H;
-  f.kv_group = 1;
-  f.head_dim = f.value_dim = D;
-  f.vector_loads = f.vector_stores = true;
-  p.scale = 1.0f / std::sqrt(float(D));
-  f.scale_log2 = p.scale * 1.4426950408889634f;
+  set_dense_backward(p, B, H, L, D);
   auto report = [&](const char* kernel, bool with_bias, float ms) {
     std::printf("%s %s B=%d H=%d L=%d D=%d bias=%d median %.4f ms\n", VARIANT, kernel, B, H, L, D,
                 with_bias, ms);
@@ -82,24 +66,20 @@ int main() {
       f.bias_stride[2] = L;
       f.bias_stride[3] = 1;
     }
-    auto run = [&](auto launch) {
-      return sorted_launch_ms(
-          [&] {
-            if (!launch().ok()) {
-              std::fprintf(stderr, "launch failed\n");
-              std::exit(1);
-            }
-          },
-          30)[15];
-    };
-    const float dq =
-        with_bias
-            ? run([&] { return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyBias>(p, 0); })
-            : run([&] { return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(p, 0); });
+    const float dq = with_bias
+                         ? median_launch_ms([&] {
+                             return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyBias>(p, 0);
+                           })
+                         : median_launch_ms([&] {
+                             return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(p, 0);
+                           });
     const float dkdv =
-        with_bias
-            ? run([&] { return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(p, 0); })
-            : run([&] { return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(p, 0); });
+        with_bias ? median_launch_ms([&] {
+          return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(p, 0);
+        })
+                  : median_launch_ms([&] {
+                      return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(p, 0);
+                    });
     report("dQ", with_bias, dq);
     report("dK/dV", with_bias, dkdv);
   }

@@ -74,17 +74,7 @@ static double run_case(int B, int H, int L, int D, bool causal, bool bias = fals
   p.k = k;
   p.v = v;
   p.out = o;
-  const std::int64_t row = std::int64_t(H) * D, batch = std::int64_t(L) * row;
-  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.out_batch_stride = batch;
-  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.out_row_stride = row;
-  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.out_head_stride = D;
-  p.batch = B;
-  p.seqlen_q = p.seqlen_k = L;
-  p.heads = H;
-  p.kv_group = 1;
-  p.head_dim = p.value_dim = D;
-  p.vector_loads = p.vector_stores = true;
-  p.scale_log2 = 1.0f / std::sqrt(float(D)) * 1.4426950408889634f;
+  set_dense_forward(p, B, H, L, D);
   if (causal) p.window_right = 0;
   auto launch = [&] {
     using namespace fmha::cuda;
