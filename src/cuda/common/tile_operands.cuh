@@ -106,15 +106,22 @@ __device__ __forceinline__ int a_cols_lane_offset(int lane) {
   }
 }
 
+// The four words of an fp32 B fragment from a tile whose rows are k (load_b_cols's order: rows
+// 2c, 2c + 1 of column g, then of column g + 8).
+template <int kPitch>
+__device__ __forceinline__ void load_b_col_words(std::uint32_t (&x)[4], std::uint32_t address) {
+  constexpr std::uint32_t kRow = kPitch * 4, kCol8 = 8 * 4;
+  x[0] = ld_shared_b32(address);
+  x[1] = ld_shared_b32(address + kRow);
+  x[2] = ld_shared_b32(address + kCol8);
+  x[3] = ld_shared_b32(address + kRow + kCol8);
+}
+
 // B fragment of two n8 tiles (n columns 0-15 of the tile) from a tile whose rows are k.
 template <typename T, int kPitch, bool kSplit>
 __device__ __forceinline__ void load_b_cols(Frag<T, kSplit>& f, std::uint32_t address) {
   if constexpr (kIsFloat<T>) {
-    constexpr std::uint32_t kRow = kPitch * 4, kCol8 = 8 * 4;
-    f.x[0] = ld_shared_b32(address);
-    f.x[1] = ld_shared_b32(address + kRow);
-    f.x[2] = ld_shared_b32(address + kCol8);
-    f.x[3] = ld_shared_b32(address + kRow + kCol8);
+    load_b_col_words<kPitch>(f.x, address);
     split(f);
   } else {
     ldmatrix_x4_trans(f.x, address);
@@ -227,13 +234,8 @@ __device__ __forceinline__ void load_rows_presplit(Frag<float, true>& f, std::ui
 template <int kPitch>
 __device__ __forceinline__ void load_b_cols_presplit(Frag<float, true>& f, std::uint32_t address,
                                                      std::uint32_t lo_offset_bytes) {
-  constexpr std::uint32_t kRow = kPitch * 4, kCol8 = 8 * 4;
-  const std::uint32_t offsets[4] = {0, kRow, kCol8, kRow + kCol8};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f.x[i] = ld_shared_b32(address + offsets[i]);
-    f.lo[i] = ld_shared_b32(address + lo_offset_bytes + offsets[i]);
-  }
+  load_b_col_words<kPitch>(f.x, address);
+  load_b_col_words<kPitch>(f.lo, address + lo_offset_bytes);
 }
 
 // k-steps that a product whose accumulator starts at zero (S, dP, a tile's partial dQ) may add
