@@ -215,6 +215,7 @@ BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, b
     loads = loads && rows_aligned16(a.options.extra_k) && rows_aligned16(a.options.extra_v);
   }
   f.vector_loads = loads;
+  p.preprocess_chunks = f.value_dim % chunk == 0 && rows_aligned16(a.dout) && rows_aligned16(a.out);
   p.num_chunks = backward_num_chunks(p, a.q.dtype);
   return p;
 }

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kRowThreads)
   if (lane == 0) store_row_statistics(p, b, h, i, dot);
 }
 
-// Rows of 16-byte chunks (preprocess_rows_aligned): kGroup lanes per row, 32 / kGroup rows a
+// Rows of 16-byte chunks (p.preprocess_chunks): kGroup lanes per row, 32 / kGroup rows a
 // warp, one 16-byte load of dout and of out per lane and chunk. The one-warp-a-row kernel spent
 // most of its time waiting on one round of 2-byte loads per warp (SAM-B, H200: 0.136 ms for
 // 100 MB, about 0.74 TB/s). grid (ceil(inner / (kRowWarps * 32 / kGroup)), H, outer).
@@ -256,20 +256,6 @@ Status launch_backward_convert_4d(const float* src, const Extents4& sizes, void*
 
 namespace {
 
-// Whether every row of dout and out starts 16-byte aligned and holds whole 16-byte chunks.
-bool preprocess_rows_aligned(const BackwardParams& p, std::size_t elem_bytes) {
-  const ForwardParams& f = p.fwd;
-  auto aligned = [&](const void* base, std::int64_t batch, std::int64_t row, std::int64_t head) {
-    return reinterpret_cast<std::uintptr_t>(base) % 16 == 0 &&
-           (batch * static_cast<std::int64_t>(elem_bytes)) % 16 == 0 &&
-           (row * static_cast<std::int64_t>(elem_bytes)) % 16 == 0 &&
-           (head * static_cast<std::int64_t>(elem_bytes)) % 16 == 0;
-  };
-  return (f.value_dim * static_cast<std::int64_t>(elem_bytes)) % 16 == 0 &&
-         aligned(p.dout, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride) &&
-         aligned(f.out, f.out_batch_stride, f.out_row_stride, f.out_head_stride);
-}
-
 // The chunk kernel with kGroup lanes a row: the power of two that covers a row's chunks, 4 to 32
 // (longer rows loop).
 template <typename T>
@@ -297,7 +283,7 @@ void launch_preprocess_chunks(const BackwardParams& p, std::int64_t outer, std::
 template <typename T>
 void launch_preprocess(const BackwardParams& p, std::int64_t outer, std::int64_t inner,
                        cudaStream_t stream) {
-  if (preprocess_rows_aligned(p, sizeof(T))) {
+  if (p.preprocess_chunks) {
     launch_preprocess_chunks<T>(p, outer, inner, stream);
   } else {
     backward_preprocess_kernel<T><<<row_grid(p, outer, inner), kRowThreads, 0, stream>>>(p, inner);

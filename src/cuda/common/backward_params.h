@@ -19,6 +19,9 @@ struct BackwardParams {
   std::int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
   const float* dlse = nullptr;
   std::int64_t dlse_batch_stride = 0, dlse_head_stride = 0, dlse_row_stride = 0;
+  // Every dout and out row starts 16-byte aligned and Dv is whole 16-byte chunks: the
+  // preprocess (Delta) reads both 16 bytes at a time.
+  bool preprocess_chunks = false;
 
   // Gradients, written in q's dtype with their own strides; dextra_* / dsinks nullptr when not
   // requested.
