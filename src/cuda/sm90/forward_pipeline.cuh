@@ -143,13 +143,6 @@ struct StageBarriers {
   std::uint64_t bias_empty[kBiasStages];
 };
 
-// Named barriers of the forward kernel (__syncthreads is barrier 0): the rendezvous of all threads
-// once per key tile (without a copy warpgroup), and the leader's turn handed to the follower and
-// back (the latter with a copy warpgroup only).
-inline constexpr int kPipelineBarrier = 1;
-inline constexpr int kTurnBarrier = 2;
-inline constexpr int kTurnBackBarrier = 3;
-
 // The range loaders of the threads that copy K and V (all math threads, or the copy warpgroup):
 // `thread` is this thread's index among them.
 template <int kN, int kD, int kCopiers>

@@ -131,4 +131,11 @@ __device__ __forceinline__ void named_barrier_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
 }
 
+// The mainloops' named barriers (the forward's, the dQ kernel's): the rendezvous of all threads
+// once per key tile (without a copy warpgroup), and the leader's turn handed to the follower and
+// back (the latter with a copy warpgroup only).
+inline constexpr int kPipelineBarrier = 1;
+inline constexpr int kTurnBarrier = 2;
+inline constexpr int kTurnBackBarrier = 3;
+
 }  // namespace fmha::cuda::sm90
