@@ -135,6 +135,9 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
     smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD, kBwdNarrowKeys<Policy>));
   }
   auto* kernel = &backward_dq_kernel<T, kD, Policy>;
+  if constexpr (kBiasForm<Policy> && kD <= 64) {
+    if (p.fwd.bias_staged) kernel = &backward_dq_kernel<T, kD, Policy, 0, true>;
+  }
   if constexpr (kRelPosForm<Policy>) {
     // The register form where a key tile is one or two grid rows; its rel_h fetch takes key
     // positions as 32-bit, one tile past the last (fetch_rel_h).

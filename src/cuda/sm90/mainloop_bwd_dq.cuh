@@ -8,8 +8,9 @@
 //     capped scores, then the bias tile is added; dS goes to dbias here, the kernel that owns
 //     each (query, key) element once per head)
 //   dQ += dS K                        (wgmma, dS from registers, K MN-major)
-// and writes dq = scale * dQ once. Pipeline as the forward's: one barrier per tile, the loads of
-// tile u + stages - 1 issued right after it.
+// and writes dq = scale * dQ once. Pipeline as the forward's without a copy warpgroup: one
+// rendezvous of all threads per tile, the loads of a later tile issued right after it, and the two
+// warpgroups in ping-pong where the policy allows (the loop's comment).
 // Neighborhood attention (kTokenTiles) tiles as the forward does (token_tiles.cuh): the block's
 // rows are a query box, its key tiles the key boxes they see, all gathered by token.
 #pragma once
@@ -61,7 +62,12 @@ using DqTokenTiles =
 // registers for the whole walk and rel_h folded into the exponent of each grid row's n8 tiles,
 // fetched one tile ahead; 0 for the staged form (the block's rows in shared memory, any
 // power-of-two width up to the tile).
-template <typename T, int kD, typename Policy, int kRelRows = 0>
+// kBiasTiles (PolicyBias only): the bias read from tiles staged with each key tile's K and V
+// (f.bias_staged) only, without the register form's code beside it (fetched one tile ahead, its
+// registers live across the products): with both forms in one kernel the D 64 kernel spilled 132
+// bytes under ping-pong, which costs more than usual here, as local memory goes to L2 once shared
+// memory takes 225 KB of L1.
+template <typename T, int kD, typename Policy, int kRelRows = 0, bool kBiasTiles = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kM = kBwdQueriesPerBlock;
@@ -78,7 +84,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   using TokenTiles = DqTokenTiles<kD, Policy>;
   constexpr bool kRelRegisters = kRelRows > 0;
   static_assert(!kRelRegisters || kRelPosForm<Policy>, "a form of rel-pos");
+  static_assert(!kBiasTiles || kBiasForm<Policy>, "a form of the bias policy");
   static_assert(kStages + 1 <= TokenTiles::kSlots, "key boxes u .. u + stages live at once");
+  // Ping-pong (below) for the range tiles of the plain, window and bias policies up to D 128,
+  // where it was measured; rel-pos, the general policy, token tiles and the 32-key tiles above
+  // D 128 keep both warpgroups in lockstep.
+  constexpr bool kPingPong =
+      !kTokenTiles && !kRelPosForm<Policy> && !kGeneralForm<Policy> && kD <= 128;
+  // Key tiles loading ahead of the current one. Under ping-pong the follower reads tile u's stage
+  // after rendezvous u + 1, so the loads issued there go one tile ahead only.
+  constexpr int kAhead = kPingPong ? 1 : kStages - 1;
   const ForwardParams& f = p.fwd;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
@@ -171,8 +186,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       load_tile_async<kN, kD, kBwdThreads>(smem_v(stage), v + first_key * f.v_row_stride,
                                            f.v_row_stride, valid, f.value_dim, f.vector_loads);
     }
-    if constexpr (kGeneralForm<Policy> || kBiasForm<Policy>) {
-      if (f.bias_staged) {
+    if constexpr (kGeneralForm<Policy> || kBiasTiles) {
+      if (kBiasTiles || f.bias_staged) {
         scores.template load_bias_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), m0, first_key);
       }
     }
@@ -190,7 +205,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                          f.vector_loads);
   }
 #pragma unroll
-  for (int u = 0; u < kStages - 1; ++u) {
+  for (int u = 0; u < kAhead; ++u) {
     if (u < num_tiles) load_keys(u, u);
     tile::cp_async_commit();
   }
@@ -267,28 +282,28 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     rel_h_rows = scores.rel_h_rows(fragment_row);
     rel_h_next = scores.template fetch_rel_h<kRuns>(rel_h_rows, 0);
   }
-  // The bias policy: this thread's bias of key tile u from the tile's staged bias (f.bias_staged:
-  // the tiles' rows are 16-byte chunks and they fit), else in the register form, fetched at tile
-  // u - 1 (tile 0's here).
+  // The bias policy: this thread's bias of key tile u from the tile's staged bias (kBiasTiles: the
+  // tiles' rows are 16-byte chunks and they fit), else in the register form, fetched at tile u - 1
+  // (tile 0's here).
   [[maybe_unused]] BiasFetch<kBiasForm<Policy> ? kScoreTiles : 1> bias_next{};
   [[maybe_unused]] BiasRows bias_rows{};
   if constexpr (kBiasForm<Policy>) {
     bias_rows = scores.rows(fragment_row);
-    if (num_tiles > 0 && !f.bias_staged) {
+    if (num_tiles > 0 && !kBiasTiles) {
       scores.fetch(bias_next, bias_rows, key_tiles.first_row + fragment_col);
     }
   }
   // Whether S and dP skip the bucket's last k-step, which would hold zero columns only for both.
   const bool short_dims = f.head_dim <= kD - 16 && f.value_dim <= kD - 16;
-  for (int u = 0; u < num_tiles; ++u) {
-    const int stage = u % kStages;
-    const std::int64_t first_key = key_tiles.first_row + static_cast<std::int64_t>(u) * kN;
-    tile::cp_async_wait<kStages - 2>();
+
+  // Rendezvous u of all threads: key tile u has landed for everyone (each thread waits for its own
+  // copies and fences them for the async proxy first), and every warp is done with the stage that
+  // tile u + kAhead overwrites, whose loads it then issues.
+  auto rendezvous = [&](int u) {
+    tile::cp_async_wait<kAhead - 1>();
     fence_proxy_async();
-    __syncthreads();
-    if (u + kStages - 1 < num_tiles) {
-      load_keys(u + kStages - 1, (u + kStages - 1) % kStages);
-    }
+    named_barrier_sync<kPipelineBarrier, kBwdThreads>();
+    if (u + kAhead < num_tiles) load_keys(u + kAhead, (u + kAhead) % kStages);
     tile::cp_async_commit();
     if constexpr (kTokenTiles) {
       // Key box u + stages into the slot of box u + stages - kSlots, whose last reader (the
@@ -297,25 +312,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         stage_key_box<kM, kN, kBwdThreads>(tt, *mask.grid, u + kStages);
       }
     }
+  };
 
-    // S and dP as one straight run of wgmma, its k-steps chosen before the fence (a branch
-    // inside the run makes ptxas end the group and inject warpgroup.arrive, warning C7519); the
-    // last k-step is skipped when it holds zero columns only for both products (D 80 in 96).
-    auto issue_s_dp = [&](auto steps) {
-      wgmma_fence();
-      ss_product<T, decltype(steps)::value, QTile, KVTile>(s, smem_q, first_row, smem_k(stage));
-      ss_product<T, decltype(steps)::value, QTile, KVTile>(dp, smem_do, first_row, smem_v(stage));
-      wgmma_commit();
-    };
-    if (short_dims) {
-      issue_s_dp(std::integral_constant<int, kD / 16 - 1>{});
-    } else {
-      issue_s_dp(std::integral_constant<int, kD / 16>{});
-    }
-    wgmma_wait<0>();
-    fence_accumulators(s);
-    fence_accumulators(dp);
-
+  // Key tile u's softmax: S and dP in registers become dS (in s), the gradient wrt scale * q.k,
+  // with the policy's gradients of its own (rel-pos, dbias) taken on the way.
+  auto scores_to_ds = [&](int u) {
+    const int stage = u % kStages;
+    const std::int64_t first_key = key_tiles.first_row + static_cast<std::int64_t>(u) * kN;
     // Each row's exponent offset for each run of n8 tiles: -lse, plus rel_h in the register form.
     float shift[2][kRuns];
 #pragma unroll
@@ -338,7 +341,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     } else if constexpr (kRelPosForm<Policy>) {
       scores.scale_and_add(s, fragment_row, first_key, fragment_col);
     } else if constexpr (kBiasForm<Policy>) {
-      if (f.bias_staged) {
+      if constexpr (kBiasTiles) {
         const std::uint32_t tile = smem_bias(stage);
         Scores::fetch_staged(
             bias_next,
@@ -348,7 +351,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             warp * 16, lane);
       }
       scores.scale_and_add(s, bias_next);
-      if (!f.bias_staged && u + 1 < num_tiles) {
+      if (!kBiasTiles && u + 1 < num_tiles) {
         scores.fetch(bias_next, bias_rows, first_key + kN + fragment_col);
       }
     } else if (!scale_folded) {
@@ -397,18 +400,66 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                           s);
       }
     }
+  };
 
+  // S and dP of key tile u as one straight run of wgmma, its k-steps chosen before the fence (a
+  // branch inside the run makes ptxas end the group and inject warpgroup.arrive, warning C7519);
+  // the last k-step is skipped when it holds zero columns only for both products (D 80 in 96).
+  auto issue_s_dp = [&](auto steps, int u) {
+    constexpr int kSteps = decltype(steps)::value;
+    wgmma_fence();
+    ss_product<T, kSteps, QTile, KVTile>(s, smem_q, first_row, smem_k(u % kStages));
+    ss_product<T, kSteps, QTile, KVTile>(dp, smem_do, first_row, smem_v(u % kStages));
+    wgmma_commit();
+  };
+  // dQ += dS K of key tile u, dS packed from s.
+  auto issue_dq = [&](int u) {
     std::uint32_t a[kN / 16][4];
     pack_fragments<T>(s, a);
     fence_fragments(a);
     fence_accumulators(dq);
     wgmma_fence();
-    rs_product<T, kN / 16, KVTile>(dq, a, smem_k(stage));
+    rs_product<T, kN / 16, KVTile>(dq, a, smem_k(u % kStages));
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(dq);
-  }
+  };
 
+  // Ping-pong: warpgroup 0, the leader, and warpgroup 1, the follower, meet at rendezvous u at
+  // different points of their own work, as in the forward (forward_pipeline.cuh):
+  //   leader:    R(u)  S, dP(u)  arrive(turn)  wait                softmax u  dQ(u) | R(u + 1) ..
+  //   follower:                  sync(turn)    S, dP(u)  wait  R(u + 1)  softmax u  dQ(u) ..
+  // so that each one's softmax runs under the other's products. Both run R(0) .. R(num_tiles - 1)
+  // once each, in order (the follower R(0) before its loop), and the leader arrives at the turn
+  // barrier as often as the follower waits there. The follower's softmax and dQ product of tile
+  // u run after R(u + 1): the loads issued there (kAhead 1) go to the stage of tile u + 2, not
+  // u's. Without ping-pong both warpgroups run the leader's line without the turn barrier.
+  // Measured on an H200 (session 19, SAM-B: B 8, H 12, L 4096, D 64, against the kernel without
+  // ping-pong): dQ kernel 1.405 -> 1.305 ms, with a [1, H, L, L] bias 1.918 -> 1.714-1.724.
+  // Issuing tile u - 1's dQ product with S and dP of tile u instead (one wgmma group a phase)
+  // kept 32 more registers live across the products: 1.300 ms plain, but 212 bytes of spill
+  // under the bias (3.27 ms: local memory goes to L2 once shared memory takes 225 KB of L1).
+  const bool follower = kPingPong && warpgroup == 1;
+  if (follower && num_tiles > 0) rendezvous(0);
+  for (int u = 0; u < num_tiles; ++u) {
+    if (follower) {
+      named_barrier_sync<kTurnBarrier, kBwdThreads>();  // the leader issued S and dP of tile u
+    } else {
+      rendezvous(u);
+    }
+    if (short_dims) {
+      issue_s_dp(std::integral_constant<int, kD / 16 - 1>{}, u);
+    } else {
+      issue_s_dp(std::integral_constant<int, kD / 16>{}, u);
+    }
+    if (kPingPong && !follower) named_barrier_arrive<kTurnBarrier, kBwdThreads>();
+    wgmma_wait<0>();
+    fence_accumulators(s);
+    fence_accumulators(dp);
+    if (follower && u + 1 < num_tiles) rendezvous(u + 1);
+    scores_to_ds(u);
+    issue_dq(u);
+  }
   // Epilogue: dq = scale * dQ, staged in this warp's own rows of Q's tile (read only by this
   // warpgroup's finished products), then stored 16 bytes at a time.
   tile::cp_async_wait<0>();
