@@ -12,8 +12,9 @@
 //     (the general policy: softcap's factor and the bias as in the dQ kernel, the bias tile read
 //     transposed; dbias is the dQ kernel's)
 //   dV += P^T dO, dK += dS^T Q          (wgmma, P^T / dS^T from registers, dO / Q MN-major)
-// and writes dv and dk = scale * dK once. One barrier per tile; the Q/dO/statistics of tile
-// u + stages - 1 load behind it.
+// and writes dv and dk = scale * dK once. One rendezvous of all threads per tile, the Q/dO/
+// statistics of a later tile loading behind it, and the two warpgroups in ping-pong where the
+// policy allows (the loop's comment).
 // Neighborhood attention (kTokenTiles) tiles the grid transposed (token_tiles.cuh): the block's
 // keys are a key box, its query tiles the boxes of the queries that see them, all gathered by
 // token.
@@ -101,6 +102,13 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
   constexpr bool kModifiers = std::is_same_v<Policy, PolicyGeneral>;  // softcap, bias
   // A bias alone (score_bias.cuh): natural-unit scores, its tiles staged as the general policy's.
   constexpr bool kBias = std::is_same_v<Policy, PolicyBias>;
+  // Ping-pong (the loop's comment) for the range tiles of the plain and window policies up to
+  // D 64, where it was measured: the fused kernel meets at barriers of its own inside a step.
+  constexpr bool kPingPong = !kTokenTiles && !kFusedDq && !kModifiers && !kBias &&
+                             !std::is_same_v<Policy, PolicyRelPos> && kD <= 64;
+  // Steps loading ahead of the current one. Under ping-pong the follower reads step u's stage
+  // after rendezvous u + 1, so the loads issued there go one step ahead only.
+  constexpr int kAhead = kPingPong ? 1 : kStages - 1;
   const ForwardParams& f = p.fwd;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
@@ -284,7 +292,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
     }
   }
 #pragma unroll
-  for (int u = 0; u < kStages - 1; ++u) {
+  for (int u = 0; u < kAhead; ++u) {
     if (u < num_steps) load_step(u, u);
     tile::cp_async_commit();
   }
@@ -309,15 +317,14 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
     dp[t][0] = dp[t][1] = dp[t][2] = dp[t][3] = 0.0f;
   }
 
-  for (int u = 0; u < num_steps; ++u) {
-    const int stage = u % kStages;
-    const std::int64_t m0 = step_m0(u);
-    tile::cp_async_wait<kStages - 2>();
+  // Rendezvous u of all threads: step u's tiles have landed for everyone (each thread waits for
+  // its own copies and fences them for the async proxy first), and every warp is done with the
+  // stage that step u + kAhead overwrites, whose loads it then issues.
+  auto rendezvous = [&](int u) {
+    tile::cp_async_wait<kAhead - 1>();
     fence_proxy_async();
-    __syncthreads();
-    if (u + kStages - 1 < num_steps) {
-      load_step(u + kStages - 1, (u + kStages - 1) % kStages);
-    }
+    named_barrier_sync<kPipelineBarrier, kBwdThreads>();
+    if (u + kAhead < num_steps) load_step(u + kAhead, (u + kAhead) % kStages);
     tile::cp_async_commit();
     if constexpr (kTokenTiles) {
       // Query box of step u + stages into the slot of step u - 1, whose last reader (the scores
@@ -326,6 +333,25 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
         stage_query_box<kM, kN, kBwdThreads>(tt, *mask.grid, u + kStages,
                                              (u + kStages) % m_tiles);
       }
+    }
+  };
+
+  // Ping-pong: warpgroup 0, the leader, and warpgroup 1, the follower, meet at rendezvous u at
+  // different points of their own work, as in the dQ kernel (mainloop_bwd_dq.cuh):
+  //   leader:    R(u)  S^T, dP^T(u)  arrive(turn)  wait                  softmax u  dV, dK(u) | ..
+  //   follower:                      sync(turn)    S^T, dP^T(u)  wait  R(u + 1)  softmax u  ..
+  // The follower's softmax (its statistics and bias tile) and products of step u read step u's
+  // stage after R(u + 1), whose loads (kAhead 1) go to the stage of step u + 2. Without ping-pong
+  // both warpgroups run the leader's line without the turn barrier.
+  const bool follower = kPingPong && warpgroup == 1;
+  if (follower && num_steps > 0) rendezvous(0);
+  for (int u = 0; u < num_steps; ++u) {
+    const int stage = u % kStages;
+    const std::int64_t m0 = step_m0(u);
+    if (follower) {
+      named_barrier_sync<kTurnBarrier, kBwdThreads>();  // the leader issued step u's products
+    } else {
+      rendezvous(u);
     }
 
     // S^T and dP^T as one straight run of wgmma over every k-step of the bucket: a branch
@@ -338,9 +364,11 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
       ss_product<T, kD / 16, KTile, QTile>(dp, smem_v, first_key_row, smem_do(stage));
     }
     wgmma_commit();
+    if (kPingPong && !follower) named_barrier_arrive<kTurnBarrier, kBwdThreads>();
     wgmma_wait<0>();
     fence_accumulators(s);
     fence_accumulators(dp);
+    if (follower && u + 1 < num_steps) rendezvous(u + 1);
 
     if constexpr (kBias) {
       scores.template scale_and_add_tile_transposed<kN>(s, smem_bias(stage), warp * 16, lane);
