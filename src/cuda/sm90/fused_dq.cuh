@@ -88,9 +88,9 @@ struct FusedDq {
 
   __device__ __forceinline__ static void warpgroup_barrier(int warpgroup) {
     if (warpgroup == 0) {
-      named_barrier_sync<1, 128>();
+      named_barrier_sync<kWarpgroupBarrier, 128>();
     } else {
-      named_barrier_sync<2, 128>();
+      named_barrier_sync<kWarpgroupBarrier + 1, 128>();
     }
   }
 

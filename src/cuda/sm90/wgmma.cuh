@@ -131,11 +131,14 @@ __device__ __forceinline__ void named_barrier_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
 }
 
-// The mainloops' named barriers (the forward's, the dQ kernel's): the rendezvous of all threads
-// once per key tile (without a copy warpgroup), and the leader's turn handed to the follower and
-// back (the latter with a copy warpgroup only).
+// The kernels' named barriers, one id each whatever kernel uses it (a barrier id that one part of
+// a kernel joins with 256 threads and another with 128 is an illegal instruction): the rendezvous
+// of all threads once per tile (the mainloops without a copy warpgroup), the leader's turn handed
+// to the follower and back (the latter with a copy warpgroup only), and each warpgroup's own
+// barrier (the fused backward's dQ sum tile, fused_dq.cuh: kWarpgroupBarrier + warpgroup).
 inline constexpr int kPipelineBarrier = 1;
 inline constexpr int kTurnBarrier = 2;
 inline constexpr int kTurnBackBarrier = 3;
+inline constexpr int kWarpgroupBarrier = 4;  // and 5
 
 }  // namespace fmha::cuda::sm90
