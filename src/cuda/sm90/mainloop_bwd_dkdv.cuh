@@ -102,10 +102,11 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
   constexpr bool kModifiers = std::is_same_v<Policy, PolicyGeneral>;  // softcap, bias
   // A bias alone (score_bias.cuh): natural-unit scores, its tiles staged as the general policy's.
   constexpr bool kBias = std::is_same_v<Policy, PolicyBias>;
-  // Ping-pong (the loop's comment) for the range tiles of the plain and window policies up to
-  // D 64, where it was measured: the fused kernel meets at barriers of its own inside a step.
-  constexpr bool kPingPong = !kTokenTiles && !kFusedDq && !kModifiers && !kBias &&
-                             !std::is_same_v<Policy, PolicyRelPos> && kD <= 64;
+  // Ping-pong (the loop's comment) for the plain policy up to D 64, where it was measured to gain
+  // (H200, session 19: SAM-B 2.02-2.03 -> 1.93-1.95 ms). Slower under causal masks (D 64 L 512
+  // 0.350 -> 0.371 ms), the bias (SAM-B 2.43 -> 2.60) and at D 128 (L 8192 4.55 -> 4.78); the
+  // fused kernel meets at barriers of its own inside a step.
+  constexpr bool kPingPong = !kFusedDq && std::is_same_v<Policy, PolicyPlain> && kD <= 64;
   // Steps loading ahead of the current one. Under ping-pong the follower reads step u's stage
   // after rendezvous u + 1, so the loads issued there go one step ahead only.
   constexpr int kAhead = kPingPong ? 1 : kStages - 1;
