@@ -1,9 +1,11 @@
 // sm90-backward-timing: the sm90 split backward's two kernels (dQ, dK/dV) alone, launched through
 // their launchers on random bf16 inputs at the SAM-B shape (B 8, H 12, L 4096, D 64), without and
-// with a [1, H, L, L] bias (the bias policy; no dbias), for comparing builds of the kernels
-// without the library or Python: CUDA events around each launch, the L2 flushed in between, the
-// median of 30 runs. The row statistics (lse, Delta) are random too: the kernels' work does not
-// depend on them. No correctness check: the GPU suite is the test. Built by hand for sm_90a:
+// with a [1, H, L, L] bias (the bias policy; no dbias), at D 128 without bias (B 2, H 16, L 8192:
+// 16k tokens, hidden 2048), and at D 64 L 512 without and with causal (B 32, H 32), for comparing
+// builds of the kernels without the library or Python: CUDA events around each launch, the L2
+// flushed in between, the median of 30 runs. The row statistics (lse, Delta) are random too: the
+// kernels' work does not depend on them. No correctness check: the GPU suite is the test. Built by
+// hand for sm_90a:
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
 //        -Isrc -Iinclude -DVARIANT='"main"' -o sm90-backward-timing \
@@ -30,58 +32,109 @@ template Status launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(const Backwar
                                                                    cudaStream_t);
 template Status launch_backward_dq<__nv_bfloat16, 64, PolicyBias>(const BackwardParams&,
                                                                   cudaStream_t);
+template Status launch_backward_dq<__nv_bfloat16, 64, PolicyWindow>(const BackwardParams&,
+                                                                    cudaStream_t);
+template Status launch_backward_dkdv<__nv_bfloat16, 64, PolicyWindow>(const BackwardParams&,
+                                                                      cudaStream_t);
+template Status launch_backward_dq<__nv_bfloat16, 128, PolicyPlain>(const BackwardParams&,
+                                                                    cudaStream_t);
 template Status launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(const BackwardParams&,
                                                                      cudaStream_t);
 template Status launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(const BackwardParams&,
                                                                     cudaStream_t);
+template Status launch_backward_dkdv<__nv_bfloat16, 128, PolicyPlain>(const BackwardParams&,
+                                                                      cudaStream_t);
 }  // namespace fmha::cuda::sm90
 
-int main() {
-  using namespace fmha::cuda;
-  const int B = 8, H = 12, L = 4096, D = 64;
-  std::mt19937 gen(42);
+namespace {
+
+using fmha::cuda::BackwardParams;
+
+// Random inputs of one dense shape (bf16, [B, L, H, D]); the outputs allocated, nothing freed
+// (the process ends after timing).
+BackwardParams dense_inputs(int B, int H, int L, int D, std::mt19937& gen) {
   const std::size_t n = std::size_t(B) * L * H * D;
-  fmha::cuda::BackwardParams p;
-  ForwardParams& f = p.fwd;
-  f.q = device_random(n, gen, true);
-  f.k = device_random(n, gen, true);
-  f.v = device_random(n, gen, true);
+  BackwardParams p;
+  p.fwd.q = device_random(n, gen, true);
+  p.fwd.k = device_random(n, gen, true);
+  p.fwd.v = device_random(n, gen, true);
   p.dout = device_random(n, gen, true);
   CHECK(cudaMalloc(&p.dq, n * 2));
   CHECK(cudaMalloc(&p.dk, n * 2));
   CHECK(cudaMalloc(&p.dv, n * 2));
   p.delta = static_cast<float*>(device_random(std::size_t(B) * H * L, gen, false));
   p.lse_log2 = static_cast<float*>(device_random(std::size_t(B) * H * L, gen, false));
-  void* bias = device_random(std::size_t(H) * L * L, gen, true);
   set_dense_backward(p, B, H, L, D);
-  auto report = [&](const char* kernel, bool with_bias, float ms) {
-    std::printf("%s %s B=%d H=%d L=%d D=%d bias=%d median %.4f ms\n", VARIANT, kernel, B, H, L, D,
-                with_bias, ms);
-  };
-  for (bool with_bias : {false, true}) {
-    if (with_bias) {  // [1, H, L, L], contiguous: a batch stride of 0
-      f.bias = bias;
-      f.bias_stride[0] = 0;
-      f.bias_stride[1] = std::int64_t(L) * L;
-      f.bias_stride[2] = L;
-      f.bias_stride[3] = 1;
+  return p;
+}
+
+void report(const char* kernel, int B, int H, int L, int D, bool with_bias, float ms) {
+  std::printf("%s %s B=%d H=%d L=%d D=%d bias=%d median %.4f ms\n", VARIANT, kernel, B, H, L, D,
+              with_bias, ms);
+}
+
+}  // namespace
+
+int main() {
+  using namespace fmha::cuda;
+  std::mt19937 gen(42);
+  {
+    const int B = 8, H = 12, L = 4096, D = 64;
+    BackwardParams p = dense_inputs(B, H, L, D, gen);
+    ForwardParams& f = p.fwd;
+    void* bias = device_random(std::size_t(H) * L * L, gen, true);
+    for (bool with_bias : {false, true}) {
+      if (with_bias) {  // [1, H, L, L], contiguous: a batch stride of 0
+        f.bias = bias;
+        f.bias_stride[0] = 0;
+        f.bias_stride[1] = std::int64_t(L) * L;
+        f.bias_stride[2] = L;
+        f.bias_stride[3] = 1;
+      }
+      const float dq =
+          with_bias ? median_launch_ms([&] {
+            return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyBias>(p, 0);
+          })
+                    : median_launch_ms([&] {
+                        return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(p, 0);
+                      });
+      const float dkdv =
+          with_bias ? median_launch_ms([&] {
+            return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(p, 0);
+          })
+                    : median_launch_ms([&] {
+                        return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(p, 0);
+                      });
+      report("dQ", B, H, L, D, with_bias, dq);
+      report("dK/dV", B, H, L, D, with_bias, dkdv);
     }
-    const float dq = with_bias
-                         ? median_launch_ms([&] {
-                             return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyBias>(p, 0);
-                           })
-                         : median_launch_ms([&] {
-                             return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(p, 0);
-                           });
-    const float dkdv =
-        with_bias ? median_launch_ms([&] {
-          return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(p, 0);
-        })
-                  : median_launch_ms([&] {
-                      return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(p, 0);
-                    });
-    report("dQ", with_bias, dq);
-    report("dK/dV", with_bias, dkdv);
+  }
+  {
+    const int B = 2, H = 16, L = 8192, D = 128;
+    const BackwardParams p = dense_inputs(B, H, L, D, gen);
+    report("dQ", B, H, L, D, false, median_launch_ms([&] {
+             return sm90::launch_backward_dq<__nv_bfloat16, 128, PolicyPlain>(p, 0);
+           }));
+    report("dK/dV", B, H, L, D, false, median_launch_ms([&] {
+             return sm90::launch_backward_dkdv<__nv_bfloat16, 128, PolicyPlain>(p, 0);
+           }));
+  }
+  {  // L 512 without and with causal (the window policy: unbounded left, 0 right): few tiles a block
+    const int B = 32, H = 32, L = 512, D = 64;
+    BackwardParams p = dense_inputs(B, H, L, D, gen);
+    report("dQ", B, H, L, D, false, median_launch_ms([&] {
+             return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(p, 0);
+           }));
+    report("dK/dV", B, H, L, D, false, median_launch_ms([&] {
+             return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(p, 0);
+           }));
+    p.fwd.window_right = 0;
+    report("causal dQ", B, H, L, D, false, median_launch_ms([&] {
+             return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyWindow>(p, 0);
+           }));
+    report("causal dK/dV", B, H, L, D, false, median_launch_ms([&] {
+             return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyWindow>(p, 0);
+           }));
   }
   return 0;
 }
