@@ -135,7 +135,7 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
     smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD, kBwdNarrowKeys<Policy>));
   }
   auto* kernel = &backward_dq_kernel<T, kD, Policy>;
-  if constexpr (kBiasForm<Policy> && kD <= 64) {
+  if constexpr (kBiasForm<Policy> && kD <= 64) {  // the staged tiles: a kernel of their own
     if (p.fwd.bias_staged) kernel = &backward_dq_kernel<T, kD, Policy, 0, true>;
   }
   if constexpr (kRelPosForm<Policy>) {
