@@ -67,23 +67,6 @@ Status check_device(int device, int* sm_count, int* arch) {
   return Status::ok_status();
 }
 
-bool aligned16(const void* ptr) {
-  return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
-}
-
-// Elements of a 16-byte chunk: 8 of a 16-bit dtype, 4 floats.
-std::int64_t chunk_elements(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : 8;
-}
-
-bool rows_aligned16(const TensorView& t) {
-  if (!aligned16(t.data)) return false;
-  for (int d = 0; d + 1 < t.rank; ++d) {
-    if (t.stride[static_cast<std::size_t>(d)] % chunk_elements(t.dtype) != 0) return false;
-  }
-  return true;
-}
-
 // Row strides of a [.., rows, heads, dim] tensor, dense ([B, L, H, *]) or packed ([T, H, *]).
 struct RowStrides {
   std::int64_t batch, row, head;

@@ -38,25 +38,6 @@ Status check_device(int device, int* arch) {
   return Status::ok_status();
 }
 
-bool aligned16(const void* ptr) {
-  return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
-}
-
-// Elements of a 16-byte chunk: 8 of a 16-bit dtype, 4 floats.
-std::int64_t chunk_elements(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : 8;
-}
-
-// 16-byte vector access is possible when the row start of every (batch, row, head) is aligned:
-// the base pointer is, and every stride but the last is a multiple of 16 bytes.
-bool rows_aligned16(const TensorView& t) {
-  if (!aligned16(t.data)) return false;
-  for (int d = 0; d + 1 < t.rank; ++d) {
-    if (t.stride[static_cast<std::size_t>(d)] % chunk_elements(t.dtype) != 0) return false;
-  }
-  return true;
-}
-
 // Element strides of a bias-like tensor ([B, H, Lq, *]): a dimension of size 1 broadcasts like a
 // stride of 0 (validation accepts both), so it reads element 0 whatever the index.
 void broadcast_strides(const TensorView& t, std::int64_t (&strides)[4]) {
@@ -64,6 +45,18 @@ void broadcast_strides(const TensorView& t, std::int64_t (&strides)[4]) {
 }
 
 }  // namespace
+
+std::int64_t chunk_elements(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : 8;
+}
+
+bool rows_aligned16(const TensorView& t) {
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) return false;
+  for (int d = 0; d + 1 < t.rank; ++d) {
+    if (t.stride[static_cast<std::size_t>(d)] % chunk_elements(t.dtype) != 0) return false;
+  }
+  return true;
+}
 
 // Options shared by dense, varlen and neighborhood: scale, softcap, masks, bias, rel-pos, sinks,
 // extra keys.

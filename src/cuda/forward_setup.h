@@ -20,6 +20,11 @@ void fill_forward_sizes(const detail::ProblemShape& shape, ForwardParams* p);
 // Scale, softcap, causal / window, bias, rel-pos, sinks, extra keys.
 void fill_forward_options(const AttentionOptions& o, const detail::ProblemShape& shape,
                           ForwardParams* p);
+// Elements of a 16-byte chunk: 8 of a 16-bit dtype, 4 floats.
+std::int64_t chunk_elements(DType dtype);
+// Whether 16-byte vector access reaches the start of every (batch, row, head) row of `t`: the base
+// pointer is 16-byte aligned and every stride but the last is a multiple of 16 bytes.
+bool rows_aligned16(const TensorView& t);
 // Whether tiles load and store with 16-byte vectors (call after fill_forward_options).
 void fill_forward_alignment(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const AttentionOptions& o, ForwardParams* p);
