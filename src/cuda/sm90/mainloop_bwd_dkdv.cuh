@@ -344,16 +344,12 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
   // The follower's softmax (its statistics and bias tile) and products of step u read step u's
   // stage after R(u + 1), whose loads (kAhead 1) go to the stage of step u + 2. Without ping-pong
   // both warpgroups run the leader's line without the turn barrier.
-  const bool follower = kPingPong && warpgroup == 1;
-  if (follower && num_steps > 0) rendezvous(0);
+  const PingPongTurns<kPingPong, kBwdThreads> turns{kPingPong && warpgroup == 1};
+  turns.start(rendezvous, num_steps);
   for (int u = 0; u < num_steps; ++u) {
     const int stage = u % kStages;
     const std::int64_t m0 = step_m0(u);
-    if (follower) {
-      named_barrier_sync<kTurnBarrier, kBwdThreads>();  // the leader issued step u's products
-    } else {
-      rendezvous(u);
-    }
+    turns.before_products(rendezvous, u);
 
     // S^T and dP^T as one straight run of wgmma over every k-step of the bucket: a branch
     // inside the run (to skip a last step of zero columns, D 80 in 96) makes ptxas end the group
@@ -365,11 +361,11 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
       ss_product<T, kD / 16, KTile, QTile>(dp, smem_v, first_key_row, smem_do(stage));
     }
     wgmma_commit();
-    if (kPingPong && !follower) named_barrier_arrive<kTurnBarrier, kBwdThreads>();
+    turns.after_issue();
     wgmma_wait<0>();
     fence_accumulators(s);
     fence_accumulators(dp);
-    if (follower && u + 1 < num_steps) rendezvous(u + 1);
+    turns.after_wait(rendezvous, u, num_steps);
 
     if constexpr (kBias) {
       scores.template scale_and_add_tile_transposed<kN>(s, smem_bias(stage), warp * 16, lane);

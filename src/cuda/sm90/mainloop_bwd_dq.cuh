@@ -439,24 +439,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // Issuing tile u - 1's dQ product with S and dP of tile u instead (one wgmma group a phase)
   // kept 32 more registers live across the products: 1.300 ms plain, but 212 bytes of spill
   // under the bias (3.27 ms: local memory goes to L2 once shared memory takes 225 KB of L1).
-  const bool follower = kPingPong && warpgroup == 1;
-  if (follower && num_tiles > 0) rendezvous(0);
+  const PingPongTurns<kPingPong, kBwdThreads> turns{kPingPong && warpgroup == 1};
+  turns.start(rendezvous, num_tiles);
   for (int u = 0; u < num_tiles; ++u) {
-    if (follower) {
-      named_barrier_sync<kTurnBarrier, kBwdThreads>();  // the leader issued S and dP of tile u
-    } else {
-      rendezvous(u);
-    }
+    turns.before_products(rendezvous, u);
     if (short_dims) {
       issue_s_dp(std::integral_constant<int, kD / 16 - 1>{}, u);
     } else {
       issue_s_dp(std::integral_constant<int, kD / 16>{}, u);
     }
-    if (kPingPong && !follower) named_barrier_arrive<kTurnBarrier, kBwdThreads>();
+    turns.after_issue();
     wgmma_wait<0>();
     fence_accumulators(s);
     fence_accumulators(dp);
-    if (follower && u + 1 < num_tiles) rendezvous(u + 1);
+    turns.after_wait(rendezvous, u, num_tiles);
     scores_to_ds(u);
     issue_dq(u);
   }

@@ -141,4 +141,38 @@ inline constexpr int kTurnBarrier = 2;
 inline constexpr int kTurnBackBarrier = 3;
 inline constexpr int kWarpgroupBarrier = 4;  // and 5
 
+// The turns of two warpgroups in ping-pong in a mainloop without a copy warpgroup (the backward
+// kernels; the protocol and its deadlock freedom: mainloop_bwd_dq.cuh's loop comment). Warpgroup 0
+// leads, warpgroup 1 (`follower`) trails it half a tile; `rendezvous(u)` is the loop's rendezvous
+// of all threads for tile u. Without ping-pong (kEnabled false, follower false) each step is the
+// leader's: rendezvous u before the products, nothing else.
+template <bool kEnabled, int kThreads>
+struct PingPongTurns {
+  bool follower;
+  // Before the loop: the follower's rendezvous 0.
+  template <typename Rendezvous>
+  __device__ __forceinline__ void start(Rendezvous& rendezvous, int tiles) const {
+    if (follower && tiles > 0) rendezvous(0);
+  }
+  // Before tile u's first products: the leader's rendezvous u, or the follower's turn (the leader
+  // issued them).
+  template <typename Rendezvous>
+  __device__ __forceinline__ void before_products(Rendezvous& rendezvous, int u) const {
+    if (follower) {
+      named_barrier_sync<kTurnBarrier, kThreads>();
+    } else {
+      rendezvous(u);
+    }
+  }
+  // Once they are issued: the leader hands the turn to the follower.
+  __device__ __forceinline__ void after_issue() const {
+    if (kEnabled && !follower) named_barrier_arrive<kTurnBarrier, kThreads>();
+  }
+  // Once they have landed: the follower's rendezvous u + 1, before its softmax of tile u.
+  template <typename Rendezvous>
+  __device__ __forceinline__ void after_wait(Rendezvous& rendezvous, int u, int tiles) const {
+    if (follower && u + 1 < tiles) rendezvous(u + 1);
+  }
+};
+
 }  // namespace fmha::cuda::sm90
