@@ -130,12 +130,14 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   }
   if constexpr (kRelPosForm<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
   // The bias policy stages its tiles up to D 64 (3 x 128 queries x 128 keys: 225 of the 227 KB),
-  // where it was measured (SAM-B, H200, session 17); above, the register form.
-  if constexpr (kGeneralForm<Policy> || (kBiasForm<Policy> && kD <= 64)) {
+  // where it was measured (SAM-B, H200, session 17), in a kernel of their own (kBiasTiles); above,
+  // and where stage_bias declines, the register form.
+  constexpr bool kBiasTiles = kBiasForm<Policy> && kD <= 64;
+  if constexpr (kGeneralForm<Policy> || kBiasTiles) {
     smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD, kBwdNarrowKeys<Policy>));
   }
   auto* kernel = &backward_dq_kernel<T, kD, Policy>;
-  if constexpr (kBiasForm<Policy> && kD <= 64) {  // the staged tiles: a kernel of their own
+  if constexpr (kBiasTiles) {
     if (p.fwd.bias_staged) kernel = &backward_dq_kernel<T, kD, Policy, 0, true>;
   }
   if constexpr (kRelPosForm<Policy>) {
