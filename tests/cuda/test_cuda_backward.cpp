@@ -98,6 +98,27 @@ TEST(CudaBackward, CausalHeadSections) {
   check_backward(c, 55);
 }
 
+// Rows long enough that the sm90 kernels' stage rings wrap several times under ping-pong, where
+// the follower reads tile u's stage after rendezvous u + 1 and the loads issued there go one tile
+// ahead (mainloop_bwd_dq.cuh): the dK/dV kernel's plain policy at D 64 (8 query steps of 96), the
+// dQ kernel's plain and window (causal) policies at D 64 and D 128 (9 and 18 key tiles of 128 /
+// 64), and its bias policy's staged tiles (rows of whole 16-byte chunks, Lk % 8 == 0) with a bias
+// shared by the batches. Partial last tiles on both sides.
+TEST(CudaBackward, PingPongManyTiles) {
+  SKIP_WITHOUT_GPU();
+  for (int d : {64, 128}) {
+    BackwardCase c = shape_case(DType::kBFloat16, 700, 1088, d, d, 4, 2, 1);
+    check_backward(c, d == 64 ? 241 : 242);
+    c.options.causal = true;
+    c.options.causal_alignment = CausalAlignment::kBottomRight;
+    check_backward(c, d == 64 ? 243 : 244);
+  }
+  BackwardCase b = shape_case(DType::kFloat16, 700, 1088, 64, 64, 4, 2, 2);
+  b.bias = true;
+  b.bias_broadcast = {true, false, false, false};  // [1, H, Lq, Lk]
+  check_backward(b, 245);
+}
+
 TEST(CudaBackward, WindowsAndFullyMaskedRows) {
   SKIP_WITHOUT_GPU();
   struct W {
