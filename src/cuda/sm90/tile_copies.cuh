@@ -91,7 +91,12 @@ inline bool encode_rows_map(RowsMap* out, const void* base, std::int64_t cols, s
     }
     return reinterpret_cast<Encode>(fn);
   }();
-  if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0) return false;
+  // The driver refuses empty dimensions (CUDA_ERROR_INVALID_VALUE, which compute-sanitizer reports
+  // as an API error): a forward without keys (Lk = 0) takes the cp.async path without asking.
+  if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || cols <= 0 ||
+      rows <= 0 || heads <= 0 || batch <= 0) {
+    return false;
+  }
   // The outer dimensions by increasing byte stride; size-1 ones last (their stride is never used,
   // so it is replaced by one that keeps the order growing).
   struct Outer {
