@@ -44,10 +44,10 @@ inline void* device_random(std::size_t n, std::mt19937& gen, bool bf16) {
   return d;
 }
 
-// The milliseconds of `runs` launches of `launch` (a callable that launches once on the default
-// stream), sorted.
+// The milliseconds of `runs` launches of `launch` (a callable that launches once on `stream`, the
+// default one unless given), sorted.
 template <typename Launch>
-std::vector<float> sorted_launch_ms(const Launch& launch, int runs) {
+std::vector<float> sorted_launch_ms(const Launch& launch, int runs, cudaStream_t stream = 0) {
   const std::size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CHECK(cudaMalloc(&flush, flush_bytes));
@@ -58,10 +58,10 @@ std::vector<float> sorted_launch_ms(const Launch& launch, int runs) {
   CHECK(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int i = 0; i < runs; ++i) {
-    CHECK(cudaMemsetAsync(flush, i, flush_bytes));
-    CHECK(cudaEventRecord(a));
+    CHECK(cudaMemsetAsync(flush, i, flush_bytes, stream));
+    CHECK(cudaEventRecord(a, stream));
     launch();
-    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventRecord(b, stream));
     CHECK(cudaEventSynchronize(b));
     float t;
     CHECK(cudaEventElapsedTime(&t, a, b));
@@ -75,9 +75,9 @@ std::vector<float> sorted_launch_ms(const Launch& launch, int runs) {
 }
 
 // The median milliseconds of 30 launches of `launch`, a callable that launches through an fmha
-// launcher on the default stream and returns its Status; exits on a failed launch.
+// launcher on `stream` and returns its Status; exits on a failed launch.
 template <typename Launch>
-float median_launch_ms(const Launch& launch) {
+float median_launch_ms(const Launch& launch, cudaStream_t stream = 0) {
   return sorted_launch_ms(
       [&] {
         if (!launch().ok()) {
@@ -85,7 +85,7 @@ float median_launch_ms(const Launch& launch) {
           std::exit(1);
         }
       },
-      30)[15];
+      30, stream)[15];
 }
 
 // A dense problem of B batches x L tokens x H heads of D (q, k, v, out [B, L, H, D] contiguous,

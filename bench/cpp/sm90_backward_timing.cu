@@ -3,9 +3,11 @@
 // with a [1, H, L, L] bias (the bias policy; no dbias), at D 128 without bias (B 2, H 16, L 8192:
 // 16k tokens, hidden 2048), and at D 64 L 512 without and with causal (B 32, H 32), for comparing
 // builds of the kernels without the library or Python: CUDA events around each launch, the L2
-// flushed in between, the median of 30 runs. The row statistics (lse, Delta) are random too: the
-// kernels' work does not depend on them. No correctness check: the GPU suite is the test. Built by
-// hand for sm_90a:
+// flushed in between, the median of 30 runs; then each case's two kernels as the split backward
+// launches them, dK/dV then dQ, one after the other and with the dQ kernel overlapping the dK/dV
+// kernel (p.dq_overlaps_dkdv), on a stream of their own. The row statistics (lse, Delta) are
+// random too: the kernels' work does not depend on them. No correctness check: the GPU suite is
+// the test. Built by hand for sm_90a:
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
 //        -Isrc -Iinclude -DVARIANT='"main"' -o sm90-backward-timing \
@@ -73,6 +75,32 @@ void report(const char* kernel, int B, int H, int L, int D, bool with_bias, floa
               with_bias, ms);
 }
 
+// The dK/dV kernel then the dQ kernel (launchers dkdv, dq: callables of the params and a stream),
+// launched one after the other and overlapped, as "<what> dK/dV+dQ" and "<what> dK/dV+dQ
+// overlapped".
+template <typename DkDv, typename Dq>
+void report_pair(const char* what, BackwardParams p, int B, int H, int L, int D, bool with_bias,
+                 const DkDv& dkdv, const Dq& dq) {
+  static cudaStream_t stream = [] {
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }();
+  for (bool overlap : {false, true}) {
+    p.dq_overlaps_dkdv = overlap;
+    const float ms = median_launch_ms(
+        [&] {
+          const fmha::Status s = dkdv(p, stream);
+          return s.ok() ? dq(p, stream) : s;
+        },
+        stream);
+    char name[96];
+    std::snprintf(name, sizeof name, "%s%sdK/dV+dQ%s", what, *what ? " " : "",
+                  overlap ? " overlapped" : "");
+    report(name, B, H, L, D, with_bias, ms);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -107,6 +135,15 @@ int main() {
                       });
       report("dQ", B, H, L, D, with_bias, dq);
       report("dK/dV", B, H, L, D, with_bias, dkdv);
+      if (with_bias) {
+        report_pair("", p, B, H, L, D, true,
+                    sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>,
+                    sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyBias>);
+      } else {
+        report_pair("", p, B, H, L, D, false,
+                    sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>,
+                    sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>);
+      }
     }
   }
   {
@@ -118,6 +155,9 @@ int main() {
     report("dK/dV", B, H, L, D, false, median_launch_ms([&] {
              return sm90::launch_backward_dkdv<__nv_bfloat16, 128, PolicyPlain>(p, 0);
            }));
+    report_pair("", p, B, H, L, D, false,
+                sm90::launch_backward_dkdv<__nv_bfloat16, 128, PolicyPlain>,
+                sm90::launch_backward_dq<__nv_bfloat16, 128, PolicyPlain>);
   }
   {  // L 512 without and with causal (the window policy: unbounded left, 0 right): few tiles a block
     const int B = 32, H = 32, L = 512, D = 64;
@@ -128,6 +168,9 @@ int main() {
     report("dK/dV", B, H, L, D, false, median_launch_ms([&] {
              return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(p, 0);
            }));
+    report_pair("", p, B, H, L, D, false,
+                sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>,
+                sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>);
     p.fwd.window_right = 0;
     report("causal dQ", B, H, L, D, false, median_launch_ms([&] {
              return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyWindow>(p, 0);
@@ -135,6 +178,9 @@ int main() {
     report("causal dK/dV", B, H, L, D, false, median_launch_ms([&] {
              return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyWindow>(p, 0);
            }));
+    report_pair("causal", p, B, H, L, D, false,
+                sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyWindow>,
+                sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyWindow>);
   }
   return 0;
 }

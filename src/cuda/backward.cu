@@ -7,13 +7,15 @@
 //   preprocess (Delta, lse_log2, sink terms) -> dsinks (ordered reduction)
 //   -> fused: dK/dV kernel with dQ atomics (and dbias / drel accumulation), dQ conversion
 //      split: dK/dV kernel (and dbias / drel accumulation on sm80), dQ kernel (on sm90: drel
-//      written in place)
+//      written in place, and the dQ kernel overlapping the dK/dV kernel's last wave)
 //   -> dbias / drel conversions (drel: sm80 only)
 // with no device synchronisation.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "cuda/backend.h"
 #include "cuda/backward_setup.h"
@@ -203,6 +205,17 @@ BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, b
   return p;
 }
 
+// Whether the split sm90 backward's dQ kernel may overlap its dK/dV kernel (sm90/
+// grid_dependency.cuh); FMHA_DQ_OVERLAP=0 in the environment launches them one after the other
+// (read once; for measuring).
+bool dq_overlap_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FMHA_DQ_OVERLAP");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return enabled;
+}
+
 // Fused does each product once but adds dQ with atomics inside the dK/dV blocks; split moves dQ
 // into its own kernel (one block per query tile and head, atomic-free) at the price of
 // recomputing S and dP there (7 products instead of 5). The dK/dV grid (key tiles x kv heads x
@@ -371,6 +384,9 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
     step(sm90 ? dispatch_backward_sm90_dkdv(p, dtype, stream)
               : dispatch_backward_dkdv(p, dtype, stream));
   }
+  // The split sm90 dQ kernel overlaps the dK/dV kernel launched just before it (none when there
+  // are no keys: then the kernel before would be the preprocess, whose Delta the dQ kernel reads).
+  p.dq_overlaps_dkdv = sm90 && !fused && p.fwd.seqlen_k > 0 && dq_overlap_enabled();
   // Conversions after the dQ kernel (the fused path's dQ, dbias, the sm80 kernels' drel).
   if (s.ok()) {
     step(fused  ? launch_backward_convert_dq(p, dtype, outer, inner, stream)

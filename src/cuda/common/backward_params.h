@@ -78,6 +78,10 @@ struct BackwardParams {
 
   // dK/dV kernel: column chunks of the head dims (tile_sizes_bwd.h), one block each.
   int num_chunks = 1;
+
+  // The sm90 split backward: the dQ kernel is launched to overlap the dK/dV kernel just before it
+  // in the stream (programmatic dependent launch; sm90/grid_dependency.cuh).
+  bool dq_overlaps_dkdv = false;
 };
 
 }  // namespace fmha::cuda

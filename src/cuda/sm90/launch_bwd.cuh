@@ -12,9 +12,11 @@
 namespace fmha::cuda::sm90 {
 namespace detail {
 
+// overlap_previous: the kernel may start while the one before it in the stream still runs
+// (programmatic dependent launch; grid_dependency.cuh says what each side does).
 template <typename Kernel>
 Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardParams& p,
-                         cudaStream_t stream, const char* name) {
+                         cudaStream_t stream, const char* name, bool overlap_previous = false) {
   if (grid.x == 0) return Status::ok_status();  // no keys (dK/dV are empty) or no queries
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) {
@@ -22,8 +24,22 @@ Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardPara
                                  " kernel (sm90) could not get " + std::to_string(smem) +
                                  " bytes of shared memory: " + cudaGetErrorString(e));
   }
-  kernel<<<grid, kBwdThreads, smem, stream>>>(p);
-  e = cudaGetLastError();
+  if (overlap_previous) {
+    cudaLaunchAttribute overlap[1] = {};
+    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(kBwdThreads);
+    config.dynamicSmemBytes = static_cast<std::size_t>(smem);
+    config.stream = stream;
+    config.attrs = overlap;
+    config.numAttrs = 1;
+    e = cudaLaunchKernelEx(&config, kernel, p);
+  } else {
+    kernel<<<grid, kBwdThreads, smem, stream>>>(p);
+    e = cudaGetLastError();
+  }
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA backward ") + name +
                                  " kernel (sm90) launch failed: " + cudaGetErrorString(e));
@@ -154,7 +170,7 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
       }
     }
   }
-  return detail::launch_bwd_kernel(kernel, grid, smem, p, stream, "dQ");
+  return detail::launch_bwd_kernel(kernel, grid, smem, p, stream, "dQ", p.dq_overlaps_dkdv);
 }
 
 }  // namespace fmha::cuda::sm90

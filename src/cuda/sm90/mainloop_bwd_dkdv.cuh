@@ -32,6 +32,7 @@
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/fused_dq.cuh"
+#include "cuda/sm90/grid_dependency.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
 #include "cuda/sm90/token_tiles.cuh"
@@ -516,6 +517,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
 template <typename T, int kD, typename Policy, DkDvPart kPart, bool kFusedDq = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
+  let_next_kernel_start();
   dkdv_block<T, kD, kPart, Policy, kFusedDq>(p);
 }
 

@@ -25,6 +25,7 @@
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/grid_dependency.cuh"
 #include "cuda/sm90/policy_forms.h"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
@@ -70,6 +71,8 @@ using DqTokenTiles =
 template <typename T, int kD, typename Policy, int kRelRows = 0, bool kBiasTiles = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     backward_dq_kernel(const __grid_constant__ BackwardParams p) {
+  // Launched to overlap the dK/dV kernel (p.dq_overlaps_dkdv): complete only after it.
+  const CompleteAfterPreviousKernel complete_after_dkdv;
   constexpr int kM = kBwdQueriesPerBlock;
   constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
   constexpr int kStages = kBwdStages;
