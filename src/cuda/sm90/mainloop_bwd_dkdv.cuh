@@ -323,11 +323,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
   // its own copies and fences them for the async proxy first), and every warp is done with the
   // stage that step u + kAhead overwrites, whose loads it then issues.
   auto rendezvous = [&](int u) {
-    tile::cp_async_wait<kAhead - 1>();
-    fence_proxy_async();
-    named_barrier_sync<kPipelineBarrier, kBwdThreads>();
-    if (u + kAhead < num_steps) load_step(u + kAhead, (u + kAhead) % kStages);
-    tile::cp_async_commit();
+    rendezvous_then_load<kAhead - 1, kBwdThreads>([&] {
+      if (u + kAhead < num_steps) load_step(u + kAhead, (u + kAhead) % kStages);
+    });
     if constexpr (kTokenTiles) {
       // Query box of step u + stages into the slot of step u - 1, whose last reader (the scores
       // of step u - 1) is done; its loads are issued after the next barrier.

@@ -303,11 +303,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // copies and fences them for the async proxy first), and every warp is done with the stage that
   // tile u + kAhead overwrites, whose loads it then issues.
   auto rendezvous = [&](int u) {
-    tile::cp_async_wait<kAhead - 1>();
-    fence_proxy_async();
-    named_barrier_sync<kPipelineBarrier, kBwdThreads>();
-    if (u + kAhead < num_tiles) load_keys(u + kAhead, (u + kAhead) % kStages);
-    tile::cp_async_commit();
+    rendezvous_then_load<kAhead - 1, kBwdThreads>([&] {
+      if (u + kAhead < num_tiles) load_keys(u + kAhead, (u + kAhead) % kStages);
+    });
     if constexpr (kTokenTiles) {
       // Key box u + stages into the slot of box u + stages - kSlots, whose last reader (the
       // scores of its tile) is done; its loads are issued after the next barrier.

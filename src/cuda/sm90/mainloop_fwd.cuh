@@ -342,11 +342,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       // Rendezvous u of all threads (see the header): group u (K(u), V(u - 1)) has landed for
       // everyone, and every warp is done with the stages that group u + stages - 1 overwrites.
       auto rendezvous = [&](int u) {
-        tile::cp_async_wait<kStages - 2>();
-        fence_proxy_async();
-        named_barrier_sync<kPipelineBarrier, kThreads>();
-        if (u + kStages - 1 <= num_tiles) load_group(u + kStages - 1);
-        tile::cp_async_commit();
+        rendezvous_then_load<kStages - 2, kThreads>([&] {
+          if (u + kStages - 1 <= num_tiles) load_group(u + kStages - 1);
+        });
         if constexpr (kTokenTiles) {
           // Key box u + stages into the slot of box u + stages - kSlots, which no warp reads any
           // more (its last reader, the follower's softmax of that tile, ran before this

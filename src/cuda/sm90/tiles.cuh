@@ -185,6 +185,21 @@ __device__ __forceinline__ void load_floats_by_token_async(std::uint32_t dst, co
   }
 }
 
+// The rendezvous of all threads in a cp.async mainloop (the forward, dQ and dK/dV loops without a
+// copy warpgroup): each thread waits until at most kPending of its commit groups are in flight
+// and fences what landed for the async proxy (the tensor cores read it); the barrier then makes
+// every thread's copies visible to all and frees the stage that the next loads overwrite;
+// `issue_loads` issues those (maybe none) as one more commit group, so that every rendezvous
+// commits exactly one.
+template <int kPending, int kThreads, typename IssueLoads>
+__device__ __forceinline__ void rendezvous_then_load(const IssueLoads& issue_loads) {
+  tile::cp_async_wait<kPending>();
+  fence_proxy_async();
+  named_barrier_sync<kPipelineBarrier, kThreads>();
+  issue_loads();
+  tile::cp_async_commit();
+}
+
 // Zeros kBytes of shared memory from `dst` (16-byte stores by all kThreads threads); the tensor
 // cores see them after each writer's fence_proxy_async and a barrier.
 template <int kBytes, int kThreads>
