@@ -4,11 +4,13 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "cuda/cuda_case_util.h"
+#include "cuda/cuda_device_copy.h"
 #include "naive/naive_masks.h"
 #include "naive/naive_problem.h"
 
@@ -139,15 +141,6 @@ Views host_views(Tensors& t) {
   return v;
 }
 
-std::size_t storage_bytes(const fmha::TensorView& v) {
-  std::int64_t elements = 1;
-  for (int d = 0; d < v.rank; ++d) {
-    if (v.shape[static_cast<std::size_t>(d)] == 0) return 0;
-    elements += (v.shape[static_cast<std::size_t>(d)] - 1) * v.stride[static_cast<std::size_t>(d)];
-  }
-  return static_cast<std::size_t>(elements) * fmha::element_size(v.dtype);
-}
-
 }  // namespace
 
 DeviceTensors::~DeviceTensors() {
@@ -215,7 +208,8 @@ fmha::Status run_forward(const BackwardCase& c, const Views& v) {
 
 }  // namespace
 
-fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl impl) {
+fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl impl,
+                          void* stream) {
   const fmha::AttentionOptions o = options_of(c, v);
   fmha::AttentionGradients g;
   g.dq = v.dq, g.dk = v.dk, g.dv = v.dv, g.dsinks = v.dsinks;
@@ -236,7 +230,7 @@ fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl im
                                  .options = o,
                                  .backward_impl = impl,
                                  .grads = g};
-    return fmha::run(p, nullptr);
+    return fmha::run(p, stream);
   }
   fmha::AttentionBackwardParams p{.q = v.q,
                                   .k = v.k,
@@ -248,7 +242,7 @@ fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl im
                                   .options = o,
                                   .backward_impl = impl,
                                   .grads = g};
-  return fmha::run(p, nullptr);
+  return fmha::run(p, stream);
 }
 
 namespace {
@@ -468,6 +462,56 @@ BackwardCase shape_case(DType dtype, std::int64_t lq, std::int64_t lk, std::int6
   c.heads = h;
   c.kv_heads = hkv;
   return c;
+}
+
+void check_gradients_queued_behind(const BackwardCase& c, std::uint64_t seed) {
+  SCOPED_TRACE("case: " + c.describe() + " seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  Tensors t = make_tensors(c, c.dtype, DType::kFloat32, &rng);
+  DeviceTensors dev;
+  dev.upload(t);
+  if (::testing::Test::HasFatalFailure()) return;
+  fmha::Status s = run_forward(c, dev.views());
+  ASSERT_TRUE(s.ok()) << "CUDA forward refused: " << s.message();
+  constexpr int kChecked = 3;  // dq, dk, dv: the first three of kGradients
+  std::vector<void*> copies(kChecked, nullptr);
+  for (int n = 0; n < kChecked; ++n) {
+    const std::size_t bytes = storage_bytes(dev.views().*kGradientViews[n]);
+    CUDA_CHECK(cudaMalloc(&copies[static_cast<std::size_t>(n)], std::max<std::size_t>(bytes, 16)));
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  TestStream stream;
+  const auto queue = static_cast<cudaStream_t>(stream.get());
+  for (BackwardImpl impl : c.impls) {
+    for (int n = 0; n < kChecked; ++n) {
+      (t.*kGradients[n]).poison();
+      dev.reset(t.*kGradients[n], dev.views().*kGradientViews[n]);
+    }
+    s = run_backward(c, dev.views(), impl, stream.get());
+    ASSERT_TRUE(s.ok()) << "CUDA backward (" << impl_name(impl) << ") refused: " << s.message();
+    for (int n = 0; n < kChecked; ++n) {
+      const fmha::TensorView& g = dev.views().*kGradientViews[n];
+      CUDA_CHECK(cudaMemcpyAsync(copies[static_cast<std::size_t>(n)], g.data, storage_bytes(g),
+                                 cudaMemcpyDeviceToDevice, queue));
+    }
+    CUDA_CHECK(stream.sync());
+    for (int n = 0; n < kChecked; ++n) {
+      HostTensor& final_grad = t.*kGradients[n];
+      HostTensor queued = final_grad;
+      fmha::TensorView copy = dev.views().*kGradientViews[n];
+      copy.data = copies[static_cast<std::size_t>(n)];
+      dev.download(final_grad, dev.views().*kGradientViews[n]);
+      dev.download(queued, copy);
+      const std::vector<double> values = final_grad.to_double();
+      EXPECT_TRUE(
+          std::all_of(values.begin(), values.end(), [](double x) { return std::isfinite(x); }))
+          << kGradientNames[n] << " (" << impl_name(impl) << "): a poisoned element left";
+      EXPECT_TRUE(queued.bitwise_equal(final_grad))
+          << kGradientNames[n] << " (" << impl_name(impl)
+          << "): the copy queued behind the backward saw it incomplete";
+    }
+  }
+  for (void* p : copies) CUDA_CHECK(cudaFree(p));
 }
 
 }  // namespace fmha_cuda_test

@@ -91,12 +91,21 @@ bool gpu_available();
 // Allocates every tensor in `dtype` (statistics in `stat`), random inputs, NaN-poisoned outputs.
 Tensors make_tensors(const BackwardCase& c, DType dtype, DType stat, std::mt19937_64* rng);
 
-// The case's backward on views `v` with one implementation.
-fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl impl);
+// The case's backward on views `v` with one implementation, on `stream` (the default one unless
+// given).
+fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl impl,
+                          void* stream = nullptr);
 
 // Runs the case's forward and backward on the GPU, once per implementation in c.impls, and checks
 // every gradient; with `twice`, runs each implementation again and requires identical bits.
 void check_backward(const BackwardCase& c, std::uint64_t seed, bool twice = false);
+
+// Runs the case's forward, then per implementation in c.impls its backward on a stream of its own
+// with a device-to-device copy of dq, dk and dv queued on that stream right behind it, and
+// requires each copy to hold the gradient read after the stream has drained, bit for bit, and no
+// poisoned element: work queued behind the backward sees its gradients complete, whatever kernels
+// the backward overlapped inside.
+void check_gradients_queued_behind(const BackwardCase& c, std::uint64_t seed);
 
 // A dense case of these sizes, everything else default.
 BackwardCase shape_case(DType dtype, std::int64_t lq, std::int64_t lk, std::int64_t d,

@@ -119,6 +119,17 @@ TEST(CudaBackward, PingPongManyTiles) {
   check_backward(b, 245);
 }
 
+// On Hopper the split backward's dQ kernel starts while its dK/dV kernel still runs, and each dQ
+// block waits for the dK/dV kernel's completion on its way out (sm90/grid_dependency.cuh), so that
+// what the stream runs next finds dK and dV written. MQA over 32 query heads makes the dK/dV blocks
+// long (each walks every head: 2 blocks of 352 steps) and the dQ blocks short (256 blocks of 2 key
+// tiles): were the dQ grid free to finish first, the copies queued behind would catch dk and dv
+// poisoned. The fused backward (one kernel and a conversion) is checked alike.
+TEST(CudaBackward, GradientsCompleteForWorkQueuedBehind) {
+  SKIP_WITHOUT_GPU();
+  check_gradients_queued_behind(shape_case(DType::kBFloat16, 1024, 256, 64, 64, 32, 1), 251);
+}
+
 TEST(CudaBackward, WindowsAndFullyMaskedRows) {
   SKIP_WITHOUT_GPU();
   struct W {
