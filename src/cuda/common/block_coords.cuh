@@ -51,6 +51,23 @@ __host__ __device__ __forceinline__ BlockCoords block_coords(const ForwardParams
           static_cast<int>((index.y << log2) | (index.x & ((1u << log2) - 1u)))};
 }
 
+// Where batch b's query and key rows start in q / k (varlen: packed sequences, from cu_seqlens;
+// 0 in a dense batch, whose batch stride does the rest) and how many there are.
+struct SequenceRows {
+  std::int64_t q_start, k_start, num_queries, num_keys;
+};
+__host__ __device__ __forceinline__ SequenceRows sequence_rows(const ForwardParams& f,
+                                                               std::int64_t b) {
+  SequenceRows rows{0, 0, f.seqlen_q, f.seqlen_k};
+  if (f.cu_seqlens_q != nullptr) {
+    rows.q_start = f.cu_seqlens_q[b];
+    rows.num_queries = f.cu_seqlens_q[b + 1] - rows.q_start;
+    rows.k_start = f.cu_seqlens_k[b];
+    rows.num_keys = f.cu_seqlens_k[b + 1] - rows.k_start;
+  }
+  return rows;
+}
+
 // Tile `linear` of a grid of `dims` blocks, x fastest: the order in which the hardware starts the
 // blocks of such a grid, which a persistent block walks instead (sm90 forward).
 __host__ __device__ __forceinline__ uint3 tile_index(unsigned linear, dim3 dims) {

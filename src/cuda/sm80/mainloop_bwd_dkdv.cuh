@@ -26,6 +26,7 @@
 
 #include "cuda/common/backward_params.h"
 #include "cuda/common/backward_policies.cuh"
+#include "cuda/common/block_coords.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_operands.cuh"
 #include "cuda/common/tile_primitives.cuh"
@@ -158,13 +159,9 @@ __device__ __forceinline__ void backward_dkdv_body(const BackwardParams& p) {
   const std::int64_t tile_index = blockIdx.x / p.num_chunks;
   const int col0 = chunk * kC;
 
-  std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;
-  if (f.cu_seqlens_q != nullptr) {
-    q_start = f.cu_seqlens_q[b];
-    num_queries = f.cu_seqlens_q[b + 1] - q_start;
-    k_start = f.cu_seqlens_k[b];
-    num_keys = f.cu_seqlens_k[b + 1] - k_start;
-  }
+  const SequenceRows rows_of_batch = sequence_rows(f, b);
+  const std::int64_t q_start = rows_of_batch.q_start, k_start = rows_of_batch.k_start;
+  const std::int64_t num_queries = rows_of_batch.num_queries, num_keys = rows_of_batch.num_keys;
   // Blocks [0, main_tiles) own ordinary keys (varlen: the longest sequence's count; token tiles:
   // one key box each), the rest extra keys.
   const std::int64_t main_tiles =

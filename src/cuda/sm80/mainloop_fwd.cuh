@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/block_coords.cuh"
 #include "cuda/common/forward_params.h"
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/common/neighborhood_mask.cuh"
@@ -260,13 +261,9 @@ __device__ __forceinline__ void forward_body(const ForwardParams& p) {
   // Last row blocks first: under a causal mask they have the most key tiles.
   const std::int64_t m_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
 
-  std::int64_t q_start = 0, k_start = 0, num_queries = p.seqlen_q, num_keys = p.seqlen_k;
-  if (p.cu_seqlens_q != nullptr) {
-    q_start = p.cu_seqlens_q[b];
-    num_queries = p.cu_seqlens_q[b + 1] - q_start;
-    k_start = p.cu_seqlens_k[b];
-    num_keys = p.cu_seqlens_k[b + 1] - k_start;
-  }
+  const SequenceRows rows_of_batch = sequence_rows(p, b);
+  const std::int64_t q_start = rows_of_batch.q_start, k_start = rows_of_batch.k_start;
+  const std::int64_t num_queries = rows_of_batch.num_queries, num_keys = rows_of_batch.num_keys;
   // Token tiles: the block's rows are tokens of its grid box, so the pointers start at token 0.
   const std::int64_t m0 = kTokenTiles ? 0 : m_block * kM;
   if (m0 >= num_queries) return;  // varlen: this sequence is shorter than the longest

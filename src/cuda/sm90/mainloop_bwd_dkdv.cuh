@@ -155,13 +155,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
   // Token tiles: the block's keys are tokens of its grid box, so the pointers start at token 0.
   const std::int64_t n0 = kTokenTiles ? 0 : key_tile * kN;
 
-  std::int64_t q_start = 0, k_start = 0, num_queries = f.seqlen_q, num_keys = f.seqlen_k;
-  if (f.cu_seqlens_q != nullptr) {
-    q_start = f.cu_seqlens_q[b];
-    num_queries = f.cu_seqlens_q[b + 1] - q_start;
-    k_start = f.cu_seqlens_k[b];
-    num_keys = f.cu_seqlens_k[b + 1] - k_start;
-  }
+  const SequenceRows rows_of_batch = sequence_rows(f, b);
+  const std::int64_t q_start = rows_of_batch.q_start, k_start = rows_of_batch.k_start;
+  const std::int64_t num_queries = rows_of_batch.num_queries, num_keys = rows_of_batch.num_keys;
   if (n0 >= num_keys) return;  // varlen: this sequence has fewer keys than the longest
   const int valid_keys =
       kTokenTiles ? kN : static_cast<int>(num_keys - n0 < kN ? num_keys - n0 : kN);
