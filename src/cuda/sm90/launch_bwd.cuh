@@ -24,6 +24,9 @@ Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardPara
                                  " kernel (sm90) could not get " + std::to_string(smem) +
                                  " bytes of shared memory: " + cudaGetErrorString(e));
   }
+  // A runtime or driver that refuses the overlap (say, one that cannot capture it into a graph)
+  // gets the plain launch, which reports any error of its own.
+  e = cudaErrorNotSupported;
   if (overlap_previous) {
     cudaLaunchAttribute overlap[1] = {};
     overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -36,7 +39,9 @@ Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardPara
     config.attrs = overlap;
     config.numAttrs = 1;
     e = cudaLaunchKernelEx(&config, kernel, p);
-  } else {
+    if (e != cudaSuccess) (void)cudaGetLastError();
+  }
+  if (e != cudaSuccess) {
     kernel<<<grid, kBwdThreads, smem, stream>>>(p);
     e = cudaGetLastError();
   }
