@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     // Token tiles: every row may hold a token (a box of a small grid has holes between them).
     const int rows =
         kTokenTiles ? kM : static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
-    const std::int64_t last_row = m0 + rows - 1;
+    [[maybe_unused]] const std::int64_t last_row = m0 + rows - 1;  // range tiles' masks only
     const int hk = h / p.kv_group;
 
     const auto* q = static_cast<const std::uint16_t*>(p.q) + b * p.q_batch_stride +
