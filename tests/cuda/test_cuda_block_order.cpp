@@ -1,6 +1,7 @@
 // The sm90 kernels' block order (src/cuda/common/block_coords.cuh) checked on the host, no GPU
 // needed: when head sections apply (one-sided windows, 8 tiles a head or more, an even head count)
-// and how large they grow, the grid they launch, and the persistent forward's walk over that grid.
+// and how large they grow, the grid they launch, the persistent forward's walk over that grid, and
+// the rows of a block's batch.
 // The decode also runs on the device; the CUDA suite's CausalHeadSections covers it against the
 // reference.
 #include <cuda_runtime.h>  // defines __host__ / __device__ for the host compiler
@@ -96,6 +97,39 @@ TEST(CudaBlockOrder, PersistentWalkTakesEveryTileOnce) {
     }
     for (unsigned i = 0; i < total; ++i) EXPECT_EQ(seen[i], 1) << "work item " << i;
   }
+}
+
+// A batch's rows (sequence_rows): the dense batch's whole sequences from row 0 (its batch stride
+// does the rest), a varlen batch's packed sequences from their cu_seqlens offsets, empty ones
+// included.
+TEST(CudaBlockOrder, SequenceRowsOfDenseAndVarlenBatches) {
+  ForwardParams dense;
+  dense.seqlen_q = 300;
+  dense.seqlen_k = 77;
+  const fmha::cuda::SequenceRows d = fmha::cuda::sequence_rows(dense, 2);
+  EXPECT_EQ(d.q_start, 0);
+  EXPECT_EQ(d.k_start, 0);
+  EXPECT_EQ(d.num_queries, 300);
+  EXPECT_EQ(d.num_keys, 77);
+  const std::int32_t cu_q[] = {0, 5, 5, 12}, cu_k[] = {0, 9, 20, 20};
+  ForwardParams varlen = dense;
+  varlen.cu_seqlens_q = cu_q;
+  varlen.cu_seqlens_k = cu_k;
+  const fmha::cuda::SequenceRows first = fmha::cuda::sequence_rows(varlen, 0);
+  EXPECT_EQ(first.q_start, 0);
+  EXPECT_EQ(first.num_queries, 5);
+  EXPECT_EQ(first.k_start, 0);
+  EXPECT_EQ(first.num_keys, 9);
+  const fmha::cuda::SequenceRows no_queries = fmha::cuda::sequence_rows(varlen, 1);
+  EXPECT_EQ(no_queries.q_start, 5);
+  EXPECT_EQ(no_queries.num_queries, 0);
+  EXPECT_EQ(no_queries.k_start, 9);
+  EXPECT_EQ(no_queries.num_keys, 11);
+  const fmha::cuda::SequenceRows no_keys = fmha::cuda::sequence_rows(varlen, 2);
+  EXPECT_EQ(no_keys.q_start, 5);
+  EXPECT_EQ(no_keys.num_queries, 7);
+  EXPECT_EQ(no_keys.k_start, 20);
+  EXPECT_EQ(no_keys.num_keys, 0);
 }
 
 }  // namespace
