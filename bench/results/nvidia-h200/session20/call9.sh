@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 20 call 9 (the final commit's code: the overlapped launch's fallback, host code only):
+# Session 20 call 9 (84dfb3f: the overlapped launch's fallback, host code only):
 # scripts/gpu-check.sh's python and bench steps: pytest on CUDA (with the CUDA-graph capture test),
 # and the SAM-B backward with and without the [1, H, L, L] bias against cuDNN.
 cd "$(dirname "$0")/../../../.."
