@@ -70,17 +70,21 @@ BackwardParams dense_inputs(int B, int H, int L, int D, std::mt19937& gen) {
   return p;
 }
 
-void report(const char* kernel, int B, int H, int L, int D, bool with_bias, float ms) {
-  std::printf("%s %s B=%d H=%d L=%d D=%d bias=%d median %.4f ms\n", VARIANT, kernel, B, H, L, D,
-              with_bias, ms);
+void report(const char* what, const char* kernel, int B, int H, int L, int D, bool with_bias,
+            float ms) {
+  std::printf("%s %s%s%s B=%d H=%d L=%d D=%d bias=%d median %.4f ms\n", VARIANT, what,
+              *what ? " " : "", kernel, B, H, L, D, with_bias, ms);
 }
 
-// The dK/dV kernel then the dQ kernel (launchers dkdv, dq: callables of the params and a stream),
-// launched one after the other and overlapped, as "<what> dK/dV+dQ" and "<what> dK/dV+dQ
-// overlapped".
+// One case of the split backward's two kernels (launchers dkdv, dq: callables of the params and a
+// stream): "<what> dQ" and "<what> dK/dV" alone on the default stream, then "<what> dK/dV+dQ",
+// dK/dV then dQ as the backward launches them, one after the other and overlapped
+// (p.dq_overlaps_dkdv), on a stream of their own.
 template <typename DkDv, typename Dq>
-void report_pair(const char* what, BackwardParams p, int B, int H, int L, int D, bool with_bias,
+void report_case(const char* what, BackwardParams p, int B, int H, int L, int D, bool with_bias,
                  const DkDv& dkdv, const Dq& dq) {
+  report(what, "dQ", B, H, L, D, with_bias, median_launch_ms([&] { return dq(p, 0); }));
+  report(what, "dK/dV", B, H, L, D, with_bias, median_launch_ms([&] { return dkdv(p, 0); }));
   static cudaStream_t stream = [] {
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -94,10 +98,7 @@ void report_pair(const char* what, BackwardParams p, int B, int H, int L, int D,
           return s.ok() ? dq(p, stream) : s;
         },
         stream);
-    char name[96];
-    std::snprintf(name, sizeof name, "%s%sdK/dV+dQ%s", what, *what ? " " : "",
-                  overlap ? " overlapped" : "");
-    report(name, B, H, L, D, with_bias, ms);
+    report(what, overlap ? "dK/dV+dQ overlapped" : "dK/dV+dQ", B, H, L, D, with_bias, ms);
   }
 }
 
@@ -105,82 +106,38 @@ void report_pair(const char* what, BackwardParams p, int B, int H, int L, int D,
 
 int main() {
   using namespace fmha::cuda;
+  using sm90::launch_backward_dkdv;
+  using sm90::launch_backward_dq;
+  using bf16 = __nv_bfloat16;
   std::mt19937 gen(42);
   {
     const int B = 8, H = 12, L = 4096, D = 64;
     BackwardParams p = dense_inputs(B, H, L, D, gen);
-    ForwardParams& f = p.fwd;
-    void* bias = device_random(std::size_t(H) * L * L, gen, true);
-    for (bool with_bias : {false, true}) {
-      if (with_bias) {  // [1, H, L, L], contiguous: a batch stride of 0
-        f.bias = bias;
-        f.bias_stride[0] = 0;
-        f.bias_stride[1] = std::int64_t(L) * L;
-        f.bias_stride[2] = L;
-        f.bias_stride[3] = 1;
-      }
-      const float dq =
-          with_bias ? median_launch_ms([&] {
-            return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyBias>(p, 0);
-          })
-                    : median_launch_ms([&] {
-                        return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(p, 0);
-                      });
-      const float dkdv =
-          with_bias ? median_launch_ms([&] {
-            return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>(p, 0);
-          })
-                    : median_launch_ms([&] {
-                        return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(p, 0);
-                      });
-      report("dQ", B, H, L, D, with_bias, dq);
-      report("dK/dV", B, H, L, D, with_bias, dkdv);
-      if (with_bias) {
-        report_pair("", p, B, H, L, D, true,
-                    sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyBias>,
-                    sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyBias>);
-      } else {
-        report_pair("", p, B, H, L, D, false,
-                    sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>,
-                    sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>);
-      }
-    }
+    report_case("", p, B, H, L, D, false, launch_backward_dkdv<bf16, 64, PolicyPlain>,
+                launch_backward_dq<bf16, 64, PolicyPlain>);
+    ForwardParams& f = p.fwd;  // a [1, H, L, L] bias, contiguous: a batch stride of 0
+    f.bias = device_random(std::size_t(H) * L * L, gen, true);
+    f.bias_stride[0] = 0;
+    f.bias_stride[1] = std::int64_t(L) * L;
+    f.bias_stride[2] = L;
+    f.bias_stride[3] = 1;
+    report_case("", p, B, H, L, D, true, launch_backward_dkdv<bf16, 64, PolicyBias>,
+                launch_backward_dq<bf16, 64, PolicyBias>);
   }
   {
     const int B = 2, H = 16, L = 8192, D = 128;
     const BackwardParams p = dense_inputs(B, H, L, D, gen);
-    report("dQ", B, H, L, D, false, median_launch_ms([&] {
-             return sm90::launch_backward_dq<__nv_bfloat16, 128, PolicyPlain>(p, 0);
-           }));
-    report("dK/dV", B, H, L, D, false, median_launch_ms([&] {
-             return sm90::launch_backward_dkdv<__nv_bfloat16, 128, PolicyPlain>(p, 0);
-           }));
-    report_pair("", p, B, H, L, D, false,
-                sm90::launch_backward_dkdv<__nv_bfloat16, 128, PolicyPlain>,
-                sm90::launch_backward_dq<__nv_bfloat16, 128, PolicyPlain>);
+    report_case("", p, B, H, L, D, false, launch_backward_dkdv<bf16, 128, PolicyPlain>,
+                launch_backward_dq<bf16, 128, PolicyPlain>);
   }
-  {  // L 512 without and with causal (the window policy: unbounded left, 0 right): few tiles a block
+  {  // L 512, without and with causal (window policy: unbounded left, 0 right): few tiles a block
     const int B = 32, H = 32, L = 512, D = 64;
     BackwardParams p = dense_inputs(B, H, L, D, gen);
-    report("dQ", B, H, L, D, false, median_launch_ms([&] {
-             return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>(p, 0);
-           }));
-    report("dK/dV", B, H, L, D, false, median_launch_ms([&] {
-             return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>(p, 0);
-           }));
-    report_pair("", p, B, H, L, D, false,
-                sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyPlain>,
-                sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyPlain>);
+    report_case("", p, B, H, L, D, false, launch_backward_dkdv<bf16, 64, PolicyPlain>,
+                launch_backward_dq<bf16, 64, PolicyPlain>);
     p.fwd.window_right = 0;
-    report("causal dQ", B, H, L, D, false, median_launch_ms([&] {
-             return sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyWindow>(p, 0);
-           }));
-    report("causal dK/dV", B, H, L, D, false, median_launch_ms([&] {
-             return sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyWindow>(p, 0);
-           }));
-    report_pair("causal", p, B, H, L, D, false,
-                sm90::launch_backward_dkdv<__nv_bfloat16, 64, PolicyWindow>,
-                sm90::launch_backward_dq<__nv_bfloat16, 64, PolicyWindow>);
+    report_case("causal", p, B, H, L, D, false, launch_backward_dkdv<bf16, 64, PolicyWindow>,
+                launch_backward_dq<bf16, 64, PolicyWindow>);
   }
   return 0;
 }
