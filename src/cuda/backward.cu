@@ -13,13 +13,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
-#include <string_view>
 
 #include "cuda/backend.h"
 #include "cuda/backward_setup.h"
 #include "cuda/common/backward_params.h"
+#include "cuda/common/env_switch.h"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/device_guard.h"
 #include "cuda/dispatch_bwd.h"
@@ -209,10 +208,7 @@ BackwardParams make_params(const Params& a, const detail::ProblemShape& shape, b
 // grid_dependency.cuh); FMHA_DQ_OVERLAP=0 in the environment launches them one after the other
 // (read once; for measuring).
 bool dq_overlap_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("FMHA_DQ_OVERLAP");
-    return value == nullptr || std::string_view(value) != "0";
-  }();
+  static const bool enabled = !switched_off_by_env("FMHA_DQ_OVERLAP");
   return enabled;
 }
 

@@ -21,9 +21,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
+#include "cuda/common/env_switch.h"
 #include "cuda/common/forward_params.h"
 
 namespace fmha::cuda {
@@ -105,10 +104,7 @@ inline dim3 batch_grid(const ForwardParams& f, std::int64_t tiles, std::int64_t 
 // FMHA_HEAD_SECTIONS=0 in the environment keeps head-by-head order (read once; for measuring).
 inline int head_section_log2_for(const ForwardParams& f, std::int64_t tiles, std::int64_t heads,
                                  std::int64_t bytes_per_head) {
-  static const bool off = [] {
-    const char* value = std::getenv("FMHA_HEAD_SECTIONS");
-    return value != nullptr && std::string_view(value) == "0";
-  }();
+  static const bool off = switched_off_by_env("FMHA_HEAD_SECTIONS");
   const bool one_sided =
       (f.window_left == kUnboundedWindow) != (f.window_right == kUnboundedWindow);
   if (off || !one_sided || tiles < 8) return 0;

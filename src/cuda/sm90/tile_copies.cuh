@@ -25,10 +25,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cuda/ptx>
-#include <string_view>
 #include <utility>
+
+#include "cuda/common/env_switch.h"
 
 namespace fmha::cuda::sm90 {
 
@@ -56,10 +56,7 @@ struct ForwardTileMaps {
 // every tile on the copy threads' cp.async, so that the GPU suite can run that path on inputs the
 // maps would take (scripts/gpu-check.sh).
 inline bool tma_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("FMHA_SM90_TMA");
-    return value == nullptr || std::string_view(value) != "0";
-  }();
+  static const bool enabled = !switched_off_by_env("FMHA_SM90_TMA");
   return enabled;
 }
 

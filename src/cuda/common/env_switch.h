@@ -1,0 +1,16 @@
+// Switches for measuring and testing, read from the environment: NAME=0 turns off a behaviour that
+// is on by default (FMHA_SM90_TMA, FMHA_HEAD_SECTIONS, FMHA_DQ_OVERLAP). Callers keep the answer
+// in a function-local static, so each is read once per process.
+#pragma once
+
+#include <cstdlib>
+#include <string_view>
+
+namespace fmha::cuda {
+
+inline bool switched_off_by_env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::string_view(value) == "0";
+}
+
+}  // namespace fmha::cuda
