@@ -26,7 +26,7 @@ Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardPara
   }
   // A runtime or driver that refuses the overlap (say, one that cannot capture it into a graph)
   // gets the plain launch, which reports any error of its own.
-  e = cudaErrorNotSupported;
+  bool overlapped = false;
   if (overlap_previous) {
     cudaLaunchAttribute overlap[1] = {};
     overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -38,13 +38,11 @@ Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardPara
     config.stream = stream;
     config.attrs = overlap;
     config.numAttrs = 1;
-    e = cudaLaunchKernelEx(&config, kernel, p);
-    if (e != cudaSuccess) (void)cudaGetLastError();
+    overlapped = cudaLaunchKernelEx(&config, kernel, p) == cudaSuccess;
+    if (!overlapped) (void)cudaGetLastError();
   }
-  if (e != cudaSuccess) {
-    kernel<<<grid, kBwdThreads, smem, stream>>>(p);
-    e = cudaGetLastError();
-  }
+  if (!overlapped) kernel<<<grid, kBwdThreads, smem, stream>>>(p);
+  e = cudaGetLastError();
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA backward ") + name +
                                  " kernel (sm90) launch failed: " + cudaGetErrorString(e));
