@@ -474,11 +474,10 @@ void check_gradients_queued_behind(const BackwardCase& c, std::uint64_t seed) {
   fmha::Status s = run_forward(c, dev.views());
   ASSERT_TRUE(s.ok()) << "CUDA forward refused: " << s.message();
   constexpr int kChecked = 3;  // dq, dk, dv: the first three of kGradients
-  std::vector<void*> copies(kChecked, nullptr);
-  for (int n = 0; n < kChecked; ++n) {
-    const std::size_t bytes = storage_bytes(dev.views().*kGradientViews[n]);
-    CUDA_CHECK(cudaMalloc(&copies[static_cast<std::size_t>(n)], std::max<std::size_t>(bytes, 16)));
-  }
+  DeviceCopies copies;         // device storage like each gradient's, for the queued copies
+  fmha::TensorView queued_views[kChecked];
+  for (int n = 0; n < kChecked; ++n) queued_views[n] = copies.upload(t.*kGradients[n]);
+  if (::testing::Test::HasFailure()) return;
   CUDA_CHECK(cudaDeviceSynchronize());
   TestStream stream;
   const auto queue = static_cast<cudaStream_t>(stream.get());
@@ -491,17 +490,15 @@ void check_gradients_queued_behind(const BackwardCase& c, std::uint64_t seed) {
     ASSERT_TRUE(s.ok()) << "CUDA backward (" << impl_name(impl) << ") refused: " << s.message();
     for (int n = 0; n < kChecked; ++n) {
       const fmha::TensorView& g = dev.views().*kGradientViews[n];
-      CUDA_CHECK(cudaMemcpyAsync(copies[static_cast<std::size_t>(n)], g.data, storage_bytes(g),
+      CUDA_CHECK(cudaMemcpyAsync(queued_views[n].data, g.data, storage_bytes(g),
                                  cudaMemcpyDeviceToDevice, queue));
     }
     CUDA_CHECK(stream.sync());
     for (int n = 0; n < kChecked; ++n) {
       HostTensor& final_grad = t.*kGradients[n];
       HostTensor queued = final_grad;
-      fmha::TensorView copy = dev.views().*kGradientViews[n];
-      copy.data = copies[static_cast<std::size_t>(n)];
       dev.download(final_grad, dev.views().*kGradientViews[n]);
-      dev.download(queued, copy);
+      DeviceCopies::download(queued, queued_views[n]);
       const std::vector<double> values = final_grad.to_double();
       EXPECT_TRUE(
           std::all_of(values.begin(), values.end(), [](double x) { return std::isfinite(x); }))
@@ -511,7 +508,6 @@ void check_gradients_queued_behind(const BackwardCase& c, std::uint64_t seed) {
           << "): the copy queued behind the backward saw it incomplete";
     }
   }
-  for (void* p : copies) CUDA_CHECK(cudaFree(p));
 }
 
 }  // namespace fmha_cuda_test
