@@ -44,6 +44,16 @@ inline void* device_random(std::size_t n, std::mt19937& gen, bool bf16) {
   return d;
 }
 
+// A digest (FNV-1a, 64-bit) of `bytes` of device memory, for telling whether two builds of a kernel
+// wrote the same output on the same inputs.
+inline unsigned long long device_digest(const void* d, std::size_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  CHECK(cudaMemcpy(host.data(), d, bytes, cudaMemcpyDeviceToHost));
+  unsigned long long h = 1469598103934665603ull;
+  for (unsigned char c : host) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
 // The milliseconds of `runs` launches of `launch` (a callable that launches once on `stream`, the
 // default one unless given), sorted.
 template <typename Launch>

@@ -6,8 +6,9 @@
 // flushed in between, the median of 30 runs; then each case's two kernels as the split backward
 // launches them, dK/dV then dQ, one after the other and with the dQ kernel overlapping the dK/dV
 // kernel (p.dq_overlaps_dkdv), on a stream of their own. The row statistics (lse, Delta) are
-// random too: the kernels' work does not depend on them. No correctness check: the GPU suite is
-// the test. Built by hand for sm_90a:
+// random too: the kernels' work does not depend on them. No correctness check (the GPU suite is
+// the test), but each case prints a digest of its dq, dk and dv, which two builds of the same
+// arithmetic must share (the inputs are seeded). Built by hand for sm_90a:
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
 //        -Isrc -Iinclude -DVARIANT='"main"' -o sm90-backward-timing \
@@ -100,6 +101,10 @@ void report_case(const char* what, BackwardParams p, int B, int H, int L, int D,
         stream);
     report(what, overlap ? "dK/dV+dQ overlapped" : "dK/dV+dQ", B, H, L, D, with_bias, ms);
   }
+  CHECK(cudaStreamSynchronize(stream));
+  const std::size_t bytes = std::size_t(B) * L * H * D * 2;
+  std::printf("%s %s%sdigest dq %016llx dk %016llx dv %016llx\n", VARIANT, what, *what ? " " : "",
+              device_digest(p.dq, bytes), device_digest(p.dk, bytes), device_digest(p.dv, bytes));
 }
 
 }  // namespace
