@@ -82,15 +82,9 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
                                   p.v_row_stride, p.v_head_stride, p.v_batch_stride,
                                   QTile::kBlockCols, kN, QTile::kSwizzleBytes);
     if constexpr (bias_ring<kD, Policy>()) {
-      // The bias by TMA where its query rows are rows of memory (a map box of the block's rows;
-      // rows broadcast through stride 0 stay on the register form): a batch or head dimension
-      // broadcast through stride 0 becomes one of size 1, read at coordinate 0 (mainloop_fwd.cuh).
-      maps.bias_usable =
-          maps.usable && p.bias_stride[2] != 0 &&
-          encode_rows_map(&maps.bias, p.bias, p.seqlen_k, p.seqlen_q,
-                          p.bias_stride[1] != 0 ? p.heads : 1, p.bias_stride[0] != 0 ? p.batch : 1,
-                          p.bias_stride[2], p.bias_stride[1], p.bias_stride[0],
-                          BiasTile<kD>::kBlockCols, kM, BiasTile<kD>::kSwizzleBytes);
+      // The bias by TMA in boxes of the block's rows where a map describes it (else the register
+      // form).
+      maps.bias_usable = maps.usable && encode_bias_map<BiasTile<kD>>(&maps.bias, p, kM);
     }
   }
   auto* kernel = &forward_kernel<T, kD, Policy>;

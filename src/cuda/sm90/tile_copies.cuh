@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "cuda/common/env_switch.h"
+#include "cuda/common/forward_params.h"
 
 namespace fmha::cuda::sm90 {
 
@@ -49,6 +50,27 @@ struct ForwardTileMaps {
   bool usable = false;
   bool bias_usable = false;
 };
+
+// The split backward's maps (mainloop_bwd_dq.cuh, mainloop_bwd_dkdv.cuh): k and v in the dQ
+// kernel's key tiles (kv_usable), and a 16-bit bias's query rows in blocks of a key tile's columns
+// (bias_usable), where the kernel copies them by TMA.
+struct BackwardTileMaps {
+  RowsMap k, v, bias;
+  bool kv_usable = false;
+  bool bias_usable = false;
+};
+
+#ifdef __CUDACC__
+// Per-stage `full` barriers of a kernel without a copy warpgroup whose stages TMA fills (the
+// backward's): stage u % kStages holds step u once the phase of parity (u / kStages) % 2 has
+// completed (the copying thread's arrival with the bytes of its copies). In static shared memory,
+// so that the dynamic layout stays as the launch counts it.
+template <int kStages>
+__device__ __forceinline__ std::uint64_t* stage_barriers() {
+  __shared__ std::uint64_t full[kStages];
+  return full;
+}
+#endif
 
 // ---- Host -------------------------------------------------------------------------------------
 
@@ -136,6 +158,18 @@ inline bool encode_rows_map(RowsMap* out, const void* base, std::int64_t cols, s
                 swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The map of a 16-bit bias's query rows (columns = keys) for copies into a Tile of box_rows rows
+// (its column blocks of keys), where those rows are rows of memory (rows broadcast through stride 0
+// are not). A batch or head dimension broadcast through stride 0 becomes one of size 1, which the
+// kernels read at coordinate 0.
+template <typename Tile>
+bool encode_bias_map(RowsMap* out, const ForwardParams& f, int box_rows) {
+  return f.bias_stride[2] != 0 &&
+         encode_rows_map(out, f.bias, f.seqlen_k, f.seqlen_q, f.bias_stride[1] != 0 ? f.heads : 1,
+                         f.bias_stride[0] != 0 ? f.batch : 1, f.bias_stride[2], f.bias_stride[1],
+                         f.bias_stride[0], Tile::kBlockCols, box_rows, Tile::kSwizzleBytes);
 }
 
 // ---- Device -----------------------------------------------------------------------------------
