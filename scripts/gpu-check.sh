@@ -85,12 +85,12 @@ sm80_tests() {
   FMHA_CUDA_KERNELS=sm80 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
       --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward*:CudaNeighborhood*:-*Float32*"
 }
-# The sm90 forward's copy warpgroup takes dense tiles through the tensor-memory accelerator; run
-# the forward tests again with every tile on its cp.async path (varlen, extra keys and unaligned
-# rows take that path anyway).
+# The sm90 forward's copy warpgroup, and the backward kernels' bias tiles, take dense tiles through
+# the tensor-memory accelerator; run the forward and bias backward tests again with every tile on
+# its cp.async path (varlen, extra keys and unaligned rows take that path anyway).
 cp_async_tests() {
   FMHA_SM90_TMA=0 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
-      --gtest_brief=1 --gtest_filter="CudaForward*:-*Float32*"
+      --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward.Bias*:-*Float32*"
 }
 # The sm90 forward's blocks with a copy warpgroup are persistent: one block an SM walks several
 # tiles, carrying stage slots and barrier phases from tile to tile. The tests' grids are small

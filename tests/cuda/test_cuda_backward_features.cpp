@@ -147,17 +147,19 @@ TEST(CudaBackward, BiasRegisterForm) {
   }
 }
 
-// A bias alone in whole 16-byte chunks up to D 64: the sm90 dQ kernel stages the bias policy's
-// tiles with cp.async and reads each thread's pairs with ldmatrix (the register form otherwise).
-// Odd Lq (rows past it staged as zeros), a partial last key tile, causal and window masks (key
-// tiles start at the first visible key), dbias stored or summed over the batches, extra keys and
-// sinks, GQA.
+// A bias alone in whole 16-byte chunks: the sm90 kernels stage the bias policy's tiles (by TMA in
+// a dense batch, else by every thread's cp.async: FMHA_SM90_TMA=0, scripts/gpu-check.sh) and read
+// them with ldmatrix, the dQ kernel up to D 64 (the register form above), the dK/dV kernel
+// transposed at every width of its query tiles (96 / 64 / 32 queries at D 64 / 128 / 160). Odd Lq
+// (rows past it staged as zeros), a partial last key tile, causal and window masks (key tiles
+// start at the first visible key), dbias stored or summed over the batches, a bias shared by the
+// batches (read at batch 0), extra keys and sinks, GQA (each query head's own bias).
 TEST(CudaBackward, BiasStagedTiles) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 440;
-  for (std::int64_t d : {32, 64}) {
-    BackwardCase c =
-        shape_case(d == 32 ? DType::kFloat16 : DType::kBFloat16, 201, 264, d, d, 4, 2, 2);
+  for (std::int64_t d : {32, 64, 128, 160}) {
+    BackwardCase c = shape_case(d == 32 || d == 128 ? DType::kFloat16 : DType::kBFloat16, 201, 264,
+                                d, d, 4, 2, 2);
     check_bias_alone(c, 150, &seed);
   }
 }

@@ -45,25 +45,37 @@ __device__ __forceinline__ void load_async(std::uint32_t dst, const std::uint16_
   }
 }
 
+// The shared address of row r's 16-byte chunk c in this file's layout of a tile of kCols keys at
+// shared address `tile`.
+template <int kCols>
+struct ChunkOf {
+  std::uint32_t tile;
+  __device__ __forceinline__ std::uint32_t operator()(int r, int c) const {
+    return tile + r * kCols * 2 + (swizzled_chunk<kCols / 8>(c, r) << 4);
+  }
+};
+
 // The bias of transposed score tiles (rows = keys, columns = queries; the sm90 dK/dV kernel's
-// S^T) from a staged tile of query rows x kCols keys at shared address `tile`: this warp's 16
-// keys start at tile key `first_key`; entries 0, 1 of tile t on queries 8t + 2 (lane % 4) + {0, 1},
-// entries 2, 3 eight keys further. One transposing ldmatrix gives two tiles' pairs: its 8 x 8
-// matrices are (query tile, key half), and a thread's register of a transposed matrix holds rows
-// 2 (lane % 4), + 1 of column lane / 4, i.e. its own entries. Each score becomes
-// combine(score, bias value); rows past the sequence read the staged zeros.
-template <typename T, int kCols, int kTiles, typename Combine>
-__device__ __forceinline__ void add_transposed(float (&s)[kTiles][4], std::uint32_t tile,
+// S^T) from a staged tile of query rows x keys, whose row r's 16-byte chunk c (keys 8c .. 8c + 7)
+// is at shared address chunk(r, c) (ChunkOf, this file's layout; or a K-major SwizzledTile of
+// sm90/wgmma.cuh, which a TMA copy writes): this warp's 16 keys start at tile key `first_key`;
+// entries 0, 1 of tile t on queries 8t + 2 (lane % 4) + {0, 1}, entries 2, 3 eight keys further.
+// One transposing ldmatrix gives two tiles' pairs: its 8 x 8 matrices are (query tile, key half),
+// and a thread's register of a transposed matrix holds rows 2 (lane % 4), + 1 of column lane / 4,
+// i.e. its own entries. Both layouts put a matrix's 8 rows in 8 swizzle phases: no bank conflicts.
+// Each score becomes combine(score, bias value); rows past the sequence read the staged zeros.
+template <typename T, int kTiles, typename ChunkAddress, typename Combine>
+__device__ __forceinline__ void add_transposed(float (&s)[kTiles][4], const ChunkAddress& chunk,
                                                int first_key, int lane, Combine combine) {
   using Convert = tile::Dtype<T>;
   static_assert(kTiles % 2 == 0, "two query tiles per ldmatrix");
-  const int m = lane / 8;                     // the matrix this lane addresses a row of
-  const int chunk = first_key / 8 + (m & 1);  // key half
+  const int m = lane / 8;                 // the matrix this lane addresses a row of
+  const int c = first_key / 8 + (m & 1);  // key half
 #pragma unroll
   for (int t = 0; t < kTiles; t += 2) {
     const int r = (t + m / 2) * 8 + lane % 8;  // query row of the tile
     std::uint32_t x[4];
-    tile::ldmatrix_x4_trans(x, tile + r * kCols * 2 + (swizzled_chunk<kCols / 8>(chunk, r) << 4));
+    tile::ldmatrix_x4_trans(x, chunk(r, c));
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // matrix i: query tile t + i / 2, key half i % 2
       float(&st)[4] = s[t + i / 2];

@@ -143,24 +143,23 @@ struct ScoreBias {
     }
   }
 
-  // ---- Transposed, from staged tiles (the dK/dV kernel; the launch stages them) ----
+  // ---- Transposed, from staged tiles (the dK/dV kernel) ----
 
-  // Copies this head's bias of query rows [first_row, +kRows) x keys [first_key, +kCols).
-  template <int kRows, int kCols, int kThreads>
-  __device__ void load_bias_tile_async(std::uint32_t dst, std::int64_t first_row,
-                                       std::int64_t first_key) const {
-    bias_tiles::load_async<kRows, kCols, kThreads>(dst, bias, params->bias_stride[2], first_row,
-                                                   first_key, num_queries, num_keys);
+  // The bias pointer of rows [first_row, ..) from key first_key on, and its row stride: a staged
+  // tile's source.
+  __device__ const std::uint16_t* tile_source(std::int64_t first_row,
+                                              std::int64_t first_key) const {
+    return bias + first_row * params->bias_stride[2] + first_key;
   }
 
-  // Scale and bias of a transposed tile (rows = keys; bias_tiles::add_transposed's layout):
-  // s = scale * s + bias, one fused multiply-add.
-  template <int kCols, int kTiles>
-  __device__ void scale_and_add_tile_transposed(float (&s)[kTiles][4], std::uint32_t tile,
+  // Scale and bias of a transposed tile (rows = keys) staged with row r's chunk c at chunk(r, c)
+  // (bias_tiles::add_transposed): s = scale * s + bias, one fused multiply-add.
+  template <int kTiles, typename ChunkAddress>
+  __device__ void scale_and_add_tile_transposed(float (&s)[kTiles][4], const ChunkAddress& chunk,
                                                 int first_key, int lane) const {
     const float k = scale;
-    bias_tiles::add_transposed<T, kCols>(s, tile, first_key, lane,
-                                         [k](float x, float b) { return fmaf(x, k, b); });
+    bias_tiles::add_transposed<T>(s, chunk, first_key, lane,
+                                  [k](float x, float b) { return fmaf(x, k, b); });
   }
 
   // Extra keys: the scale only, in the same natural units.

@@ -199,8 +199,8 @@ struct ScoreModifiers {
   template <int kCols, int kTiles>
   __device__ void add_bias_tile_transposed(float (&s)[kTiles][4], std::uint32_t tile, int first_key,
                                            int lane) const {
-    bias_tiles::add_transposed<T, kCols>(s, tile, first_key, lane,
-                                         [](float x, float b) { return x + b * kLog2e; });
+    bias_tiles::add_transposed<T>(s, bias_tiles::ChunkOf<kCols>{tile}, first_key, lane,
+                                  [](float x, float b) { return x + b * kLog2e; });
   }
 
   // The same read element by element from global memory (bias not staged), on this thread's

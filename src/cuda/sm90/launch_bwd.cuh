@@ -12,11 +12,12 @@
 namespace fmha::cuda::sm90 {
 namespace detail {
 
+// `args`: the kernel's parameters (the BackwardParams, and the dQ kernel's tensor maps).
 // overlap_previous: the kernel may start while the one before it in the stream still runs
 // (programmatic dependent launch; grid_dependency.cuh says what each side does).
-template <typename Kernel>
-Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardParams& p,
-                         cudaStream_t stream, const char* name, bool overlap_previous = false) {
+template <typename... Params>
+Status launch_bwd_kernel(void (*kernel)(Params...), dim3 grid, int smem, cudaStream_t stream,
+                         const char* name, bool overlap_previous, const Params&... args) {
   if (grid.x == 0) return Status::ok_status();  // no keys (dK/dV are empty) or no queries
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) {
@@ -38,10 +39,10 @@ Status launch_bwd_kernel(Kernel* kernel, dim3 grid, int smem, const BackwardPara
     config.stream = stream;
     config.attrs = overlap;
     config.numAttrs = 1;
-    overlapped = cudaLaunchKernelEx(&config, kernel, p) == cudaSuccess;
+    overlapped = cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess;
     if (!overlapped) (void)cudaGetLastError();
   }
-  if (!overlapped) kernel<<<grid, kBwdThreads, smem, stream>>>(p);
+  if (!overlapped) kernel<<<grid, kBwdThreads, smem, stream>>>(args...);
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA backward ") + name +
@@ -99,29 +100,37 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (std::is_same_v<Policy, PolicyRelPos>) {
     smem += static_cast<int>(bwd_rel_w_rows_bytes(p.fwd, kD));
   }
+  // The bias policy's tiles start at a 1024-byte boundary (the fused kernel's tail already does).
+  if constexpr (kBiasForm<Policy>) {
+    if (!fused) smem += 1024;
+  }
   if constexpr (kGeneralForm<Policy> || kBiasForm<Policy>) {
     smem += detail::stage_bias(p, smem, bwd_dkdv_bias_tile_bytes(kD));
   }
+  BackwardTileMaps maps;
   if constexpr (kBiasForm<Policy>) {  // reads staged tiles only: else the general policy
     if (!p.fwd.bias_staged) return launch_backward_dkdv<T, kD, PolicyGeneral>(params, stream);
+    // By TMA in a dense batch whose bias the driver maps.
+    maps.bias_usable =
+        tma_enabled() && p.fwd.cu_seqlens_q == nullptr &&
+        encode_bias_map<DkDvBiasTile<kD>>(&maps.bias, p.fwd, bwd_queries_per_tile(kD));
   }
   if constexpr (kFusable) {
     if (fused) {
       if (!ds_in_bias_tile<Policy>(p.fwd.bias_staged)) smem += Fused::DsTile::kBytes;
-      return detail::launch_bwd_kernel(
-          &backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth, true>, grid, smem, p, stream,
-          "fused dK/dV/dQ");
+      return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth, true>,
+                                       grid, smem, stream, "fused dK/dV/dQ", false, p, maps);
     }
   }
   if constexpr (bwd_num_parts(kD) == 1) {
     return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth>, grid,
-                                     smem, p, stream, "dK/dV");
+                                     smem, stream, "dK/dV", false, p, maps);
   } else {
-    Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk>,
-                                         grid, smem, p, stream, "dK");
+    Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk>, grid,
+                                         smem, stream, "dK", false, p, maps);
     if (!s.ok()) return s;
     return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDv>, grid,
-                                     smem, p, stream, "dV");
+                                     smem, stream, "dV", false, p, maps);
   }
 }
 
@@ -173,7 +182,26 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
       }
     }
   }
-  return detail::launch_bwd_kernel(kernel, grid, smem, p, stream, "dQ", p.dq_overlaps_dkdv);
+  // The bias tiles' kernel takes its key tiles by TMA in a dense batch whose k and v (and bias)
+  // the driver maps.
+  BackwardTileMaps maps;
+  if constexpr (kBiasTiles) {
+    if (p.fwd.bias_staged && tma_enabled() && p.fwd.cu_seqlens_q == nullptr) {
+      constexpr int kN = bwd_keys_per_tile(kD);
+      using KVTile = SwizzledTile<kN, kD>;
+      const ForwardParams& f = p.fwd;
+      const std::int64_t kv_heads = f.heads / f.kv_group;
+      maps.kv_usable = encode_rows_map(&maps.k, f.k, f.head_dim, f.seqlen_k, kv_heads, f.batch,
+                                       f.k_row_stride, f.k_head_stride, f.k_batch_stride,
+                                       KVTile::kBlockCols, kN, KVTile::kSwizzleBytes) &&
+                       encode_rows_map(&maps.v, f.v, f.value_dim, f.seqlen_k, kv_heads, f.batch,
+                                       f.v_row_stride, f.v_head_stride, f.v_batch_stride,
+                                       KVTile::kBlockCols, kN, KVTile::kSwizzleBytes);
+      maps.bias_usable =
+          maps.kv_usable && encode_bias_map<DqBiasTile<kD>>(&maps.bias, f, kBwdQueriesPerBlock);
+    }
+  }
+  return detail::launch_bwd_kernel(kernel, grid, smem, stream, "dQ", p.dq_overlaps_dkdv, p, maps);
 }
 
 }  // namespace fmha::cuda::sm90

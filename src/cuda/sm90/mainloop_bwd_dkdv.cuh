@@ -33,6 +33,7 @@
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/fused_dq.cuh"
 #include "cuda/sm90/grid_dependency.cuh"
+#include "cuda/sm90/tile_copies.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
 #include "cuda/sm90/token_tiles.cuh"
@@ -51,6 +52,11 @@ constexpr int bwd_dkdv_smem_bytes() {
   static_assert(bytes == bwd_dkdv_tile_bytes(kD, kTokenTiles), "as the dispatch counts");
   return bytes;
 }
+
+// The bias policy's staged tile of a stage: one query tile x the block's keys, in the layout of a
+// K-major operand, which both its TMA copy and the threads' cp.async write.
+template <int kD>
+using DkDvBiasTile = SwizzledTile<bwd_queries_per_tile(kD), kBwdKeysPerBlock>;
 
 // Token-tile bookkeeping of a dK/dV block: query boxes u .. u + stages live at once.
 template <int kD>
@@ -82,7 +88,7 @@ __device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, floa
 // One block's work: dK and dV of its keys (kPart: both up to D = 128, one of them above); with
 // kFusedDq also the block's share of dQ (fused_dq.cuh).
 template <typename T, int kD, DkDvPart kPart, typename Policy, bool kFusedDq>
-__device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
+__device__ __forceinline__ void dkdv_block(const BackwardParams& p, const BackwardTileMaps& maps) {
   using Mask = typename Policy::Mask;
   constexpr bool kTokenTiles = Mask::kTokenTiles;
   constexpr int kN = kBwdKeysPerBlock;
@@ -127,7 +133,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
   const std::uint32_t smem_stats = smem_sum + (kFusedDq ? Fused::kSumBytes : 0);
   const std::uint32_t smem_after_stats = smem_stats + 2 * kStages * kM * 4;
   const std::uint32_t smem_tail =
-      kFusedDq ? (smem_after_stats + 1023u) & ~1023u : smem_after_stats;
+      kFusedDq || kBias ? (smem_after_stats + 1023u) & ~1023u : smem_after_stats;
   auto smem_lse = [&](int stage) { return smem_stats + stage * kM * 4; };
   auto smem_delta = [&](int stage) { return smem_stats + (kStages + stage) * kM * 4; };
   const float* const stats_ptr = reinterpret_cast<const float*>(smem_k_ptr + (smem_stats - smem_k));
@@ -135,10 +141,29 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
   [[maybe_unused]] const int rel_pitch = static_cast<int>(rel_w_rows_pitch(f.rel_w_size));
   [[maybe_unused]] const std::uint32_t smem_rel = smem_after_stats;
   [[maybe_unused]] const bool rel_h_staged = rel_h_staged_in_pairs(f, kN);
-  // General and bias policies: the bias tile of each stage's query tile, in the same place.
+  // General and bias policies: the bias tile of each stage's query tile, in the same place (the
+  // bias policy's a DkDvBiasTile, from a 1024-byte boundary: its TMA copy writes the swizzle).
   [[maybe_unused]] auto smem_bias = [&](int stage) {
     return smem_tail + stage * bwd_dkdv_bias_tile_bytes(kD);
   };
+  static_assert(!kBias || DkDvBiasTile<kD>::kBytes == bwd_dkdv_bias_tile_bytes(kD),
+                "as the launch counts");
+  // The bias policy: thread 0 copies each step's bias tile by TMA where the launch made its map
+  // (maps.bias_usable), right after the rendezvous that frees its stage, and the threads wait on
+  // the stage's full barrier before reading it; else every thread copies it with cp.async.
+  [[maybe_unused]] const bool bias_by_tma = kBias && maps.bias_usable;
+  [[maybe_unused]] std::uint64_t* full = nullptr;
+  if constexpr (kBias) {
+    full = stage_barriers<kStages>();
+    if (bias_by_tma) {
+      if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1);
+        ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+      }
+      __syncthreads();
+    }
+  }
   // Fused: the step's dS^T tile is the bias tile of its own stage where the bias is staged (the
   // scores have read it by then, and the stage's next copies come after the step), else a tile of
   // its own at the tail. Staged bias tiles and dS^T's own tile would not fit together at D 64.
@@ -265,8 +290,19 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
                                                             rel_pitch, b, h, m0, rel_h_staged, n0);
     }
     if constexpr (kBias) {  // always staged (the launch's condition)
-      Scores::make(f, b, h, num_queries, num_keys)
-          .template load_bias_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), m0, n0);
+      if (!bias_by_tma) {
+        const Scores head_bias = Scores::make(f, b, h, num_queries, num_keys);
+        const std::int64_t left = num_keys - n0;
+        load_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), head_bias.tile_source(m0, n0),
+                                             f.bias_stride[2], rows,
+                                             left < kN ? static_cast<int>(left) : kN, true);
+      } else if (threadIdx.x == 0) {
+        // A broadcast batch or head reads coordinate 0 of its size-1 dimension.
+        barrier_arrive_expect_bytes(&full[stage], DkDvBiasTile<kD>::kBytes);
+        tma_load_tile<DkDvBiasTile<kD>>(
+            smem_k_ptr + (smem_bias(stage) - smem_k), maps.bias, m0, f.bias_stride[1] != 0 ? h : 0,
+            f.bias_stride[0] != 0 ? b : 0, &full[stage], static_cast<std::int32_t>(n0));
+      }
     }
     if constexpr (kModifiers) {
       if (f.bias_staged) {  // the step's head's bias: query rows m0.., the block's keys
@@ -363,7 +399,11 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
     turns.after_wait(rendezvous, u, num_steps);
 
     if constexpr (kBias) {
-      scores.template scale_and_add_tile_transposed<kN>(s, smem_bias(stage), warp * 16, lane);
+      if (bias_by_tma) barrier_wait(&full[stage], (u / kStages) & 1);
+      const std::uint32_t tile = smem_bias(stage);
+      scores.scale_and_add_tile_transposed(
+          s, [tile](int r, int c) { return tile + DkDvBiasTile<kD>::chunk_offset(r, c); },
+          warp * 16, lane);
     } else if (!scale_folded) {
       scores.transform(s);
     }
@@ -508,11 +548,13 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p) {
 // branch on the block index: with two bodies in one kernel the compiler hoists across them and
 // spills (752 bytes at D = 256 for the column chunks this replaced, none with one body).
 // kFusedDq: the fused backward's kernel (both outputs, D 64 or 128).
+// maps: the bias policy's tiles by TMA (bias_usable; nothing else is read through it).
 template <typename T, int kD, typename Policy, DkDvPart kPart, bool kFusedDq = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
-    backward_dkdv_kernel(const __grid_constant__ BackwardParams p) {
+    backward_dkdv_kernel(const __grid_constant__ BackwardParams p,
+                         const __grid_constant__ BackwardTileMaps maps) {
   let_next_kernel_start();
-  dkdv_block<T, kD, kPart, Policy, kFusedDq>(p);
+  dkdv_block<T, kD, kPart, Policy, kFusedDq>(p, maps);
 }
 
 }  // namespace fmha::cuda::sm90

@@ -27,6 +27,7 @@
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/grid_dependency.cuh"
 #include "cuda/sm90/policy_forms.h"
+#include "cuda/sm90/tile_copies.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #include "cuda/sm90/tiles.cuh"
 #include "cuda/sm90/token_tiles.cuh"
@@ -38,6 +39,11 @@ namespace fmha::cuda::sm90 {
 // tiles were among them while their test ran per score (108 bytes of spill at 128 keys).
 template <typename Policy>
 inline constexpr bool kBwdNarrowKeys = kGeneralForm<Policy>;
+
+// The bias policy's staged tile of a stage (kBiasTiles): the block's queries x one key tile, in the
+// layout of a K-major operand, which both its TMA copy and the threads' cp.async write.
+template <int kD>
+using DqBiasTile = SwizzledTile<kBwdQueriesPerBlock, bwd_keys_per_tile(kD)>;
 
 // Shared memory of the tiles; under rel-pos its rows and table follow (bwd_rel_pos_smem_bytes),
 // under the general and bias policies the staged bias tiles (bwd_dq_bias_tile_bytes a stage),
@@ -64,13 +70,22 @@ using DqTokenTiles =
 // fetched one tile ahead; 0 for the staged form (the block's rows in shared memory, any
 // power-of-two width up to the tile).
 // kBiasTiles (PolicyBias only): the bias read from tiles staged with each key tile's K and V
-// (f.bias_staged) only, without the register form's code beside it (fetched one tile ahead, its
-// registers live across the products): with both forms in one kernel the D 64 kernel spilled 132
-// bytes under ping-pong, which costs more than usual here, as local memory goes to L2 once shared
-// memory takes 225 KB of L1.
+// (f.bias_staged; DqBiasTile) only, without the register form's code beside it (fetched one tile
+// ahead, its registers live across the products): with both forms in one kernel the D 64 kernel
+// spilled 132 bytes under ping-pong, which costs more than usual here, as local memory goes to L2
+// once shared memory takes 225 KB of L1.
+// maps.kv_usable (kBiasTiles only): thread 0 copies each key tile's K and V (and the bias tile,
+// where maps.bias_usable) by TMA right after the rendezvous that frees its stage, instead of every
+// thread issuing cp.async; the threads wait on the stage's full barrier before its first product.
+// Measured on an H200 (session 21, SAM-B with a [1, H, L, L] bias, against every thread's cp.async
+// into the bias tiles' own layout): dQ kernel 1.705-1.725 -> 1.492-1.508 ms, the same bits. The
+// plain policy's kernel (K and V only) went 1.277 -> 1.306-1.314 (D 64 causal L 512 0.223 ->
+// 0.228), also with the follower's first thread copying and no block barrier after the set-up
+// (1.307); so the other policies keep their cp.async loaders.
 template <typename T, int kD, typename Policy, int kRelRows = 0, bool kBiasTiles = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)
-    backward_dq_kernel(const __grid_constant__ BackwardParams p) {
+    backward_dq_kernel(const __grid_constant__ BackwardParams p,
+                       const __grid_constant__ BackwardTileMaps maps) {
   // Launched to overlap the dK/dV kernel (p.dq_overlaps_dkdv): complete only after it.
   const CompleteAfterPreviousKernel complete_after_dkdv;
   constexpr int kM = kBwdQueriesPerBlock;
@@ -111,6 +126,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     return smem_q + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes +
            stage * bwd_dq_bias_tile_bytes(kD, kBwdNarrowKeys<Policy>);
   };
+  static_assert(!kBiasTiles || DqBiasTile<kD>::kBytes == bwd_dq_bias_tile_bytes(kD, false),
+                "as the launch counts");
+  // Whether thread 0 copies the key tiles by TMA (and the bias tiles: bias_by_tma).
+  [[maybe_unused]] const bool tma = kBiasTiles && maps.kv_usable;
+  [[maybe_unused]] const bool bias_by_tma = kBiasTiles && maps.bias_usable;
+  [[maybe_unused]] std::uint64_t* full = nullptr;
+  if constexpr (kBiasTiles) {
+    full = stage_barriers<kStages>();
+    if (tma) {
+      if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1);
+        ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+      }
+      __syncthreads();
+    }
+  }
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -155,12 +187,42 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     key_tiles = tiles_over(range.begin, range.end, kN);
     num_tiles = static_cast<int>(key_tiles.count);
   }
+  // The bias policy's staged tile of the key tile from first_key, by every thread's cp.async, in
+  // the layout its TMA copy writes (rows past the queries and keys past the sequence: zeros).
+  // (`bias`: the scores' ScoreBias, a parameter so that other policies compile the lambda unused.)
+  [[maybe_unused]] auto load_bias_tile = [&](const auto& bias, int stage, std::int64_t first_key) {
+    const std::int64_t left = num_keys - first_key;
+    load_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), bias.tile_source(m0, first_key),
+                                         f.bias_stride[2], rows,
+                                         left < kN ? static_cast<int>(left) : kN, true);
+  };
   // Range key tiles of 16-byte rows: per-thread loaders set up once (tiles.cuh).
   using RangeLoader = RangeTileLoader<kN, kD, kBwdThreads>;
   constexpr bool kRangeLoads = !kTokenTiles && RangeLoader::kUsable;
   const RangeLoader k_loader(k + key_tiles.first_row * f.k_row_stride, f.k_row_stride, f.head_dim);
   const RangeLoader v_loader(v + key_tiles.first_row * f.v_row_stride, f.v_row_stride, f.value_dim);
   auto load_keys = [&](int u, int stage) {
+    if constexpr (kBiasTiles) {
+      if (tma) {
+        const std::int64_t first_key = key_tiles.first_row + static_cast<std::int64_t>(u) * kN;
+        if (threadIdx.x == 0) {
+          barrier_arrive_expect_bytes(
+              &full[stage], 2 * KVTile::kBytes + (bias_by_tma ? DqBiasTile<kD>::kBytes : 0));
+          tma_load_tile<KVTile>(smem_q_ptr + (smem_k(stage) - smem_q), maps.k, first_key, hk, b,
+                                &full[stage]);
+          tma_load_tile<KVTile>(smem_q_ptr + (smem_v(stage) - smem_q), maps.v, first_key, hk, b,
+                                &full[stage]);
+          if (bias_by_tma) {  // a broadcast batch or head: coordinate 0 of its size-1 dimension
+            tma_load_tile<DqBiasTile<kD>>(smem_q_ptr + (smem_bias(stage) - smem_q), maps.bias, m0,
+                                          f.bias_stride[1] != 0 ? h : 0,
+                                          f.bias_stride[0] != 0 ? b : 0, &full[stage],
+                                          static_cast<std::int32_t>(first_key));
+          }
+        }
+        if (!bias_by_tma) load_bias_tile(scores, stage, first_key);
+        return;
+      }
+    }
     if constexpr (kTokenTiles) {  // key box u, gathered by token
       const int* tokens = tt->key_token[u % TokenTiles::kSlots];
       load_rows_async<kN, kD, kBwdThreads>(smem_k(stage), k, f.k_row_stride, tokens, f.head_dim,
@@ -185,8 +247,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       load_tile_async<kN, kD, kBwdThreads>(smem_v(stage), v + first_key * f.v_row_stride,
                                            f.v_row_stride, valid, f.value_dim, f.vector_loads);
     }
-    if constexpr (kGeneralForm<Policy> || kBiasTiles) {
-      if (kBiasTiles || f.bias_staged) {
+    if constexpr (kBiasTiles) {
+      load_bias_tile(scores, stage, first_key);
+    } else if constexpr (kGeneralForm<Policy>) {
+      if (f.bias_staged) {
         scores.template load_bias_tile_async<kM, kN, kBwdThreads>(smem_bias(stage), m0, first_key);
       }
     }
@@ -341,10 +405,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       if constexpr (kBiasTiles) {
         const std::uint32_t tile = smem_bias(stage);
         Scores::fetch_staged(
-            bias_next,
-            [tile](int r, int c) {
-              return tile + r * kN * 2 + (bias_tiles::swizzled_chunk<kN / 8>(c, r) << 4);
-            },
+            bias_next, [tile](int r, int c) { return tile + DqBiasTile<kD>::chunk_offset(r, c); },
             warp * 16, lane);
       }
       scores.scale_and_add(s, bias_next);
@@ -404,6 +465,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // the last k-step is skipped when it holds zero columns only for both products (D 80 in 96).
   auto issue_s_dp = [&](auto steps, int u) {
     constexpr int kSteps = decltype(steps)::value;
+    if constexpr (kBiasTiles) {
+      if (tma) barrier_wait(&full[u % kStages], (u / kStages) & 1);
+    }
     wgmma_fence();
     ss_product<T, kSteps, QTile, KVTile>(s, smem_q, first_row, smem_k(u % kStages));
     ss_product<T, kSteps, QTile, KVTile>(dp, smem_do, first_row, smem_v(u % kStages));
