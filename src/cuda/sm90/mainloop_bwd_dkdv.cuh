@@ -154,15 +154,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, const Backwa
   [[maybe_unused]] const bool bias_by_tma = kBias && maps.bias_usable;
   [[maybe_unused]] std::uint64_t* full = nullptr;
   if constexpr (kBias) {
-    full = stage_barriers<kStages>();
-    if (bias_by_tma) {
-      if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1);
-        ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
-      }
-      __syncthreads();
-    }
+    if (bias_by_tma) full = init_stage_barriers<kStages>();
   }
   // Fused: the step's dS^T tile is the bias tile of its own stage where the bias is staged (the
   // scores have read it by then, and the stage's next copies come after the step), else a tile of

@@ -133,15 +133,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   [[maybe_unused]] const bool bias_by_tma = kBiasTiles && maps.bias_usable;
   [[maybe_unused]] std::uint64_t* full = nullptr;
   if constexpr (kBiasTiles) {
-    full = stage_barriers<kStages>();
-    if (tma) {
-      if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1);
-        ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
-      }
-      __syncthreads();
-    }
+    if (tma) full = init_stage_barriers<kStages>();
   }
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;

@@ -65,9 +65,16 @@ struct BackwardTileMaps {
 // backward's): stage u % kStages holds step u once the phase of parity (u / kStages) % 2 has
 // completed (the copying thread's arrival with the bytes of its copies). In static shared memory,
 // so that the dynamic layout stays as the launch counts it.
+// Every thread of the block calls it; thread 0 sets them up (one arrival each) before the barrier.
 template <int kStages>
-__device__ __forceinline__ std::uint64_t* stage_barriers() {
+__device__ __forceinline__ std::uint64_t* init_stage_barriers() {
   __shared__ std::uint64_t full[kStages];
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) ::cuda::ptx::mbarrier_init(&full[s], 1u);
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
   return full;
 }
 #endif
