@@ -1,9 +1,11 @@
 // Staged bias tiles: rows x keys of a 16-bit bias copied to shared memory with 16-byte cp.async,
-// for the kernels that read the bias in another layout than their accumulators' rows (the dK/dV
-// kernels' transposed scores) or once per block (the general policy's forward and dQ kernels).
-// Layout (tile_sizes.h bias_tile_bytes, tile_sizes_bwd.h): row r of kCols 16-bit values, its
-// 16-byte chunk c at chunk swizzled_chunk(c, r), so that the 8 rows x 4 pair loads of a warp's
-// fragment, and the 8 rows of a transposing ldmatrix, fall in distinct banks.
+// for the general policy's kernels, which read the bias once per block (forward, dQ) or in another
+// layout than their accumulators' rows (the dK/dV kernel's transposed scores). Layout
+// (tile_sizes.h bias_tile_bytes, tile_sizes_bwd.h): row r of kCols 16-bit values, its 16-byte
+// chunk c at chunk swizzled_chunk(c, r), so that the 8 rows x 4 pair loads of a warp's fragment,
+// and the 8 rows of a transposing ldmatrix, fall in distinct banks. The bias policy's sm90 kernels
+// stage theirs as K-major SwizzledTiles (sm90/wgmma.cuh), the layout a TMA copy writes, and read
+// them transposed through add_transposed as well.
 #pragma once
 
 #include <cstdint>

@@ -9,9 +9,10 @@
 // map describes the bias: forward_pipeline.cuh's bias_ring): the copy warpgroup copies each key
 // tile's bias by TMA into a ring of shared-memory tiles, with barriers of its own, so ping-pong
 // and the third K/V stage stay, and a thread takes its 2 x kTiles pairs in kTiles / 2 ldmatrix
-// instead of 2 x kTiles global loads (fetch_staged). The backward's dK/dV kernel, whose score
-// rows are keys, reads the bias transposed from staged tiles (bias_tiles.cuh) with the same
-// scores.
+// instead of 2 x kTiles global loads (fetch_staged). In the backward the dQ kernel takes its pairs
+// the same way from tiles staged with each key tile's K and V (up to D 64), and the dK/dV kernel,
+// whose score rows are keys, reads the bias transposed from staged tiles (bias_tiles.cuh's
+// add_transposed) with the same scores; both stage by TMA where a map describes the bias.
 #pragma once
 
 #include <cstdint>
