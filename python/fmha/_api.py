@@ -115,7 +115,7 @@ def attention(
     """
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
                  extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
-    out, lse = _ops.attention_fwd(_tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *o)
+    out, lse = _ops.call(_ops.attention_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *o)
     return (out, lse) if return_lse else out
 
 
@@ -156,8 +156,8 @@ def attention_varlen(
     """
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
                  extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
-    out, lse = _ops.attention_varlen_fwd(
-        _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"),
+    out, lse = _ops.call(
+        _ops.attention_varlen_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"),
         _tensor(cu_seqlens_q, "cu_seqlens_q"), _tensor(cu_seqlens_k, "cu_seqlens_k"),
         operator.index(max_seqlen_q), operator.index(max_seqlen_k), *o,
     )  # fmt: skip
@@ -185,8 +185,8 @@ def _neighborhood(num_dims, q, k, v, kernel_size, dilation, is_causal, scale, ex
     )
     o = _options(scale, False, "top_left", None, None, None, 0.0, sinks, extra_kv, False,
                  backward_impl, False)  # fmt: skip
-    out, lse = _ops.neighborhood_fwd(
-        _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *layout_args, *o
+    out, lse = _ops.call(
+        _ops.neighborhood_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *layout_args, *o
     )
     return (out, lse) if return_lse else out
 

@@ -12,6 +12,14 @@ Argument order of every op:  q, k, v, <layout arguments>, <options>            (
 where <options> are the fields of `Options` in order and `needs` says which optional gradients
 (bias, rel_h, rel_w, sinks, extra_k, extra_v) to compute; gradients not computed come back as
 empty tensors, since a custom op cannot return None.
+
+Eager calls on plain tensors take a shorter way to the same functions (`call`): an
+autograd.Function per layout whose forward and backward run this module's forward() and backward()
+directly. torch's custom-op machinery (the dispatcher, the op's autograd wrapper and its Python
+layers) cost a forward call about 70 us of host time on an H200's machine (session 21,
+bench/host_overhead.py), as much as the C++ call and its kernels' launch at short sequences. Under
+torch.compile, under dispatch modes or functorch transforms and on tensor subclasses (fake tensors
+among them) the ops run as before.
 """
 
 from __future__ import annotations
@@ -314,6 +322,9 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _make_backward(backward_op, num_layout_args: int):
+    """The backward of a forward op: its inputs from ctx, run_backward's gradients, and None for
+    every input without one. backward_op: the layout's backward op, or a callable of the same
+    arguments (the eager path's)."""
     first_option = 3 + num_layout_args
 
     def _backward(ctx, dout, dlse):
@@ -484,3 +495,74 @@ def _(q, k, v, kernel_size, dilation, is_causal, *options):
 neighborhood_fwd.register_autograd(
     _make_backward(neighborhood_bwd, 3), setup_context=_setup_context
 )
+
+
+# ---- The eager path ------------------------------------------------------------------------------
+
+
+def _eager_function(layout, num_layout_args: int):
+    """The autograd.Function of a layout's eager calls: forward() and backward() of this module
+    with the inputs, ctx and gradients of the layout's ops (_setup_context, _make_backward)."""
+
+    def run_backward(dout, dlse, q, k, v, out, lse, *rest):  # the backward op's arguments
+        layout_args, needs = rest[:num_layout_args], rest[num_layout_args]
+        o = Options(*rest[num_layout_args + 1 :])
+        return backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, *rest):
+            # Like the op's: gradients not flowing in stay None (no zeros made for an unused lse).
+            ctx.set_materialize_grads(False)
+            layout_args, options = rest[:num_layout_args], Options(*rest[num_layout_args:])
+            out, lse = forward(layout, q, k, v, layout_args, options, fake=False)
+            _setup_context(ctx, (q, k, v, *rest), (out, lse))
+            return out, lse
+
+        # As the ops' backward, which has no autograd of its own: not differentiable again.
+        backward = staticmethod(
+            torch.autograd.function.once_differentiable(
+                _make_backward(run_backward, num_layout_args)
+            )
+        )
+
+    return Eager
+
+
+_EAGER = {
+    attention_fwd: _eager_function(_Dense, 0),
+    attention_varlen_fwd: _eager_function(_Varlen, 4),
+    neighborhood_fwd: _eager_function(_Neighborhood, 3),
+}
+
+
+def _no_op_observers() -> bool:
+    """No dispatch mode (fake tensors, flop counters, ...) and no functorch transform is active:
+    nothing that needs to see the op. torch's private queries; a torch without them keeps the op."""
+    try:
+        return (
+            torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
+            and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active()
+        )
+    except AttributeError:
+        return False
+
+
+def _takes_eager_path(q: Tensor) -> bool:
+    """Whether a call on q may skip the op: a plain tensor on a device with a backend (meta tensors
+    take the op's fake kernel), outside torch.compile and anything that observes ops
+    (_no_op_observers)."""
+    return (
+        type(q) is Tensor
+        and q.device.type in ("cpu", "cuda")
+        and not torch.compiler.is_compiling()
+        and _no_op_observers()
+    )
+
+
+def call(op, q: Tensor, k: Tensor, v: Tensor, *args):
+    """A forward op's call with autograd: op(q, k, v, *args), or its eager Function's."""
+    if _takes_eager_path(q):
+        return _EAGER[op].apply(q, k, v, *args)
+    return op(q, k, v, *args)

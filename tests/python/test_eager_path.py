@@ -1,0 +1,104 @@
+"""The eager path (fmha._attention_ops.call): plain tensors skip torch's custom-op machinery and run
+the ops' own forward and backward through an autograd.Function. It must give the op's results and
+gradients bit for bit, keep its autograd contract (gradients only where asked, no double
+backward), and leave the op in place wherever something observes ops (dispatch modes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fmha
+from fmha import _api, _attention_ops as ops
+from harness import DEVICES, WORKING_DTYPE as DTYPE, randn
+
+
+def _inputs(device, shape_q, shape_kv, seed):
+    q = randn(*shape_q, seed=seed).to(device, DTYPE[device]).requires_grad_()
+    k = randn(*shape_kv, seed=seed + 1).to(device, DTYPE[device]).requires_grad_()
+    v = randn(*shape_kv, seed=seed + 2).to(device, DTYPE[device]).requires_grad_()
+    return q, k, v
+
+
+def _run(op, eager: bool, q, k, v, layout_args, options, extra_grads=()):
+    """out, lse and every gradient of one call, through the eager path or the op itself."""
+    args = (*layout_args, *options)
+    out, lse = ops.call(op, q, k, v, *args) if eager else op(q, k, v, *args)
+    grads = torch.autograd.grad(
+        out.float().square().sum() + lse.sum(), (q, k, v, *extra_grads), allow_unused=True
+    )
+    return out.detach(), lse.detach(), grads
+
+
+def _assert_same(a, b):
+    out_a, lse_a, grads_a = a
+    out_b, lse_b, grads_b = b
+    assert torch.equal(out_a, out_b) and torch.equal(lse_a, lse_b)
+    for ga, gb in zip(grads_a, grads_b):
+        assert (ga is None) == (gb is None)
+        if ga is not None:
+            assert torch.equal(ga, gb)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_path_gives_the_ops_bits(device):
+    # Dense with a broadcast bias (its gradient too) and causal; varlen; 2-D neighborhood.
+    q, k, v = _inputs(device, (2, 9, 4, 16), (2, 11, 2, 16), seed=1)
+    bias = randn(4, 9, 11, seed=7).to(device, DTYPE[device]).requires_grad_()
+    o = _api._options(None, True, "bottom_right", None, bias, None, 0.0, None, None, False,
+                      "auto", False)  # fmt: skip
+    assert ops._takes_eager_path(q)
+    _assert_same(
+        _run(ops.attention_fwd, True, q, k, v, (), o, (bias,)),
+        _run(ops.attention_fwd, False, q, k, v, (), o, (bias,)),
+    )
+
+    qv, kv, vv = _inputs(device, (12, 2, 16), (12, 2, 16), seed=3)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
+    o = _api._options(None, True, "top_left", None, None, None, 0.0, None, None, False, "auto",
+                      False)  # fmt: skip
+    layout = (cu, cu, 7, 7)
+    _assert_same(
+        _run(ops.attention_varlen_fwd, True, qv, kv, vv, layout, o),
+        _run(ops.attention_varlen_fwd, False, qv, kv, vv, layout, o),
+    )
+
+    qn, kn, vn = _inputs(device, (1, 6, 7, 2, 16), (1, 6, 7, 2, 16), seed=5)
+    o = _api._options(None, False, "top_left", None, None, None, 0.0, None, None, False, "auto",
+                      False)  # fmt: skip
+    layout = ([3, 3], [1, 2], [False, True])
+    _assert_same(
+        _run(ops.neighborhood_fwd, True, qn, kn, vn, layout, o),
+        _run(ops.neighborhood_fwd, False, qn, kn, vn, layout, o),
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_path_keeps_the_autograd_contract(device):
+    q, k, v = _inputs(device, (1, 5, 2, 8), (1, 5, 2, 8), seed=11)
+    out = fmha.attention(q, k.detach(), v, causal=True)
+    assert out.grad_fn is not None
+    gq, gv = torch.autograd.grad(out.sum(), (q, v), create_graph=True)
+    # The backward is not differentiable again, as the op's backward has no autograd either.
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(gq.sum(), q)
+    with torch.no_grad():
+        assert fmha.attention(q, k, v).grad_fn is None
+
+
+def test_dispatch_modes_see_the_op():
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = (randn(1, 4, 2, 8, seed=s) for s in range(3))
+    expected = fmha.attention(q, k, v)
+    with Record():
+        assert not ops._takes_eager_path(q)
+        out = fmha.attention(q, k, v)
+    assert any("fmha.attention_fwd" in name for name in seen), seen
+    assert torch.equal(out, expected)
