@@ -6,8 +6,9 @@ is the host's. Compared with PyTorch SDPA's flash backend on the same inputs, an
 of fmha: the public function (fmha.attention: on plain tensors the eager path since session 21,
 an autograd.Function around the op's body), the custom op itself (torch.library's dispatcher and
 autograd wrapper: what torch.compile and dispatch modes run), the op's body without either
-(fmha._attention_ops.forward), and the C++ entry alone (fmha._C.run on prepared views: validation, dispatch and the CUDA launcher). Forward only,
-then forward + backward of the public function.
+(fmha._attention_ops.forward), and the C++ entry alone (fmha._C.run on prepared views:
+validation, dispatch and the CUDA launcher). Forward only, then forward + backward of the public
+function.
 
     python bench/host_overhead.py            # CUDA if present, else CPU (the CPU backend computes)
 """
@@ -52,7 +53,7 @@ def main() -> None:
     rows = [
         ("fmha.attention (causal)", lambda: fmha.attention(q, k, v, causal=True)),
         ("the custom op (compiled path)", lambda: ops.attention_fwd(q, k, v, *options)),
-        ("op body, no dispatcher", lambda: ops.forward(ops._Dense, q, k, v, (), options, fake=False)),
+        ("op body", lambda: ops.forward(ops._Dense, q, k, v, (), options, fake=False)),
         ("C++ entry (_C.run)", lambda: fmha._C.run(params, stream)),
     ]
     if device == "cuda":
