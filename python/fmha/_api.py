@@ -1,6 +1,7 @@
 """The public functions of fmha (SPEC §15). They normalise Python-level arguments (tuples, strings,
 ints for every axis), make the last dimension of each input contiguous when it is not, and call
-the custom ops of _attention_ops / _merge_ops, which carry autograd and torch.compile support."""
+the custom ops of _attention_ops / _merge_ops, which carry autograd and torch.compile support
+(attention calls on plain tensors through _attention_ops.call: the ops' eager path)."""
 
 from __future__ import annotations
 
