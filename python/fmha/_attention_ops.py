@@ -18,8 +18,8 @@ autograd.Function per layout whose forward and backward run this module's forwar
 directly. torch's custom-op machinery (the dispatcher, the op's autograd wrapper and its Python
 layers) cost a forward call about 70 us of host time on an H200's machine (session 21,
 bench/host_overhead.py), as much as the C++ call and its kernels' launch at short sequences. Under
-torch.compile, under dispatch modes or functorch transforms and on tensor subclasses (fake tensors
-among them) the ops run as before.
+torch.compile and torch.jit.trace, under dispatch modes or functorch transforms and on tensor
+subclasses (fake tensors among them) the ops run as before.
 """
 
 from __future__ import annotations
@@ -551,12 +551,13 @@ def _no_op_observers() -> bool:
 
 def _takes_eager_path(q: Tensor) -> bool:
     """Whether a call on q may skip the op: a plain tensor on a device with a backend (meta tensors
-    take the op's fake kernel), outside torch.compile and anything that observes ops
-    (_no_op_observers)."""
+    take the op's fake kernel), outside torch.compile, torch.jit.trace (which records the op, not
+    the C++ call behind the Function) and anything that observes ops (_no_op_observers)."""
     return (
         type(q) is Tensor
         and q.device.type in ("cpu", "cuda")
         and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
         and _no_op_observers()
     )
 

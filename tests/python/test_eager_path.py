@@ -102,3 +102,11 @@ def test_dispatch_modes_see_the_op():
         out = fmha.attention(q, k, v)
     assert any("fmha.attention_fwd" in name for name in seen), seen
     assert torch.equal(out, expected)
+
+
+def test_tracing_records_the_op():
+    q, k, v = (randn(1, 4, 2, 8, seed=s) for s in range(3))
+    with pytest.warns(Warning):  # torch.jit.trace is deprecated; the trace still runs
+        traced = torch.jit.trace(lambda q, k, v: fmha.attention(q, k, v), (q, k, v))
+    assert "fmha::attention_fwd" in str(traced.graph)
+    assert torch.equal(traced(q, k, v), fmha.attention(q, k, v))
