@@ -289,11 +289,9 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, const Backwa
                                              f.bias_stride[2], rows,
                                              left < kN ? static_cast<int>(left) : kN, true);
       } else if (threadIdx.x == 0) {
-        // A broadcast batch or head reads coordinate 0 of its size-1 dimension.
         barrier_arrive_expect_bytes(&full[stage], DkDvBiasTile<kD>::kBytes);
-        tma_load_tile<DkDvBiasTile<kD>>(
-            smem_k_ptr + (smem_bias(stage) - smem_k), maps.bias, m0, f.bias_stride[1] != 0 ? h : 0,
-            f.bias_stride[0] != 0 ? b : 0, &full[stage], static_cast<std::int32_t>(n0));
+        tma_load_bias_tile<DkDvBiasTile<kD>>(smem_k_ptr + (smem_bias(stage) - smem_k), maps.bias, f,
+                                             m0, h, b, n0, &full[stage]);
       }
     }
     if constexpr (kModifiers) {

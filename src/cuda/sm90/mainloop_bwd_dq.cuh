@@ -204,11 +204,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                 &full[stage]);
           tma_load_tile<KVTile>(smem_q_ptr + (smem_v(stage) - smem_q), maps.v, first_key, hk, b,
                                 &full[stage]);
-          if (bias_by_tma) {  // a broadcast batch or head: coordinate 0 of its size-1 dimension
-            tma_load_tile<DqBiasTile<kD>>(smem_q_ptr + (smem_bias(stage) - smem_q), maps.bias, m0,
-                                          f.bias_stride[1] != 0 ? h : 0,
-                                          f.bias_stride[0] != 0 ? b : 0, &full[stage],
-                                          static_cast<std::int32_t>(first_key));
+          if (bias_by_tma) {
+            tma_load_bias_tile<DqBiasTile<kD>>(smem_q_ptr + (smem_bias(stage) - smem_q), maps.bias,
+                                               f, m0, h, b, first_key, &full[stage]);
           }
         }
         if (!bias_by_tma) load_bias_tile(scores, stage, first_key);

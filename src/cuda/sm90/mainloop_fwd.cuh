@@ -705,11 +705,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
                 barrier_wait(&bars->bias_empty[n % kBiasStages], (n / kBiasStages - 1) & 1);
               }
               barrier_arrive_expect_bytes(full, BiasTile<kD>::kBytes);
-              // A broadcast batch or head reads coordinate 0 of its size-1 dimension.
-              tma_load_tile<BiasTile<kD>>(smem_q_ptr + (smem_bias_slot(n) - smem_q), maps.bias, m0,
-                                          p.bias_stride[1] != 0 ? h : 0,
-                                          p.bias_stride[0] != 0 ? b : 0, full,
-                                          static_cast<std::int32_t>(first));
+              tma_load_bias_tile<BiasTile<kD>>(smem_q_ptr + (smem_bias_slot(n) - smem_q), maps.bias,
+                                               p, m0, h, b, first, full);
             }
           }
         }

@@ -179,6 +179,18 @@ bool encode_bias_map(RowsMap* out, const ForwardParams& f, int box_rows) {
                          f.bias_stride[0], Tile::kBlockCols, box_rows, Tile::kSwizzleBytes);
 }
 
+// The maps of k and v (both [B, Lk, Hkv, *]) in tiles of box_rows keys of a Tile's column blocks.
+template <typename Tile>
+bool encode_kv_maps(RowsMap* k, RowsMap* v, const ForwardParams& f, int box_rows) {
+  const std::int64_t kv_heads = f.heads / f.kv_group;
+  return encode_rows_map(k, f.k, f.head_dim, f.seqlen_k, kv_heads, f.batch, f.k_row_stride,
+                         f.k_head_stride, f.k_batch_stride, Tile::kBlockCols, box_rows,
+                         Tile::kSwizzleBytes) &&
+         encode_rows_map(v, f.v, f.value_dim, f.seqlen_k, kv_heads, f.batch, f.v_row_stride,
+                         f.v_head_stride, f.v_batch_stride, Tile::kBlockCols, box_rows,
+                         Tile::kSwizzleBytes);
+}
+
 // ---- Device -----------------------------------------------------------------------------------
 
 #ifdef __CUDACC__
@@ -238,6 +250,18 @@ __device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& 
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
                                       dst + block * Tile::kBlockBytes, &m.map, coords, bar);
   }
+}
+
+// The bias tile of query rows from `row` x keys from `first_key` of (batch, head) through a map of
+// encode_bias_map: a batch or head broadcast through stride 0 is read at coordinate 0 of its
+// size-1 dimension.
+template <typename Tile>
+__device__ __forceinline__ void tma_load_bias_tile(std::uint8_t* dst, const RowsMap& m,
+                                                   const ForwardParams& f, std::int64_t row,
+                                                   int head, std::int64_t batch,
+                                                   std::int64_t first_key, std::uint64_t* bar) {
+  tma_load_tile<Tile>(dst, m, row, f.bias_stride[1] != 0 ? head : 0,
+                      f.bias_stride[0] != 0 ? batch : 0, bar, static_cast<std::int32_t>(first_key));
 }
 
 #endif  // __CUDACC__
