@@ -188,17 +188,9 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kBiasTiles) {
     if (p.fwd.bias_staged && tma_enabled() && p.fwd.cu_seqlens_q == nullptr) {
       constexpr int kN = bwd_keys_per_tile(kD);
-      using KVTile = SwizzledTile<kN, kD>;
-      const ForwardParams& f = p.fwd;
-      const std::int64_t kv_heads = f.heads / f.kv_group;
-      maps.kv_usable = encode_rows_map(&maps.k, f.k, f.head_dim, f.seqlen_k, kv_heads, f.batch,
-                                       f.k_row_stride, f.k_head_stride, f.k_batch_stride,
-                                       KVTile::kBlockCols, kN, KVTile::kSwizzleBytes) &&
-                       encode_rows_map(&maps.v, f.v, f.value_dim, f.seqlen_k, kv_heads, f.batch,
-                                       f.v_row_stride, f.v_head_stride, f.v_batch_stride,
-                                       KVTile::kBlockCols, kN, KVTile::kSwizzleBytes);
+      maps.kv_usable = encode_kv_maps<SwizzledTile<kN, kD>>(&maps.k, &maps.v, p.fwd, kN);
       maps.bias_usable =
-          maps.kv_usable && encode_bias_map<DqBiasTile<kD>>(&maps.bias, f, kBwdQueriesPerBlock);
+          maps.kv_usable && encode_bias_map<DqBiasTile<kD>>(&maps.bias, p.fwd, kBwdQueriesPerBlock);
     }
   }
   return detail::launch_bwd_kernel(kernel, grid, smem, stream, "dQ", p.dq_overlaps_dkdv, p, maps);

@@ -70,17 +70,11 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     smem += static_cast<int>(sizeof(StageBarriers<stages_of<kD, Policy>()>));
     using QTile = SwizzledTile<kM, kD>;
     constexpr int kN = block_n(kD);
-    const std::int64_t kv_heads = p.heads / p.kv_group;
     maps.usable = tma_enabled() && p.cu_seqlens_q == nullptr &&
                   encode_rows_map(&maps.q, p.q, p.head_dim, p.seqlen_q, p.heads, p.batch,
                                   p.q_row_stride, p.q_head_stride, p.q_batch_stride,
                                   QTile::kBlockCols, kM, QTile::kSwizzleBytes) &&
-                  encode_rows_map(&maps.k, p.k, p.head_dim, p.seqlen_k, kv_heads, p.batch,
-                                  p.k_row_stride, p.k_head_stride, p.k_batch_stride,
-                                  QTile::kBlockCols, kN, QTile::kSwizzleBytes) &&
-                  encode_rows_map(&maps.v, p.v, p.value_dim, p.seqlen_k, kv_heads, p.batch,
-                                  p.v_row_stride, p.v_head_stride, p.v_batch_stride,
-                                  QTile::kBlockCols, kN, QTile::kSwizzleBytes);
+                  encode_kv_maps<QTile>(&maps.k, &maps.v, p, kN);
     if constexpr (bias_ring<kD, Policy>()) {
       // The bias by TMA in boxes of the block's rows where a map describes it (else the register
       // form).
