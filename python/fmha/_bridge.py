@@ -79,8 +79,8 @@ def describe(
         _dtype_of(dtype, name),
         _device_of(device, name),
         device.index or 0,
-        [int(s) for s in shape],
-        [int(s) for s in stride],
+        shape,  # plain ints: check() runs on fake tensors only when no size is symbolic
+        stride,
     )
 
 
@@ -124,12 +124,23 @@ def is_static(*tensors: Optional[torch.Tensor]) -> bool:
     return True
 
 
+def _current_raw_stream(index: int) -> int:
+    """torch's current CUDA stream of device `index`, as the address the C++ API takes."""
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+# torch's own one-call form of the above (what torch.compile's generated code calls): no Stream
+# object made per call. A torch without it takes the public form.
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_raw_stream)
+
+
 def run(params, device: torch.device) -> None:
     """Runs params on its device: CPU tensors on the CPU backend; CUDA tensors on torch's current
-    stream of their device, so the work orders with the surrounding torch kernels."""
+    stream of their device, so the work orders with the surrounding torch kernels (the C++ entry
+    makes the tensors' device current for the call itself)."""
     if device.type == "cuda":
-        with torch.cuda.device(device):
-            status = _C.run(params, torch.cuda.current_stream(device).cuda_stream)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        status = _C.run(params, _current_raw_stream(index))
     else:
         status = _C.run(params, 0)
     raise_for_status(status)
