@@ -184,19 +184,23 @@ def _c_options(o: Options, bias, rel_h, rel_w, planned: bool) -> _C.AttentionOpt
     c.scale = o.scale
     c.softcap = o.softcap
     c.causal = o.causal
-    c.causal_alignment = (
-        _C.CausalAlignment.bottom_right if o.bottom_right else _C.CausalAlignment.top_left
-    )
+    if o.bottom_right:
+        c.causal_alignment = _C.CausalAlignment.bottom_right
     c.window_left = o.window_left
     c.window_right = o.window_right
     c.deterministic = o.deterministic
     c.allow_tf32 = o.allow_tf32
-    c.bias = _bridge.view(bias, "bias", planned=planned, broadcast=True)
-    c.rel_h = _bridge.view(rel_h, "rel_h", planned=planned, broadcast=True)
-    c.rel_w = _bridge.view(rel_w, "rel_w", planned=planned, broadcast=True)
-    c.sinks = _bridge.view(o.sinks, "sinks", planned=planned)
-    c.extra_k = _bridge.view(o.extra_k, "extra_k", planned=planned)
-    c.extra_v = _bridge.view(o.extra_v, "extra_v", planned=planned)
+    # The tensors left out stay the default, empty views ('not given').
+    for name, t, broadcast in (
+        ("bias", bias, True),
+        ("rel_h", rel_h, True),
+        ("rel_w", rel_w, True),
+        ("sinks", o.sinks, False),
+        ("extra_k", o.extra_k, False),
+        ("extra_v", o.extra_v, False),
+    ):
+        if t is not None:
+            setattr(c, name, _bridge.view(t, name, planned=planned, broadcast=broadcast))
     return c
 
 
@@ -214,50 +218,64 @@ def _out_shape(q: Tensor, v: Tensor) -> tuple:
 
 def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
     """Checks, allocates (out, lse) and runs one forward call. With fake=True (torch.compile's
-    tracing) only the metadata exists: the check still runs when the shapes are static."""
+    tracing) only the metadata exists: the check still runs when the shapes are static. A real call
+    is checked by run() itself, before any memory is touched: the same check, one crossing into
+    C++ instead of two (the outputs are allocated first, so a refused call frees them again)."""
     check_backward_impl(o.backward_impl)
     out_shape = _out_shape(q, v)
     lse_shape = layout.lse_shape(q, layout_args)
     lse_dtype = _lse_dtype(q)
-    layout_tensors = [a for a in layout_args if isinstance(a, Tensor)]
-    checked = not fake or (
-        not layout.check_reads_inputs
-        and _bridge.is_static(q, k, v, *layout_tensors, *o[:_NUM_OPTIONAL_GRADS])
-    )
-    if checked:
-        params = layout.forward_params()
-        params.q = _bridge.view(q, "q", planned=fake)
-        params.k = _bridge.view(k, "k", planned=fake)
-        params.v = _bridge.view(v, "v", planned=fake)
-        layout.fill(params, layout_args, fake)
-        params.options = _c_options(
-            o, _as_4d(o.bias), _as_4d(o.rel_h), _as_4d(o.rel_w), planned=fake
-        )
-        params.out = _bridge.planned_contiguous(out_shape, q.dtype, q.device, "out")
-        params.lse = _bridge.planned_contiguous(lse_shape, lse_dtype, q.device, "lse")
-        _bridge.check(params)  # refuse before allocating anything
+    if fake:
+        layout_tensors = [a for a in layout_args if isinstance(a, Tensor)]
+        if not layout.check_reads_inputs and _bridge.is_static(
+            q, k, v, *layout_tensors, *o[:_NUM_OPTIONAL_GRADS]
+        ):
+            params = _params(layout, q, k, v, layout_args, o, planned=True)
+            params.out = _bridge.planned_contiguous(out_shape, q.dtype, q.device, "out")
+            params.lse = _bridge.planned_contiguous(lse_shape, lse_dtype, q.device, "lse")
+            _bridge.check(params)  # refuse before allocating anything
+        return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=lse_dtype)
     out = q.new_empty(out_shape)
     lse = q.new_empty(lse_shape, dtype=lse_dtype)
-    if not fake:
-        params.out = _bridge.view(out, "out")
-        params.lse = _bridge.view(lse, "lse")
-        _bridge.run(params, q.device)
+    params = _params(layout, q, k, v, layout_args, o, planned=False)
+    params.out = _bridge.view(out, "out")
+    params.lse = _bridge.view(lse, "lse")
+    _bridge.run(params, q.device)
     return out, lse
+
+
+def _params(layout, q, k, v, layout_args, o: Options, *, planned: bool):
+    """A forward call's parameters without its outputs."""
+    params = layout.forward_params()
+    params.q = _bridge.view(q, "q", planned=planned)
+    params.k = _bridge.view(k, "k", planned=planned)
+    params.v = _bridge.view(v, "v", planned=planned)
+    layout.fill(params, layout_args, planned)
+    params.options = _c_options(
+        o, _as_4d(o.bias), _as_4d(o.rel_h), _as_4d(o.rel_w), planned=planned
+    )
+    return params
 
 
 # ---- Backward ------------------------------------------------------------------------------------
 
 
-def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Options, *, fake: bool):
+def backward(
+    layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Options, *, fake: bool,
+    unasked=None,
+):  # fmt: skip
     """Allocates and computes (dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v).
-    dbias has the bias's own shape: the C++ layer sums over its broadcast dimensions."""
+    dbias has the bias's own shape: the C++ layer sums over its broadcast dimensions. A gradient
+    not asked for is unasked(): by default an empty tensor of its own (the ops' outputs are
+    tensors and may not alias); the eager path, which returns None for it, passes a callable
+    returning None."""
     check_backward_impl(o.backward_impl)
     need_bias, need_rel_h, need_rel_w, need_sinks, need_extra_k, need_extra_v = (
         bool(n) and t is not None for n, t in zip(needs, o[:_NUM_OPTIONAL_GRADS])
     )
 
-    def empty():  # a gradient not asked for; each its own tensor, as outputs may not alias
-        return q.new_empty(0)
+    def empty():
+        return q.new_empty(0) if unasked is None else unasked()
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = o.bias.new_empty(o.bias.shape) if need_bias else empty()
@@ -286,7 +304,8 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
     # Views hold raw addresses: every tensor they describe must stay referenced until run().
     dout, dlse = _dense(dout), _dense(dlse)
     params.dout = _bridge.view(dout, "dout")
-    params.dlse = _bridge.view(dlse, "dlse")
+    if dlse is not None:
+        params.dlse = _bridge.view(dlse, "dlse")
     rows = layout.score_rows(q)
     rel_h, drel_h_buffer, drel_h_full = _rel_pos_for_backward(o.rel_h, rows, need_rel_h)
     rel_w, drel_w_buffer, drel_w_full = _rel_pos_for_backward(o.rel_w, rows, need_rel_w)
@@ -296,12 +315,18 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
     grads.dq = _bridge.view(dq, "dq")
     grads.dk = _bridge.view(dk, "dk")
     grads.dv = _bridge.view(dv, "dv")
-    grads.dbias = _bridge.view(_as_4d(dbias) if need_bias else None, "dbias", broadcast=True)
-    grads.drel_h = _bridge.view(drel_h_buffer, "drel_h")
-    grads.drel_w = _bridge.view(drel_w_buffer, "drel_w")
-    grads.dsinks = _bridge.view(dsinks if need_sinks else None, "dsinks")
-    grads.dextra_k = _bridge.view(dextra_k if need_extra_k else None, "dextra_k")
-    grads.dextra_v = _bridge.view(dextra_v if need_extra_v else None, "dextra_v")
+    # Gradients not asked for keep the default, empty views ('not given').
+    if need_bias:
+        grads.dbias = _bridge.view(_as_4d(dbias), "dbias", broadcast=True)
+    for name, buffer, need in (
+        ("drel_h", drel_h_buffer, need_rel_h),
+        ("drel_w", drel_w_buffer, need_rel_w),
+        ("dsinks", dsinks, need_sinks),
+        ("dextra_k", dextra_k, need_extra_k),
+        ("dextra_v", dextra_v, need_extra_v),
+    ):
+        if need:
+            setattr(grads, name, _bridge.view(buffer, name))
     params.grads = grads
     _bridge.run(params, q.device)
     if need_rel_h:
@@ -317,8 +342,9 @@ def backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Optio
 def _setup_context(ctx, inputs, output) -> None:
     # Tensors go through save_for_backward (None where an input is not a tensor); the scalars and
     # lists stay on ctx.
-    ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in inputs), *output)
-    ctx.non_tensors = [None if isinstance(x, Tensor) else x for x in inputs]
+    tensors = [x if isinstance(x, Tensor) else None for x in inputs]
+    ctx.save_for_backward(*tensors, *output)
+    ctx.non_tensors = [x if t is None else None for t, x in zip(tensors, inputs)]
 
 
 def _make_backward(backward_op, num_layout_args: int):
@@ -500,6 +526,10 @@ neighborhood_fwd.register_autograd(
 # ---- The eager path ------------------------------------------------------------------------------
 
 
+def _none():
+    return None
+
+
 def _eager_function(layout, num_layout_args: int):
     """The autograd.Function of a layout's eager calls: forward() and backward() of this module
     with the inputs, ctx and gradients of the layout's ops (_setup_context, _make_backward)."""
@@ -507,7 +537,10 @@ def _eager_function(layout, num_layout_args: int):
     def run_backward(dout, dlse, q, k, v, out, lse, *rest):  # the backward op's arguments
         layout_args, needs = rest[:num_layout_args], rest[num_layout_args]
         o = Options(*rest[num_layout_args + 1 :])
-        return backward(layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False)
+        return backward(
+            layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False,
+            unasked=_none,
+        )  # fmt: skip
 
     class Eager(torch.autograd.Function):
         @staticmethod

@@ -141,7 +141,15 @@ def test_bad_arguments_raise_with_the_library_message(case, device, monkeypatch)
         pytest.skip("cu_seqlens values on CUDA are not read by the library (no device sync)")
     make_call, exception, fragments = CASES[case]
     runs = []
-    monkeypatch.setattr(fmha._bridge, "run", lambda *args: runs.append(args))
+
+    # _bridge.run stands in for the C++ run without its backends: the check that fmha::run makes
+    # first (src/api/dispatch.cpp), then a record of the run that would follow. The forward
+    # leaves its check to run, as a user's call of the C++ API does.
+    def checked_run(params, device):
+        fmha._bridge.check(params)
+        runs.append(params)
+
+    monkeypatch.setattr(fmha._bridge, "run", checked_run)
     with pytest.raises(exception) as error:
         make_call(device)
     for fragment in fragments:
