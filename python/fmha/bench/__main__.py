@@ -73,6 +73,11 @@ def parse_args(argv):
     p.add_argument("--budget-ms", type=float, help="timed milliseconds per measurement")
     p.add_argument("--min-reps", type=int)
     p.add_argument("--max-reps", type=int)
+    p.add_argument("--queue-us", type=float, default=0.0,
+                   help="CUDA: the GPU spins this long after each L2 flush, so that a call the "
+                        "host issues within it is queued whole before its start event and the "
+                        "time is the GPU's alone (default 0: the time includes any wait for the "
+                        "host; host time per call: bench/host_overhead.py)")
     p.add_argument("--input-sets", type=int,
                    help="input sets rotated between runs (default 1 on CUDA, which flushes L2 "
                         "before every run instead; 2 on CPU)")
@@ -119,6 +124,8 @@ def build(args):
     for field in ("budget_ms", "min_reps", "max_reps"):
         if getattr(args, field) is not None:
             setattr(timer_settings, field, getattr(args, field))
+    if cuda:
+        timer_settings.queue_us = args.queue_us
     run_settings = RunSettings(device=device, check=not args.no_check, seed=args.seed,
                                input_sets=args.input_sets or (1 if cuda else 2))
     directions = tuple(d for d in DIRECTIONS if d in args.directions.split(","))
@@ -151,7 +158,9 @@ def main(argv=None) -> int:
                                                       (sys.argv[1:] if argv is None else argv)),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "timing": (f"{'CUDA events, L2 flushed before every run' if timer.is_cuda else 'perf_counter'}"
-                   f", {timer_settings.warmup} warm-up runs, median and p10-p90 of "
+                   + (f", the GPU spinning {timer_settings.queue_us:g} us after each flush (calls "
+                      "queued whole: GPU time alone)" if timer_settings.queue_us > 0 else "")
+                   + f", {timer_settings.warmup} warm-up runs, median and p10-p90 of "
                    f"{timer_settings.min_reps}..{timer_settings.max_reps} runs filling "
                    f"{timer_settings.budget_ms:g} ms, {run_settings.input_sets} rotating input "
                    "set(s), random normal inputs"),

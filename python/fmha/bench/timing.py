@@ -3,6 +3,12 @@
 CUDA: one pair of CUDA events around every run, the L2 cache flushed (a buffer larger than L2 is
 overwritten) before each run so no run reads inputs left in cache by the previous one, and input
 sets rotated. CPU: time.perf_counter around every run, input sets rotated.
+
+A run's events time the GPU from its start event to its end event. Where the host takes longer to
+issue a call than the GPU takes to run the previous one, the GPU waits for the host inside that
+window, and the time includes part of the host's. With queue_us > 0 the GPU first spins that long
+after each flush (torch.cuda._sleep), so a call issued within it is queued whole before its start
+event: the time is then the GPU's alone. Host time per call: bench/host_overhead.py.
 The number of runs adapts to the cost of one run: enough to fill `budget_ms`, within
 [min_reps, max_reps].
 """
@@ -22,6 +28,7 @@ class TimerSettings:
     min_reps: int = 10
     max_reps: int = 200
     warmup: int = 2
+    queue_us: float = 0.0  # GPU-side wait after each flush (module docstring)
 
 
 def percentile(values, q: float) -> float:
@@ -49,6 +56,21 @@ class Timer:
             props = torch.cuda.get_device_properties(device)
             l2_bytes = getattr(props, "L2_cache_size", 0) or (64 << 20)
             self._flush_buffer = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
+        self._queue_cycles = 0
+        if self._flush_buffer is not None and settings.queue_us > 0:
+            self._queue_cycles = int(settings.queue_us * self._spin_cycles_per_us())
+
+    @staticmethod
+    def _spin_cycles_per_us() -> float:
+        """torch.cuda._sleep's cycles per microsecond on this GPU, from one timed spin."""
+        cycles = 2_000_000
+        torch.cuda._sleep(cycles)  # warm-up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / (start.elapsed_time(end) * 1e3)
 
     @property
     def is_cuda(self) -> bool:
@@ -59,6 +81,8 @@ class Timer:
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for i in range(reps):
             self._flush_buffer.zero_()
+            if self._queue_cycles:
+                torch.cuda._sleep(self._queue_cycles)
             starts[i].record()
             run_once(i)
             ends[i].record()
