@@ -15,6 +15,7 @@
 #include "cuda/sm80/tile_sizes.h"
 #if FMHA_WITH_SM90
 #include "cuda/sm90/launch_fwd.h"
+#include "cuda/sm90/launch_fwd_fp32.h"
 #endif
 
 namespace fmha::cuda {
@@ -42,10 +43,24 @@ bool needs_general_policy(const ForwardParams& p) {
   return needs_mask(p) || needs_score_modifiers(p);
 }
 
-// fp32 runs the sm80 kernels on every arch (the sm90 kernels are 16-bit only).
+// fp32 on Hopper: the sm90 fp32 kernel (tf32 wgmma on split planes, mainloop_fwd_fp32.cuh) for
+// dense batches up to head dim 64 without score modifiers or extra keys; masks and sinks run.
+bool fp32_planes_apply(const ForwardParams& p) {
+  return p.neighborhood.rank == 0 && !needs_score_modifiers(p) && p.cu_seqlens_q == nullptr &&
+         p.num_extra == 0 && p.head_dim <= 64 && p.value_dim <= 64;
+}
+
+// fp32 runs the sm80 kernels on every arch but the cases above (the other sm90 kernels are 16-bit
+// only).
 template <typename T, int kD>
 Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
 #if FMHA_WITH_SM90
+  if constexpr (std::is_same_v<T, float> && kD <= 64 && head_dim_bucket_built(64)) {
+    if (use_sm90_kernels(arch) && fp32_planes_apply(p)) {
+      return needs_mask(p) ? sm90::launch_forward_fp32<float, 64, PolicyWindow>(p, stream)
+                           : sm90::launch_forward_fp32<float, 64, PolicyPlain>(p, stream);
+    }
+  }
   if constexpr (!std::is_same_v<T, float>) {
     if (use_sm90_kernels(arch)) {
       if (p.neighborhood.rank > 0) {

@@ -3,6 +3,8 @@
 // bias, rel-pos, varlen, determinism, and the refusals of what it does not cover.
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "cuda/cuda_forward_case.h"
 
 namespace fmha_cuda_test {
@@ -444,6 +446,44 @@ TEST(CudaForward, Float32AllowTf32AndDeterminism) {
   d.options.deterministic = true;
   d.sinks = true;
   check_forward(d, 233, /*twice=*/true);
+}
+
+// The sm90 fp32 forward (tf32 wgmma on split planes; on Hopper the default for dense fp32 up to
+// head dim 64 without score modifiers or extra keys), every feature it takes: odd lengths around
+// its 128-query and 64-key tiles, D < 64 and Dv != D, GQA, causal in both alignments with windows,
+// sinks, a negative scale, strided layouts, rows that see nothing, and bitwise-equal reruns. On
+// other GPUs the same cases run the sm80 kernels.
+TEST(CudaForward, Float32Sm90Planes) {
+  SKIP_WITHOUT_GPU();
+  const DType f = DType::kFloat32;
+  check_forward(shape_case(f, 129, 65, 64, 64, 4, 2), 241);
+  check_forward(shape_case(f, 127, 191, 33, 17, 6, 3, 2), 242);
+  check_forward(shape_case(f, 300, 1000, 64, 48, 2, 1), 243, /*twice=*/true);
+  for (auto align : {CausalAlignment::kTopLeft, CausalAlignment::kBottomRight}) {
+    for (auto [lq, lk] : {std::pair{257, 129}, std::pair{129, 257}, std::pair{200, 200}}) {
+      ForwardCase m = shape_case(f, lq, lk, 64, 64, 4, 2);
+      m.options.causal = true;
+      m.options.causal_alignment = align;
+      m.sinks = lq == 200;
+      check_forward(m, 244);
+    }
+    ForwardCase w = shape_case(f, 333, 301, 40, 40, 2, 2);
+    w.options.window_left = 70;
+    w.options.window_right = 5;
+    w.options.causal_alignment = align;
+    check_forward(w, 245);
+  }
+  ForwardCase n = shape_case(f, 150, 90, 64, 64, 2, 1);
+  n.options.scale = -0.3f;
+  n.q_layout.order = {0, 2, 1, 3};
+  n.kv_layout.pad = 3;
+  n.out_layout.pad = 1;
+  check_forward(n, 246);
+  ForwardCase e = shape_case(f, 300, 90, 64, 64, 2, 1);
+  e.options.window_left = 0;
+  e.options.window_right = 0;
+  e.sinks = true;
+  check_forward(e, 247);  // rows 90-299 see no key: whole blocks without a key tile
 }
 
 }  // namespace

@@ -1,0 +1,82 @@
+// The operands of the sm90 fp32 kernels, prepared once per call ("planes"): each fp32 input split
+// into tf32 hi and lo parts (SPEC §13's exact mode, 3xTF32: x = hi + lo, hi the nearest tf32,
+// tile_operands.cuh) and laid out as the tf32 wgmma reads them.
+//
+// tf32 wgmma reads both shared-memory operands K-major only (wgmma_ops.cuh), so an operand whose
+// contraction runs along the sequence (V in P V) needs a transposed copy; and its A operand from
+// registers, P, comes straight from the S accumulators only with the keys of each 8-key step in
+// the order the accumulator holds them (slot c <- key 2c, slot c + 4 <- key 2c + 1, as the sm80
+// fp32 kernels do in registers). Writing the planes in a pass of their own makes both free for the
+// kernel: no split and no transpose in its loop, tiles that are whole (rows past the sequence are
+// zeros) and copies of 16-byte chunks. The price is the pass (every input read once, twice its
+// size written) and the planes' memory, 2x (Q, K) and 2x (V) the inputs, O(L), freed after the call.
+//
+// Layouts, per (batch, head) of the input (kv heads for K and V), rows padded to whole tiles:
+//   q, k  [rows, 128]:  row r = hi of the head dim (64 floats, zero past D) | lo (64 floats)
+//   vt    [128, rows]:  rows 0-63 hi of value column c, 64-127 lo; keys permuted within each 8
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/tile_operands.cuh"
+
+namespace fmha::cuda::sm90 {
+
+inline constexpr int kFp32PlaneWidth = 64;  // head dims up to 64, padded to it
+inline constexpr int kFp32PlaneRowFloats = 2 * kFp32PlaneWidth;
+inline constexpr int kFp32PlaneTile = 64;  // rows a block of the pass covers
+
+struct Fp32Planes {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* vt = nullptr;
+  std::int64_t q_rows = 0;  // Lq padded (a multiple of the kernel's query tile)
+  std::int64_t k_rows = 0;  // Lk padded (a multiple of the kernel's key tile)
+};
+
+// Key of slot s of an 8-key step in the permuted order (the inverse of the accumulator's pairs).
+__host__ __device__ constexpr int permuted_key(int slot) { return slot < 4 ? 2 * slot : 2 * slot - 7; }
+
+// One block: 64 rows of one (batch, head) of `src` ([B, L, H, cols], any strides) into the plane
+// `dst` of padded_rows rows; grid (padded_rows / 64, heads, batch). kTransposed writes vt's layout.
+template <bool kTransposed>
+__global__ void __launch_bounds__(256) split_fp32_planes(const float* __restrict__ src,
+                                                         std::int64_t batch_stride,
+                                                         std::int64_t row_stride,
+                                                         std::int64_t head_stride, std::int64_t rows,
+                                                         int cols, float* __restrict__ dst,
+                                                         std::int64_t padded_rows) {
+  constexpr int kTile = kFp32PlaneTile, kWidth = kFp32PlaneWidth;
+  __shared__ float tile[kTile][kWidth + 1];  // +1: the transposed reads hit 32 banks
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
+  const float* in = src + blockIdx.z * batch_stride + blockIdx.y * head_stride;
+  for (int i = threadIdx.x; i < kTile * kWidth; i += blockDim.x) {
+    const int r = i / kWidth, c = i % kWidth;
+    const std::int64_t row = row0 + r;
+    tile[r][c] = row < rows && c < cols ? in[row * row_stride + c] : 0.0f;
+  }
+  __syncthreads();
+  const std::int64_t plane = static_cast<std::int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  auto write = [&](float* hi_at, float* lo_at, float x) {
+    const std::uint32_t hi = tile::round_to_tf32(__float_as_uint(x));
+    *hi_at = __uint_as_float(hi);
+    *lo_at = x - __uint_as_float(hi);
+  };
+  if constexpr (!kTransposed) {
+    float* out = dst + (plane * padded_rows + row0) * kFp32PlaneRowFloats;
+    for (int i = threadIdx.x; i < kTile * kWidth; i += blockDim.x) {
+      const int r = i / kWidth, c = i % kWidth;
+      float* row = out + r * kFp32PlaneRowFloats;
+      write(row + c, row + kWidth + c, tile[r][c]);
+    }
+  } else {
+    float* out = dst + plane * kFp32PlaneRowFloats * padded_rows + row0;
+    for (int i = threadIdx.x; i < kTile * kWidth; i += blockDim.x) {
+      const int c = i / kTile, slot = i % kTile;
+      const int key = (slot & ~7) | permuted_key(slot & 7);
+      write(out + c * padded_rows + slot, out + (kWidth + c) * padded_rows + slot, tile[key][c]);
+    }
+  }
+}
+
+}  // namespace fmha::cuda::sm90

@@ -1,0 +1,93 @@
+// Definition of sm90::launch_forward_fp32; included only by its instantiation file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/sm90/fp32_planes.cuh"
+#include "cuda/sm90/launch_fwd_fp32.h"
+#include "cuda/sm90/mainloop_fwd_fp32.cuh"
+#include "cuda/workspace_pool.h"
+
+namespace fmha::cuda::sm90 {
+
+namespace detail {
+
+inline std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+
+// The planes pass of one input (fp32_planes.cuh): [B, rows, heads, cols] into `dst`.
+template <bool kTransposed>
+cudaError_t split_planes(const void* src, std::int64_t batch_stride, std::int64_t row_stride,
+                         std::int64_t head_stride, std::int64_t batch, int heads,
+                         std::int64_t rows, int cols, float* dst, std::int64_t padded_rows,
+                         cudaStream_t stream) {
+  if (padded_rows == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(padded_rows / kFp32PlaneTile), static_cast<unsigned>(heads),
+                  static_cast<unsigned>(batch));
+  split_fp32_planes<kTransposed><<<grid, 256, 0, stream>>>(
+      static_cast<const float*>(src), batch_stride, row_stride, head_stride, rows, cols, dst,
+      padded_rows);
+  return cudaGetLastError();
+}
+
+}  // namespace detail
+
+template <typename T, int kD, typename Policy>
+Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
+  static_assert(std::is_same_v<T, float> && kD == kFp32PlaneWidth, "fp32, head dims up to 64");
+  const int kv_heads = p.heads / p.kv_group;
+  Fp32Planes planes;
+  planes.q_rows = detail::round_up(p.seqlen_q, kFp32QueryTile);
+  planes.k_rows = detail::round_up(p.seqlen_k, kFp32KeyTile);
+  const std::int64_t q_floats = p.batch * p.heads * planes.q_rows * kFp32PlaneRowFloats;
+  const std::int64_t k_floats = p.batch * kv_heads * planes.k_rows * kFp32PlaneRowFloats;
+  auto fail = [](const char* what, cudaError_t e) {
+    return Status::backend_error(std::string("fmha: CUDA forward kernel (sm90 fp32): ") + what +
+                                 ": " + cudaGetErrorString(e));
+  };
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  float* workspace = nullptr;
+  if (e == cudaSuccess) {
+    e = workspace_malloc_async(reinterpret_cast<void**>(&workspace),
+                               static_cast<std::size_t>(q_floats + 2 * k_floats) * sizeof(float),
+                               device, stream);
+  }
+  if (e != cudaSuccess) return fail("its operand planes (cudaMallocAsync)", e);
+  float* q = workspace;
+  float* k = q + q_floats;
+  float* vt = k + k_floats;
+  planes.q = q;
+  planes.k = k;
+  planes.vt = vt;
+  e = detail::split_planes<false>(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.batch,
+                                  p.heads, p.seqlen_q, p.head_dim, q, planes.q_rows, stream);
+  if (e == cudaSuccess) {
+    e = detail::split_planes<false>(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+                                    p.batch, kv_heads, p.seqlen_k, p.head_dim, k, planes.k_rows,
+                                    stream);
+  }
+  if (e == cudaSuccess) {
+    e = detail::split_planes<true>(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
+                                   p.batch, kv_heads, p.seqlen_k, p.value_dim, vt, planes.k_rows,
+                                   stream);
+  }
+  if (e == cudaSuccess) {
+    constexpr int smem = fp32_forward_smem_bytes();
+    auto* kernel = forward_fp32_kernel<Policy>;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e == cudaSuccess) {
+      const dim3 grid(static_cast<unsigned>(planes.q_rows / kFp32QueryTile),
+                      static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+      kernel<<<grid, kFp32Threads, smem, stream>>>(p, planes);
+      e = cudaGetLastError();
+    }
+  }
+  const cudaError_t freed = cudaFreeAsync(workspace, stream);
+  if (e != cudaSuccess) return fail("launch failed", e);
+  if (freed != cudaSuccess) return fail("cudaFreeAsync of its operand planes", freed);
+  return Status::ok_status();
+}
+
+}  // namespace fmha::cuda::sm90
