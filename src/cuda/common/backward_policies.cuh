@@ -16,6 +16,7 @@
 //     1 - tanh^2 with it).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "cuda/common/backward_params.h"
@@ -51,6 +52,29 @@ __device__ inline TileBounds visible_queries(const MaskWindow& m, std::int64_t j
   if (j >= m.num_keys) return {0, -1};
   const KeySeenBy q = m.seen_by(j);
   return clamp_bounds(q.first - first_query, q.last - first_query, tile);
+}
+
+// Sets to -inf the scores of transposed tiles (rows = keys, columns = queries) that the mask
+// hides or whose query is past the sequence: entries 0, 1 on key `key`, 2, 3 on key + 8; entry 0
+// of tile t on query `query` + 8t. Range masks only (token tiles: hide_unseen_transposed): the
+// queries that see a key are an interval, found once per key.
+template <typename Mask, int kTiles>
+__device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, float (&s)[kTiles][4],
+                                                          std::int64_t key, std::int64_t query,
+                                                          std::int64_t num_queries) {
+  static_assert(!Mask::kTokenTiles, "token tiles test their boxes (hide_unseen_transposed)");
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    TileBounds rows = visible_queries(mask, key + 8 * r, query, kTiles * 8);
+    if (num_queries - 1 - query < rows.hi) rows.hi = static_cast<int>(num_queries - 1 - query);
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (!rows.contains(t * 8 + e)) s[t][2 * r + e] = -INFINITY;
+      }
+    }
+  }
 }
 
 // Neighborhood masks: the visible offsets of a tile of consecutive tokens are no interval (grid

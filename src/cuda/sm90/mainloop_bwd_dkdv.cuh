@@ -62,29 +62,6 @@ using DkDvBiasTile = SwizzledTile<bwd_queries_per_tile(kD), kBwdKeysPerBlock>;
 template <int kD>
 using DkDvTokenTiles = KeyBoxSmem<bwd_queries_per_tile(kD, true), kBwdKeysPerBlock, kBwdStages + 1>;
 
-// Sets to -inf the scores of transposed tiles (rows = keys, columns = queries) that the mask
-// hides or whose query is past the sequence: entries 0, 1 on key `key`, 2, 3 on key + 8; entry 0
-// of tile t on query `query` + 8t. Range masks only (token tiles: hide_unseen_transposed): the
-// queries that see a key are an interval, found once per key.
-template <typename Mask, int kTiles>
-__device__ __forceinline__ void hide_invisible_transposed(const Mask& mask, float (&s)[kTiles][4],
-                                                          std::int64_t key, std::int64_t query,
-                                                          std::int64_t num_queries) {
-  static_assert(!Mask::kTokenTiles, "token tiles test their boxes (hide_unseen_transposed)");
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    TileBounds rows = visible_queries(mask, key + 8 * r, query, kTiles * 8);
-    if (num_queries - 1 - query < rows.hi) rows.hi = static_cast<int>(num_queries - 1 - query);
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (!rows.contains(t * 8 + e)) s[t][2 * r + e] = -INFINITY;
-      }
-    }
-  }
-}
-
 // One block's work: dK and dV of its keys (kPart: both up to D = 128, one of them above); with
 // kFusedDq also the block's share of dQ (fused_dq.cuh).
 template <typename T, int kD, DkDvPart kPart, typename Policy, bool kFusedDq>
