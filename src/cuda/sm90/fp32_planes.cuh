@@ -16,9 +16,12 @@
 //   vt    [128, rows]:  rows 0-63 hi of value column c, 64-127 lo; keys permuted within each 8
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "cuda/common/tile_operands.cuh"
+#include "cuda/common/tile_primitives.cuh"
 
 namespace fmha::cuda::sm90 {
 
@@ -76,6 +79,41 @@ __global__ void __launch_bounds__(256) split_fp32_planes(const float* __restrict
       const int key = (slot & ~7) | permuted_key(slot & 7);
       write(out + c * padded_rows + slot, out + (kWidth + c) * padded_rows + slot, tile[key][c]);
     }
+  }
+}
+
+// Runs the pass over one input, [batch, rows, heads, cols] at the given strides, into `dst`.
+template <bool kTransposed>
+cudaError_t split_planes(const void* src, std::int64_t batch_stride, std::int64_t row_stride,
+                         std::int64_t head_stride, std::int64_t batch, std::int64_t heads,
+                         std::int64_t rows, int cols, float* dst, std::int64_t padded_rows,
+                         cudaStream_t stream) {
+  if (padded_rows == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(padded_rows / kFp32PlaneTile), static_cast<unsigned>(heads),
+                  static_cast<unsigned>(batch));
+  split_fp32_planes<kTransposed><<<grid, 256, 0, stream>>>(static_cast<const float*>(src),
+                                                           batch_stride, row_stride, head_stride,
+                                                           rows, cols, dst, padded_rows);
+  return cudaGetLastError();
+}
+
+// x as a tf32 pair in registers: hi the nearest tf32, lo the rest (the pass's split, one value).
+__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = tile::round_to_tf32(__float_as_uint(x));
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// Copies rows [0, kRows) x 16-byte chunks [0, kChunks) of a plane (row pitch in floats) into
+// `Tile` at `smem`: the share of thread `thread` of kThreads, by cp.async.
+template <typename Tile, int kRows, int kChunks, int kThreads>
+__device__ __forceinline__ void copy_plane_tile(std::uint32_t smem, const float* src,
+                                                std::int64_t pitch, int thread) {
+  static_assert(kRows * kChunks % kThreads == 0, "whole rounds of the threads");
+#pragma unroll
+  for (int n = 0; n < kRows * kChunks / kThreads; ++n) {
+    const int i = thread + n * kThreads;
+    const int r = i / kChunks, c = i % kChunks;
+    tile::cp_async_16(smem + Tile::chunk_offset(r, c), src + r * pitch + c * 4, 16);
   }
 }
 

@@ -16,21 +16,6 @@ namespace detail {
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
-// The planes pass of one input (fp32_planes.cuh): [B, rows, heads, cols] into `dst`.
-template <bool kTransposed>
-cudaError_t split_planes(const void* src, std::int64_t batch_stride, std::int64_t row_stride,
-                         std::int64_t head_stride, std::int64_t batch, int heads,
-                         std::int64_t rows, int cols, float* dst, std::int64_t padded_rows,
-                         cudaStream_t stream) {
-  if (padded_rows == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(padded_rows / kFp32PlaneTile), static_cast<unsigned>(heads),
-                  static_cast<unsigned>(batch));
-  split_fp32_planes<kTransposed><<<grid, 256, 0, stream>>>(
-      static_cast<const float*>(src), batch_stride, row_stride, head_stride, rows, cols, dst,
-      padded_rows);
-  return cudaGetLastError();
-}
-
 }  // namespace detail
 
 template <typename T, int kD, typename Policy>
@@ -61,15 +46,15 @@ Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
   planes.q = q;
   planes.k = k;
   planes.vt = vt;
-  e = detail::split_planes<false>(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.batch,
+  e = split_planes<false>(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.batch,
                                   p.heads, p.seqlen_q, p.head_dim, q, planes.q_rows, stream);
   if (e == cudaSuccess) {
-    e = detail::split_planes<false>(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+    e = split_planes<false>(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
                                     p.batch, kv_heads, p.seqlen_k, p.head_dim, k, planes.k_rows,
                                     stream);
   }
   if (e == cudaSuccess) {
-    e = detail::split_planes<true>(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
+    e = split_planes<true>(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                                    p.batch, kv_heads, p.seqlen_k, p.value_dim, vt, planes.k_rows,
                                    stream);
   }

@@ -49,26 +49,6 @@ constexpr int fp32_forward_smem_bytes() {
   return Fp32QTile::kBytes + kFp32Stages * (Fp32KTile::kBytes + Fp32VtTile::kBytes) + 1024;
 }
 
-// Copies rows [0, kRows) x 16-byte chunks [0, kChunks) of a plane (row pitch in floats) into
-// `Tile` at `smem`: every thread's share, by cp.async.
-template <typename Tile, int kRows, int kChunks>
-__device__ __forceinline__ void copy_plane_tile(std::uint32_t smem, const float* src,
-                                                std::int64_t pitch) {
-  static_assert(kRows * kChunks % kFp32Threads == 0, "whole rounds of the block's threads");
-#pragma unroll
-  for (int n = 0; n < kRows * kChunks / kFp32Threads; ++n) {
-    const int i = static_cast<int>(threadIdx.x) + n * kFp32Threads;
-    const int r = i / kChunks, c = i % kChunks;
-    tile::cp_async_16(smem + Tile::chunk_offset(r, c), src + r * pitch + c * 4, 16);
-  }
-}
-
-// x as a tf32 pair: hi the nearest tf32, lo the rest (tile_operands.cuh's split, one value).
-__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
-  hi = tile::round_to_tf32(__float_as_uint(x));
-  lo = __float_as_uint(x - __uint_as_float(hi));
-}
-
 template <typename Policy>
 __global__ void __launch_bounds__(kFp32Threads, 1)
     forward_fp32_kernel(const __grid_constant__ ForwardParams p,
@@ -118,12 +98,13 @@ __global__ void __launch_bounds__(kFp32Threads, 1)
   auto load_tile = [&](int u) {
     const int stage = u % kFp32Stages;
     const std::int64_t key = first_key + static_cast<std::int64_t>(u) * kN;
-    copy_plane_tile<KTile, kN, kFp32PlaneRowFloats / 4>(
-        smem_k(stage), k_plane + key * kFp32PlaneRowFloats, kFp32PlaneRowFloats);
-    copy_plane_tile<VtTile, kFp32PlaneRowFloats, kN / 4>(smem_vt(stage), vt_plane + key,
-                                                         planes.k_rows);
+    copy_plane_tile<KTile, kN, kFp32PlaneRowFloats / 4, kFp32Threads>(
+        smem_k(stage), k_plane + key * kFp32PlaneRowFloats, kFp32PlaneRowFloats, threadIdx.x);
+    copy_plane_tile<VtTile, kFp32PlaneRowFloats, kN / 4, kFp32Threads>(
+        smem_vt(stage), vt_plane + key, planes.k_rows, threadIdx.x);
   };
-  copy_plane_tile<QTile, kM, kFp32PlaneRowFloats / 4>(smem_q, q_plane, kFp32PlaneRowFloats);
+  copy_plane_tile<QTile, kM, kFp32PlaneRowFloats / 4, kFp32Threads>(smem_q, q_plane,
+                                                                   kFp32PlaneRowFloats, threadIdx.x);
   if (tiles > 0) load_tile(0);
   tile::cp_async_commit();
 
