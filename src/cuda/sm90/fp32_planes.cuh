@@ -40,16 +40,19 @@ struct Fp32Planes {
 // Key of slot s of an 8-key step in the permuted order (the inverse of the accumulator's pairs).
 __host__ __device__ constexpr int permuted_key(int slot) { return slot < 4 ? 2 * slot : 2 * slot - 7; }
 
-// One block: 64 rows of one (batch, head) of `src` ([B, L, H, cols], any strides) into the plane
-// `dst` of padded_rows rows; grid (padded_rows / 64, heads, batch). kTransposed writes vt's layout.
-template <bool kTransposed>
+// One block: kTile rows of one (batch, head) of `src` ([B, L, H, cols], any strides), read once,
+// into the row plane `rows_dst` and the transposed plane `cols_dst` (either may be null) of
+// padded_rows rows; grid (padded_rows / kTile, heads, batch).
+template <int kTile>
 __global__ void __launch_bounds__(256) split_fp32_planes(const float* __restrict__ src,
                                                          std::int64_t batch_stride,
                                                          std::int64_t row_stride,
                                                          std::int64_t head_stride, std::int64_t rows,
-                                                         int cols, float* __restrict__ dst,
+                                                         int cols, float* __restrict__ rows_dst,
+                                                         float* __restrict__ cols_dst,
                                                          std::int64_t padded_rows) {
-  constexpr int kTile = kFp32PlaneTile, kWidth = kFp32PlaneWidth;
+  constexpr int kWidth = kFp32PlaneWidth;
+  static_assert(kTile % 8 == 0, "whole 8-row groups (the transposed plane's permutation)");
   __shared__ float tile[kTile][kWidth + 1];  // +1: the transposed reads hit 32 banks
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
   const float* in = src + blockIdx.z * batch_stride + blockIdx.y * head_stride;
@@ -65,15 +68,16 @@ __global__ void __launch_bounds__(256) split_fp32_planes(const float* __restrict
     *hi_at = __uint_as_float(hi);
     *lo_at = x - __uint_as_float(hi);
   };
-  if constexpr (!kTransposed) {
-    float* out = dst + (plane * padded_rows + row0) * kFp32PlaneRowFloats;
+  if (rows_dst != nullptr) {
+    float* out = rows_dst + (plane * padded_rows + row0) * kFp32PlaneRowFloats;
     for (int i = threadIdx.x; i < kTile * kWidth; i += blockDim.x) {
       const int r = i / kWidth, c = i % kWidth;
       float* row = out + r * kFp32PlaneRowFloats;
       write(row + c, row + kWidth + c, tile[r][c]);
     }
-  } else {
-    float* out = dst + plane * kFp32PlaneRowFloats * padded_rows + row0;
+  }
+  if (cols_dst != nullptr) {
+    float* out = cols_dst + plane * kFp32PlaneRowFloats * padded_rows + row0;
     for (int i = threadIdx.x; i < kTile * kWidth; i += blockDim.x) {
       const int c = i / kTile, slot = i % kTile;
       const int key = (slot & ~7) | permuted_key(slot & 7);
@@ -82,19 +86,27 @@ __global__ void __launch_bounds__(256) split_fp32_planes(const float* __restrict
   }
 }
 
-// Runs the pass over one input, [batch, rows, heads, cols] at the given strides, into `dst`.
-template <bool kTransposed>
-cudaError_t split_planes(const void* src, std::int64_t batch_stride, std::int64_t row_stride,
-                         std::int64_t head_stride, std::int64_t batch, std::int64_t heads,
-                         std::int64_t rows, int cols, float* dst, std::int64_t padded_rows,
-                         cudaStream_t stream) {
+// Runs the pass over one input, [batch, rows, heads, cols] at the given strides, into the planes
+// given (row plane, transposed plane; null: not wanted).
+inline cudaError_t split_planes(const void* src, std::int64_t batch_stride,
+                                std::int64_t row_stride, std::int64_t head_stride,
+                                std::int64_t batch, std::int64_t heads, std::int64_t rows, int cols,
+                                float* rows_dst, float* cols_dst, std::int64_t padded_rows,
+                                cudaStream_t stream) {
   if (padded_rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(padded_rows / kFp32PlaneTile), static_cast<unsigned>(heads),
                   static_cast<unsigned>(batch));
-  split_fp32_planes<kTransposed><<<grid, 256, 0, stream>>>(static_cast<const float*>(src),
-                                                           batch_stride, row_stride, head_stride,
-                                                           rows, cols, dst, padded_rows);
+  split_fp32_planes<kFp32PlaneTile><<<grid, 256, 0, stream>>>(static_cast<const float*>(src), batch_stride,
+                                                              row_stride, head_stride, rows, cols,
+                                                              rows_dst, cols_dst, padded_rows);
   return cudaGetLastError();
+}
+
+// The thread's warpgroup, as a value the compiler knows to be the same across the warp (read from
+// lane 0): the wgmma descriptors made from it then live in uniform registers, not moved there
+// before every product (R2UR).
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
 }
 
 // x as a tf32 pair in registers: hi the nearest tf32, lo the rest (the pass's split, one value).
@@ -104,16 +116,21 @@ __device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint
 }
 
 // Copies rows [0, kRows) x 16-byte chunks [0, kChunks) of a plane (row pitch in floats) into
-// `Tile` at `smem`: the share of thread `thread` of kThreads, by cp.async.
+// `Tile` at `smem`: the share of thread `thread` of kThreads, by cp.async. A thread keeps one
+// chunk column and steps down the rows (addresses by increments, not per-chunk products).
 template <typename Tile, int kRows, int kChunks, int kThreads>
 __device__ __forceinline__ void copy_plane_tile(std::uint32_t smem, const float* src,
                                                 std::int64_t pitch, int thread) {
-  static_assert(kRows * kChunks % kThreads == 0, "whole rounds of the threads");
+  static_assert(kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0,
+                "whole rows a round");
+  constexpr int kRowStep = kThreads / kChunks;
+  const int r0 = static_cast<int>(static_cast<unsigned>(thread) / kChunks);
+  const int c = static_cast<int>(static_cast<unsigned>(thread) % kChunks);
+  const float* from = src + r0 * pitch + c * 4;
 #pragma unroll
-  for (int n = 0; n < kRows * kChunks / kThreads; ++n) {
-    const int i = thread + n * kThreads;
-    const int r = i / kChunks, c = i % kChunks;
-    tile::cp_async_16(smem + Tile::chunk_offset(r, c), src + r * pitch + c * 4, 16);
+  for (int n = 0; n < kRows / kRowStep; ++n) {
+    tile::cp_async_16(smem + Tile::chunk_offset(r0 + n * kRowStep, c), from, 16);
+    from += kRowStep * pitch;
   }
 }
 

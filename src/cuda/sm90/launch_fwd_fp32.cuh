@@ -46,17 +46,15 @@ Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
   planes.q = q;
   planes.k = k;
   planes.vt = vt;
-  e = split_planes<false>(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.batch,
-                                  p.heads, p.seqlen_q, p.head_dim, q, planes.q_rows, stream);
+  e = split_planes(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.batch, p.heads,
+                   p.seqlen_q, p.head_dim, q, nullptr, planes.q_rows, stream);
   if (e == cudaSuccess) {
-    e = split_planes<false>(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
-                                    p.batch, kv_heads, p.seqlen_k, p.head_dim, k, planes.k_rows,
-                                    stream);
+    e = split_planes(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.batch, kv_heads,
+                     p.seqlen_k, p.head_dim, k, nullptr, planes.k_rows, stream);
   }
   if (e == cudaSuccess) {
-    e = split_planes<true>(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
-                                   p.batch, kv_heads, p.seqlen_k, p.value_dim, vt, planes.k_rows,
-                                   stream);
+    e = split_planes(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.batch, kv_heads,
+                     p.seqlen_k, p.value_dim, nullptr, vt, planes.k_rows, stream);
   }
   if (e == cudaSuccess) {
     constexpr int smem = fp32_forward_smem_bytes();

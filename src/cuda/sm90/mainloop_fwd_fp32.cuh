@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kFp32Threads, 1)
                         ? static_cast<int>((range.end - first_key + kN - 1) / kN)
                         : 0;
 
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int warpgroup = warpgroup_index();
   const int warp = (static_cast<int>(threadIdx.x) % 128) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const std::int64_t fragment_row = m0 + 64 * warpgroup + 16 * warp + lane / 4;
