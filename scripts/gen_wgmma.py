@@ -13,7 +13,7 @@ N_VALUES = [32, 64, 80, 96, 128, 160, 192, 224, 256]
 DTYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 # tf32 (fp32 inputs, sm90 fp32 kernels): m64nNk8, both shared-memory operands K-major (PTX allows
 # no transposed tf32 operand).
-TF32_N_VALUES = [64]
+TF32_N_VALUES = [32, 64]
 OUT = pathlib.Path(__file__).resolve().parent.parent / "src/cuda/sm90/wgmma_ops.cuh"
 
 
