@@ -19,8 +19,8 @@ BF16 = ("bf16", "__nv_bfloat16")
 FP32 = ("fp32", "float")
 
 # generation, direction, header, launch functions, params type, dtypes, buckets, policies.
-# fp32 runs on the sm80 kernels (tf32 mma.sync), and its forward on the sm90 fp32 kernel where
-# that applies (dispatch_fwd.cu: fp32_planes_apply).
+# fp32 runs on the sm80 kernels (tf32 mma.sync), and on the sm90 fp32 kernels where they apply
+# (dispatch_fwd.cu: fp32_planes_apply; dispatch_bwd.cu: use_sm90_fp32_backward).
 VARIANTS = [
     ("sm80", "fwd", "cuda/sm80/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
      [FP16, BF16, FP32], BUCKETS, ["PolicyPlain", "PolicyGeneral", "PolicyNeighborhood"]),
@@ -47,13 +47,16 @@ VARIANTS = [
     # fp32 on tf32 wgmma from split planes: head dims up to 64 (the 64 bucket serves 32 too).
     ("sm90", "fwd_planes", "cuda/sm90/launch_fwd_fp32.cuh", ["launch_forward_fp32"],
      "ForwardParams", [FP32], [64], ["PolicyPlain", "PolicyWindow"]),
+    ("sm90", "bwd_planes", "cuda/sm90/launch_bwd_fp32.cuh", ["launch_backward_fp32"],
+     "BackwardParams", [FP32], [64], ["PolicyPlain", "PolicyWindow"]),
     # Score modifiers (softcap, bias) in files of their own, likewise.
     ("sm90", "bwd_general", "cuda/sm90/launch_bwd.cuh",
      ["launch_backward_dkdv", "launch_backward_dq"], "BackwardParams", [FP16, BF16], BUCKETS,
      ["PolicyGeneral"]),
 ]
 
-DIRECTION_NAMES = {"fwd": "forward", "fwd_planes": "forward on fp32 planes (tf32 wgmma)", "fwd_bias": "forward with a bias alone", "fwd_na": "neighborhood forward", "bwd": "backward",
+DIRECTION_NAMES = {"fwd": "forward", "fwd_planes": "forward on fp32 planes (tf32 wgmma)",
+                   "bwd_planes": "backward on fp32 planes (tf32 wgmma)", "fwd_bias": "forward with a bias alone", "fwd_na": "neighborhood forward", "bwd": "backward",
                    "bwd_na": "neighborhood backward",
                    "bwd_bias": "backward with a bias alone", "bwd_general": "backward with score modifiers"}
 

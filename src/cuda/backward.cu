@@ -8,6 +8,8 @@
 //   -> fused: dK/dV kernel with dQ atomics (and dbias / drel accumulation), dQ conversion
 //      split: dK/dV kernel (and dbias / drel accumulation on sm80), dQ kernel (on sm90: drel
 //      written in place, and the dQ kernel overlapping the dK/dV kernel's last wave)
+//      fp32 on Hopper (sm90_fp32): the planes pass, dK/dV kernel and dQ kernel of
+//      sm90/mainloop_bwd_fp32.cuh, with planes of their own (freed after them)
 //   -> dbias / drel conversions (drel: sm80 only)
 // with no device synchronisation.
 #include <cuda_runtime.h>
@@ -275,8 +277,10 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   FMHA_RETURN_IF_ERROR(guard.enter(device));
   int sm_count = 0, arch = 0;
   FMHA_RETURN_IF_ERROR(check_device(device, &sm_count, &arch));
+  // fp32 on Hopper: the sm90 fp32 kernels (split, deterministic) unless fused is asked for.
+  const bool sm90_fp32 = impl != BackwardImpl::kFused && use_sm90_fp32_backward(p, dtype, arch);
   const bool sm90_eligible = use_sm90_backward(p, additive.dbias != nullptr, dtype, arch);
-  const bool fused = use_fused(p, o, impl, sm_count, sm90_eligible);
+  const bool fused = !sm90_fp32 && use_fused(p, o, impl, sm_count, sm90_eligible);
   const bool sm90 =
       sm90_eligible && (!fused || sm90_fused_backward_applies(p, additive.dbias != nullptr));
   // The sm90 dQ kernel sums drel_h / drel_w per query row without atomics; the sm80 kernels add
@@ -376,7 +380,9 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   }
   step(launch_backward_preprocess(p, dtype, outer, inner, stream));
   if (p.dsinks != nullptr) step(launch_backward_dsinks(p, outer, inner, stream));
-  if (s.ok()) {
+  if (s.ok() && sm90_fp32) {
+    step(dispatch_backward_sm90_fp32(p, stream));
+  } else if (s.ok()) {
     step(sm90 ? dispatch_backward_sm90_dkdv(p, dtype, stream)
               : dispatch_backward_dkdv(p, dtype, stream));
   }
@@ -384,7 +390,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   // are no keys: then the kernel before would be the preprocess, whose Delta the dQ kernel reads).
   p.dq_overlaps_dkdv = sm90 && !fused && p.fwd.seqlen_k > 0 && dq_overlap_enabled();
   // Conversions after the dQ kernel (the fused path's dQ, dbias, the sm80 kernels' drel).
-  if (s.ok()) {
+  if (s.ok() && !sm90_fp32) {
     step(fused  ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
          : sm90 ? dispatch_backward_sm90_dq(p, dtype, stream)
                 : dispatch_backward_dq(p, dtype, stream));

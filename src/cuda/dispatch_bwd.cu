@@ -16,6 +16,7 @@
 #include "cuda/sm80/tile_sizes_bwd.h"
 #if FMHA_WITH_SM90
 #include "cuda/sm90/launch_bwd.h"
+#include "cuda/sm90/launch_bwd_fp32.h"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #endif
 
@@ -216,6 +217,30 @@ Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStrea
   (void)p, (void)dtype, (void)stream;
   return Status::not_supported("fmha: this build has no sm90 backward kernels");
 #endif
+}
+
+bool use_sm90_fp32_backward(const BackwardParams& p, DType dtype, int arch) {
+#if FMHA_WITH_SM90
+  const ForwardParams& f = p.fwd;
+  return dtype == DType::kFloat32 && use_sm90_kernels(arch) && head_dim_bucket_built(64) &&
+         f.neighborhood.rank == 0 && f.bias == nullptr && f.rel_h == nullptr &&
+         f.softcap_log2 == 0.0f && f.num_extra == 0 && f.cu_seqlens_q == nullptr &&
+         f.head_dim <= 64 && f.value_dim <= 64;
+#else
+  (void)p, (void)dtype, (void)arch;
+  return false;
+#endif
+}
+
+Status dispatch_backward_sm90_fp32(const BackwardParams& p, cudaStream_t stream) {
+#if FMHA_WITH_SM90
+  if constexpr (head_dim_bucket_built(64)) {
+    return masked(p) ? sm90::launch_backward_fp32<float, 64, PolicyWindow>(p, stream)
+                     : sm90::launch_backward_fp32<float, 64, PolicyPlain>(p, stream);
+  }
+#endif
+  (void)p, (void)stream;
+  return Status::not_supported("fmha: this build has no sm90 fp32 backward kernels");
 }
 
 int backward_num_chunks(const BackwardParams& p, DType dtype) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "cuda_backward_case.h"
 
@@ -317,6 +318,51 @@ TEST(CudaBackward, Float32AllowTf32AndDeterminism) {
   d.dbias = true;
   d.impls = {BackwardImpl::kAuto};
   check_backward(d, 232, /*twice=*/true);
+}
+
+// The sm90 fp32 backward (tf32 wgmma on split planes; on Hopper the default, split, for dense
+// fp32 up to head dim 64 without score modifiers or extra keys), every feature it takes: odd
+// lengths around its 64-row blocks and 32-column tiles, D < 64 and Dv != D, GQA (dK / dV summed
+// over the group), causal in both alignments with windows, sinks and dlse, a negative scale,
+// strided layouts, rows and keys that see nothing, and bitwise-equal reruns. Fused runs the sm80
+// kernel, and other GPUs run the sm80 kernels for both.
+TEST(CudaBackward, Float32Sm90Planes) {
+  SKIP_WITHOUT_GPU();
+  const DType f = DType::kFloat32;
+  check_backward(shape_case(f, 129, 65, 64, 64, 4, 2), 241);
+  check_backward(shape_case(f, 127, 191, 33, 17, 6, 3, 2), 242);
+  BackwardCase d = shape_case(f, 300, 1000, 64, 48, 2, 1);
+  d.options.deterministic = true;
+  d.sinks = true;
+  check_backward(d, 243, /*twice=*/true);
+  for (auto align : {CausalAlignment::kTopLeft, CausalAlignment::kBottomRight}) {
+    for (auto [lq, lk] : {std::pair{257, 129}, std::pair{129, 257}, std::pair{200, 200}}) {
+      BackwardCase m = shape_case(f, lq, lk, 64, 64, 4, 2);
+      m.options.causal = true;
+      m.options.causal_alignment = align;
+      m.sinks = lq == 200;
+      check_backward(m, 244);
+    }
+    BackwardCase w = shape_case(f, 333, 301, 40, 40, 2, 2);
+    w.options.window_left = 70;
+    w.options.window_right = 5;
+    w.options.causal_alignment = align;
+    check_backward(w, 245);
+  }
+  BackwardCase n = shape_case(f, 150, 90, 64, 64, 2, 1);
+  n.options.scale = -0.3f;
+  n.q_layout.order = {0, 2, 1, 3};
+  n.kv_layout.pad = 3;
+  n.grad_layout.pad = 1;
+  check_backward(n, 246);
+  BackwardCase e = shape_case(f, 300, 90, 64, 64, 2, 1);
+  e.options.window_left = 0;
+  e.options.window_right = 0;
+  e.sinks = true;
+  check_backward(e, 247);  // query rows 90-299 see no key, whole dQ blocks without a key tile
+  BackwardCase k = shape_case(f, 90, 300, 64, 64, 2, 1);
+  k.options.causal = true;
+  check_backward(k, 248);  // keys 90-299 seen by no query: whole dK/dV blocks without a query tile
 }
 
 TEST(CudaBackward, RefusesDeterministicBroadcastBiasGradient) {

@@ -1,0 +1,127 @@
+// Definition of sm90::launch_backward_fp32; included only by its instantiation file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/sm90/fp32_planes.cuh"
+#include "cuda/sm90/launch_bwd_fp32.h"
+#include "cuda/sm90/mainloop_bwd_fp32.cuh"
+#include "cuda/workspace_pool.h"
+
+namespace fmha::cuda::sm90 {
+
+// The planes of p in `workspace` (fp32_backward_planes_floats of them): their layout in *planes,
+// then the passes that write them, on `stream`.
+inline std::int64_t fp32_backward_planes_floats(const ForwardParams& f) {
+  const std::int64_t q_rows = (f.seqlen_q + kFp32BwdBlock - 1) / kFp32BwdBlock * kFp32BwdBlock;
+  const std::int64_t k_rows = (f.seqlen_k + kFp32BwdBlock - 1) / kFp32BwdBlock * kFp32BwdBlock;
+  return (4 * f.batch * f.heads * q_rows + 3 * f.batch * (f.heads / f.kv_group) * k_rows) *
+         kFp32PlaneRowFloats;
+}
+inline cudaError_t write_backward_planes(const BackwardParams& p, float* workspace,
+                                         Fp32BackwardPlanes* planes, cudaStream_t stream) {
+  const ForwardParams& f = p.fwd;
+  const std::int64_t kv_heads = f.heads / f.kv_group;
+  planes->q_rows = (f.seqlen_q + kFp32BwdBlock - 1) / kFp32BwdBlock * kFp32BwdBlock;
+  planes->k_rows = (f.seqlen_k + kFp32BwdBlock - 1) / kFp32BwdBlock * kFp32BwdBlock;
+  const std::int64_t q_plane = f.batch * f.heads * planes->q_rows * kFp32PlaneRowFloats;
+  const std::int64_t k_plane = f.batch * kv_heads * planes->k_rows * kFp32PlaneRowFloats;
+  float* const q = workspace;
+  float* const dout = q + q_plane;
+  float* const qt = dout + q_plane;
+  float* const doutt = qt + q_plane;
+  float* const k = doutt + q_plane;
+  float* const v = k + k_plane;
+  float* const kt = v + k_plane;
+  planes->q = q, planes->dout = dout, planes->qt = qt, planes->doutt = doutt;
+  planes->k = k, planes->v = v, planes->kt = kt;
+  // The passes, one an input: Q, dO and K into both planes, V into its row plane.
+  struct Pass {
+    const void* src;
+    std::int64_t batch_stride, row_stride, head_stride, heads, rows;
+    int cols;
+    float* rows_dst;
+    float* transposed_dst;
+    std::int64_t padded_rows;
+  };
+  const Pass passes[] = {
+      {f.q, f.q_batch_stride, f.q_row_stride, f.q_head_stride, f.heads, f.seqlen_q, f.head_dim, q,
+       qt, planes->q_rows},
+      {p.dout, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride, f.heads, f.seqlen_q,
+       f.value_dim, dout, doutt, planes->q_rows},
+      {f.k, f.k_batch_stride, f.k_row_stride, f.k_head_stride, kv_heads, f.seqlen_k, f.head_dim, k,
+       kt, planes->k_rows},
+      {f.v, f.v_batch_stride, f.v_row_stride, f.v_head_stride, kv_heads, f.seqlen_k, f.value_dim, v,
+       nullptr, planes->k_rows},
+  };
+  cudaError_t e = cudaSuccess;
+  for (const Pass& pass : passes) {
+    if (e == cudaSuccess) {
+      e = split_planes(pass.src, pass.batch_stride, pass.row_stride, pass.head_stride, f.batch,
+                       pass.heads, pass.rows, pass.cols, pass.rows_dst, pass.transposed_dst,
+                       pass.padded_rows, stream);
+    }
+  }
+  return e;
+}
+
+// The dK/dV kernel (blocks over the keys; none without keys: then dk, dv are empty) and the dQ
+// kernel (blocks over the queries; with no key, dq is written as zeros) on written planes.
+template <typename Policy>
+cudaError_t launch_backward_fp32_dkdv(const BackwardParams& p, const Fp32BackwardPlanes& planes,
+                                      cudaStream_t stream) {
+  if (planes.k_rows == 0) return cudaSuccess;
+  constexpr int smem = fp32_bwd_smem_bytes(true);
+  auto* kernel = backward_dkdv_fp32_kernel<Policy>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(planes.k_rows / kFp32BwdBlock),
+                  static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
+                  static_cast<unsigned>(p.fwd.batch));
+  kernel<<<grid, kFp32BwdThreads, smem, stream>>>(p, planes);
+  return cudaGetLastError();
+}
+template <typename Policy>
+cudaError_t launch_backward_fp32_dq(const BackwardParams& p, const Fp32BackwardPlanes& planes,
+                                    cudaStream_t stream) {
+  if (planes.q_rows == 0) return cudaSuccess;
+  constexpr int smem = fp32_bwd_smem_bytes(false);
+  auto* kernel = backward_dq_fp32_kernel<Policy>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(planes.q_rows / kFp32BwdBlock),
+                  static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(p.fwd.batch));
+  kernel<<<grid, kFp32BwdThreads, smem, stream>>>(p, planes);
+  return cudaGetLastError();
+}
+
+template <typename T, int kD, typename Policy>
+Status launch_backward_fp32(const BackwardParams& p, cudaStream_t stream) {
+  static_assert(std::is_same_v<T, float> && kD == kFp32PlaneWidth, "fp32, head dims up to 64");
+  auto fail = [](const char* what, cudaError_t e) {
+    return Status::backend_error(std::string("fmha: CUDA backward kernels (sm90 fp32): ") + what +
+                                 ": " + cudaGetErrorString(e));
+  };
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  float* workspace = nullptr;
+  if (e == cudaSuccess) {
+    e = workspace_malloc_async(
+        reinterpret_cast<void**>(&workspace),
+        static_cast<std::size_t>(fp32_backward_planes_floats(p.fwd)) * sizeof(float), device,
+        stream);
+  }
+  if (e != cudaSuccess) return fail("its operand planes (cudaMallocAsync)", e);
+  Fp32BackwardPlanes planes;
+  e = write_backward_planes(p, workspace, &planes, stream);
+  if (e == cudaSuccess) e = launch_backward_fp32_dkdv<Policy>(p, planes, stream);
+  if (e == cudaSuccess) e = launch_backward_fp32_dq<Policy>(p, planes, stream);
+  const cudaError_t freed = cudaFreeAsync(workspace, stream);
+  if (e != cudaSuccess) return fail("launch failed", e);
+  if (freed != cudaSuccess) return fail("cudaFreeAsync of its operand planes", freed);
+  return Status::ok_status();
+}
+
+}  // namespace fmha::cuda::sm90
