@@ -129,6 +129,7 @@ def _features_gpu() -> list:
         # The same query shape without GQA (issue 4: GQA no slower than H = Hkv).
         dense("MHA H32 D128 L8192 causal", B=2, H=32, L=8192, D=128, causal=True),
         dense("fp32 B4 H16 L2048 D64", B=4, H=16, L=2048, D=64, dtype="fp32"),
+        dense("fp32 B4 H16 L2048 D64 causal", B=4, H=16, L=2048, D=64, causal=True, dtype="fp32"),
         dense("softcap 50 B2 H16 L4096 D128 causal", B=2, H=16, L=4096, D=128, causal=True,
               softcap=50.0),
         dense("window (1024,0) B2 H16 L8192 D128", B=2, H=16, L=8192, D=128, window=(1024, 0)),
