@@ -59,12 +59,16 @@ template <int kRows>
 using Fp32PlaneRows = SwizzledTile<kRows, 2 * kFp32PlaneRowFloats>;  // plane rows (hi | lo)
 using Fp32PlaneCols = SwizzledTile<kFp32PlaneRowFloats, 2 * kFp32BwdTile>;  // 128 rows x tile
 
+// A warpgroup's sum of a 64 x 64 gradient tile, left for the other (fp32_bwd::leave_sum).
+inline constexpr int kFp32SumBytes = 64 * 64 * 4;
+
 // Shared memory: the block's rows (two plane tiles), then each warpgroup's three (dK/dV: Q, dO,
-// and Q^T, dO^T: four) step tiles.
+// and Q^T, dO^T: four) step tiles, then the sums the warpgroups leave each other (dK/dV: two, dQ:
+// one) in a place of their own, which no copy or product touches.
 constexpr int fp32_bwd_smem_bytes(bool dkdv) {
   return 2 * Fp32PlaneRows<kFp32BwdBlock>::kBytes +
          2 * (2 * Fp32PlaneRows<kFp32BwdTile>::kBytes + (dkdv ? 2 : 1) * Fp32PlaneCols::kBytes) +
-         1024;
+         (dkdv ? 2 : 1) * kFp32SumBytes + 1024;
 }
 
 namespace fp32_bwd {
@@ -146,8 +150,8 @@ __device__ __forceinline__ void issue_rows_product(float (&d)[kTileSteps][4], st
   }
 }
 
-// The two warpgroups' sums of one 64 x 64 gradient tile meet: warpgroup `from` leaves its sum in
-// `scratch` (its own step tiles, free by now), the other adds it to its own after the barrier.
+// The two warpgroups' sums of one 64 x 64 gradient tile meet: one leaves its sum in `scratch`,
+// the other adds it to its own after a block barrier.
 // Entry e of thread t at e * 128 + t: consecutive threads, consecutive words.
 __device__ __forceinline__ void leave_sum(const float (&sum)[8][4], float* scratch, int thread) {
 #pragma unroll
@@ -333,16 +337,20 @@ __global__ void __launch_bounds__(kFp32BwdThreads, 1)
   __syncthreads();
 
   // Warpgroup 0 writes dk, warpgroup 1 dv, each with the other's share added.
-  float* const scratch = reinterpret_cast<float*>(smem_k_ptr + (smem_step - smem_k));
+  float* const sums =
+      reinterpret_cast<float*>(smem_k_ptr + 2 * Rows::kBytes + 2 * kStepBytes);
   if (warpgroup == 0) {  // (a branch: choosing the array by a ternary would put both in memory)
-    leave_sum(dv, scratch, thread);
+    leave_sum(dv, sums, thread);
   } else {
-    leave_sum(dk, scratch, thread);
+    leave_sum(dk, sums + kFp32SumBytes / 4, thread);
   }
+  // Two block barriers: with one, racecheck reported the other warpgroup's reads as racing with
+  // the last warp's writes in some blocks (calls 7, 10-12; the writes precede the barrier in
+  // program order, and moving the sums out of the step tiles changed nothing). Not understood;
+  // the second barrier costs one barrier a block.
   __syncthreads();
-  const float* const other =
-      reinterpret_cast<const float*>(smem_k_ptr + (smem_v + Rows::kBytes +
-                                                   (1 - warpgroup) * kStepBytes - smem_k));
+  __syncthreads();
+  const float* const other = sums + (1 - warpgroup) * (kFp32SumBytes / 4);
   if (warpgroup == 0) {
     take_sum(dk, other, thread);
     store_rows(dk, p.scale,
@@ -481,12 +489,12 @@ __global__ void __launch_bounds__(kFp32BwdThreads, 1)
   tile::cp_async_wait<0>();
   __syncthreads();
 
-  float* const scratch = reinterpret_cast<float*>(smem_q_ptr + (smem_step - smem_q));
-  if (warpgroup == 1) leave_sum(dq, scratch, thread);
+  float* const sum = reinterpret_cast<float*>(smem_q_ptr + 2 * Rows::kBytes + 2 * kStepBytes);
+  if (warpgroup == 1) leave_sum(dq, sum, thread);
+  __syncthreads();  // two, as the dK/dV kernel's (there racecheck reported one as not enough)
   __syncthreads();
   if (warpgroup == 0) {
-    take_sum(dq, reinterpret_cast<const float*>(smem_q_ptr + (smem_step + kStepBytes - smem_q)),
-             thread);
+    take_sum(dq, sum, thread);
     store_rows(dq, p.scale, static_cast<float*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride,
                p.dq_row_stride, m0, num_queries, f.head_dim, warp, lane);
   }
