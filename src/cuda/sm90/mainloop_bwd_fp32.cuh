@@ -34,8 +34,8 @@
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/fp32_planes.cuh"
+#include "cuda/sm90/fp32_products.cuh"
 #include "cuda/sm90/wgmma.cuh"
-#include "cuda/sm90/wgmma_ops.cuh"
 
 namespace fmha::cuda::sm90 {
 
@@ -119,12 +119,7 @@ __device__ __forceinline__ void add_product(float (&sum)[8][4],
   const std::uint64_t b_hi = Fp32PlaneCols::k_major(cols, 0, 0);
   const std::uint64_t b_lo = Fp32PlaneCols::k_major(cols, kFp32PlaneWidth, 0);
   wgmma_fence();
-#pragma unroll
-  for (int j = 0; j < kTileSteps; ++j) {
-    Wgmma<float, kFp32PlaneWidth>::rs(part, hi[j], b_hi + Fp32PlaneCols::k_step(j), j > 0);
-    Wgmma<float, kFp32PlaneWidth>::rs(part, hi[j], b_lo + Fp32PlaneCols::k_step(j), 1);
-    Wgmma<float, kFp32PlaneWidth>::rs(part, lo[j], b_hi + Fp32PlaneCols::k_step(j), 1);
-  }
+  issue_split_rs<Fp32PlaneCols, kTileSteps, kFp32PlaneWidth>(part, hi, lo, b_hi, b_lo);
   wgmma_commit();
   wgmma_wait<0>();
   fence_accumulators(part);
@@ -141,13 +136,7 @@ __device__ __forceinline__ void issue_rows_product(float (&d)[kTileSteps][4], st
                                                    std::uint32_t cols) {
   using A = Fp32PlaneRows<kFp32BwdBlock>;
   using B = Fp32PlaneRows<kFp32BwdTile>;
-  const std::uint64_t a = A::k_major(rows, 0, 0), b = B::k_major(cols, 0, 0);
-#pragma unroll
-  for (int j = 0; j < kSteps; ++j) {
-    Wgmma<float, kFp32BwdTile>::ss(d, a + A::k_step(j), b + B::k_step(j), j > 0);
-    Wgmma<float, kFp32BwdTile>::ss(d, a + A::k_step(j), b + B::k_step(kSteps + j), 1);
-    Wgmma<float, kFp32BwdTile>::ss(d, a + A::k_step(kSteps + j), b + B::k_step(j), 1);
-  }
+  issue_split_ss<A, B, kSteps, kFp32BwdTile>(d, A::k_major(rows, 0, 0), B::k_major(cols, 0, 0));
 }
 
 // The two warpgroups' sums of one 64 x 64 gradient tile meet: one leaves its sum in `scratch`,

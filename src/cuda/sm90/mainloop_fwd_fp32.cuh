@@ -29,8 +29,8 @@
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/sm90/forward_softmax.cuh"
 #include "cuda/sm90/fp32_planes.cuh"
+#include "cuda/sm90/fp32_products.cuh"
 #include "cuda/sm90/wgmma.cuh"
-#include "cuda/sm90/wgmma_ops.cuh"
 
 namespace fmha::cuda::sm90 {
 
@@ -135,12 +135,7 @@ __global__ void __launch_bounds__(kFp32Threads, 1)
     float s[kTiles][4];
     const std::uint64_t k_desc = KTile::k_major(smem_k(stage), 0, 0);
     wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      Wgmma<float, kN>::ss(s, q_desc + QTile::k_step(j), k_desc + KTile::k_step(j), j > 0);
-      Wgmma<float, kN>::ss(s, q_desc + QTile::k_step(j), k_desc + KTile::k_step(kSteps + j), 1);
-      Wgmma<float, kN>::ss(s, q_desc + QTile::k_step(kSteps + j), k_desc + KTile::k_step(j), 1);
-    }
+    issue_split_ss<QTile, KTile, kSteps, kN>(s, q_desc, k_desc);
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(s);
@@ -173,12 +168,7 @@ __global__ void __launch_bounds__(kFp32Threads, 1)
     const std::uint64_t v_hi = VtTile::k_major(smem_vt(stage), 0, 0);
     const std::uint64_t v_lo = VtTile::k_major(smem_vt(stage), kFp32PlaneWidth, 0);
     wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      Wgmma<float, kFp32PlaneWidth>::rs(pv, p_hi[j], v_hi + VtTile::k_step(j), j > 0);
-      Wgmma<float, kFp32PlaneWidth>::rs(pv, p_hi[j], v_lo + VtTile::k_step(j), 1);
-      Wgmma<float, kFp32PlaneWidth>::rs(pv, p_lo[j], v_hi + VtTile::k_step(j), 1);
-    }
+    issue_split_rs<VtTile, kSteps, kFp32PlaneWidth>(pv, p_hi, p_lo, v_hi, v_lo);
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(pv);
