@@ -176,6 +176,32 @@ __device__ __forceinline__ void store_rows(const float (&sum)[8][4], float scale
   }
 }
 
+// A block's shared memory and its thread's place: from a 1024-byte aligned base the block's rows
+// (two plane tiles: K, V or Q, dO), then each warpgroup's step tiles (two of plane rows, then
+// kTransposedTiles transposed ones), then the sums the warpgroups leave each other.
+template <int kTransposedTiles>
+struct BlockSmem {
+  using Rows = Fp32PlaneRows<kFp32BwdBlock>;
+  using Step = Fp32PlaneRows<kFp32BwdTile>;
+  static constexpr int kStepBytes = 2 * Step::kBytes + kTransposedTiles * Fp32PlaneCols::kBytes;
+  std::uint32_t rows;      // the first row tile; the second follows
+  std::uint8_t* rows_ptr;  // the same address, generic
+  int warpgroup, thread, warp, lane;
+  std::uint32_t step;  // this warpgroup's step tiles
+
+  __device__ __forceinline__ explicit BlockSmem(std::uint8_t* smem_raw) {
+    rows = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
+    rows_ptr = smem_raw + (rows - tile::shared_address(smem_raw));
+    warpgroup = warpgroup_index();
+    thread = static_cast<int>(threadIdx.x) % 128;
+    warp = thread / 32, lane = thread % 32;
+    step = rows + 2 * Rows::kBytes + warpgroup * kStepBytes;
+  }
+  __device__ __forceinline__ float* sums() const {
+    return reinterpret_cast<float*>(rows_ptr + 2 * Rows::kBytes + 2 * kStepBytes);
+  }
+};
+
 }  // namespace fp32_bwd
 
 // dK and dV of 64 keys of one (batch, kv head): every query head of its GQA group and, per head,
@@ -193,15 +219,13 @@ __global__ void __launch_bounds__(kFp32BwdThreads, 1)
   const ForwardParams& f = p.fwd;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
-  const std::uint32_t smem_k = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
-  std::uint8_t* const smem_k_ptr = smem_raw + (smem_k - tile::shared_address(smem_raw));
-  const std::uint32_t smem_v = smem_k + Rows::kBytes;
-  const int warpgroup = warpgroup_index();
-  const int thread = static_cast<int>(threadIdx.x) % 128;
-  const int warp = thread / 32, lane = thread % 32;
-  constexpr int kStepBytes = 2 * Step::kBytes + 2 * Cols::kBytes;
-  const std::uint32_t smem_step = smem_v + Rows::kBytes + warpgroup * kStepBytes;
-  const std::uint32_t smem_q = smem_step, smem_do = smem_q + Step::kBytes;
+  const BlockSmem<2> smem(smem_raw);
+  static_assert(fp32_bwd_smem_bytes(true) ==
+                    2 * Rows::kBytes + 2 * BlockSmem<2>::kStepBytes + 2 * kFp32SumBytes + 1024,
+                "as the launcher counts");
+  const int warpgroup = smem.warpgroup, thread = smem.thread, warp = smem.warp, lane = smem.lane;
+  const std::uint32_t smem_k = smem.rows, smem_v = smem_k + Rows::kBytes;
+  const std::uint32_t smem_q = smem.step, smem_do = smem_q + Step::kBytes;
   const std::uint32_t smem_qt = smem_do + Step::kBytes, smem_dot = smem_qt + Cols::kBytes;
 
   const std::int64_t b = blockIdx.z;
@@ -326,8 +350,7 @@ __global__ void __launch_bounds__(kFp32BwdThreads, 1)
   __syncthreads();
 
   // Warpgroup 0 writes dk, warpgroup 1 dv, each with the other's share added.
-  float* const sums =
-      reinterpret_cast<float*>(smem_k_ptr + 2 * Rows::kBytes + 2 * kStepBytes);
+  float* const sums = smem.sums();
   if (warpgroup == 0) {  // (a branch: choosing the array by a ternary would put both in memory)
     leave_sum(dv, sums, thread);
   } else {
@@ -368,15 +391,13 @@ __global__ void __launch_bounds__(kFp32BwdThreads, 1)
   const ForwardParams& f = p.fwd;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
-  const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
-  std::uint8_t* const smem_q_ptr = smem_raw + (smem_q - tile::shared_address(smem_raw));
-  const std::uint32_t smem_do = smem_q + Rows::kBytes;
-  const int warpgroup = warpgroup_index();
-  const int thread = static_cast<int>(threadIdx.x) % 128;
-  const int warp = thread / 32, lane = thread % 32;
-  constexpr int kStepBytes = 2 * Step::kBytes + Cols::kBytes;
-  const std::uint32_t smem_step = smem_do + Rows::kBytes + warpgroup * kStepBytes;
-  const std::uint32_t smem_k = smem_step, smem_v = smem_k + Step::kBytes;
+  const BlockSmem<1> smem(smem_raw);
+  static_assert(fp32_bwd_smem_bytes(false) ==
+                    2 * Rows::kBytes + 2 * BlockSmem<1>::kStepBytes + kFp32SumBytes + 1024,
+                "as the launcher counts");
+  const int warpgroup = smem.warpgroup, thread = smem.thread, warp = smem.warp, lane = smem.lane;
+  const std::uint32_t smem_q = smem.rows, smem_do = smem_q + Rows::kBytes;
+  const std::uint32_t smem_k = smem.step, smem_v = smem_k + Step::kBytes;
   const std::uint32_t smem_kt = smem_v + Step::kBytes;
 
   const std::int64_t b = blockIdx.z;
@@ -478,7 +499,7 @@ __global__ void __launch_bounds__(kFp32BwdThreads, 1)
   tile::cp_async_wait<0>();
   __syncthreads();
 
-  float* const sum = reinterpret_cast<float*>(smem_q_ptr + 2 * Rows::kBytes + 2 * kStepBytes);
+  float* const sum = smem.sums();
   if (warpgroup == 1) leave_sum(dq, sum, thread);
   __syncthreads();  // two, as the dK/dV kernel's (there racecheck reported one as not enough)
   __syncthreads();
