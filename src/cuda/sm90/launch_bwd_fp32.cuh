@@ -67,34 +67,34 @@ inline cudaError_t write_backward_planes(const BackwardParams& p, float* workspa
   return e;
 }
 
+// One of the two kernels over `rows` rows of blocks of kFp32BwdBlock, `heads` heads, the batch.
+template <typename Kernel>
+cudaError_t launch_fp32_backward_kernel(Kernel* kernel, int smem, std::int64_t rows,
+                                        std::int64_t heads, const BackwardParams& p,
+                                        const Fp32BackwardPlanes& planes, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(rows / kFp32BwdBlock), static_cast<unsigned>(heads),
+                  static_cast<unsigned>(p.fwd.batch));
+  kernel<<<grid, kFp32BwdThreads, smem, stream>>>(p, planes);
+  return cudaGetLastError();
+}
+
 // The dK/dV kernel (blocks over the keys; none without keys: then dk, dv are empty) and the dQ
 // kernel (blocks over the queries; with no key, dq is written as zeros) on written planes.
 template <typename Policy>
 cudaError_t launch_backward_fp32_dkdv(const BackwardParams& p, const Fp32BackwardPlanes& planes,
                                       cudaStream_t stream) {
-  if (planes.k_rows == 0) return cudaSuccess;
-  constexpr int smem = fp32_bwd_smem_bytes(true);
-  auto* kernel = backward_dkdv_fp32_kernel<Policy>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(planes.k_rows / kFp32BwdBlock),
-                  static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
-                  static_cast<unsigned>(p.fwd.batch));
-  kernel<<<grid, kFp32BwdThreads, smem, stream>>>(p, planes);
-  return cudaGetLastError();
+  return launch_fp32_backward_kernel(backward_dkdv_fp32_kernel<Policy>, fp32_bwd_smem_bytes(true),
+                                     planes.k_rows, p.fwd.heads / p.fwd.kv_group, p, planes,
+                                     stream);
 }
 template <typename Policy>
 cudaError_t launch_backward_fp32_dq(const BackwardParams& p, const Fp32BackwardPlanes& planes,
                                     cudaStream_t stream) {
-  if (planes.q_rows == 0) return cudaSuccess;
-  constexpr int smem = fp32_bwd_smem_bytes(false);
-  auto* kernel = backward_dq_fp32_kernel<Policy>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(planes.q_rows / kFp32BwdBlock),
-                  static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(p.fwd.batch));
-  kernel<<<grid, kFp32BwdThreads, smem, stream>>>(p, planes);
-  return cudaGetLastError();
+  return launch_fp32_backward_kernel(backward_dq_fp32_kernel<Policy>, fp32_bwd_smem_bytes(false),
+                                     planes.q_rows, p.fwd.heads, p, planes, stream);
 }
 
 template <typename T, int kD, typename Policy>
