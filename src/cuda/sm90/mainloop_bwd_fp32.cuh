@@ -139,6 +139,33 @@ __device__ __forceinline__ void issue_rows_product(float (&d)[kTileSteps][4], st
   issue_split_ss<A, B, kSteps, kFp32BwdTile>(d, A::k_major(rows, 0, 0), B::k_major(cols, 0, 0));
 }
 
+// A step's S (or S^T) and dP (or dP^T): the block's row tiles against the warpgroup's natural step
+// tiles, once those have landed (the older of the two groups in flight); returns with every warp of
+// the warpgroup past them, so that the caller may refill them.
+__device__ __forceinline__ void score_products(float (&s)[kTileSteps][4],
+                                               float (&dp)[kTileSteps][4], std::uint32_t s_rows,
+                                               std::uint32_t s_cols, std::uint32_t dp_rows,
+                                               std::uint32_t dp_cols, int warpgroup) {
+  wait_tiles<1>(warpgroup);
+  wgmma_fence();
+  issue_rows_product(s, s_rows, s_cols);
+  issue_rows_product(dp, dp_rows, dp_cols);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_accumulators(s);
+  fence_accumulators(dp);
+  warpgroup_sync(warpgroup);
+}
+
+// The scores times scale_log2: log2 units, the exponent's argument before the row statistics.
+__device__ __forceinline__ void scale_scores(float (&s)[kTileSteps][4], float scale_log2) {
+#pragma unroll
+  for (int t = 0; t < kTileSteps; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[t][e] *= scale_log2;
+  }
+}
+
 // The two warpgroups' sums of one 64 x 64 gradient tile meet: one leaves its sum in `scratch`,
 // the other adds it to its own after a block barrier.
 // Entry e of thread t at e * 128 + t: consecutive threads, consecutive words.
@@ -304,24 +331,11 @@ __global__ void __launch_bounds__(kFp32BwdThreads, 1)
       }
     }
 
-    wait_tiles<1>(warpgroup);  // Q, dO
-    float s[kTileSteps][4], dp[kTileSteps][4];
-    wgmma_fence();
-    issue_rows_product(s, smem_k, smem_q);
-    issue_rows_product(dp, smem_v, smem_do);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(s);
-    fence_accumulators(dp);
-    warpgroup_sync(warpgroup);  // Q and dO read by every warp: refill them
-    if (item + 2 < items) copy_natural(item + 2);
+    float s[kTileSteps][4], dp[kTileSteps][4];  // S^T, dP^T
+    score_products(s, dp, smem_k, smem_q, smem_v, smem_do, warpgroup);
+    if (item + 2 < items) copy_natural(item + 2);  // Q and dO are read: refill them
     tile::cp_async_commit();
-
-#pragma unroll
-    for (int t = 0; t < kTileSteps; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] *= f.scale_log2;
-    }
+    scale_scores(s, f.scale_log2);
     hide_invisible_transposed(mask, s, key_row, m0 + 2 * (lane % 4), num_queries);
     float ds[kTileSteps][4];
 #pragma unroll
@@ -459,24 +473,11 @@ __global__ void __launch_bounds__(kFp32BwdThreads, 1)
   for (int t = 0; t < 8; ++t) dq[t][0] = dq[t][1] = dq[t][2] = dq[t][3] = 0.0f;
   for (int u = warpgroup; u < tiles; u += 2) {
     const std::int64_t key0 = first_col(u);
-    wait_tiles<1>(warpgroup);  // K, V
     float s[kTileSteps][4], dp[kTileSteps][4];
-    wgmma_fence();
-    issue_rows_product(s, smem_q, smem_k);
-    issue_rows_product(dp, smem_do, smem_v);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(s);
-    fence_accumulators(dp);
-    warpgroup_sync(warpgroup);  // K and V read by every warp: refill them
-    if (u + 2 < tiles) copy_natural(u + 2);
+    score_products(s, dp, smem_q, smem_k, smem_do, smem_v, warpgroup);
+    if (u + 2 < tiles) copy_natural(u + 2);  // K and V are read: refill them
     tile::cp_async_commit();
-
-#pragma unroll
-    for (int t = 0; t < kTileSteps; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] *= f.scale_log2;
-    }
+    scale_scores(s, f.scale_log2);
     hide_invisible(mask, s, fragment_row, key0 + 2 * (lane % 4));
 #pragma unroll
     for (int t = 0; t < kTileSteps; ++t) {
