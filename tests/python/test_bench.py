@@ -165,3 +165,21 @@ def test_backward_impl_both_times_fmha_fused_and_split(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert " fmha-fused " in summary and " fmha-split " in summary
     assert "| fmha-fused | bwd |" in (out / "quick.md").read_text()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_queue_us_spins_on_cuda_and_is_ignored_on_cpu(tmp_path, device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to torch")
+    out = tmp_path / "results"
+    main(["--suite", "quick", "--device", device, "--out", str(out), "--impls", "fmha",
+          "--cases", "^D32 L128$", "--directions", "fwd", "--budget-ms", "1", "--min-reps", "2",
+          "--max-reps", "2", "--queue-us", "50", "--no-plots", "--no-check"])
+    meta = json.loads((out / "quick.json").read_text())["meta"]
+    assert ("spinning 50 us" in meta["timing"]) == (device == "cuda"), meta["timing"]
+    if device == "cuda":
+        from fmha.bench.timing import Timer, TimerSettings
+
+        timer = Timer("cuda", TimerSettings(queue_us=50))
+        assert timer._queue_cycles > 0
+        assert timer.measure(lambda i: None)["median_ms"] >= 0
