@@ -221,11 +221,8 @@ Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStrea
 
 bool use_sm90_fp32_backward(const BackwardParams& p, DType dtype, int arch) {
 #if FMHA_WITH_SM90
-  const ForwardParams& f = p.fwd;
   return dtype == DType::kFloat32 && use_sm90_kernels(arch) && head_dim_bucket_built(64) &&
-         f.neighborhood.rank == 0 && f.bias == nullptr && f.rel_h == nullptr &&
-         f.softcap_log2 == 0.0f && f.num_extra == 0 && f.cu_seqlens_q == nullptr &&
-         f.head_dim <= 64 && f.value_dim <= 64;
+         fp32_planes_apply(p.fwd);
 #else
   (void)p, (void)dtype, (void)arch;
   return false;

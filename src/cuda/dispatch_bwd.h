@@ -39,9 +39,9 @@ Status dispatch_backward_sm90_dkdv(const BackwardParams& p, DType dtype, cudaStr
 Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);
 
 // Whether the sm90 fp32 backward (tf32 wgmma on split planes, sm90/mainloop_bwd_fp32.cuh) takes
-// this problem on a device of compute capability `arch`: fp32, dense, head dims up to 64, no mask
-// or a causal/window mask, GQA, sinks and dlse; no score modifiers, extra keys or neighborhood
-// attention. It is split and deterministic by construction.
+// this problem on a device of compute capability `arch`: fp32 where the forward's rule,
+// fp32_planes_apply (dispatch_fwd.h), lets the sm90 fp32 forward run; dlse too. It is split and
+// deterministic by construction.
 bool use_sm90_fp32_backward(const BackwardParams& p, DType dtype, int arch);
 // Its planes pass, dK/dV kernel and dQ kernel; only when use_sm90_fp32_backward.
 Status dispatch_backward_sm90_fp32(const BackwardParams& p, cudaStream_t stream);

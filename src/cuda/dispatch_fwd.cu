@@ -43,15 +43,8 @@ bool needs_general_policy(const ForwardParams& p) {
   return needs_mask(p) || needs_score_modifiers(p);
 }
 
-// fp32 on Hopper: the sm90 fp32 kernel (tf32 wgmma on split planes, mainloop_fwd_fp32.cuh) for
-// dense batches up to head dim 64 without score modifiers or extra keys; masks and sinks run.
-bool fp32_planes_apply(const ForwardParams& p) {
-  return p.neighborhood.rank == 0 && !needs_score_modifiers(p) && p.cu_seqlens_q == nullptr &&
-         p.num_extra == 0 && p.head_dim <= 64 && p.value_dim <= 64;
-}
-
-// fp32 runs the sm80 kernels on every arch but the cases above (the other sm90 kernels are 16-bit
-// only).
+// fp32 runs the sm80 kernels on every arch but where fp32_planes_apply on Hopper (the other sm90
+// kernels are 16-bit only).
 template <typename T, int kD>
 Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
 #if FMHA_WITH_SM90
@@ -123,6 +116,11 @@ Status dispatch_head_dim(const ForwardParams& p, int arch, cudaStream_t stream) 
 }
 
 }  // namespace
+
+bool fp32_planes_apply(const ForwardParams& p) {
+  return p.neighborhood.rank == 0 && !needs_score_modifiers(p) && p.cu_seqlens_q == nullptr &&
+         p.num_extra == 0 && p.head_dim <= 64 && p.value_dim <= 64;
+}
 
 Status check_forward_dtype(DType dtype) {
   switch (dtype) {

@@ -16,11 +16,17 @@ Status check_forward_dtype(DType dtype);
 
 // `dtype` is q's dtype (fp32, fp16 or bf16; anything else is refused with a message); `arch` the
 // device's compute capability (major * 10 + minor): 90 runs the Hopper kernels for fp16/bf16
-// where they exist (built for sm_90a, and not turned off by FMHA_CUDA_KERNELS=sm80 in the
-// environment), every other arch, and fp32 everywhere, the sm80 kernels.
+// where they exist, and for fp32 where fp32_planes_apply (built for sm_90a, and not turned off by
+// FMHA_CUDA_KERNELS=sm80 in the environment); every other arch, and the rest of fp32, the sm80
+// kernels.
 Status dispatch_forward(const ForwardParams& p, DType dtype, int arch, cudaStream_t stream);
 
 // Whether a device of compute capability `arch` runs the sm90 kernels in this build and process.
 bool use_sm90_kernels(int arch);
+
+// Whether the sm90 fp32 kernels (tf32 wgmma on split planes, forward and backward) take a problem
+// of fp32 inputs: dense, head dims up to 64, no score modifiers, extra keys or neighborhood
+// attention; masks, sinks and GQA run. The one rule of both directions.
+bool fp32_planes_apply(const ForwardParams& p);
 
 }  // namespace fmha::cuda
