@@ -37,6 +37,11 @@ struct Fp32Planes {
   std::int64_t k_rows = 0;  // Lk padded (a multiple of the kernel's key tile)
 };
 
+// x rounded up to a multiple of `to`: a plane's padded rows.
+__host__ __device__ constexpr std::int64_t round_up(std::int64_t x, std::int64_t to) {
+  return (x + to - 1) / to * to;
+}
+
 // Key of slot s of an 8-key step in the permuted order (the inverse of the accumulator's pairs).
 __host__ __device__ constexpr int permuted_key(int slot) { return slot < 4 ? 2 * slot : 2 * slot - 7; }
 

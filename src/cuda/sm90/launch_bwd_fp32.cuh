@@ -12,22 +12,30 @@
 
 namespace fmha::cuda::sm90 {
 
+// Floats of one query-side plane (Q, dO, Q^T, dO^T) and of one key-side plane (K, V, K^T).
+struct BackwardPlaneFloats {
+  std::int64_t q, k;
+};
+inline BackwardPlaneFloats backward_plane_floats(const ForwardParams& f) {
+  return {f.batch * f.heads * round_up(f.seqlen_q, kFp32BwdBlock) * kFp32PlaneRowFloats,
+          f.batch * (f.heads / f.kv_group) * round_up(f.seqlen_k, kFp32BwdBlock) *
+              kFp32PlaneRowFloats};
+}
+
 // The planes of p in `workspace` (fp32_backward_planes_floats of them): their layout in *planes,
 // then the passes that write them, on `stream`.
 inline std::int64_t fp32_backward_planes_floats(const ForwardParams& f) {
-  const std::int64_t q_rows = (f.seqlen_q + kFp32BwdBlock - 1) / kFp32BwdBlock * kFp32BwdBlock;
-  const std::int64_t k_rows = (f.seqlen_k + kFp32BwdBlock - 1) / kFp32BwdBlock * kFp32BwdBlock;
-  return (4 * f.batch * f.heads * q_rows + 3 * f.batch * (f.heads / f.kv_group) * k_rows) *
-         kFp32PlaneRowFloats;
+  const BackwardPlaneFloats n = backward_plane_floats(f);
+  return 4 * n.q + 3 * n.k;
 }
 inline cudaError_t write_backward_planes(const BackwardParams& p, float* workspace,
                                          Fp32BackwardPlanes* planes, cudaStream_t stream) {
   const ForwardParams& f = p.fwd;
   const std::int64_t kv_heads = f.heads / f.kv_group;
-  planes->q_rows = (f.seqlen_q + kFp32BwdBlock - 1) / kFp32BwdBlock * kFp32BwdBlock;
-  planes->k_rows = (f.seqlen_k + kFp32BwdBlock - 1) / kFp32BwdBlock * kFp32BwdBlock;
-  const std::int64_t q_plane = f.batch * f.heads * planes->q_rows * kFp32PlaneRowFloats;
-  const std::int64_t k_plane = f.batch * kv_heads * planes->k_rows * kFp32PlaneRowFloats;
+  planes->q_rows = round_up(f.seqlen_q, kFp32BwdBlock);
+  planes->k_rows = round_up(f.seqlen_k, kFp32BwdBlock);
+  const BackwardPlaneFloats n = backward_plane_floats(f);
+  const std::int64_t q_plane = n.q, k_plane = n.k;
   float* const q = workspace;
   float* const dout = q + q_plane;
   float* const qt = dout + q_plane;

@@ -12,19 +12,13 @@
 
 namespace fmha::cuda::sm90 {
 
-namespace detail {
-
-inline std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
-
-}  // namespace detail
-
 template <typename T, int kD, typename Policy>
 Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
   static_assert(std::is_same_v<T, float> && kD == kFp32PlaneWidth, "fp32, head dims up to 64");
   const int kv_heads = p.heads / p.kv_group;
   Fp32Planes planes;
-  planes.q_rows = detail::round_up(p.seqlen_q, kFp32QueryTile);
-  planes.k_rows = detail::round_up(p.seqlen_k, kFp32KeyTile);
+  planes.q_rows = round_up(p.seqlen_q, kFp32QueryTile);
+  planes.k_rows = round_up(p.seqlen_k, kFp32KeyTile);
   const std::int64_t q_floats = p.batch * p.heads * planes.q_rows * kFp32PlaneRowFloats;
   const std::int64_t k_floats = p.batch * kv_heads * planes.k_rows * kFp32PlaneRowFloats;
   auto fail = [](const char* what, cudaError_t e) {
