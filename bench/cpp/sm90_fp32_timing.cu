@@ -50,6 +50,21 @@ void launch_or_exit(const fmha::Status& s) {
   }
 }
 
+// The checks' inputs: n random normal floats on the host, and a host vector on the device
+// (never freed before the check ends).
+std::vector<float> random_host(std::size_t n, std::mt19937& gen) {
+  std::normal_distribution<float> dist;
+  std::vector<float> h(n);
+  for (auto& x : h) x = dist(gen);
+  return h;
+}
+void* upload(const std::vector<float>& h) {
+  void* d = nullptr;
+  CHECK(cudaMalloc(&d, h.size() * 4));
+  CHECK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
 fmha::Status launch_sm90(const ForwardParams& p, bool causal) {
   using namespace fmha::cuda;
   return causal ? sm90::launch_forward_fp32<float, 64, PolicyWindow>(p, nullptr)
@@ -60,20 +75,9 @@ fmha::Status launch_sm90(const ForwardParams& p, bool causal) {
 // causal or none; prints the norm-wise relative errors of the sm90 kernel.
 void check(int B, int H, int Hkv, int Lq, int Lk, int D, int Dv, bool causal) {
   std::mt19937 gen(7);
-  std::normal_distribution<float> dist;
-  auto fill = [&](std::size_t n) {
-    std::vector<float> h(n);
-    for (auto& x : h) x = dist(gen);
-    return h;
-  };
+  auto fill = [&](std::size_t n) { return random_host(n, gen); };
   const auto q = fill(std::size_t(B) * Lq * H * D), k = fill(std::size_t(B) * Lk * Hkv * D),
              v = fill(std::size_t(B) * Lk * Hkv * Dv);
-  auto upload = [](const std::vector<float>& h) {
-    void* d = nullptr;
-    CHECK(cudaMalloc(&d, h.size() * 4));
-    CHECK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    return d;
-  };
   ForwardParams p;
   p.q = upload(q);
   p.k = upload(k);
@@ -156,12 +160,7 @@ fmha::Status launch_sm90_backward(const BackwardParams& p, bool causal) {
 // and the gradients of a float64 reference; prints the norm-wise relative errors of dq, dk, dv.
 void check_backward(int B, int H, int Hkv, int Lq, int Lk, int D, int Dv, bool causal) {
   std::mt19937 gen(11);
-  std::normal_distribution<float> dist;
-  auto fill = [&](std::size_t n) {
-    std::vector<float> h(n);
-    for (auto& x : h) x = dist(gen);
-    return h;
-  };
+  auto fill = [&](std::size_t n) { return random_host(n, gen); };
   const int G = H / Hkv;
   const auto q = fill(std::size_t(B) * Lq * H * D), k = fill(std::size_t(B) * Lk * Hkv * D),
              v = fill(std::size_t(B) * Lk * Hkv * Dv), dout = fill(std::size_t(B) * Lq * H * Dv);
@@ -208,12 +207,6 @@ void check_backward(int B, int H, int Hkv, int Lq, int Lk, int D, int Dv, bool c
       }
     }
   }
-  auto upload = [](const std::vector<float>& h) {
-    void* d = nullptr;
-    CHECK(cudaMalloc(&d, h.size() * 4));
-    CHECK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    return d;
-  };
   auto poisoned = [](std::size_t n) {
     void* d = nullptr;
     CHECK(cudaMalloc(&d, n * 4));
