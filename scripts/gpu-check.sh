@@ -94,17 +94,18 @@ cp_async_tests() {
 }
 # The sm90 forward's blocks with a copy warpgroup are persistent: one block an SM walks several
 # tiles, carrying stage slots and barrier phases from tile to tile. The tests' grids are small
-# (mostly one tile a block); run the forward tests again with 3 blocks (TMA) and 2 (cp.async) so
-# that every block walks many tiles: varlen's skipped tiles, causal rows without keys, extra keys.
+# (mostly one tile a block); run the forward tests again with 3 blocks (TMA; the neighborhood
+# forward's too, whose copy warpgroup stages each tile's boxes) and 2 (cp.async) so that every
+# block walks many tiles: varlen's skipped tiles, causal rows without keys, extra keys.
 persistent_tests() {
   FMHA_SM90_PERSISTENT=3 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
-      --gtest_brief=1 --gtest_filter="CudaForward*:-*Float32*" &&
+      --gtest_brief=1 --gtest_filter="CudaForward*:CudaNeighborhood.*:CudaNeighborhoodSmall.*:-*Float32*" &&
   FMHA_SM90_PERSISTENT=2 FMHA_SM90_TMA=0 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
       --gtest_brief=1 --gtest_filter="CudaForward*:-*Float32*"
 }
 # Memcheck and racecheck over SANITIZER_FILTER; racecheck again over the forward tests with two
 # persistent blocks (hazards between one tile's reads and the next tile's copies).
-PERSISTENT_RACECHECK_FILTER=${PERSISTENT_RACECHECK_FILTER:-"CudaForward.OddShapesAndHeadDims:CudaForward.Varlen:CudaForward.SinksAndExtraKeys:CudaForward.CausalBothAlignments:CudaForward.EmptyQueries:CudaForward.BiasRegisterForm:CudaForward.BiasStagedTiles"}
+PERSISTENT_RACECHECK_FILTER=${PERSISTENT_RACECHECK_FILTER:-"CudaForward.OddShapesAndHeadDims:CudaForward.Varlen:CudaForward.SinksAndExtraKeys:CudaForward.CausalBothAlignments:CudaForward.EmptyQueries:CudaForward.BiasRegisterForm:CudaForward.BiasStagedTiles:CudaNeighborhoodSmall.OneDim:CudaNeighborhoodSmall.TwoAndThreeDim"}
 sanitizer() {
   FMHA_SM90_PERSISTENT=2 timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck \
       --error-exitcode 1 "$TESTS" --gtest_brief=1 --gtest_filter="$PERSISTENT_RACECHECK_FILTER" &&

@@ -218,6 +218,30 @@ TEST(CudaNeighborhood, HeadDimsAndGqa) {
   check_na(c, 52);
 }
 
+// More query boxes than the GPU has SMs, so that the sm90 forward's persistent blocks walk
+// several grid tiles each: the copy warpgroup stages a tile's boxes while the math warps finish
+// the one before (both query-box buffers in turn, the key-box ring carried from tile to tile),
+// with extra keys, sinks and lse; 2-D 13 x 13 and 3-D 5 x 5 x 5 as the benchmark's kernels.
+TEST(CudaNeighborhood, PersistentBlocks) {
+  SKIP_WITHOUT_GPU();
+  AttentionCase c = na_case(DType::kBFloat16, 2, {48, 40, 1}, {13, 13, 1}, {1, 1, 1});
+  c.heads = 8;
+  c.kv_heads = 2;
+  c.extra = 5;
+  c.sinks = true;
+  check_na(c, 91);
+  AttentionCase d = na_case(DType::kFloat16, 3, {9, 16, 15}, {5, 5, 5}, {1, 2, 1});
+  d.heads = 6;
+  d.kv_heads = 6;
+  d.head_dim = d.value_dim = 128;
+  check_na(d, 92);
+  AttentionCase e =
+      na_case(DType::kBFloat16, 2, {37, 45, 1}, {7, 7, 1}, {2, 3, 1}, {false, true, false});
+  e.heads = 8;
+  e.head_dim = e.value_dim = 96;
+  check_na(e, 93);
+}
+
 // fp32 (tf32 tensor cores, 3xTF32 split; SPEC §13 1e-5): 1-3 D grids, head dims up to 256 (the
 // bucket whose neighborhood bookkeeping takes shared memory past 99 KB), GQA, every score option.
 TEST(CudaNeighborhood, Float32) {

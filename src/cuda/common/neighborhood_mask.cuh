@@ -336,12 +336,14 @@ __host__ __device__ __forceinline__ BlockTiles block_tiles(const NeighborhoodGri
 }
 
 #ifdef __CUDACC__
-// block_tiles into shared memory by the first three threads of the block, one axis each (the
-// serial form on one thread was a chain of about fifteen integer divisions that every other warp
-// waited for); published by the caller's block barrier. Needs the launcher's shapes.
+// block_tiles into shared memory by threads 0-2 of those that call it (`thread`: this one's index
+// among them, the first warp's lanes), one axis each (the serial form on one thread was a chain of
+// about fifteen integer divisions that every other warp waited for); published by the caller's
+// next barrier among them. Needs the launcher's shapes.
 __device__ __forceinline__ void block_tiles_parallel(const NeighborhoodGrid& g, int block,
-                                                     bool transposed, BlockTiles* t) {
-  const int r = static_cast<int>(threadIdx.x);
+                                                     bool transposed, BlockTiles* t,
+                                                     int thread = static_cast<int>(threadIdx.x)) {
+  const int r = thread;
   if (r < 3) {
     t->box_shape[r] = g.box_shape[r];
     t->seen_shape[r] = g.seen_shape[r];

@@ -3,7 +3,8 @@
 // the two math warpgroups take turns on the tensor cores. Which one a kernel runs is a property of
 // its (head-dim bucket, policy): kCopyWarpgroup below.
 //
-// With a copy warpgroup (range tiles of the plain, window, rel-pos and bias policies up to D 128).
+// With a copy warpgroup (range tiles of the plain, window, rel-pos and bias policies, and the
+// token tiles of neighborhood attention without score modifiers, up to D 128).
 // The block has a third warpgroup (threads 256..383) that does nothing but copy, and keeps 40
 // registers so that the math warpgroups can have 232 (setmaxnreg; ptxas gives each branch of the
 // role split its own budget). It copies Q, then group j = K(j), V(j - 1) into stage slot j %
@@ -38,8 +39,23 @@
 // -> 1.60; D 128 L 512 0.186 -> 0.170; from L 2048 on -3% (D 128 L 8192) to +21% (D 80 causal
 // L 2048).
 //
-// Without a copy warpgroup (neighborhood token tiles, the score modifiers' general policy, and
-// head dims above 128, whose math warpgroups need every register of a 256-thread block):
+// Token tiles (neighborhood attention) with a copy warpgroup: the copy threads also stage each
+// grid tile's boxes (token_tiles.cuh): the query box (its tiles, rows' tokens and windows) into
+// one of two buffers, by tile parity, once the math warps' epilogue of the tile two before has left
+// it (query_box_empty), then key box 0, then with group j key box j + 1 into the key-box ring
+// (slot = the block's phase count, as stage slots), each published to the other copy threads by
+// their named barrier (kCopyBarrier) and to the math warps by a plain arrival (release) on Q's or
+// the group's barrier beside the one after their copies, so those barriers take two arrivals a
+// copy thread. The math warps wait for Q's barrier before anything else of a grid tile: it gives
+// them the number of key boxes. So the per-block set-up of the token tiles (box geometry, tokens
+// and windows, gathers of Q) runs under the previous grid tile's products. Measured on an H200
+// (session 23, bf16, against the schedule below, na suite): NA 2-D 64x64 K 13 D 64 forward 39.1 ->
+// 51.3 TFLOP/s, K 7 dilation 2 13.1 -> 15.6, 3-D 16x32x32 K 7 38.2 -> 46.2; D 128 58.0 -> 70.9,
+// 19.6 -> 23.6, 57.0 -> 58.4.
+//
+// Without a copy warpgroup (neighborhood attention with score modifiers, the score modifiers'
+// general policy, and head dims above 128, whose math warpgroups need every register of a
+// 256-thread block):
 // copies are issued by all threads with cp.async in groups: group j = K(j) (and its bias tile)
 // and V(j - 1); groups 0 .. stages - 2 before the loop, group u + stages - 1 right after
 // rendezvous u. Rendezvous u (named barrier kPipelineBarrier, all threads; each thread first
@@ -85,12 +101,13 @@ namespace fmha::cuda::sm90 {
 template <typename Policy>
 inline constexpr bool kStagesScores = kGeneralForm<Policy>;
 
-// Whether a copy warpgroup feeds the stages (above): range tiles of the policies whose softmax
-// reads nothing staged per tile, in the ping-pong buckets (up to D 128), where the math
-// warpgroups keep enough registers beside it.
+// Whether a copy warpgroup feeds the stages (above): the policies whose softmax reads nothing
+// staged per tile, in the ping-pong buckets (up to D 128), where the math warpgroups keep enough
+// registers beside it; not neighborhood attention with score modifiers (bias and rel-pos by
+// token), which spilled 500 bytes at D 128 with one (ptxas, session 23).
 template <int kD, typename Policy>
 inline constexpr bool kCopyWarpgroup =
-    !Policy::Mask::kTokenTiles && !kGeneralForm<Policy> && kD <= 128;
+    !kGeneralForm<Policy> && !kNeighborhoodModifiersForm<Policy> && kD <= 128;
 // Whether the copy warpgroup also stages the bias of each main key tile (the bias policy's
 // staged form, score_bias.cuh), by TMA into a ring of kBiasStages tiles that the math warps'
 // softmax reads and hands back (bias_full / bias_empty); where no tensor map describes the bias
@@ -141,6 +158,9 @@ struct StageBarriers {
   // (full: the copying thread's arrival with its TMA bytes) and read by every math thread (empty).
   std::uint64_t bias_full[kBiasStages];
   std::uint64_t bias_empty[kBiasStages];
+  // Token tiles: grid tile k's query box in buffer k % 2 (TokenTileSmem), free again once every
+  // math warp's epilogue of that tile is done (one arrival a warp).
+  std::uint64_t query_box_empty[2];
 };
 
 // The range loaders of the threads that copy K and V (all math threads, or the copy warpgroup):

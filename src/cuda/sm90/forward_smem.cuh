@@ -17,18 +17,23 @@ inline constexpr int kMaxBlockSmem = 227 * 1024;
 inline constexpr int kSmemAlignSlack = 1024;
 
 // Token-tile bookkeeping of a forward block: the kernel's, and the type its launcher sizes shared
-// memory and fills the column tables for (set_token_tiles).
-template <int kD>
-using FwdTokenTiles = TokenTileSmem<block_m(kD), block_n(kD)>;
+// memory and fills the column tables for (set_token_tiles). Two query boxes where a copy
+// warpgroup stages the next grid tile's under the current one's math.
+template <int kD, typename Policy>
+using FwdTokenTiles = TokenTileSmem<block_m(kD), block_n(kD), kCopyWarpgroup<kD, Policy> ? 2 : 1>;
 
 // K/V stages of a policy: tile_sizes.h's, one fewer for token tiles where their bookkeeping does
 // not fit beside three (D = 128 and 224, where three leave 2 KB; 236 KB was refused on an H100).
 template <int kD, typename Policy>
 constexpr int stages_of() {
   constexpr int stages = kv_stages(kD, kStagesScores<Policy>);
-  constexpr int bytes = SwizzledTile<block_m(kD), kD>::kBytes +
-                        2 * stages * SwizzledTile<block_n(kD), kD>::kBytes + kSmemAlignSlack +
-                        static_cast<int>(sizeof(FwdTokenTiles<kD>));
+  constexpr int bytes =
+      SwizzledTile<block_m(kD), kD>::kBytes + 2 * stages * SwizzledTile<block_n(kD), kD>::kBytes +
+      kSmemAlignSlack + static_cast<int>(sizeof(FwdTokenTiles<kD, Policy>)) +
+      (kCopyWarpgroup<kD, Policy> ? static_cast<int>(sizeof(StageBarriers<3>)) : 0) +
+      (kCopyWarpgroup<kD, Policy> && kFirstPhasePv<kD, Policy>
+           ? SwizzledTile<block_n(kD), kD>::kBytes
+           : 0);
   return Policy::Mask::kTokenTiles && bytes > kMaxBlockSmem ? stages - 1 : stages;
 }
 
@@ -55,7 +60,9 @@ template <int kD, typename Policy>
 constexpr bool output_tile() {
   return kCopyWarpgroup<kD, Policy> &&
          input_smem_bytes<kD, Policy>() + SwizzledTile<block_m(kD), kD>::kBytes + kSmemAlignSlack +
-                 static_cast<int>(sizeof(StageBarriers<3>)) <=
+                 static_cast<int>(sizeof(StageBarriers<3>)) +
+                 (Policy::Mask::kTokenTiles ? static_cast<int>(sizeof(FwdTokenTiles<kD, Policy>))
+                                            : 0) <=
              kMaxBlockSmem;
 }
 

@@ -31,7 +31,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   // Token tiles keep their bookkeeping after the K/V stages, and stage neither bias nor rel-pos
   // (their rows are no ranges of the sequence).
   int smem = tile_smem_bytes<kD, Policy>() + kSmemAlignSlack +
-             (kTokenTiles ? static_cast<int>(sizeof(FwdTokenTiles<kD>)) : 0);
+             (kTokenTiles ? static_cast<int>(sizeof(FwdTokenTiles<kD, Policy>)) : 0);
   const int max_smem = max_block_smem();
   // Bias: stage its tiles next to the K/V tiles (cp.async) when their rows are whole 16-byte
   // chunks and the tiles fit.
@@ -70,7 +70,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     smem += static_cast<int>(sizeof(StageBarriers<stages_of<kD, Policy>()>));
     using QTile = SwizzledTile<kM, kD>;
     constexpr int kN = block_n(kD);
-    maps.usable = tma_enabled() && p.cu_seqlens_q == nullptr &&
+    maps.usable = !kTokenTiles && tma_enabled() && p.cu_seqlens_q == nullptr &&
                   encode_rows_map(&maps.q, p.q, p.head_dim, p.seqlen_q, p.heads, p.batch,
                                   p.q_row_stride, p.q_head_stride, p.q_batch_stride,
                                   QTile::kBlockCols, kM, QTile::kSwizzleBytes) &&
@@ -91,7 +91,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   std::int64_t blocks = (p.seqlen_q + kM - 1) / kM;
   if constexpr (kTokenTiles) {
     blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
-    set_token_tiles<FwdTokenTiles<kD>>(p.neighborhood);
+    set_token_tiles<FwdTokenTiles<kD, Policy>>(p.neighborhood);
   } else {  // head sections (block_coords.cuh): each block streams its head's K and V
     p.head_section_log2 =
         head_section_log2_for(p, blocks, p.heads, p.seqlen_k * (p.head_dim + p.value_dim) * 2);

@@ -247,9 +247,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   };
 
   if constexpr (kTokenTiles) {
-    load_rows_async<kM, kD, kBwdThreads>(smem_q, q, f.q_row_stride, tt->query_token, f.head_dim,
+    load_rows_async<kM, kD, kBwdThreads>(smem_q, q, f.q_row_stride, tt->query[0].token, f.head_dim,
                                          f.vector_loads);
-    load_rows_async<kM, kD, kBwdThreads>(smem_do, dout, p.dout_row_stride, tt->query_token,
+    load_rows_async<kM, kD, kBwdThreads>(smem_do, dout, p.dout_row_stride, tt->query[0].token,
                                          f.value_dim, f.vector_loads);
   } else {
     load_tile_async<kM, kD, kBwdThreads>(smem_q, q, f.q_row_stride, rows, f.head_dim,
@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   for (int r = 0; r < 2; ++r) {
     // Token tiles: the row's token (m0 is 0: fragment_row is the block-local row), -1 for none.
     const std::int64_t i =
-        kTokenTiles ? tt->query_token[fragment_row + 8 * r] : fragment_row + 8 * r;
+        kTokenTiles ? tt->query[0].token[fragment_row + 8 * r] : fragment_row + 8 * r;
     const bool exists = i >= 0 && i < num_queries;
     const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + q_start + i;
     lse_log2[r] = exists ? p.lse_log2[stat] : INFINITY;  // past the end: P = 0
@@ -360,7 +360,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // Key box u + stages into the slot of box u + stages - kSlots, whose last reader (the
       // scores of its tile) is done; its loads are issued after the next barrier.
       if (u + kStages < num_tiles) {
-        stage_key_box<kM, kN, kBwdThreads>(tt, *mask.grid, u + kStages);
+        stage_key_box<kM, kN, kBwdThreads>(tt, tt->query[0], *mask.grid, u + kStages,
+                                           (u + kStages) % TokenTiles::kSlots);
       }
     }
   };
@@ -419,8 +420,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
     if constexpr (kTokenTiles) {
-      gathered_scores(tt, u % TokenTiles::kSlots, scores, s, static_cast<int>(fragment_row),
-                      fragment_col);
+      gathered_scores(tt, tt->query[0], u % TokenTiles::kSlots, scores, s,
+                      static_cast<int>(fragment_row), fragment_col);
     } else if (!mask.tile_is_full(m0, last_row, first_key, kN)) {
       hide_invisible(mask, s, fragment_row, first_key + fragment_col);
     }
@@ -543,7 +544,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       smem_q_ptr, QTile{}, warp * 16, rows - warp * 16,
       static_cast<std::uint16_t*>(p.dq) + b * p.dq_batch_stride +
           (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.dq_row_stride + h * p.dq_head_stride,
-      p.dq_row_stride, f.head_dim, lane, kTokenTiles ? tt->query_token + warp * 16 : nullptr);
+      p.dq_row_stride, f.head_dim, lane, kTokenTiles ? tt->query[0].token + warp * 16 : nullptr);
 }
 
 }  // namespace fmha::cuda::sm90

@@ -7,7 +7,8 @@
 // kernel: scores come out of the wgmma accumulators in the m16n8 fragment layout that the policies
 // already work on. Rows and key tiles are ranges of the sequence, or, for a mask with kTokenTiles
 // (neighborhood attention), boxes of the token grid whose rows are gathered by token
-// (neighborhood_mask.cuh; resolved at compile time, so the range policies keep their code).
+// (neighborhood_mask.cuh; resolved at compile time, so the range policies keep their code); with a
+// copy warpgroup the copy threads stage those boxes too (forward_pipeline.cuh).
 //
 // Phases. K and V sit in kv_stages(D) shared-memory stages (tile_sizes.h), tile j in stage
 // j % stages. Each warpgroup runs phases u = 0 .. num_tiles (none when there is no key tile):
@@ -69,9 +70,14 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   using Scores = typename Policy::template Scores<T>;
   // Rows and keys gathered from grid boxes (neighborhood attention) instead of sequence ranges.
   constexpr bool kTokenTiles = Mask::kTokenTiles;
-  using TokenTiles = FwdTokenTiles<kD>;
+  using TokenTiles = FwdTokenTiles<kD, Policy>;
   static_assert(!kTokenTiles || kStages + 2 <= TokenTiles::kSlots,
                 "key boxes u - 1 .. u + stages live at once");
+  // Token tiles with a copy warpgroup: the copy threads stage each grid tile's boxes
+  // (forward_pipeline.cuh), and their arrivals on Q's and the stages' barriers are two each, one
+  // that publishes the boxes they wrote and one once their copies have landed.
+  constexpr bool kStagedBoxes = kTokenTiles && kCopyWarps;
+  constexpr int kCopyArrivals = kStagedBoxes ? 2 : 1;
   // Ping-pong (tile_sizes.h) where the softmax reads nothing that a rendezvous frees: the staged
   // bias tiles of the score modifiers would be overwritten under the follower's softmax.
   constexpr bool kPingPong = ping_pong(kD) && !kGeneralForm<Policy>;
@@ -94,7 +100,10 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   [[maybe_unused]] auto smem_bias_slot = [&](int n) {
     return smem_q + bias_ring_offset<kD, Policy>() + (n % kBiasStages) * BiasTile<kD>::kBytes;
   };
-  static_assert(!kCopyWarps || tile_smem_bytes<kD, Policy>() + kSmemAlignSlack +
+  // The copy warpgroup's barriers follow the tiles and the token-tile bookkeeping.
+  constexpr int kBarriersOffset =
+      tile_smem_bytes<kD, Policy>() + (kTokenTiles ? static_cast<int>(sizeof(TokenTiles)) : 0);
+  static_assert(!kCopyWarps || kBarriersOffset + kSmemAlignSlack +
                                        static_cast<int>(sizeof(StageBarriers<kStages>)) <=
                                    kMaxBlockSmem,
                 "the tiles and the copy warpgroup's barriers fit in a block's shared memory");
@@ -110,20 +119,23 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   [[maybe_unused]] StageBarriers<kStages>* bars = nullptr;
   // Whether the tensor-memory accelerator copies Q and the main key tiles (a dense batch whose
   // maps the launcher made); else the copy warpgroup copies them with cp.async.
-  [[maybe_unused]] const bool tma = kCopyWarps && maps.usable;
+  [[maybe_unused]] const bool tma = kCopyWarps && !kTokenTiles && maps.usable;
   // Whether the copy warpgroup stages the bias by TMA (bias_ring(); the launcher made its map), or
   // the math threads load it into registers.
   [[maybe_unused]] const bool staged_bias = bias_ring<kD, Policy>() && maps.bias_usable;
   if constexpr (kCopyWarps) {
-    bars = reinterpret_cast<StageBarriers<kStages>*>(smem_q_ptr + tile_smem_bytes<kD, Policy>());
+    bars = reinterpret_cast<StageBarriers<kStages>*>(smem_q_ptr + kBarriersOffset);
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        barrier_init(&bars->full[s], kCopyThreads);
+        barrier_init(&bars->full[s], kCopyArrivals * kCopyThreads);
         barrier_init(&bars->empty[s], kThreads / 32);
       }
-      barrier_init(&bars->q_full, kCopyThreads);
+      barrier_init(&bars->q_full, kCopyArrivals * kCopyThreads);
       barrier_init(&bars->q_empty, kThreads);
+      for (int buffer = 0; buffer < 2; ++buffer) {
+        barrier_init(&bars->query_box_empty[buffer], kThreads / 32);
+      }
       for (int slot = 0; slot < 2; ++slot) {
         barrier_init(&bars->tile_full[slot], 1);
         barrier_init(&bars->tile_empty[slot], (kThreads + kCopyThreads) / 32);
@@ -141,6 +153,10 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       // 0 x NaN is NaN), through the async proxy.
       zero_shared<KVTile::kBytes, block_threads<kD, Policy>()>(smem_v(kStages));
       fence_proxy_async();
+    }
+    if constexpr (kStagedBoxes) {  // the key boxes' column tables: one for the whole launch
+      reinterpret_cast<TokenTiles*>(smem_q_ptr + tile_smem_bytes<kD, Policy>())
+          ->columns.template copy<block_threads<kD, Policy>()>(p.neighborhood);
     }
     __syncthreads();
   }
@@ -195,7 +211,34 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     // Tile counts and indices are 32-bit (a sequence has fewer than 2^31 keys): the loop's index
     // arithmetic (stage = u % stages, comparisons) runs on every tile.
     int main_tiles = 0;
-    if constexpr (kTokenTiles) {
+    // Token tiles: the grid tile's query box (one of two where the copy warpgroup stages them).
+    QueryBoxSmem<kM>* const qb = &tt->query[kStagedBoxes ? q_tiles_done & 1 : 0];
+    // The ring slot of key box j of this grid tile (key boxes are counted over the block's grid
+    // tiles, as phases are).
+    [[maybe_unused]] auto key_slot = [&](int j) { return (phases_done + j) % TokenTiles::kSlots; };
+    [[maybe_unused]] const int copy_thread = static_cast<int>(threadIdx.x) - kThreads;
+    [[maybe_unused]] auto copy_threads_sync = [] {
+      named_barrier_sync<kCopyBarrier, kCopyThreads>();
+    };
+    if constexpr (kStagedBoxes && decltype(copy_role)::value) {
+      // The copy threads stage the query box (into the buffer that grid tile - 2's epilogue has
+      // left) and key box 0; the barrier after them publishes both to the copy threads, whose
+      // arrivals on Q's barrier publish them to the math warps.
+      if (q_tiles_done >= 2) {
+        barrier_wait(&bars->query_box_empty[q_tiles_done & 1], ((q_tiles_done - 2) >> 1) & 1);
+      }
+      stage_own_query_box<kM, kCopyThreads>(qb, p.neighborhood, static_cast<int>(m_block),
+                                            copy_thread, copy_threads_sync);
+      main_tiles = qb->tiles.num_seen_tiles;
+      if (main_tiles > 0) {
+        stage_key_box<kM, kN, kCopyThreads>(tt, *qb, p.neighborhood, 0, key_slot(0), copy_thread);
+      }
+      copy_threads_sync();
+    } else if constexpr (kStagedBoxes) {
+      // The math warps: the query box and Q landed.
+      barrier_wait(&bars->q_full, q_tiles_done & 1);
+      main_tiles = qb->tiles.num_seen_tiles;
+    } else if constexpr (kTokenTiles) {
       // The block's query box and key boxes, its rows' tokens and windows, key boxes 0 .. stages
       // - 1.
       main_tiles = static_cast<int>(
@@ -273,8 +316,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       }
       if (kTokenTiles && !t.extra) {
         load_rows_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride,
-                                          tt->key_token[j % TokenTiles::kSlots], p.head_dim,
-                                          p.vector_loads, loaders.thread);
+                                          tt->key_token[key_slot(j)], p.head_dim, p.vector_loads,
+                                          loaders.thread);
       } else {
         load_tile_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
                                           p.vector_loads, loaders.thread);
@@ -291,8 +334,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       const KeySource t = key_source(j);
       if (kTokenTiles && !t.extra) {
         load_rows_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride,
-                                          tt->key_token[j % TokenTiles::kSlots], p.value_dim,
-                                          p.vector_loads, loaders.thread);
+                                          tt->key_token[key_slot(j)], p.value_dim, p.vector_loads,
+                                          loaders.thread);
       } else {
         load_tile_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
                                           p.vector_loads, loaders.thread);
@@ -318,7 +361,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       // groups may still be in flight.
       if constexpr (!kCopyWarps) {
         if constexpr (kTokenTiles) {
-          load_rows_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, tt->query_token, p.head_dim,
+          load_rows_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, qb->token, p.head_dim,
                                             p.vector_loads);
         } else {
           load_tile_async<kM, kD, kThreads>(smem_q, q, p.q_row_stride, rows, p.head_dim,
@@ -346,7 +389,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           // more (its last reader, the follower's softmax of that tile, ran before this
           // rendezvous); its K loads are issued at the next rendezvous.
           if (u + kStages < main_tiles) {
-            stage_key_box<kM, kN, kThreads>(tt, *mask.grid, u + kStages);
+            stage_key_box<kM, kN, kThreads>(tt, *qb, *mask.grid, u + kStages,
+                                            key_slot(u + kStages));
           }
         }
       };
@@ -424,7 +468,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
               named_barrier_sync<kTurnBackBarrier, kThreads>();
             }
           }
-          if (u == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
+          if (!kStagedBoxes && u == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
           barrier_wait(&bars->full[g % kStages], (g / kStages) & 1);
           // Tiles that cp.async wrote (the generic proxy) are read by the tensor cores next.
           if (!tma || u == 0 || u >= main_tiles) fence_proxy_async();
@@ -556,7 +600,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         if (kTokenTiles && !tile.extra) {
           // m0 is 0: fragment_row is the block-local row.
           if constexpr (kTokenTiles) {
-            gathered_scores(tt, u % TokenTiles::kSlots, scores, s, static_cast<int>(fragment_row),
+            gathered_scores(tt, *qb, key_slot(u), scores, s, static_cast<int>(fragment_row),
                             fragment_col);
           }
         } else if (!tile.extra) {
@@ -597,7 +641,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const std::int64_t i =
-              kTokenTiles ? tt->query_token[fragment_row + 8 * r] : fragment_row + 8 * r;
+              kTokenTiles ? qb->token[fragment_row + 8 * r] : fragment_row + 8 * r;
           if ((!kTokenTiles || i >= 0) && i < num_queries) {  // token -1: past the grid
             p.lse[b * p.lse_batch_stride + h * p.lse_head_stride +
                   (q_start + i) * p.lse_row_stride] = lse[r];
@@ -608,7 +652,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         __syncwarp();
         // A tile without key tiles waits for Q's barrier here: Q's tile must hold no copy in
         // flight, and each phase of the barrier is waited for in turn.
-        if (num_phases == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
+        if (!kStagedBoxes && num_phases == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
       }
       stage_output_rows<T, QTile>(o, factor, smem_o, warp * 16, lane);
       __syncwarp();
@@ -619,8 +663,12 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
                   (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
                   h * p.out_head_stride;
       store_output_rows<kD, kTokenTiles, QTile>(p, out, smem_q_ptr + (smem_o - smem_q), warp * 16,
-                                                warp_rows, kTokenTiles ? tt->query_token : nullptr,
-                                                lane);
+                                                warp_rows, kTokenTiles ? qb->token : nullptr, lane);
+      // The query box's buffer is free for grid tile + 2 once this warp's reads of it are done.
+      if constexpr (kStagedBoxes) {
+        __syncwarp();
+        if (lane == 0) barrier_arrive(&bars->query_box_empty[q_tiles_done & 1]);
+      }
       // Q's tile is free for the next grid tile's Q once this thread's reads are done.
       if constexpr (kCopyWarps) {
         if (!output_tile<kD, Policy>() || num_phases == 0) barrier_arrive(&bars->q_empty);
@@ -648,7 +696,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       // Each copy thread's arrival: after its cp.async copies, or, where rows are copied element by
       // element (no 16-byte rows: plain shared-memory stores, no cp.async), a plain arrival, which
       // releases those stores.
+      // Token tiles: first a plain arrival, which releases the boxes staged so far.
       auto arrive = [&](std::uint64_t* bar) {
+        if constexpr (kStagedBoxes) barrier_arrive(bar);
         if (p.vector_loads) {
           barrier_arrive_after_copies(bar);
         } else {
@@ -668,6 +718,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       if (num_groups == 0 || !tma) {
         wait_q_free();
         if (num_tiles == 0 || !copier) {
+        } else if (kTokenTiles) {
+          load_rows_async<kM, kD, kCopiers>(smem_q, q, p.q_row_stride, qb->token, p.head_dim,
+                                            p.vector_loads, thread);
         } else if (p.vector_loads) {
           QLoader{q, p.q_row_stride, p.head_dim, thread}.load(smem_q, 0, rows);
         } else {
@@ -712,7 +765,16 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         }
         if (copier && has_k && !k_by_tma) load_k(j, slot, loaders);
         if (copier && has_v && !v_by_tma) load_v(j - 1, v_slot, loaders);
+        // Token tiles: key box j + 1, published to the math warps by the arrivals below and to
+        // the copy threads (whose next group gathers its rows) by their barrier.
+        if constexpr (kStagedBoxes) {
+          if (j + 1 < main_tiles) {
+            stage_key_box<kM, kN, kCopyThreads>(tt, *qb, p.neighborhood, j + 1, key_slot(j + 1),
+                                                thread);
+          }
+        }
         arrive(&bars->full[slot]);
+        if constexpr (kStagedBoxes) copy_threads_sync();
         if (j == 0 && tma) {
           wait_q_free();
           if (thread == 0) {

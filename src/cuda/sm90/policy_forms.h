@@ -20,5 +20,8 @@ inline constexpr bool kRelPosForm = std::is_same_v<Policy, PolicyRelPos>;
 // kernel reads it transposed from staged tiles.
 template <typename Policy>
 inline constexpr bool kBiasForm = std::is_same_v<Policy, PolicyBias>;
+// Neighborhood attention with the score modifiers (bias and rel-pos by token, softcap).
+template <typename Policy>
+inline constexpr bool kNeighborhoodModifiersForm = std::is_same_v<Policy, PolicyNeighborhood>;
 
 }  // namespace fmha::cuda::sm90

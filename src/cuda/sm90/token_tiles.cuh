@@ -5,8 +5,10 @@
 //     row's window, and a ring of key boxes; gathered_scores tests a score tile against them.
 //   keys own (the dK/dV kernel): KeyBoxSmem, the block's key box with each key's transposed window
 //     (the queries that see it), and a ring of query boxes; hide_unseen_transposed tests S^T.
-// Every thread of the block calls the init_* and stage_* functions; init_query_box publishes what
-// it writes with its own barrier, for the others the caller's next barrier does.
+// Every thread of the block calls the init_* functions and the dK/dV kernel's stage_query_box; the
+// query-owning view's stage_own_query_box and stage_key_box take the threads that call them (all
+// of the block, or the forward's copy warpgroup). init_query_box publishes what it writes with its
+// own barrier, for the others the caller's next barrier (among the threads that read it) does.
 #pragma once
 
 #include <cmath>
@@ -61,68 +63,93 @@ __device__ __forceinline__ void hide_unseen_bits(float (&s)[kTiles][4], const un
   }
 }
 
-// Shared-memory bookkeeping of a kTokenTiles mask (neighborhood attention): the block's boxes,
-// its query rows' tokens and group-major windows, and per staged key box (a ring of kSlots: box
-// u + stages is staged at rendezvous u, one rendezvous before its loads are issued) its keys'
-// tokens, its group-major origin and whether every query sees it whole. Box j is last read by the
-// follower's softmax of tile j, after rendezvous j + 1, so the ring holds stages + 2 boxes.
-template <int kM, int kN>
+// A query box of the query-owning view: its tiles, its rows' tokens and group-major windows.
+template <int kM>
+struct QueryBoxSmem {
+  neighborhood::BlockTiles tiles;
+  int token[kM];       // -1 past the grid or on a hole
+  int2 window[kM][3];  // (lo, hi) per axis; lo > hi for rows without a token
+};
+
+// Shared-memory bookkeeping of a kTokenTiles mask (neighborhood attention) where queries own the
+// block: its query box (kQueryBoxes of them where a persistent block's copy warpgroup stages the
+// next grid tile's box while the math warps still read the current one: box k in query[k % 2]),
+// and per staged key box (a ring of kSlots, key box j of a block's boxes in slot j % kSlots, j
+// counted over the block's grid tiles where they are several) its keys' tokens, its group-major
+// origin and whether every query sees it whole. Key box j is last read by the softmax of tile j,
+// which every warp has left once it has waited for phase j + 1; the stager of box j + kSlots is
+// at most stages + 1 tiles ahead of the slowest reader (its warps' phase j + kSlots - stages - 1
+// at least, in both schedules), so the ring holds stages + 2 boxes.
+template <int kM, int kN, int kQueryBoxes = 1>
 struct TokenTileSmem {
   static constexpr int kOwnRows = kM, kSeenColumns = kN;  // set_token_tiles
   static_assert(kSeenColumns % 8 == 0, "whole n8 tiles of columns");
   static constexpr int kSlots = 5;
-  neighborhood::BlockTiles tiles;
   ColumnBits<kN / 8> columns;  // the key boxes' columns
-  int4 key_box[kSlots];  // (y'0, y'1, y'2) of the origin, full
+  int4 key_box[kSlots];        // (y'0, y'1, y'2) of the origin, full
   int key_token[kSlots][kN];
-  int query_token[kM];       // -1 past the grid or on a hole
-  int2 query_window[kM][3];  // (lo, hi) per axis; lo > hi for rows without a token
+  QueryBoxSmem<kM> query[kQueryBoxes];
 };
 
-// Writes key box u into its slot (every thread of the block calls it; the caller's next barrier
-// publishes it).
-template <int kM, int kN, int kThreads>
-__device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN>* tt, const NeighborhoodGrid& g,
-                                              int u) {
-  const int slot = u % TokenTileSmem<kM, kN>::kSlots;
+// Writes key box `box` of the query box `qb` into ring slot `slot`, by kThreads threads (`thread`:
+// this one's index among them); the caller's next barrier among them publishes it.
+template <int kM, int kN, int kThreads, int kQueryBoxes>
+__device__ __forceinline__ void stage_key_box(TokenTileSmem<kM, kN, kQueryBoxes>* tt,
+                                              const QueryBoxSmem<kM>& qb, const NeighborhoodGrid& g,
+                                              int box, int slot,
+                                              int thread = static_cast<int>(threadIdx.x)) {
   int origin[3];
-  neighborhood::seen_box_origin(tt->tiles, u, origin);
-  for (int c = static_cast<int>(threadIdx.x); c < kN; c += kThreads) {
+  neighborhood::seen_box_origin(qb.tiles, box, origin);
+  for (int c = thread; c < kN; c += kThreads) {
     int yp[3];
-    tt->key_token[slot][c] = neighborhood::box_token(g, tt->tiles.seen_shape, origin, c, yp);
+    tt->key_token[slot][c] = neighborhood::box_token(g, qb.tiles.seen_shape, origin, c, yp);
   }
-  if (threadIdx.x == kThreads - 1) {  // a thread without a token when kN < kThreads
+  if (thread == kThreads - 1) {  // a thread without a token when kN < kThreads
     tt->key_box[slot] = make_int4(origin[0], origin[1], origin[2],
-                                  neighborhood::seen_box_is_full_at(tt->tiles, origin, kN));
+                                  neighborhood::seen_box_is_full_at(qb.tiles, origin, kN));
   }
 }
 
-// The block's query box `block`: its tiles, its rows' tokens and group-major windows, and key
-// boxes 0 .. stages - 1, published by a block barrier; returns the number of key boxes.
+// The query box `block`: its tiles, then (after `sync`, a barrier of the kThreads threads that
+// call it) its rows' tokens and group-major windows; the caller's next barrier publishes those.
+template <int kM, int kThreads, typename Sync>
+__device__ __forceinline__ void stage_own_query_box(QueryBoxSmem<kM>* qb, const NeighborhoodGrid& g,
+                                                    int block, int thread, Sync&& sync) {
+  neighborhood::block_tiles_parallel(g, block, /*transposed=*/false, &qb->tiles, thread);
+  sync();
+  for (int r = thread; r < kM; r += kThreads) {
+    neighborhood::AxisWindow w[3];
+    qb->token[r] = neighborhood::own_box_entry(g, qb->tiles, r, /*transposed=*/false, w);
+    for (int a = 0; a < 3; ++a) qb->window[r][a] = make_int2(w[a].lo, w[a].hi);
+  }
+}
+
+// A block's only query box `block` (every thread of the block): its tiles, its rows' tokens and
+// windows, the column tables and key boxes 0 .. stages - 1 in slots 0 .., published by a block
+// barrier; returns the number of key boxes.
 template <int kM, int kN, int kThreads>
 __device__ __forceinline__ int init_query_box(TokenTileSmem<kM, kN>* tt, const NeighborhoodGrid& g,
                                               int block, int stages) {
-  neighborhood::block_tiles_parallel(g, block, /*transposed=*/false, &tt->tiles);
-  __syncthreads();
+  QueryBoxSmem<kM>* const qb = &tt->query[0];
+  stage_own_query_box<kM, kThreads>(qb, g, block, static_cast<int>(threadIdx.x),
+                                    [] { __syncthreads(); });
   tt->columns.template copy<kThreads>(g);
-  for (int r = static_cast<int>(threadIdx.x); r < kM; r += kThreads) {
-    neighborhood::AxisWindow w[3];
-    tt->query_token[r] = neighborhood::own_box_entry(g, tt->tiles, r, /*transposed=*/false, w);
-    for (int a = 0; a < 3; ++a) tt->query_window[r][a] = make_int2(w[a].lo, w[a].hi);
+  const int boxes = qb->tiles.num_seen_tiles;
+  for (int u = 0; u < stages && u < boxes; ++u) {
+    stage_key_box<kM, kN, kThreads>(tt, *qb, g, u, u % TokenTileSmem<kM, kN>::kSlots);
   }
-  const int boxes = tt->tiles.num_seen_tiles;
-  for (int u = 0; u < stages && u < boxes; ++u) stage_key_box<kM, kN, kThreads>(tt, g, u);
   __syncthreads();
   return boxes;
 }
 
-// Scores of a warp's rows against gathered key box `slot`: bias / rel-pos by token, then (partial
-// boxes) -inf where a key lies outside the row's window on some axis. This thread's entries 0, 1
-// sit on block row `row`, 2, 3 on row + 8; entry c of n8 tile t is key col + 8t + c of the box.
-// The test runs per row, not per score: the row's window clipped to the box picks the thread's
-// visible columns from the prefix tables (ColumnBits), one bit a score.
-template <typename Scores, int kM, int kN, int kTiles>
-__device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt, int slot,
+// Scores of a warp's rows (of query box `qb`) against gathered key box `slot`: bias / rel-pos by
+// token, then (partial boxes) -inf where a key lies outside the row's window on some axis. This
+// thread's entries 0, 1 sit on block row `row`, 2, 3 on row + 8; entry c of n8 tile t is key col +
+// 8t + c of the box. The test runs per row, not per score: the row's window clipped to the box
+// picks the thread's visible columns from the prefix tables (ColumnBits), one bit a score.
+template <typename Scores, int kM, int kN, int kQueryBoxes, int kTiles>
+__device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN, kQueryBoxes>* tt,
+                                                const QueryBoxSmem<kM>& qb, int slot,
                                                 const Scores& scores, float (&s)[kTiles][4],
                                                 int row, int col) {
   static_assert(kTiles == kN / 8, "a thread's columns of the whole tile");
@@ -132,7 +159,7 @@ __device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt,
   if (additive) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int query = tt->query_token[row + 8 * half];
+      const int query = qb.token[row + 8 * half];
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
@@ -151,11 +178,11 @@ __device__ __forceinline__ void gathered_scores(const TokenTileSmem<kM, kN>* tt,
     neighborhood::AxisWindow w[3];
 #pragma unroll
     for (int a = 0; a < 3; ++a) {
-      const int2 bounds = tt->query_window[row + 8 * half][a];
+      const int2 bounds = qb.window[row + 8 * half][a];
       w[a] = {bounds.x, bounds.y};
     }
     seen[half] =
-        neighborhood::visible_columns(tt->columns.prefix[col / 2], tt->tiles.seen_shape, origin, w);
+        neighborhood::visible_columns(tt->columns.prefix[col / 2], qb.tiles.seen_shape, origin, w);
   }
   hide_unseen_bits(s, seen);
 }

@@ -140,6 +140,7 @@ inline constexpr int kPipelineBarrier = 1;
 inline constexpr int kTurnBarrier = 2;
 inline constexpr int kTurnBackBarrier = 3;
 inline constexpr int kWarpgroupBarrier = 4;  // and 5
+inline constexpr int kCopyBarrier = 6;       // the forward's copy warpgroup (token tiles)
 
 // The turns of two warpgroups in ping-pong in a mainloop without a copy warpgroup (the backward
 // kernels; the protocol and its deadlock freedom: mainloop_bwd_dq.cuh's loop comment). Warpgroup 0
