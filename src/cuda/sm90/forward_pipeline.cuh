@@ -129,6 +129,19 @@ constexpr int block_threads() {
 // with the copy threads' loaders spilled more.
 inline constexpr int kCopyRegisters = 40;
 inline constexpr int kMathRegisters = 232;
+// Token tiles: 128 x 56 + 256 x 224, as the copy threads also stage the boxes (above). ptxas
+// (session 23, NA D 128): 40 / 232 left 51 spill instructions in the copy threads, 56 / 224 10
+// and none in the math threads, 64 / 216 15 and 2 in the math threads.
+inline constexpr int kTokenCopyRegisters = 56;
+inline constexpr int kTokenMathRegisters = 224;
+template <typename Policy>
+constexpr int copy_registers() {
+  return Policy::Mask::kTokenTiles ? kTokenCopyRegisters : kCopyRegisters;
+}
+template <typename Policy>
+constexpr int math_registers() {
+  return Policy::Mask::kTokenTiles ? kTokenMathRegisters : kMathRegisters;
+}
 
 // Whether the first phase issues P V too, with P = 0 against a zeroed V stage, so that it runs
 // the same wgmma run as every phase with both products (mainloop_fwd.cuh), or a run of its own

@@ -830,11 +830,11 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       }
     };
     if (threadIdx.x >= kThreads) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopyRegisters));
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(copy_registers<Policy>()));
       for_each_tile(std::true_type{});
       tile::cp_async_wait_all();  // no thread leaves with copies in flight
     } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMathRegisters));
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(math_registers<Policy>()));
       for_each_tile(std::false_type{});
       // The follower arrived after each of its phases: the leader's wait for the last one.
       if (kPingPong && warpgroup == 0 && phases_done > 0) {
