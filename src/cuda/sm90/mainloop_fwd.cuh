@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     // The ring slot of key box j of this grid tile (key boxes are counted over the block's grid
     // tiles, as phases are).
     [[maybe_unused]] auto key_slot = [&](int j) { return (phases_done + j) % TokenTiles::kSlots; };
+    // The copy role: this thread's index among the copy warpgroup's.
     [[maybe_unused]] const int copy_thread = static_cast<int>(threadIdx.x) - kThreads;
     [[maybe_unused]] auto copy_threads_sync = [] {
       named_barrier_sync<kCopyBarrier, kCopyThreads>();
@@ -683,16 +684,15 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       // tile's Q is read (q_empty): by its last product where the output has a tile of its own
       // (before that tile's last phase and epilogue, under which the next tile's first groups
       // land), else by its epilogue.
-      const int thread = static_cast<int>(threadIdx.x) - kThreads;
       // The threads that copy with cp.async: a multiple of the head dim, so that the range loaders
       // (16-byte chunks, whole rows, 8 rows a pass) apply: 96 of the 128 at D 96. The general
       // copies inside the tile loop spilled the copy threads (Q's at D 128: 544 bytes at 40
       // registers; D 96 800 bytes).
       constexpr int kCopiers = kCopyThreads / kD * kD;
-      const bool copier = kCopiers == kCopyThreads || thread < kCopiers;
-      const KvLoaders<kN, kD, kCopiers> loaders{{k_range, p.k_row_stride, p.head_dim, thread},
-                                                {v_range, p.v_row_stride, p.value_dim, thread},
-                                                thread};
+      const bool copier = kCopiers == kCopyThreads || copy_thread < kCopiers;
+      const KvLoaders<kN, kD, kCopiers> loaders{{k_range, p.k_row_stride, p.head_dim, copy_thread},
+                                                {v_range, p.v_row_stride, p.value_dim, copy_thread},
+                                                copy_thread};
       // Each copy thread's arrival: after its cp.async copies, or, where rows are copied element by
       // element (no 16-byte rows: plain shared-memory stores, no cp.async), a plain arrival, which
       // releases those stores.
@@ -720,12 +720,12 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         if (num_tiles == 0 || !copier) {
         } else if (kTokenTiles) {
           load_rows_async<kM, kD, kCopiers>(smem_q, q, p.q_row_stride, qb->token, p.head_dim,
-                                            p.vector_loads, thread);
+                                            p.vector_loads, copy_thread);
         } else if (p.vector_loads) {
-          QLoader{q, p.q_row_stride, p.head_dim, thread}.load(smem_q, 0, rows);
+          QLoader{q, p.q_row_stride, p.head_dim, copy_thread}.load(smem_q, 0, rows);
         } else {
           load_tile_async<kM, kD, kCopiers>(smem_q, q, p.q_row_stride, rows, p.head_dim,
-                                            p.vector_loads, thread);
+                                            p.vector_loads, copy_thread);
         }
         arrive(&bars->q_full);
       }
@@ -735,7 +735,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         if (g >= kStages) barrier_wait(&bars->empty[slot], (g / kStages - 1) & 1);
         const bool has_k = j < num_tiles, has_v = j >= 1;
         const bool k_by_tma = tma && j < main_tiles, v_by_tma = tma && has_v && j - 1 < main_tiles;
-        if (thread == 0 && (k_by_tma || v_by_tma)) {
+        if (copy_thread == 0 && (k_by_tma || v_by_tma)) {
           barrier_expect_bytes(&bars->full[slot],
                                (k_by_tma ? KVTile::kBytes : 0) + (v_by_tma ? KVTile::kBytes : 0));
           const std::int64_t first = key_tiles.first_row + static_cast<std::int64_t>(j) * kN;
@@ -770,14 +770,14 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         if constexpr (kStagedBoxes) {
           if (j + 1 < main_tiles) {
             stage_key_box<kM, kN, kCopyThreads>(tt, *qb, p.neighborhood, j + 1, key_slot(j + 1),
-                                                thread);
+                                                copy_thread);
           }
         }
         arrive(&bars->full[slot]);
         if constexpr (kStagedBoxes) copy_threads_sync();
         if (j == 0 && tma) {
           wait_q_free();
-          if (thread == 0) {
+          if (copy_thread == 0) {
             barrier_expect_bytes(&bars->q_full, QTile::kBytes);
             tma_load_tile<QTile>(smem_q_ptr, maps.q, m0, h, b, &bars->q_full);
           }
