@@ -70,20 +70,11 @@ struct FusedDq {
   static constexpr int kSumBytes = kD * kSumPitch * 4;
   static_assert(kM % 4 == 0 && kSumBytes % 1024 == 0, "16-byte rows, 1024-byte tile");
 
-  // Stores this warp's 16 rows of dS^T (rows first_row.., A fragments of 16 columns each) with
-  // stmatrix: lane l addresses row l % 8 of 8 x 8 matrix l / 8, matrices in fragment order.
+  // Stores this warp's 16 rows of dS^T (rows first_row.., A fragments of 16 columns each).
   template <int kSteps>
   __device__ __forceinline__ static void store_ds(std::uint32_t smem_ds, int first_row,
                                                   const std::uint32_t (&a)[kSteps][4], int lane) {
-    const int matrix = lane / 8;
-    const int row = first_row + lane % 8 + 8 * (matrix & 1);
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
-      const std::uint32_t at = smem_ds + DsTile::chunk_offset(row, 2 * kk + (matrix >> 1));
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
-                   "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
-                   : "memory");
-    }
+    store_fragments_stmatrix<DsTile>(smem_ds, first_row, a, lane);
   }
 
   __device__ __forceinline__ static void warpgroup_barrier(int warpgroup) {

@@ -89,19 +89,14 @@ inline bool tma_enabled() {
   return enabled;
 }
 
-// Fills `out` for a 16-bit tensor at `base` of `cols` columns (contiguous) with rows / heads /
-// batches of the given sizes and element strides, copied in boxes of box_cols x box_rows into
-// shared memory swizzled by swizzle_bytes (64 or 128). False where the driver has no encoder or
-// refuses these strides.
-inline bool encode_rows_map(RowsMap* out, const void* base, std::int64_t cols, std::int64_t rows,
-                            std::int64_t heads, std::int64_t batch, std::int64_t row_stride,
-                            std::int64_t head_stride, std::int64_t batch_stride, int box_cols,
-                            int box_rows, int swizzle_bytes) {
-  using Encode =
-      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static const Encode encode = [] {
+using TensorMapEncode =
+    CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's cuTensorMapEncodeTiled, looked up once; nullptr where the driver has none.
+inline TensorMapEncode tensor_map_encoder() {
+  static const TensorMapEncode encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
 #if CUDART_VERSION >= 12050
@@ -113,18 +108,34 @@ inline bool encode_rows_map(RowsMap* out, const void* base, std::int64_t cols, s
 #endif
     if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
-      return static_cast<Encode>(nullptr);
+      return static_cast<TensorMapEncode>(nullptr);
     }
-    return reinterpret_cast<Encode>(fn);
+    return reinterpret_cast<TensorMapEncode>(fn);
   }();
+  return encode;
+}
+
+// The dimensions of a map over a 16-bit tensor at `base` of `cols` columns (contiguous) with rows /
+// heads / batches of the given sizes and element strides: the columns, then the outer dimensions
+// by increasing byte stride, size-1 ones last (their stride is never used, so it is replaced by
+// one that keeps the order growing). False where no tensor map can describe the tensor (the
+// driver wants a 16-byte aligned base, outer strides that are multiples of 16 bytes below 2^40,
+// sizes below 2^32, no empty dimension).
+struct RowsMapLayout {
+  cuuint64_t dims[4];
+  cuuint64_t strides[3];
+  int order[3];
+};
+inline bool rows_map_layout(RowsMapLayout* out, const void* base, std::int64_t cols,
+                            std::int64_t rows, std::int64_t heads, std::int64_t batch,
+                            std::int64_t row_stride, std::int64_t head_stride,
+                            std::int64_t batch_stride) {
   // The driver refuses empty dimensions (CUDA_ERROR_INVALID_VALUE, which compute-sanitizer reports
   // as an API error): a forward without keys (Lk = 0) takes the cp.async path without asking.
-  if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || cols <= 0 ||
-      rows <= 0 || heads <= 0 || batch <= 0) {
+  if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || cols <= 0 || rows <= 0 || heads <= 0 ||
+      batch <= 0) {
     return false;
   }
-  // The outer dimensions by increasing byte stride; size-1 ones last (their stride is never used,
-  // so it is replaced by one that keeps the order growing).
   struct Outer {
     int which;
     std::int64_t size, stride;
@@ -141,8 +152,7 @@ inline bool encode_rows_map(RowsMap* out, const void* base, std::int64_t cols, s
     }
   }
   std::int64_t extent = cols * 2;  // bytes spanned by the dimensions so far
-  cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), 0, 0, 0};
-  cuuint64_t strides[3] = {};
+  out->dims[0] = static_cast<cuuint64_t>(cols);
   for (int i = 0; i < 3; ++i) {
     Outer& o = outer[i];
     if (o.size == 1) o.stride = (extent + 15) / 16 * 16;
@@ -150,18 +160,45 @@ inline bool encode_rows_map(RowsMap* out, const void* base, std::int64_t cols, s
         o.size >= (std::int64_t{1} << 32)) {
       return false;
     }
-    dims[i + 1] = static_cast<cuuint64_t>(o.size);
-    strides[i] = static_cast<cuuint64_t>(o.stride);
+    out->dims[i + 1] = static_cast<cuuint64_t>(o.size);
+    out->strides[i] = static_cast<cuuint64_t>(o.stride);
     out->order[i] = o.which;
     extent = std::max(extent, o.stride * o.size);
   }
+  return true;
+}
+
+// Whether encode_rows_map would succeed for these tensors (the same checks, without encoding).
+inline bool rows_mappable(const void* base, std::int64_t cols, std::int64_t rows,
+                          std::int64_t heads, std::int64_t batch, std::int64_t row_stride,
+                          std::int64_t head_stride, std::int64_t batch_stride) {
+  RowsMapLayout layout;
+  return tensor_map_encoder() != nullptr && rows_map_layout(&layout, base, cols, rows, heads, batch,
+                                                            row_stride, head_stride, batch_stride);
+}
+
+// Fills `out` for a 16-bit tensor at `base` of `cols` columns (contiguous) with rows / heads /
+// batches of the given sizes and element strides, copied in boxes of box_cols x box_rows into
+// shared memory swizzled by swizzle_bytes (64 or 128). False where the driver has no encoder or
+// refuses these strides.
+inline bool encode_rows_map(RowsMap* out, const void* base, std::int64_t cols, std::int64_t rows,
+                            std::int64_t heads, std::int64_t batch, std::int64_t row_stride,
+                            std::int64_t head_stride, std::int64_t batch_stride, int box_cols,
+                            int box_rows, int swizzle_bytes) {
+  const TensorMapEncode encode = tensor_map_encoder();
+  RowsMapLayout layout;
+  if (encode == nullptr || !rows_map_layout(&layout, base, cols, rows, heads, batch, row_stride,
+                                            head_stride, batch_stride)) {
+    return false;
+  }
   cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), 1, 1, 1};
   for (int i = 0; i < 3; ++i) {
-    if (out->order[i] == kRowDim) box[i + 1] = static_cast<cuuint32_t>(box_rows);
+    out->order[i] = layout.order[i];
+    if (layout.order[i] == kRowDim) box[i + 1] = static_cast<cuuint32_t>(box_rows);
   }
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return encode(&out->map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), dims,
-                strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  return encode(&out->map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), layout.dims,
+                layout.strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -250,6 +287,14 @@ __device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& 
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
                                       dst + block * Tile::kBlockBytes, &m.map, coords, bar);
   }
+}
+
+// `count` floats (a multiple of 4) from `src` (16-byte aligned) to `dst` (shared memory) by one
+// bulk copy, completing count * 4 bytes on `bar`.
+__device__ __forceinline__ void copy_floats_bulk(std::uint8_t* dst, const float* src, int count,
+                                                 std::uint64_t* bar) {
+  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, dst, src,
+                             static_cast<std::uint32_t>(count * 4), bar);
 }
 
 // The bias tile of query rows from `row` x keys from `first_key` of (batch, head) through a map of

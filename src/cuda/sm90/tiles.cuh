@@ -271,6 +271,24 @@ __device__ __forceinline__ void pack_fragments(const float (&c)[kTiles][4],
   }
 }
 
+// Stores one warp's A fragments (rows [first_row, first_row + 16) of a 16-bit product operand, 16
+// columns a fragment) into the swizzled `Tile` at `smem` with stmatrix: lane l addresses row l % 8
+// of 8 x 8 matrix l / 8, the matrices in fragment order (rows 0-7 / 8-15, then columns 8-15).
+template <typename Tile, int kSteps>
+__device__ __forceinline__ void store_fragments_stmatrix(std::uint32_t smem, int first_row,
+                                                         const std::uint32_t (&a)[kSteps][4],
+                                                         int lane) {
+  const int matrix = lane / 8;
+  const int row = first_row + lane % 8 + 8 * (matrix & 1);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const std::uint32_t at = smem + Tile::chunk_offset(row, 2 * kk + (matrix >> 1));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
+                 "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+                 : "memory");
+  }
+}
+
 // Stores 16 staged rows of a swizzled tile (rows [first_row, first_row + 16) of `tile` in shared
 // memory at `smem`) to global rows `row_stride` apart, rows < valid_rows and columns < cols only;
 // 16-byte stores when the destination allows them. One warp; `lane` its lane.

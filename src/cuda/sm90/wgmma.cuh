@@ -99,6 +99,14 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kTiles][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[t][e])::"memory");
   }
 }
+template <int kTiles>
+__device__ __forceinline__ void zero_accumulators(float (&d)[kTiles][4]) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[t][e] = 0.0f;
+  }
+}
 // The same for A fragments held in registers: their packing stays before wgmma_fence.
 template <int kSteps>
 __device__ __forceinline__ void fence_fragments(std::uint32_t (&a)[kSteps][4]) {
