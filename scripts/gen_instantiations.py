@@ -49,6 +49,9 @@ VARIANTS = [
      "ForwardParams", [FP32], [64], ["PolicyPlain", "PolicyWindow"]),
     ("sm90", "bwd_planes", "cuda/sm90/launch_bwd_fp32.cuh", ["launch_backward_fp32"],
      "BackwardParams", [FP32], [64], ["PolicyPlain", "PolicyWindow"]),
+    # The warp-specialized fused backward (mainloop_bwd_fused.cuh): buckets 64 and 128.
+    ("sm90", "bwd_fused", "cuda/sm90/launch_bwd_fused.cuh", ["launch_backward_fused"],
+     "BackwardParams", [FP16, BF16], [64, 128], ["PolicyPlain", "PolicyWindow"]),
     # Score modifiers (softcap, bias) in files of their own, likewise.
     ("sm90", "bwd_general", "cuda/sm90/launch_bwd.cuh",
      ["launch_backward_dkdv", "launch_backward_dq"], "BackwardParams", [FP16, BF16], BUCKETS,
@@ -56,7 +59,7 @@ VARIANTS = [
 ]
 
 DIRECTION_NAMES = {"fwd": "forward", "fwd_planes": "forward on fp32 planes (tf32 wgmma)",
-                   "bwd_planes": "backward on fp32 planes (tf32 wgmma)", "fwd_bias": "forward with a bias alone", "fwd_na": "neighborhood forward", "bwd": "backward",
+                   "bwd_planes": "backward on fp32 planes (tf32 wgmma)", "fwd_bias": "forward with a bias alone", "fwd_na": "neighborhood forward", "bwd": "backward", "bwd_fused": "fused backward (warp-specialized)",
                    "bwd_na": "neighborhood backward",
                    "bwd_bias": "backward with a bias alone", "bwd_general": "backward with score modifiers"}
 

@@ -5,7 +5,9 @@
 // fp32 accumulators of dbias's own compact size and, on the sm80 kernels, of drel_h / drel_w)
 // and launches
 //   preprocess (Delta, lse_log2, sink terms) -> dsinks (ordered reduction)
-//   -> fused: dK/dV kernel with dQ atomics (and dbias / drel accumulation), dQ conversion
+//   -> fused on Hopper (sm90_fused, where it applies): the warp-specialized kernel adding dQ to
+//      an fp32 accumulator by bulk reductions, then its conversion (sm90/mainloop_bwd_fused.cuh)
+//      fused: dK/dV kernel with dQ atomics (and dbias / drel accumulation), dQ conversion
 //      split: dK/dV kernel (and dbias / drel accumulation on sm80), dQ kernel (on sm90: drel
 //      written in place, and the dQ kernel overlapping the dK/dV kernel's last wave)
 //      fp32 on Hopper (sm90_fp32): the planes pass, dK/dV kernel and dQ kernel of
@@ -223,9 +225,11 @@ bool dq_overlap_enabled() {
 // L 1024) and by 4-5% at 256 blocks of a causal GQA group of 8 (L 4096), the one measured shape
 // this rule gets wrong. Rule: split when the dK/dV grid fills less than half the SMs.
 // deterministic forces split, whose reductions all run in a fixed order.
-// On Hopper both structures run sm90 kernels where they apply (use_sm90_backward; the fused one
-// at D 64 / 128 without rel-pos or dbias, sm90_fused_backward_applies); fused asked for where only
-// the split sm90 kernels apply runs the sm80 fused kernels. Auto on Hopper: split. Measured on an
+// On Hopper the warp-specialized fused kernel runs wherever it applies (run_backward:
+// sm90_fused); elsewhere both structures run sm90 kernels where they apply (use_sm90_backward; the
+// older fused one at D 64 / 128 without rel-pos or dbias, sm90_fused_backward_applies); fused asked
+// for where only the split sm90 kernels apply runs the sm80 fused kernels. Auto there: split,
+// measured on an
 // H100 (bf16, session 11, bench/results/nvidia-h100-80gb-hbm3/session11/): the fused sm90 kernel
 // took 1.00-1.24x the split time in the dense cells (D 64 / 128, L 512-8192, causal or not; D 128
 // L 8192 level) and at SAM-B (1.13x; with a [1, H, L, L] bias 1.09x): its dQ reductions cost more
@@ -279,8 +283,16 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   FMHA_RETURN_IF_ERROR(check_device(device, &sm_count, &arch));
   // fp32 on Hopper: the sm90 fp32 kernels (split, deterministic) unless fused is asked for.
   const bool sm90_fp32 = impl != BackwardImpl::kFused && use_sm90_fp32_backward(p, dtype, arch);
-  const bool sm90_eligible = use_sm90_backward(p, additive.dbias != nullptr, dtype, arch);
-  const bool fused = !sm90_fp32 && use_fused(p, o, impl, sm_count, sm90_eligible);
+  // The warp-specialized fused kernel wherever it applies, unless split is asked for (auto
+  // included). Measured on an H100 (bf16, 2026-11-27, the kernels alone with
+  // bench/cpp/sm90_fused_backward_check.cu): 1.03-1.66x the split kernels' time at D 64 / 128,
+  // L 1024-16384, causal or not; 0.81-0.97x at L 512, where its fixed cost (zeroing and converting
+  // the dQ accumulator) weighs most. Deterministic too: its dQ adds then go in key-block order.
+  const bool sm90_fused = !sm90_fp32 && impl != BackwardImpl::kSplit &&
+                          use_sm90_fused_backward(p, dtype, arch);
+  const bool sm90_eligible =
+      !sm90_fused && use_sm90_backward(p, additive.dbias != nullptr, dtype, arch);
+  const bool fused = !sm90_fp32 && !sm90_fused && use_fused(p, o, impl, sm_count, sm90_eligible);
   const bool sm90 =
       sm90_eligible && (!fused || sm90_fused_backward_applies(p, additive.dbias != nullptr));
   // The sm90 dQ kernel sums drel_h / drel_w per query row without atomics; the sm80 kernels add
@@ -293,12 +305,24 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   }
 
   const std::int64_t heads = p.fwd.heads;
-  const std::int64_t stats = outer * heads * inner;
+  const FusedAccumulatorSize fused_size = sm90_fused
+                                              ? sm90_fused_backward_accumulator(&p, inner, varlen)
+                                              : FusedAccumulatorSize{0, 0, inner};
+  // Statistics rows a head: the warp-specialized fused kernel copies whole query tiles of them
+  // (stat_rows: padding rows the preprocess fills).
+  const std::int64_t stat_inner = fused_size.stat_rows;
+  if (sm90_fused && !varlen) p.stat_rows = stat_inner;
+  const std::int64_t stats = outer * heads * stat_inner;
   // The sm90 fused kernel's accumulator is by column (fused_dq.cuh): rows of inner_pad queries,
   // 16-byte aligned, so that a tile's bulk reductions start aligned where its first query is a
   // multiple of 4.
   const std::int64_t inner_pad = sm90 && fused ? (inner + 3) / 4 * 4 : inner;
-  const std::int64_t accum = fused ? outer * heads * inner_pad * p.fwd.head_dim : 0;
+  const std::int64_t fused_accum = fused_size.floats;
+  // Deterministic: a turn counter a query tile after the accumulator, zeroed with it.
+  const std::int64_t turn_counters = o.deterministic ? fused_size.tiles : 0;
+  const std::int64_t accum = sm90_fused ? fused_accum + turn_counters
+                             : fused    ? outer * heads * inner_pad * p.fwd.head_dim
+                                        : 0;
   const std::int64_t stat_floats = 2 * stats + (p.dsinks != nullptr ? stats : 0);
   const std::int64_t accum_offset = (stat_floats + 3) / 4 * 4;  // 16-byte aligned
   // The sm90 backward runs rel-pos alone (PolicyRelPos): its dQ kernel writes drel in place.
@@ -314,11 +338,14 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   }
   p.delta = workspace;
   p.lse_log2 = workspace + stats;
-  p.stat_batch_stride = varlen ? 0 : heads * inner;
-  p.stat_head_stride = inner;
+  p.stat_batch_stride = varlen ? 0 : heads * stat_inner;
+  p.stat_head_stride = stat_inner;
   if (p.dsinks != nullptr && p.fwd.sinks != nullptr) p.sink_term = workspace + 2 * stats;
   float* const next = workspace + accum_offset;
-  if (fused && sm90) {
+  if (sm90_fused) {
+    p.dq_accum = next;  // its strides: sm90_fused_backward_accumulator
+    if (turn_counters > 0) p.dq_semaphore = reinterpret_cast<int*>(next + fused_accum);
+  } else if (fused && sm90) {
     p.dq_accum = next;
     p.accum_row_stride = 1;
     p.accum_col_stride = inner_pad;
@@ -368,7 +395,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   auto step = [&](Status next_status) {
     if (s.ok()) s = next_status;
   };
-  if (fused && accum > 0) {
+  if (accum > 0) {
     const cudaError_t e =
         cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(accum) * sizeof(float), stream);
     if (e != cudaSuccess) step(cuda_error("cudaMemsetAsync of the dQ accumulator failed", e));
@@ -382,6 +409,8 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   if (p.dsinks != nullptr) step(launch_backward_dsinks(p, outer, inner, stream));
   if (s.ok() && sm90_fp32) {
     step(dispatch_backward_sm90_fp32(p, stream));
+  } else if (s.ok() && sm90_fused) {
+    step(dispatch_backward_sm90_fused(p, dtype, stream));  // dq converted there
   } else if (s.ok()) {
     step(sm90 ? dispatch_backward_sm90_dkdv(p, dtype, stream)
               : dispatch_backward_dkdv(p, dtype, stream));
@@ -390,7 +419,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   // are no keys: then the kernel before would be the preprocess, whose Delta the dQ kernel reads).
   p.dq_overlaps_dkdv = sm90 && !fused && p.fwd.seqlen_k > 0 && dq_overlap_enabled();
   // Conversions after the dQ kernel (the fused path's dQ, dbias, the sm80 kernels' drel).
-  if (s.ok() && !sm90_fp32) {
+  if (s.ok() && !sm90_fp32 && !sm90_fused) {
     step(fused  ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
          : sm90 ? dispatch_backward_sm90_dq(p, dtype, stream)
                 : dispatch_backward_dq(p, dtype, stream));

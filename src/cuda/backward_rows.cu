@@ -48,8 +48,16 @@ __device__ __forceinline__ void store_row_statistics(const BackwardParams& p, st
   }
 }
 
-// Any layout: one warp per row, lanes striding over the elements. grid (ceil(inner / kRowWarps),
-// H, outer).
+// A padding row past the queries (BackwardParams::stat_rows): P = exp2(s - lse_log2) = 0 there.
+__device__ __forceinline__ void store_padding_statistics(const BackwardParams& p, std::int64_t b,
+                                                         std::int64_t h, std::int64_t i) {
+  const std::int64_t stat = b * p.stat_batch_stride + h * p.stat_head_stride + i;
+  p.delta[stat] = 0.0f;
+  p.lse_log2[stat] = INFINITY;
+}
+
+// Any layout: one warp per row, lanes striding over the elements. grid (ceil(rows / kRowWarps),
+// H, outer), rows = max(inner, p.stat_rows).
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     backward_preprocess_kernel(const __grid_constant__ BackwardParams p, std::int64_t inner) {
@@ -57,7 +65,10 @@ __global__ void __launch_bounds__(kRowThreads)
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
-  if (i >= inner) return;
+  if (i >= inner) {
+    if (i < p.stat_rows && lane == 0) store_padding_statistics(p, b, h, i);
+    return;
+  }
   using Elem = typename tile::Dtype<T>::Storage;
   const auto* dout = static_cast<const Elem*>(p.dout) + b * p.dout_batch_stride +
                      i * p.dout_row_stride + h * p.dout_head_stride;
@@ -110,6 +121,7 @@ __global__ void __launch_bounds__(kRowThreads)
     dot += __shfl_xor_sync(0xffffffffu, dot, offset);
   }
   if (exists && lane % kGroup == 0) store_row_statistics(p, b, h, i, dot);
+  if (!exists && i < p.stat_rows && lane % kGroup == 0) store_padding_statistics(p, b, h, i);
 }
 
 // One block per head; a fixed assignment of rows to threads and a fixed tree, so the sum is the
@@ -262,10 +274,11 @@ template <typename T>
 void launch_preprocess_chunks(const BackwardParams& p, std::int64_t outer, std::int64_t inner,
                               cudaStream_t stream) {
   const int chunks = p.fwd.value_dim * static_cast<int>(sizeof(T)) / 16;
+  const std::int64_t rows = std::max(inner, p.stat_rows);
   auto launch = [&](auto group) {
     constexpr int kGroup = decltype(group)::value;
     constexpr std::int64_t kRowsPerBlock = kRowWarps * 32 / kGroup;
-    const dim3 grid(static_cast<unsigned>((inner + kRowsPerBlock - 1) / kRowsPerBlock),
+    const dim3 grid(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
                     static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(outer));
     backward_preprocess_chunks_kernel<T, kGroup><<<grid, kRowThreads, 0, stream>>>(p, inner);
   };
@@ -286,7 +299,8 @@ void launch_preprocess(const BackwardParams& p, std::int64_t outer, std::int64_t
   if (p.preprocess_chunks) {
     launch_preprocess_chunks<T>(p, outer, inner, stream);
   } else {
-    backward_preprocess_kernel<T><<<row_grid(p, outer, inner), kRowThreads, 0, stream>>>(p, inner);
+    backward_preprocess_kernel<T>
+        <<<row_grid(p, outer, std::max(inner, p.stat_rows)), kRowThreads, 0, stream>>>(p, inner);
   }
 }
 

@@ -15,8 +15,11 @@
 #include "cuda/sm80/launch_bwd.h"
 #include "cuda/sm80/tile_sizes_bwd.h"
 #if FMHA_WITH_SM90
+#include "cuda/sm90/dq_accumulator.cuh"
 #include "cuda/sm90/launch_bwd.h"
 #include "cuda/sm90/launch_bwd_fp32.h"
+#include "cuda/sm90/launch_bwd_fused.h"
+#include "cuda/sm90/tile_copies.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #endif
 
@@ -213,6 +216,84 @@ Status dispatch_backward_sm90_dkdv(const BackwardParams& p, DType dtype, cudaStr
 Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStream_t stream) {
 #if FMHA_WITH_SM90
   return dispatch_sm90<false>(p, dtype, stream);
+#else
+  (void)p, (void)dtype, (void)stream;
+  return Status::not_supported("fmha: this build has no sm90 backward kernels");
+#endif
+}
+
+bool use_sm90_fused_backward(const BackwardParams& p, DType dtype, int arch) {
+#if FMHA_WITH_SM90
+  const ForwardParams& f = p.fwd;
+  const int bucket = sm80::head_dim_bucket(max_dim(p));
+  const bool sixteen_bit = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+  const std::int64_t kv_heads = f.heads / f.kv_group;
+  return sixteen_bit && use_sm90_kernels(arch) && sm90::bwd_fused_ws_bucket(bucket) &&
+         head_dim_bucket_built(bucket) && f.neighborhood.rank == 0 && f.rel_h == nullptr &&
+         f.bias == nullptr && f.softcap_log2 == 0.0f && f.num_extra == 0 &&
+         f.cu_seqlens_q == nullptr && f.seqlen_q > 0 && f.seqlen_k > 0 &&
+         sm90::rows_mappable(f.q, f.head_dim, f.seqlen_q, f.heads, f.batch, f.q_row_stride,
+                             f.q_head_stride, f.q_batch_stride) &&
+         sm90::rows_mappable(p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch, p.dout_row_stride,
+                             p.dout_head_stride, p.dout_batch_stride) &&
+         sm90::rows_mappable(f.k, f.head_dim, f.seqlen_k, kv_heads, f.batch, f.k_row_stride,
+                             f.k_head_stride, f.k_batch_stride) &&
+         sm90::rows_mappable(f.v, f.value_dim, f.seqlen_k, kv_heads, f.batch, f.v_row_stride,
+                             f.v_head_stride, f.v_batch_stride);
+#else
+  (void)p, (void)dtype, (void)arch;
+  return false;
+#endif
+}
+
+FusedAccumulatorSize sm90_fused_backward_accumulator(BackwardParams* p, std::int64_t inner,
+                                                     bool varlen) {
+#if FMHA_WITH_SM90
+  const std::int64_t outer = varlen ? 1 : p->fwd.batch;
+  const bool d64 = sm80::head_dim_bucket(max_dim(*p)) == 64;
+  if (d64) {
+    sm90::set_dq_accumulator_strides<64>(p, inner, varlen);
+  } else {
+    sm90::set_dq_accumulator_strides<128>(p, inner, varlen);
+  }
+  const std::int64_t floats = outer * p->fwd.heads * p->accum_head_stride;
+  const std::int64_t tile = d64 ? sm90::DqAccumulator<64>::kTileFloats
+                                : sm90::DqAccumulator<128>::kTileFloats;
+  const std::int64_t rows = d64 ? sm90::DqAccumulator<64>::kM : sm90::DqAccumulator<128>::kM;
+  return {floats, floats / tile, varlen ? inner : (inner + rows - 1) / rows * rows};
+#else
+  (void)p, (void)varlen;
+  return {0, 0, inner};
+#endif
+}
+
+Status dispatch_backward_sm90_fused(const BackwardParams& p, DType dtype, cudaStream_t stream) {
+#if FMHA_WITH_SM90
+  auto by_bucket = [&](auto type) -> Status {
+    using T = decltype(type);
+    const bool window = masked(p);
+    if (sm80::head_dim_bucket(max_dim(p)) == 64) {
+      if constexpr (head_dim_bucket_built(64)) {
+        return window ? sm90::launch_backward_fused<T, 64, PolicyWindow>(p, stream)
+                      : sm90::launch_backward_fused<T, 64, PolicyPlain>(p, stream);
+      }
+    } else {
+      if constexpr (head_dim_bucket_built(128)) {
+        return window ? sm90::launch_backward_fused<T, 128, PolicyWindow>(p, stream)
+                      : sm90::launch_backward_fused<T, 128, PolicyPlain>(p, stream);
+      }
+    }
+    return Status::backend_error("fmha: internal error: no fused sm90 backward for this problem");
+  };
+  switch (dtype) {
+    case DType::kFloat16:
+      return by_bucket(__half{});
+    case DType::kBFloat16:
+      return by_bucket(__nv_bfloat16{});
+    default:
+      return Status::not_supported(std::string("fmha: the fused sm90 backward got q of dtype ") +
+                                   to_string(dtype) + " (supported: float16, bfloat16)");
+  }
 #else
   (void)p, (void)dtype, (void)stream;
   return Status::not_supported("fmha: this build has no sm90 backward kernels");

@@ -38,6 +38,24 @@ bool sm90_fused_backward_applies(const BackwardParams& p, bool wants_dbias);
 Status dispatch_backward_sm90_dkdv(const BackwardParams& p, DType dtype, cudaStream_t stream);
 Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStream_t stream);
 
+// Whether the warp-specialized fused sm90 backward (sm90/mainloop_bwd_fused.cuh: one pass, dQ added
+// to an fp32 accumulator by bulk reductions) takes this problem on a device of compute capability
+// `arch`: fp16/bf16, head-dim buckets 64 and 128, dense batches, no mask or a causal/window mask,
+// GQA, sinks and dlse; no bias, softcap, rel-pos, neighborhood attention or extra keys; q, k, v and
+// dout describable by tensor maps (16-byte aligned rows). Not deterministic (the adds' order).
+bool use_sm90_fused_backward(const BackwardParams& p, DType dtype, int arch);
+// Its dQ accumulator for `inner` rows a head (Lq, or total_q for varlen): floats, query tiles
+// (deterministic mode's turn counters, one a tile) and the rows a head's row statistics need (the
+// kernel copies whole query tiles of them); sets the accumulator's strides in p (p->dq_accum
+// stays the caller's).
+struct FusedAccumulatorSize {
+  std::int64_t floats, tiles, stat_rows;
+};
+FusedAccumulatorSize sm90_fused_backward_accumulator(BackwardParams* p, std::int64_t inner,
+                                                     bool varlen);
+// Its kernel and the conversion of the accumulator into dq; only when use_sm90_fused_backward.
+Status dispatch_backward_sm90_fused(const BackwardParams& p, DType dtype, cudaStream_t stream);
+
 // Whether the sm90 fp32 backward (tf32 wgmma on split planes, sm90/mainloop_bwd_fp32.cuh) takes
 // this problem on a device of compute capability `arch`: fp32 where the forward's rule,
 // fp32_planes_apply (dispatch_fwd.h), lets the sm90 fp32 forward run; dlse too. It is split and

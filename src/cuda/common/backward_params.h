@@ -49,6 +49,10 @@ struct BackwardParams {
   float* lse_log2 = nullptr;
   float* sink_term = nullptr;
   std::int64_t stat_batch_stride = 0, stat_head_stride = 0;
+  // Rows a head's statistics have (dense only): the queries, and past them up to stat_rows (the
+  // warp-specialized sm90 fused kernel copies whole query tiles of them by bulk copies) rows
+  // holding lse_log2 = +inf and Delta = 0; 0: the rows end with the queries.
+  std::int64_t stat_rows = 0;
   // Fused mode: dQ accumulated in fp32 (sm80: atomics; sm90: bulk reductions); nullptr in split
   // mode (the dQ kernel writes dq directly). The sm80 kernels' layout is by row, [B, H, Lq, D]
   // (varlen [H, total_q, D]): row stride D, column stride 1; the sm90 fused kernel's by column,
@@ -56,6 +60,11 @@ struct BackwardParams {
   float* dq_accum = nullptr;
   std::int64_t accum_batch_stride = 0, accum_head_stride = 0, accum_row_stride = 0;
   std::int64_t accum_col_stride = 1;
+  // The warp-specialized sm90 fused kernel in deterministic mode: one zeroed counter per query
+  // tile of its accumulator (tile index = float offset / the tile's floats), counting the key
+  // blocks that have added to the tile, so that they add in key-block order
+  // (sm90/mainloop_bwd_fused.cuh); nullptr otherwise.
+  int* dq_semaphore = nullptr;
 
   // Bias and rel-pos gradients, accumulated by the dK/dV kernel from dS (the gradient wrt the
   // final score) into zeroed fp32 workspace, then converted into the gradients' dtype and strides.

@@ -57,6 +57,23 @@ constexpr int bwd_keys_per_tile(int head_dim_bucket, bool narrow = false) {
 
 inline constexpr int kBwdStages = 3;
 
+// The warp-specialized fused backward (mainloop_bwd_fused.cuh): a block owns 128 keys (64 per math
+// warpgroup, the M of S^T = K Q^T and dP^T = V dO^T) and walks query tiles of 64 queries at D 128
+// and 128 at D 64, the largest N for which S^T, dP^T, dK and dV of a warpgroup stay in its 240
+// registers (D 128: dK + dV 128 floats a thread, S^T + dP^T 64; D 64: 64 and 128). Two stages of
+// Q and dO, two dS^T tiles and the two warpgroups' dQ staging fill about 194 KB of shared memory
+// at either bucket; a third stage would not fit.
+inline constexpr int kBwdFusedKeysPerBlock = 128;
+constexpr bool bwd_fused_ws_bucket(int head_dim_bucket) {
+  return head_dim_bucket == 64 || head_dim_bucket == 128;
+}
+constexpr int bwd_fused_queries_per_tile(int head_dim_bucket) {
+  return head_dim_bucket <= 64 ? 128 : 64;
+}
+// Threads: a producer warpgroup (warp 0 loads, warp 1 adds dQ to the accumulator) and two math
+// warpgroups.
+inline constexpr int kBwdFusedThreads = 384;
+
 // Shared memory of a dQ block's 16-bit tiles: Q and dO, `stages` K/V stages, and the slack that
 // rounds the base up to the swizzle period.
 constexpr int bwd_dq_tile_bytes(int head_dim_bucket, int stages, bool narrow = false) {
