@@ -189,10 +189,12 @@ TEST(CudaBackward, Varlen) {
   check_backward(c, 112);
 }
 
-// On sm90, backward_impl = fused at head-dim buckets 64 and 128 runs the dK/dV kernel that adds
-// dQ with atomics (fused_dq.cuh), next to the split kernels: GQA, masks, a bias without dbias (the
-// register-form policy), softcap (the general one), head dims inside the buckets, several query
-// tiles and key blocks; varlen with odd sequence starts adds single floats instead of pairs.
+// On sm90, backward_impl = fused at head-dim buckets 64 and 128 runs the warp-specialized fused
+// kernel where it applies (dense, no score modifiers: FusedWarpSpecialized below) and elsewhere
+// the dK/dV kernel that adds dQ with bulk reductions by column (fused_dq.cuh), next to the split
+// kernels: GQA, masks, a bias without dbias (the register-form policy), softcap (the general one),
+// head dims inside the buckets, several query tiles and key blocks; varlen with odd sequence
+// starts adds single floats instead of pairs.
 TEST(CudaBackward, FusedAtBuckets64And128) {
   SKIP_WITHOUT_GPU();
   for (auto [d, dv] : {std::pair<int, int>{64, 64}, {48, 64}, {128, 128}, {100, 120}}) {
@@ -228,6 +230,48 @@ TEST(CudaBackward, FusedAtBuckets64And128) {
   c.head_dim = c.value_dim = 64;
   c.options.causal = true;
   check_backward(c, 75);
+}
+
+// The warp-specialized fused sm90 backward (mainloop_bwd_fused.cuh; backward_impl fused and auto
+// on Hopper for dense batches without score modifiers at buckets 64 and 128): rows long enough
+// that its two Q / dO stages and dS^T tiles wrap many times, the GQA group's heads walked by one
+// key block, causal both alignments (bottom-right with Lq > Lk leaves rows fully masked), windows,
+// head dims inside the buckets and Dv != D, sinks and dlse, several batches; the split kernels
+// alongside as the reference's second opinion.
+TEST(CudaBackward, FusedWarpSpecialized) {
+  SKIP_WITHOUT_GPU();
+  for (auto [d, dv] : {std::pair<int, int>{64, 64}, {128, 128}, {48, 64}, {128, 64}, {96, 128}}) {
+    BackwardCase c = shape_case(DType::kBFloat16, 700, 1088, d, dv, 8, 2, 2);
+    c.impls = {BackwardImpl::kAuto, BackwardImpl::kFused, BackwardImpl::kSplit};
+    check_backward(c, 131);
+    c.options.causal = true;
+    c.options.causal_alignment = CausalAlignment::kBottomRight;
+    c.sinks = true;
+    c.dtype = DType::kFloat16;
+    check_backward(c, 132);
+    c.seqlen_q = 1088;
+    c.seqlen_k = 700;
+    check_backward(c, 133);
+    c.options.causal = false;
+    c.options.window_left = 100;
+    c.options.window_right = 37;
+    c.sinks = false;
+    c.dlse = false;
+    check_backward(c, 134);
+  }
+  // MQA over 16 query heads: one key block walks every head's query tiles.
+  BackwardCase m = shape_case(DType::kBFloat16, 300, 257, 128, 128, 16, 1);
+  m.options.causal = true;
+  check_backward(m, 135);
+  // Deterministic: the dQ adds in key-block order (turn counters), the same bits twice.
+  for (int d : {128, 64}) {
+    BackwardCase t = shape_case(DType::kBFloat16, 577, 700, d, d, 8, 2, 2);
+    t.options.causal = d == 128;
+    t.options.deterministic = true;
+    t.sinks = true;
+    t.impls = {BackwardImpl::kAuto, BackwardImpl::kFused};
+    check_backward(t, 136, /*twice=*/true);
+  }
 }
 
 TEST(CudaBackward, DeterministicRunTwice) {

@@ -41,9 +41,10 @@
 // runs the blocks from the last key tile (key_block). Either way a block waits only for blocks the
 // hardware starts no later than it (the grid's key tiles are its fastest index, head sections keep
 // them in order), so the wait always ends. Only the writer waits: the math warps stall only once
-// their staging tiles are still unread. Measured (H100, bf16, 2026-11-27, kernel alone, ascending
-// everywhere): +2-32% over the unordered adds without a mask, +14-55% under causal masks, before
-// the descending order.
+// their staging tiles are still unread. Measured on an H100 (bf16, 2026-11-27, kernels alone):
+// +1-32% over the unordered adds without a mask (the L 1024-4096 cells the most: each key block
+// of a head adds a tile one completed reduction after the one before it), +1-22% under causal
+// masks.
 // Deadlock freedom: every count that picks a branch (num_steps, m_tiles) is the block's own; the
 // producer fills stage u % 2 for step u only after the math warps released step u - 2, which
 // they do at the end of it, after the writer took step u - 2's dQ (dq_empty before the staging of
