@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Builds the CUDA test binary on this machine (no GPU needed) for the device machine to run, so that
-# a `run` call spends its device time testing rather than compiling: `scripts/gpu-check.sh` takes it
-# with PREBUILT=.gpu/prebuilt (carry [".gpu"]) and builds there instead when the binary does not run
-# on the device's image (other system libraries). Same configuration as gpu-check's build:
-# sm_90a, every head-dim bucket unless FMHA_HEAD_DIM_BUCKETS says otherwise.
+# Builds the CUDA test binary on a machine without a GPU, for a GPU machine to run, so that the GPU's
+# time goes to testing rather than compiling: copy .gpu/ there with the tree and `scripts/gpu-check.sh`
+# takes it with PREBUILT=.gpu/prebuilt, building there instead when the binary does not run on that
+# machine (other system libraries). Same configuration as gpu-check's build: sm_90a, every head-dim
+# bucket unless FMHA_HEAD_DIM_BUCKETS says otherwise.
 #
 #   bash scripts/build-gpu-tests.sh            # -> .gpu/prebuilt/fmha_cuda_tests (+ its source revision)
 set -euo pipefail
@@ -13,7 +13,7 @@ cmake -S . -B build-prebuilt -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_ENABLE_C
       -DFMHA_CUDA_ARCHITECTURES=90a-real -DFMHA_HEAD_DIM_BUCKETS="$BUCKETS" >/dev/null
 cmake --build build-prebuilt --target fmha_cuda_tests -j "${JOBS:-$(nproc)}"
 # Stripped and xz-compressed: every bucket's kernels make a binary of about 240 MB, 25 MB packed,
-# within the 64 MiB a call may carry.
+# small enough to copy along with the tree.
 mkdir -p .gpu/prebuilt
 strip -o .gpu/prebuilt/fmha_cuda_tests build-prebuilt/tests/fmha_cuda_tests
 xz -T0 -6 -f .gpu/prebuilt/fmha_cuda_tests

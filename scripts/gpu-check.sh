@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build fmha with the CUDA backend, run the GPU test suite, compute-sanitizer
 # (memcheck, racecheck) over a small part of it, the Python tests on CUDA tensors, and the quick benchmark.
-# Logs go to $OUT (the device tool brings them back); a short table is printed last.
+# Logs go to $OUT (default build-gpu/; a remote runner can fetch that folder); a short table is printed last.
 #
 #   bash scripts/gpu-check.sh                 # everything
 #   STEPS="build cuda-tests" bash scripts/gpu-check.sh
@@ -183,6 +183,6 @@ for summary in "$OUT"/bench/summary.txt "$OUT"/bench/*/summary.txt; do
   [ -f "$summary" ] && { echo; cat "$summary"; }
 done
 has ncu && { echo; grep -v "^ncu\|^==PROF==" "$OUT/ncu.log" | tail -n 60; }
-# The device tool brings back a handful of files: pack everything into one archive.
+# One archive of everything, for runners that fetch only a handful of files.
 tar -czf "$RESULTS/gpu-check.tgz" -C "$RESULTS" gpu-check && [ -n "${PACK_ONLY:-}" ] && rm -rf "$OUT"
 exit 0

@@ -102,7 +102,7 @@ def instruction_mix(prefix):
 
 def stalled_instructions(prefix, count=12):
     """The instructions where the warps' stall samples fall, with each one's main stall reason: a
-    barrier that every warp waits at once per block shows up here (session 7: 21% of the NA 2-D
+    barrier that every warp waits at once per block shows up here (H100, 2026-11-23: 21% of the NA 2-D
     forward's samples at the barrier after thread 0's box search)."""
     head, body = source_table(prefix)
     names = {c: i for i, c in enumerate(head)}
@@ -144,8 +144,8 @@ def launched_warps(prefix):
 
 def per_warp_frequency(prefix):
     """Samples and instructions split by how often each warp runs an instruction: once (a block's
-    set-up and epilogue), two or three times (a pipeline's first stages), more (the loop). Session
-    13: the NA 2-D K13 forward had 40% of its samples in code run once a warp."""
+    set-up and epilogue), two or three times (a pipeline's first stages), more (the loop). On an
+    H200 (2026-11-26) the NA 2-D K13 forward had 40% of its samples in code run once a warp."""
     warps = launched_warps(prefix)
     head, body = source_table(prefix)
     names = {c: i for i, c in enumerate(head)}

@@ -16,7 +16,7 @@ empty tensors, since a custom op cannot return None.
 Eager calls on plain tensors take a shorter way to the same functions (`call`): an
 autograd.Function per layout whose forward and backward run this module's forward() and backward()
 directly. torch's custom-op machinery (the dispatcher, the op's autograd wrapper and its Python
-layers) cost a forward call about 70 us of host time on an H200's machine (session 21,
+layers) cost a forward call about 70 us of host time on an H200's machine (2026-11-27,
 bench/host_overhead.py), as much as the C++ call and its kernels' launch at short sequences. Under
 torch.compile and torch.jit.trace, under dispatch modes or functorch transforms and on tensor
 subclasses (fake tensors among them) the ops run as before.

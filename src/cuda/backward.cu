@@ -220,7 +220,7 @@ bool dq_overlap_enabled() {
 // into its own kernel (one block per query tile and head, atomic-free) at the price of
 // recomputing S and dP there (7 products instead of 5). The dK/dV grid (key tiles x kv heads x
 // batch x chunks) is the same in both, so split pays off only when that grid is too small to
-// carry the dQ work as well. Measured on an H100 (132 SMs), fp16, two sessions (.gpu/bwd bench):
+// carry the dQ work as well. Measured on an H100 (132 SMs), fp16, 2026-11-22/23 (a backward bench of the time):
 // fused wins by 7-25% at 128-2048 dK/dV blocks; split wins by 7-13% at 16 blocks (MQA, 8 heads,
 // L 1024) and by 4-5% at 256 blocks of a causal GQA group of 8 (L 4096), the one measured shape
 // this rule gets wrong. Rule: split when the dK/dV grid fills less than half the SMs.
@@ -229,12 +229,10 @@ bool dq_overlap_enabled() {
 // sm90_fused); elsewhere both structures run sm90 kernels where they apply (use_sm90_backward; the
 // older fused one at D 64 / 128 without rel-pos or dbias, sm90_fused_backward_applies); fused asked
 // for where only the split sm90 kernels apply runs the sm80 fused kernels. Auto there: split,
-// measured on an
-// H100 (bf16, session 11, bench/results/nvidia-h100-80gb-hbm3/session11/): the fused sm90 kernel
-// took 1.00-1.24x the split time in the dense cells (D 64 / 128, L 512-8192, causal or not; D 128
+// measured on an H100 (bf16, 2026-11-24): the older fused sm90 kernel took 1.00-1.24x the split time in the dense cells (D 64 / 128, L 512-8192, causal or not; D 128
 // L 8192 level) and at SAM-B (1.13x; with a [1, H, L, L] bias 1.09x): its dQ reductions cost more
 // than the dQ kernel's recomputed S and dP. (D 128 causal L 512 ran 0.64x there against a split
-// run whose p10-p90 spread 0.68-1.26 ms; session 10 measured that split cell at 0.54 ms, 0.87x.)
+// run whose p10-p90 spread 0.68-1.26 ms; an earlier run had that split cell at 0.54 ms, 0.87x.)
 bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl, int sm_count,
                bool sm90) {
   if (o.deterministic) return false;

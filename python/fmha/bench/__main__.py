@@ -89,7 +89,7 @@ def parse_args(argv):
                    help="torch.compile(dynamic=...) for flex_attention. off (default): one "
                         "kernel specialised to each case's shapes, as a user with fixed shapes "
                         "gets; auto recompiles with symbolic shapes after the first shape change, "
-                        "which made later cases of a suite slower (session 6: NA1d D128 "
+                        "which made later cases of a suite slower (H100, 2026-11-23: NA1d D128 "
                         "forward 333 -> 285 TFLOP/s in a longer suite)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness checks")
     p.add_argument("--no-plots", action="store_true")

@@ -15,7 +15,7 @@
 // dK/dV kernels). Under a causal mask the tiles' work runs from most to least within a head (the
 // kernels map tiles so), and head by head the last head's heaviest blocks start when most of the
 // grid is done: at 16 heads of 64 tiles, list scheduling over 132 SMs ends 11% later than with
-// sections of two heads, which come within 1% of the ideal (session 14). Sections stay small (two
+// sections of two heads, which come within 1% of the ideal (H200, 2026-11-26). Sections stay small (two
 // heads, more while the operand every block of a head streams, K / V or Q / dO, fits a share of
 // L2) and are used under causal masks only (head_section_log2_for).
 #pragma once
@@ -97,8 +97,8 @@ inline dim3 batch_grid(const ForwardParams& f, std::int64_t tiles, std::int64_t 
 // within 16 MiB of L2. Two heads give most of the balance, and the blocks of a head read its stream
 // in step, not all at once: GQA H32 / Hkv8 D128 L8192 causal, whose dK/dV kernel streams 16 MiB a
 // kv head, ran its backward 4.5% slower than the same query shape without GQA when that kernel went
-// head by head (session 14 call 8). Elsewhere head by head: with equal blocks sections balance
-// nothing, and against head-by-head order in one call (H200, session 14 call 5) they cost up to 2%
+// head by head (H200, 2026-11-26). Elsewhere head by head: with equal blocks sections balance
+// nothing, and against head-by-head order in one run (H200, 2026-11-26) they cost up to 2%
 // on long non-causal rows (D 128 L 8192 backward) and widened the spread of some L 512 cells (4
 // tiles a head), where they gained 2-11% on causal L 2048 / 8192 (D 64 / 128 / 256).
 // FMHA_HEAD_SECTIONS=0 in the environment keeps head-by-head order (read once; for measuring).

@@ -37,7 +37,7 @@ constexpr int bwd_num_chunks(int head_dim_bucket, int max_dim) {
 // Query rows per step of the dK/dV kernel. The score tile S^T (16 keys x M queries) costs M / 2
 // registers a thread twice over (P and dP), next to the kC-column dK/dV accumulators. 64 rows for
 // bucket 32; 32 from bucket 64 on; 16 at 256, so that Q, dO, K, V and dS tiles fit in the 99 KB
-// that sm86/sm89 allow a block. Measured on an H100 (fp16, .gpu/bwd bench, both variants passing
+// that sm86/sm89 allow a block. Measured on an H100 (fp16, 2026-11-23, both variants passing
 // the GPU tests): bucket 64 with 32 rows (no spills) instead of 64 rows (160 spilled bytes) is
 // 10-22% faster; bucket 128 with 16 rows (no spills) instead of 32 (80 spilled bytes) is 4-6%
 // slower (more barriers and K/V fragment reloads per product), so 128 keeps 32.
@@ -57,7 +57,7 @@ constexpr int bwd_ds_row(int head_dim_bucket) {
 // fp32 up to bucket 64: K and V, read by every query step, are split once for the exact mode's
 // products (tile_operands.cuh's split_tile_in_place) into planes of their own after V, the most
 // that keeps the kernel within the 99 KB of sm86/sm89 (96.5 KB at bucket 64). Measured on an
-// H200 (bench/cpp/sm80_fp32_timing.cu, session 18): see docs/perf-log.md.
+// H200 (bench/cpp/sm80_fp32_timing.cu, 2026-11-26): see docs/perf-log.md.
 template <typename T>
 constexpr bool bwd_presplit_kv(int head_dim_bucket) {
   return elem_bytes<T>() == 4 && head_dim_bucket <= 64;

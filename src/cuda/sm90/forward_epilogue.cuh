@@ -1,6 +1,6 @@
 // The sm90 forward's epilogue (mainloop_fwd.cuh): a warp's 16 output rows, normalised, staged in
 // its own rows of a shared-memory tile, then stored to global memory in 16-byte chunks (each thread
-// storing its accumulator pairs itself cost 9.5% at D 128 L 8192: perf-log, session 16).
+// storing its accumulator pairs itself cost 9.5% at D 128 L 8192: H200, 2026-11-26, docs/perf-log.md).
 #pragma once
 
 #include <cstdint>

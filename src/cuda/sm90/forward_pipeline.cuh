@@ -25,7 +25,7 @@
 // over all the block's grid tiles (below): the leader arrives on kTurnBarrier once a phase and the
 // follower waits as often; the follower arrives on kTurnBackBarrier after every phase and the
 // leader waits before every phase but the block's first, and once more at its end. Measured on an
-// H200 (session 15, bf16, against the schedule below, same inputs): D 64 forward 1.21 -> 1.06 ms
+// H200 (2026-11-26, bf16, against the schedule below, same inputs): D 64 forward 1.21 -> 1.06 ms
 // at SAM-B (B 8, H 12, L 4096), +6% at L 512 and +12-13% from L 2048; D 128 +4% at L 512 and
 // +12-17% from L 2048.
 // Persistent blocks: the launcher starts at most one block an SM, and each walks grid tiles
@@ -34,7 +34,7 @@
 // is done (q_empty), by TMA after the next tile's K(0); the output is staged in a tile of its own
 // where shared memory has room (output_tile(), up to D 96), so that the next tile's Q and first
 // K / V groups land under the previous tile's last phase and epilogue. Measured on an H200
-// (session 16, against the kernel before, a block a tile, same inputs): D 64 L 512 0.290 -> 0.243
+// (2026-11-26, against the kernel before, a block a tile, same inputs): D 64 L 512 0.290 -> 0.243
 // ms, causal L 512 0.246 -> 0.204; D 80 (bucket 96) L 512 0.307 -> 0.228, SAM-H's shape 1.71
 // -> 1.60; D 128 L 512 0.186 -> 0.170; from L 2048 on -3% (D 128 L 8192) to +21% (D 80 causal
 // L 2048).
@@ -49,7 +49,7 @@
 // copy thread. The math warps wait for Q's barrier before anything else of a grid tile: it gives
 // them the number of key boxes. So the per-block set-up of the token tiles (box geometry, tokens
 // and windows, gathers of Q) runs under the previous grid tile's products. Measured on an H200
-// (session 23, bf16, against the schedule below, na suite): NA 2-D 64x64 K 13 D 64 forward 39.1 ->
+// (2026-11-27, bf16, against the schedule below, na suite): NA 2-D 64x64 K 13 D 64 forward 39.1 ->
 // 51.3 TFLOP/s, K 7 dilation 2 13.1 -> 15.6, 3-D 16x32x32 K 7 38.2 -> 46.2; D 128 58.0 -> 70.9,
 // 19.6 -> 23.6, 57.0 -> 58.4.
 //
@@ -104,7 +104,7 @@ inline constexpr bool kStagesScores = kGeneralForm<Policy>;
 // Whether a copy warpgroup feeds the stages (above): the policies whose softmax reads nothing
 // staged per tile, in the ping-pong buckets (up to D 128), where the math warpgroups keep enough
 // registers beside it; not neighborhood attention with score modifiers (bias and rel-pos by
-// token), which spilled 500 bytes at D 128 with one (ptxas, session 23).
+// token), which spilled 500 bytes at D 128 with one (ptxas, 2026-11-27).
 template <int kD, typename Policy>
 inline constexpr bool kCopyWarpgroup =
     !kGeneralForm<Policy> && !kNeighborhoodModifiersForm<Policy> && kD <= 128;
@@ -125,12 +125,12 @@ constexpr int block_threads() {
   return threads(kD) + (kCopyWarpgroup<kD, Policy> ? kCopyThreads : 0);
 }
 // Registers a thread of each role keeps (setmaxnreg): 128 x 40 + 256 x 232 of the 65536. Measured
-// against 24 / 240 on an H200 (session 15): D 64 1-3% slower, D 128 level to 5% slower at L 512,
+// against 24 / 240 on an H200 (2026-11-26): D 64 1-3% slower, D 128 level to 5% slower at L 512,
 // with the copy threads' loaders spilled more.
 inline constexpr int kCopyRegisters = 40;
 inline constexpr int kMathRegisters = 232;
 // Token tiles: 128 x 56 + 256 x 224, as the copy threads also stage the boxes (above). ptxas
-// (session 23, NA D 128): 40 / 232 left 51 spill instructions in the copy threads, 56 / 224 10
+// (2026-11-27, NA D 128): 40 / 232 left 51 spill instructions in the copy threads, 56 / 224 10
 // and none in the math threads, 64 / 216 15 and 2 in the math threads.
 inline constexpr int kTokenCopyRegisters = 56;
 inline constexpr int kTokenMathRegisters = 224;
@@ -148,7 +148,7 @@ constexpr int math_registers() {
 // without P V. The schedule without a copy warpgroup always does (a run more costs the general
 // policy spills); with one, it reads a V tile of zeros of its own, zeroed once a block
 // (forward_smem.cuh's zero_v_tile: the V stage before a grid tile holds the previous tile's V).
-// Measured on an H200 (session 15, calls 6-7, against the first phase without P V): D 64 2-5%
+// Measured on an H200 (2026-11-26, against the first phase without P V): D 64 2-5%
 // faster from L 2048, D 80 (bucket 96) 1% faster at SAM-H's shape and 5% at L 8192; D 128 slower (L
 // 512 0.193 against 0.186 ms, L 8192 1.94 against 1.80).
 template <int kD, typename Policy>

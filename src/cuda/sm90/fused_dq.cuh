@@ -16,11 +16,11 @@
 //          column) go to the accumulator as bulk reductions (cp.reduce.async.bulk: the copy
 //          engine adds whole rows while the block goes on). They cost what per-thread atomics
 //          cost, and plain bulk copies of the same rows as much again: the bytes bound the
-//          kernel, not the adds (H100, session 11: 15% faster than split with no dQ traffic);
+//          kernel, not the adds (H100, 2026-11-24: 15% faster than split with no dQ traffic);
 //   D 128: each warpgroup 64 head-dim rows over all 128 keys (after a block barrier: the other
 //          warpgroup's dS^T rows), staged and added the same way, each warpgroup its own rows.
 // The split backward (a dQ kernel that recomputes S and dP) does 7 products a tile pair where this
-// does 5, at the price of the reductions. Measured on an H100 (bf16, session 11) the reductions
+// does 5, at the price of the reductions. Measured on an H100 (bf16, 2026-11-24) the reductions
 // cost more than the two products: fused 1.00-1.24x the split time at D 64 / 128, L 512-8192,
 // causal or not, and at SAM-B; so backward_impl = auto runs split on Hopper (backward.cu).
 // At D 128 a bias cannot be staged beside the sum tile: the general policy reads it from global

@@ -158,7 +158,7 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   }
   if constexpr (kRelPosForm<Policy>) smem += static_cast<int>(bwd_rel_pos_smem_bytes(p.fwd));
   // The bias policy stages its tiles up to D 64 (3 x 128 queries x 128 keys: 225 of the 227 KB),
-  // where it was measured (SAM-B, H200, session 17), in a kernel of their own (kBiasTiles); above,
+  // where it was measured (SAM-B, H200, 2026-11-26), in a kernel of their own (kBiasTiles); above,
   // and where stage_bias declines, the register form.
   constexpr bool kBiasTiles = kBiasForm<Policy> && kD <= 64;
   if constexpr (kGeneralForm<Policy> || kBiasTiles) {

@@ -87,7 +87,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, const Backwa
   // A bias alone (score_bias.cuh): natural-unit scores, its tiles staged as the general policy's.
   constexpr bool kBias = std::is_same_v<Policy, PolicyBias>;
   // Ping-pong (the loop's comment) for the plain policy up to D 64, where it was measured to gain
-  // (H200, session 19: SAM-B 2.02-2.03 -> 1.93-1.95 ms). Slower under causal masks (D 64 L 512
+  // (H200, 2026-11-26: SAM-B 2.02-2.03 -> 1.93-1.95 ms). Slower under causal masks (D 64 L 512
   // 0.350 -> 0.371 ms), the bias (SAM-B 2.43 -> 2.60) and at D 128 (L 8192 4.55 -> 4.78); the
   // fused kernel meets at barriers of its own inside a step.
   constexpr bool kPingPong = !kFusedDq && std::is_same_v<Policy, PolicyPlain> && kD <= 64;
@@ -193,7 +193,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, const Backwa
   // loaders set up once (tiles.cuh; the general copies' 64-bit row arithmetic is a large part of a
   // step's instructions, about a third of the SAM-B rel-pos kernel's). Elsewhere they took
   // registers the kernel does not have (sm_90a, bf16: D 64 rel-pos 24 bytes of spill, general 32;
-  // D 128 window 16, session 7).
+  // D 128 window 16; H100, 2026-11-23).
   using StepLoader = RangeTileLoader<kM, kD, kBwdThreads>;
   constexpr bool kStepLoads = !kTokenTiles && !kModifiers &&
                               !std::is_same_v<Policy, PolicyRelPos> && kD <= 64 &&

@@ -77,7 +77,7 @@ using DqTokenTiles =
 // maps.kv_usable (kBiasTiles only): thread 0 copies each key tile's K and V (and the bias tile,
 // where maps.bias_usable) by TMA right after the rendezvous that frees its stage, instead of every
 // thread issuing cp.async; the threads wait on the stage's full barrier before its first product.
-// Measured on an H200 (session 21, SAM-B with a [1, H, L, L] bias, against every thread's cp.async
+// Measured on an H200 (2026-11-27, SAM-B with a [1, H, L, L] bias, against every thread's cp.async
 // into the bias tiles' own layout): dQ kernel 1.705-1.725 -> 1.492-1.508 ms, the same bits. The
 // plain policy's kernel (K and V only) went 1.277 -> 1.306-1.314 (D 64 causal L 512 0.223 ->
 // 0.228), also with the follower's first thread copying and no block barrier after the set-up
@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // barrier as often as the follower waits there. The follower's softmax and dQ product of tile
   // u run after R(u + 1): the loads issued there (kAhead 1) go to the stage of tile u + 2, not
   // u's. Without ping-pong both warpgroups run the leader's line without the turn barrier.
-  // Measured on an H200 (session 19, SAM-B: B 8, H 12, L 4096, D 64, against the kernel without
+  // Measured on an H200 (2026-11-26, SAM-B: B 8, H 12, L 4096, D 64, against the kernel without
   // ping-pong): dQ kernel 1.405 -> 1.305 ms, with a [1, H, L, L] bias 1.918 -> 1.714-1.724.
   // Issuing tile u - 1's dQ product with S and dP of tile u instead (one wgmma group a phase)
   // kept 32 more registers live across the products: 1.300 ms plain, but 212 bytes of spill

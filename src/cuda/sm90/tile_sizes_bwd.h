@@ -17,7 +17,7 @@ namespace fmha::cuda::sm90 {
 // accumulates dV (S^T, then dV += P^T dO: two products a tile), the other dK (S^T and dP^T, then
 // dK += dS^T Q: three), D / 2 floats a thread each. That is 5 products a tile pair at D = 256
 // where two column chunks of both outputs, each recomputing S^T and dP^T, took 6 (H200,
-// session 14: the two chunk kernels took 4.05 + 4.03 ms of an 11.3 ms backward at L 8192).
+// 2026-11-26: the two chunk kernels took 4.05 + 4.03 ms of an 11.3 ms backward at L 8192).
 inline constexpr int kBwdMaxHeadDim = 256;
 enum class DkDvPart { kBoth, kDv, kDk };
 constexpr int bwd_num_parts(int head_dim_bucket) { return head_dim_bucket <= 128 ? 1 : 2; }
