@@ -49,6 +49,9 @@ struct AttentionCase {
   bool dlse = false;        // backward also receives a gradient for lse
   bool fp32_stats = false;  // fp64 problems: lse / dlse / sinks / dsinks in fp32 (else fp64)
   bool backward = true;
+  bool lse_output = true;   // the forward writes lse (false: out alone, and no backward)
+  bool input_grads = true;  // false: the backward asks no gradient of bias / rel-pos / sinks /
+                            // extra keys, although they are given (dq, dk, dv only)
   Storage q_storage = Storage::kContiguous;
   Storage kv_storage = Storage::kContiguous;
 
