@@ -3,6 +3,7 @@
 // Varlen, neighborhood and merge validation: test_validation_layouts.cpp.
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "validation_fixtures.h"
 
@@ -171,6 +172,30 @@ TEST(ValidationDense, WrongRank) {
   expect_refused(s, p, "q has rank 3 (shape [10, 4, 8]); expected rank 4, [B, Lq, H, D]");
 }
 
+// Found by the fuzzing harness: a rank past kMaxRank made the message read past the shape array
+// (a crash for large ranks), and a negative rank on an optional tensor passed for "not given".
+TEST(ValidationDense, RanksOutsideZeroToSixAreRefused) {
+  Store s;
+  for (const int rank : {7, 1000, std::numeric_limits<int>::max()}) {
+    auto p = dense_forward(s);
+    p.q.rank = rank;
+    expect_refused(s, p, "q has rank " + std::to_string(rank) +
+                             "; expected 1..6 dimensions, or rank 0 for a tensor that is not given");
+    p = dense_forward(s);
+    p.options.bias.rank = rank;  // an optional tensor that is not given, with a rank that is no rank
+    expect_refused(s, p, "options.bias has rank " + std::to_string(rank));
+  }
+  auto p = dense_forward(s);
+  p.lse.rank = -1;
+  expect_refused(s, p, "lse has rank -1; expected 1..6 dimensions");
+  auto b = dense_backward(s);
+  b.grads.dextra_v.rank = std::numeric_limits<int>::min();
+  expect_refused(s, b, "grads.dextra_v has rank -2147483648");
+  b = dense_backward(s);
+  b.k.rank = -3;
+  expect_refused(s, b, "k has rank -3");
+}
+
 TEST(ValidationDense, WrongDtypes) {
   Store s;
   auto p = dense_forward(s);
@@ -198,6 +223,31 @@ TEST(ValidationDense, MismatchedDevices) {
   p = dense_forward(s);
   p.lse.device = Device::cuda(1);
   expect_refused(s, p, "lse is on cuda:1 but q is on cpu");
+}
+
+// Found by the fuzzing harness (fuzz_api.cpp): a device type outside DeviceType, or a CUDA device
+// with a negative index, passed check() when every tensor was on it (run() then dispatched it to
+// the CUDA backend); float64 on such a device was refused as not supported on "cuda:0".
+TEST(ValidationDense, DevicesThatDoNotExistAreRefused) {
+  Store s;
+  for (const Device device : {Device{static_cast<fmha::DeviceType>(7), 0}, Device::cuda(-1)}) {
+    for (const DType dtype : {DType::kFloat32, DType::kFloat64}) {
+      auto p = dense_forward(s, {.dtype = dtype});
+      for (TensorView* t : {&p.q, &p.k, &p.v, &p.out, &p.lse}) t->device = device;
+      expect_refused(s, p, "which is no device; expected cpu or cuda:<index> with an index >= 0");
+    }
+  }
+  auto p = dense_forward(s);
+  for (TensorView* t : {&p.q, &p.k, &p.v, &p.out, &p.lse}) t->device.type = static_cast<fmha::DeviceType>(7);
+  expect_refused(s, p, "q is on device type 7:0, which is no device");
+}
+
+// Two CPU devices differ by their index: the message says which is which.
+TEST(ValidationDense, CpuDeviceIndexIsShown) {
+  Store s;
+  auto p = dense_forward(s);
+  p.k.device = {fmha::DeviceType::kCPU, 1};
+  expect_refused(s, p, "k is on cpu:1 but q is on cpu; every tensor must be on q's device");
 }
 
 TEST(ValidationDense, Float64IsRefusedOnCuda) {

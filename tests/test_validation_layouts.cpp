@@ -128,6 +128,13 @@ TEST(ValidationVarlen, CudaOffsetsAreNotRead) {
   expect_valid(p);
 }
 
+TEST(ValidationVarlen, RanksOutsideZeroToSixAreRefused) {
+  Store s;
+  auto p = varlen_forward(s);
+  p.cu_seqlens_k.rank = 8;
+  expect_refused(s, p, "cu_seqlens_k has rank 8; expected 1..6 dimensions");
+}
+
 TEST(ValidationVarlen, LayoutSpecificShapes) {
   Store s;
   auto p = varlen_forward(s);
@@ -290,6 +297,13 @@ TEST(ValidationNeighborhood, SequenceMasksAreRefused) {
   expect_refused(s, p, "options.window_left = 2 and options.window_right = -1 are not accepted");
 }
 
+TEST(ValidationNeighborhood, RanksOutsideZeroToSixAreRefused) {
+  Store s;
+  auto p = na_backward(s);
+  p.grads.drel_h.rank = -1;
+  expect_refused(s, p, "grads.drel_h has rank -1");
+}
+
 TEST(ValidationNeighborhood, BackwardChecks) {
   Store s;
   auto p = na_backward(s);
@@ -363,6 +377,21 @@ TEST(ValidationMerge, PartsMustMatchTheMergedOutput) {
   p = merge_forward(s);
   p.out = s.make_strided(DType::kFloat16, {2, 5, 4, 6}, {0, 24, 6, 1}, 120);
   expect_refused(s, p, "out has stride 0 on dimension 0 (size 2); an output cannot broadcast");
+}
+
+// Found by the fuzzing harness: ranks outside 0..6 in the parts' lists (see
+// ValidationDense.RanksOutsideZeroToSixAreRefused).
+TEST(ValidationMerge, RanksOutsideZeroToSixAreRefused) {
+  Store s;
+  auto p = merge_forward(s);
+  p.outs[1].rank = 9;
+  expect_refused(s, p, "outs[1] has rank 9; expected 1..6 dimensions");
+  auto b = merge_backward(s);
+  b.dlses[2].rank = -1;
+  expect_refused(s, b, "dlses[2] has rank -1");
+  b = merge_backward(s);
+  b.dlse.rank = 64;
+  expect_refused(s, b, "dlse has rank 64");
 }
 
 TEST(ValidationMerge, Float64IsRefusedOnCuda) {

@@ -28,9 +28,9 @@ Example::
     x = torch.randn(B, 32, 32, H, D, device="cuda", dtype=torch.bfloat16)
     y = fmha.na2d(x, x, x, kernel_size=7)
 
-Errors: invalid arguments raise ValueError (TypeError for dtypes) with the library's message,
-before anything is allocated or computed; a valid call that the backend cannot run raises
-NotImplementedError naming the backend and the feature.
+Errors: invalid arguments raise ValueError (TypeError for a dtype, or an argument of the wrong
+type) with a message that names the argument, before anything is allocated or computed; a valid
+call that the backend cannot run raises NotImplementedError naming the backend and the feature.
 
 Building: ``pip install .`` builds the C++ library and the extension fmha._C (CUDA backend when
 nvcc is found). For a CPU-only build: ``pip install -C cmake.define.FMHA_ENABLE_CUDA=OFF .``

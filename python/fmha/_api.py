@@ -39,6 +39,63 @@ def _pair(value, name: str, what: str) -> tuple:
     return tuple(value)
 
 
+def _shown(value) -> str:
+    """A value for a message: its repr, cut short (a tensor's would be long)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _refused(value, name: str, accepted: str) -> TypeError:
+    kind = type(value).__name__
+    return TypeError(f"fmha: {name} is {_shown(value)} ({kind}); accepted: {accepted}")
+
+
+# Scalar arguments: plain Python values take the first branch of each (which torch.compile traces
+# as it is); anything else (numpy or one-element torch scalars) converts as Python would, and what
+# does not convert is refused with the argument's name rather than Python's own message.
+
+
+def _int(value, name: str) -> int:
+    """An integer argument that fits the C++ layer's int64."""
+    if isinstance(value, int):
+        result = int(value)
+    else:
+        try:
+            result = operator.index(value)
+        except TypeError:
+            raise _refused(value, name, "an int") from None
+    if not _INT64[0] <= result <= _INT64[1]:
+        raise ValueError(f"fmha: {name} = {result} does not fit in a signed 64-bit integer")
+    return result
+
+
+def _float(value, name: str) -> float:
+    """A float argument; strings are refused (float() would parse them)."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise _refused(value, name, "a float")
+
+
+def _bool(value, name: str) -> bool:
+    """A flag; strings are refused: their truth value ("False" is true) is never what was meant."""
+    if isinstance(value, (bool, int)) or value is None:
+        return bool(value)
+    if not isinstance(value, (str, bytes)):
+        try:
+            return bool(value)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise _refused(value, name, "a bool")
+
+
 def _options(
     scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks, extra_kv,
     deterministic, backward_impl, allow_tf32,
@@ -51,7 +108,7 @@ def _options(
     window_left, window_right = (-1, -1)
     if window is not None:
         pair = _pair(window, "window", "(left, right) of ints, each >= 0 or -1 for unbounded")
-        window_left, window_right = (operator.index(x) for x in pair)
+        window_left, window_right = (_int(x, f"window[{i}]") for i, x in enumerate(pair))
     rel_h = rel_w = extra_k = extra_v = None
     if rel_pos is not None:
         rel_h, rel_w = _pair(rel_pos, "rel_pos", "(rel_h, rel_w) of tensors")
@@ -64,15 +121,15 @@ def _options(
         sinks=_optional_tensor(sinks, "sinks"),
         extra_k=_optional_tensor(extra_k, "extra_k"),
         extra_v=_optional_tensor(extra_v, "extra_v"),
-        scale=None if scale is None else float(scale),
-        softcap=float(softcap),
-        causal=bool(causal),
+        scale=None if scale is None else _float(scale, "scale"),
+        softcap=_float(softcap, "softcap"),
+        causal=_bool(causal, "causal"),
         bottom_right=causal_alignment == "bottom_right",
         window_left=window_left,
         window_right=window_right,
-        deterministic=bool(deterministic),
+        deterministic=_bool(deterministic, "deterministic"),
         backward_impl=backward_impl,
-        allow_tf32=bool(allow_tf32),
+        allow_tf32=_bool(allow_tf32, "allow_tf32"),
     )
 
 
@@ -109,11 +166,13 @@ def attention(
     sinks [H] fp32: one extra logit per head. extra_kv=(extra_k [B, R, Hkv, D],
     extra_v [B, R, Hkv, Dv]): keys every query sees, unmasked, unbiased. deterministic: bitwise
     reproducible results. backward_impl: how the CUDA backward runs, 'fused' (one pass per K/V
-    block, dQ accumulated in fp32 atomics), 'split' (a dQ kernel and a dK/dV kernel) or 'auto'
-    (chosen per problem by a measured rule); deterministic=True always runs split; the forward
-    and the CPU backend ignore it. allow_tf32: fp32 inputs may use TF32 tensor cores (looser
-    accuracy).
+    block, dQ accumulated in fp32), 'split' (a dQ kernel and a dK/dV kernel) or 'auto' (chosen per
+    problem by a measured rule: on Hopper the fused kernel wherever it applies);
+    deterministic=True runs split, or on Hopper the fused kernel with its dQ adds in a fixed order;
+    the forward and the CPU backend ignore it. allow_tf32: fp32 inputs may use TF32 tensor cores
+    (looser accuracy).
     """
+    return_lse = _bool(return_lse, "return_lse")
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
                  extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
     out, lse = _ops.call(_ops.attention_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *o)
@@ -155,34 +214,36 @@ def attention_varlen(
     broadcasts to [B, H, max_seqlen_q, max_seqlen_k]; extra_kv are per sequence [B, R, Hkv, *];
     rel_pos is refused (a packed batch has no common key grid).
     """
+    return_lse = _bool(return_lse, "return_lse")
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
                  extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
     out, lse = _ops.call(
         _ops.attention_varlen_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"),
         _tensor(cu_seqlens_q, "cu_seqlens_q"), _tensor(cu_seqlens_k, "cu_seqlens_k"),
-        operator.index(max_seqlen_q), operator.index(max_seqlen_k), *o,
+        _int(max_seqlen_q, "max_seqlen_q"), _int(max_seqlen_k, "max_seqlen_k"), *o,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
 
 def _per_axis(value, num_dims: int, name: str, convert) -> list:
-    """An int/bool for every axis, or one per axis."""
+    """An int/bool for every axis, or one per axis; convert(x, name) checks each."""
     if isinstance(value, (tuple, list)):
         if len(value) != num_dims:
             raise ValueError(
                 f"fmha: {name} is {tuple(value)!r} with {len(value)} entries; na{num_dims}d "
                 f"accepts one value for all axes or a tuple of {num_dims}"
             )
-        return [convert(x) for x in value]
-    return [convert(value)] * num_dims
+        return [convert(x, f"{name}[{i}]") for i, x in enumerate(value)]
+    return [convert(value, name)] * num_dims
 
 
 def _neighborhood(num_dims, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
                   return_lse, backward_impl):  # fmt: skip
+    return_lse = _bool(return_lse, "return_lse")
     layout_args = (
-        _per_axis(kernel_size, num_dims, "kernel_size", operator.index),
-        _per_axis(dilation, num_dims, "dilation", operator.index),
-        _per_axis(is_causal, num_dims, "is_causal", bool),
+        _per_axis(kernel_size, num_dims, "kernel_size", _int),
+        _per_axis(dilation, num_dims, "dilation", _int),
+        _per_axis(is_causal, num_dims, "is_causal", _bool),
     )
     o = _options(scale, False, "top_left", None, None, None, 0.0, sinks, extra_kv, False,
                  backward_impl, False)  # fmt: skip

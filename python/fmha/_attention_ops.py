@@ -227,6 +227,11 @@ def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
     lse_dtype = _lse_dtype(q)
     if fake:
         layout_tensors = [a for a in layout_args if isinstance(a, Tensor)]
+        optional = ("bias", "rel_h", "rel_w", "sinks", "extra_k", "extra_v")
+        _bridge.check_devices(
+            ("q", q), ("k", k), ("v", v), *zip(("cu_seqlens_q", "cu_seqlens_k"), layout_tensors),
+            *zip(optional, o[:_NUM_OPTIONAL_GRADS]),
+        )  # fmt: skip
         if not layout.check_reads_inputs and _bridge.is_static(
             q, k, v, *layout_tensors, *o[:_NUM_OPTIONAL_GRADS]
         ):

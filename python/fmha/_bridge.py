@@ -124,6 +124,20 @@ def is_static(*tensors: Optional[torch.Tensor]) -> bool:
     return True
 
 
+def check_devices(*named: tuple[str, Optional[torch.Tensor]]) -> None:
+    """Every given tensor on the first one's device. The C++ check says the same of any call it
+    sees; this covers the calls it does not see: meta tensors (which only describe shapes, and are
+    not a device the C++ layer knows) and shapes that are symbolic while torch.compile traces.
+    Without it a meta tensor among real ones would take the shape-only path and pass."""
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        if t is not None and t.device != first.device:
+            raise ValueError(
+                f"fmha: {name} is on {t.device} but {first_name} is on {first.device}; every "
+                f"tensor must be on {first_name}'s device"
+            )
+
+
 def _current_raw_stream(index: int) -> int:
     """torch's current CUDA stream of device `index`, as the address the C++ API takes."""
     return torch.cuda.current_stream(index).cuda_stream

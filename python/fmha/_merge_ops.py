@@ -43,6 +43,9 @@ def _merge_forward(outs, lses, *, fake: bool):
     out_shape, out_dtype = _merged_like(outs, 4)
     lse_shape, lse_dtype = _merged_like(lses, 3)
     device = _device(outs, lses)
+    if fake and (outs or lses):
+        named = [(f"outs[{i}]", t) for i, t in enumerate(outs)]
+        _bridge.check_devices(*named, *((f"lses[{i}]", t) for i, t in enumerate(lses)))
     params = _C.MergeForwardParams()
     if not fake or _bridge.is_static(*outs, *lses):
         params.outs = _views(outs, "outs", planned=fake)

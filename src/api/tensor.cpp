@@ -26,22 +26,45 @@ std::size_t element_size(DType dtype) {
   return 0;
 }
 
+// "cpu" (its index only when not 0: two CPU devices differ by it), "cuda:<index>", and a value
+// outside DeviceType spelled as one (validation refuses it by that name).
 std::string to_string(Device device) {
-  return device.type == DeviceType::kCPU ? std::string("cpu")
-                                          : "cuda:" + std::to_string(device.index);
+  std::ostringstream s;
+  switch (device.type) {
+    case DeviceType::kCPU:
+      s << "cpu";
+      if (device.index != 0) s << ':' << device.index;
+      break;
+    case DeviceType::kCUDA: s << "cuda:" << device.index; break;
+    default: s << "device type " << static_cast<int>(device.type) << ':' << device.index; break;
+  }
+  return s.str();
 }
 
+namespace {
+
+// The dimensions a view holds: a rank outside 0..kMaxRank (refused by validation) reads none past
+// the arrays.
+int held_rank(int rank) {
+  return rank < 0 ? 0 : (rank > kMaxRank ? kMaxRank : rank);
+}
+
+}  // namespace
+
 std::int64_t TensorView::numel() const {
-  if (rank == 0) return 0;
+  if (rank <= 0) return 0;
   std::int64_t n = 1;
-  for (int d = 0; d < rank; ++d) n *= shape[static_cast<std::size_t>(d)];
+  for (int d = 0; d < held_rank(rank); ++d) n *= shape[static_cast<std::size_t>(d)];
   return n;
 }
 
 std::string TensorView::shape_string() const {
   std::ostringstream s;
   s << '[';
-  for (int d = 0; d < rank; ++d) s << (d ? ", " : "") << shape[static_cast<std::size_t>(d)];
+  for (int d = 0; d < held_rank(rank); ++d) {
+    s << (d ? ", " : "") << shape[static_cast<std::size_t>(d)];
+  }
+  if (rank > kMaxRank) s << ", ...";
   s << ']';
   return s.str();
 }

@@ -223,9 +223,43 @@ void count_tokens(ProblemShape* s) {
   s->total_k = s->batch * s->seqlen_k;
 }
 
+// Every view of the call, given or not, before any is read (expect_valid_ranks).
+template <typename Params>
+Status check_view_ranks(const Params& p) {
+  FMHA_RETURN_IF_ERROR(expect_valid_ranks(
+      {{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.out, "out"}, {&p.lse, "lse"}}));
+  if constexpr (requires { p.cu_seqlens_q; }) {
+    FMHA_RETURN_IF_ERROR(
+        expect_valid_ranks({{&p.cu_seqlens_q, "cu_seqlens_q"}, {&p.cu_seqlens_k, "cu_seqlens_k"}}));
+  }
+  const AttentionOptions& o = p.options;
+  FMHA_RETURN_IF_ERROR(expect_valid_ranks({{&o.bias, "options.bias"},
+                                           {&o.rel_h, "options.rel_h"},
+                                           {&o.rel_w, "options.rel_w"},
+                                           {&o.sinks, "options.sinks"},
+                                           {&o.extra_k, "options.extra_k"},
+                                           {&o.extra_v, "options.extra_v"}}));
+  if constexpr (requires { p.grads; }) {
+    const AttentionGradients& g = p.grads;
+    return expect_valid_ranks({{&p.dout, "dout"},
+                               {&p.dlse, "dlse"},
+                               {&g.dq, "grads.dq"},
+                               {&g.dk, "grads.dk"},
+                               {&g.dv, "grads.dv"},
+                               {&g.dbias, "grads.dbias"},
+                               {&g.drel_h, "grads.drel_h"},
+                               {&g.drel_w, "grads.drel_w"},
+                               {&g.dsinks, "grads.dsinks"},
+                               {&g.dextra_k, "grads.dextra_k"},
+                               {&g.dextra_v, "grads.dextra_v"}});
+  }
+  return Status::ok_status();
+}
+
 // What forward and backward check alike: the layout, q/k/v, the options.
 template <typename Params>
 Status validate_inputs(const Params& p, const Anchor& a, ProblemShape* s) {
+  FMHA_RETURN_IF_ERROR(check_view_ranks(p));
   FMHA_RETURN_IF_ERROR(resolve(p, s));
   FMHA_RETURN_IF_ERROR(check_qkv(a, p.q, p.k, p.v, *s));
   count_tokens(s);

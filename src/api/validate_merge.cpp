@@ -62,9 +62,32 @@ Anchor anchor_of(const TensorView& out) {
   return {"out", out.dtype, out.device};
 }
 
+// Every view of the call, given or not, before any is read (expect_valid_ranks).
+Status check_list_ranks(const std::vector<TensorView>& list, const char* name) {
+  for (std::size_t i = 0; i < list.size(); ++i)
+    FMHA_RETURN_IF_ERROR(expect_valid_rank(list[i], indexed(name, i)));
+  return Status::ok_status();
+}
+
+Status check_view_ranks(const MergeForwardParams& p) {
+  FMHA_RETURN_IF_ERROR(expect_valid_ranks({{&p.out, "out"}, {&p.lse, "lse"}}));
+  FMHA_RETURN_IF_ERROR(check_list_ranks(p.outs, "outs"));
+  return check_list_ranks(p.lses, "lses");
+}
+
+Status check_view_ranks(const MergeBackwardParams& p) {
+  FMHA_RETURN_IF_ERROR(
+      expect_valid_ranks({{&p.out, "out"}, {&p.lse, "lse"}, {&p.dout, "dout"}, {&p.dlse, "dlse"}}));
+  for (const auto& [list, name] :
+       {std::pair{&p.outs, "outs"}, {&p.lses, "lses"}, {&p.douts, "douts"}, {&p.dlses, "dlses"}})
+    FMHA_RETURN_IF_ERROR(check_list_ranks(*list, name));
+  return Status::ok_status();
+}
+
 }  // namespace
 
 Status validate(const MergeForwardParams& p) {
+  FMHA_RETURN_IF_ERROR(check_view_ranks(p));
   MergeShapes shapes;
   FMHA_RETURN_IF_ERROR(resolve_merge(p.out, &shapes));
   const Anchor a = anchor_of(p.out);
@@ -75,6 +98,7 @@ Status validate(const MergeForwardParams& p) {
 }
 
 Status validate(const MergeBackwardParams& p) {
+  FMHA_RETURN_IF_ERROR(check_view_ranks(p));
   MergeShapes shapes;
   FMHA_RETURN_IF_ERROR(resolve_merge(p.out, &shapes));
   const Anchor a = anchor_of(p.out);

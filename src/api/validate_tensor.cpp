@@ -195,12 +195,24 @@ bool checked_mul(std::int64_t a, std::int64_t b, std::int64_t* product) {
   return !__builtin_mul_overflow(a, b, product);
 }
 
+Status expect_valid_rank(const TensorView& t, std::string_view name) {
+  if (t.rank >= 0 && t.rank <= kMaxRank) return Status::ok_status();
+  return invalid(name, " has rank ", t.rank, "; expected 1..", kMaxRank,
+                 " dimensions, or rank 0 for a tensor that is not given");
+}
+
+Status expect_valid_ranks(std::initializer_list<NamedView> views) {
+  for (const NamedView& v : views) FMHA_RETURN_IF_ERROR(expect_valid_rank(*v.view, v.name));
+  return Status::ok_status();
+}
+
 Status expect_given(const TensorView& t, std::string_view name, std::string_view purpose) {
   if (t.defined()) return Status::ok_status();
   return invalid(name, " is required but not given (rank 0); ", purpose);
 }
 
 Status expect_rank(const TensorView& t, std::string_view name, int rank, std::string_view layout) {
+  FMHA_RETURN_IF_ERROR(expect_valid_rank(t, name));
   FMHA_RETURN_IF_ERROR(expect_given(t, name, "expected " + std::string(layout)));
   if (t.rank != rank) {
     return invalid(name, " has rank ", t.rank, " (shape ", t.shape_string(), "); expected rank ",
@@ -227,7 +239,12 @@ Status expect_anchor(const TensorView& t, std::string_view name, int rank,
     return invalid(name, " has dtype ", to_string(t.dtype),
                    "; expected float32, float16 or bfloat16 (float64 on CPU)");
   }
-  if (t.dtype == DType::kFloat64 && t.device.type != DeviceType::kCPU) {
+  const bool cpu = t.device.type == DeviceType::kCPU;
+  if (!cpu && (t.device.type != DeviceType::kCUDA || t.device.index < 0)) {
+    return invalid(name, " is on ", to_string(t.device),
+                   ", which is no device; expected cpu or cuda:<index> with an index >= 0");
+  }
+  if (t.dtype == DType::kFloat64 && !cpu) {
     return Status::not_supported(
         message("dtype float64 is only supported on CPU tensors; ", name, " is float64 on ",
                 to_string(t.device), " (the CUDA backend accepts float32, float16 and bfloat16)"));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
 #include <vector>
 
@@ -34,6 +35,18 @@ struct Anchor {
   Device device;
 };
 
+// A tensor argument and its name in messages.
+struct NamedView {
+  const TensorView* view;
+  std::string_view name;
+};
+
+// Every view has rank 0 ("not given") or 1..kMaxRank. Run first on every view of a call, given or
+// not: an optional view with a negative rank would otherwise pass for "not given", and a rank past
+// kMaxRank would make the other checks read past the shape and stride arrays.
+Status expect_valid_ranks(std::initializer_list<NamedView> views);
+Status expect_valid_rank(const TensorView& t, std::string_view name);
+
 // Present (rank > 0), else "<name> is required ...; <purpose>".
 Status expect_given(const TensorView& t, std::string_view name, std::string_view purpose);
 
@@ -41,7 +54,8 @@ Status expect_given(const TensorView& t, std::string_view name, std::string_view
 // "[B, Lq, H, D]". Run before reading sizes from a tensor.
 Status expect_rank(const TensorView& t, std::string_view name, int rank, std::string_view layout);
 
-// The anchor: expect_rank, a floating dtype, and float64 only on the CPU.
+// The anchor: expect_rank, a floating dtype, a device that exists (cpu, or cuda with an index
+// >= 0), and float64 only on the CPU.
 Status expect_anchor(const TensorView& t, std::string_view name, int rank, std::string_view layout);
 
 // Full checks, in this order: rank, dtype, device, shape, strides (by access), data pointer.

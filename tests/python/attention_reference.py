@@ -101,7 +101,8 @@ def attention(q, k, v, *, scale=None, softcap=0.0, mask=None, bias=None, rel_pos
     if sinks is not None:
         sink = sinks.to(s.dtype)[None, :, None, None].expand(b, h, lq, 1)
         s = torch.cat([s, sink], dim=-1)
-        visible = torch.cat([visible, torch.ones_like(visible[..., :1])], dim=-1)
+        # (a column of its own: with no keys at all, visible[..., :1] would be empty)
+        visible = torch.cat([visible, visible.new_ones(visible.shape[:-1] + (1,))], dim=-1)
     # A row with nothing visible has out 0 and lse -inf, with zero gradients: keep those rows
     # finite inside the computation so that autograd stays NaN-free.
     live = visible.any(dim=-1, keepdim=True)

@@ -45,6 +45,9 @@ CASES = {
         "extra_kv": 2}),
     "empty_queries": ((2, 0, 5, 2, 2, 8, 8), {}),
     "empty_keys": ((2, 4, 0, 2, 2, 8, 8), {}),
+    # No keys but a sink: lse is the sink's logit, out 0 (found by test_fuzz.py, whose draws made
+    # attention_reference.py drop the sink when there were no keys at all).
+    "empty_keys_sinks": ((2, 4, 0, 2, 2, 8, 8), {"sinks": True}),
 }  # fmt: skip
 
 

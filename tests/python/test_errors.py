@@ -107,7 +107,51 @@ CASES = {
         ["fmha: kernel_size is (3, 3) with 2 entries", "na3d"]),
     "na_kernel_float": (
         lambda dev: fmha.na1d(*(torch.randn(1, 8, 2, 8, device=dev) for _ in range(3)), 3.5), TypeError,
-        []),
+        ["fmha: kernel_size is 3.5 (float); accepted: an int"]),
+    # Found by the fuzzing harness (test_fuzz.py): scalar arguments of the wrong type raised Python's
+    # own message, which does not name the argument, or were taken for something they are not.
+    "scale_string": (
+        lambda dev: fmha.attention(*_qkv(dev), scale="0.5"), TypeError,
+        ["fmha: scale is '0.5' (str); accepted: a float"]),
+    "softcap_none": (
+        lambda dev: fmha.attention(*_qkv(dev), softcap=None), TypeError, ["fmha: softcap is None"]),
+    "causal_string": (
+        lambda dev: fmha.attention(*_qkv(dev), causal="False"), TypeError,
+        ["fmha: causal is 'False' (str); accepted: a bool"]),
+    "deterministic_tensor": (
+        lambda dev: fmha.attention(*_qkv(dev), deterministic=torch.ones(2, dtype=torch.bool)),
+        TypeError, ["fmha: deterministic is tensor(", "accepted: a bool"]),
+    "return_lse_string": (
+        lambda dev: fmha.attention(*_qkv(dev), return_lse="yes"), TypeError, ["fmha: return_lse is 'yes'"]),
+    "window_float": (
+        lambda dev: fmha.attention(*_qkv(dev), window=(1.5, 2)), TypeError,
+        ["fmha: window[0] is 1.5 (float); accepted: an int"]),
+    "window_past_int64": (
+        lambda dev: fmha.attention(*_qkv(dev), window=(0, 2**63)), ValueError,
+        ["fmha: window[1] = 9223372036854775808 does not fit in a signed 64-bit integer"]),
+    "varlen_max_seqlen_float": (
+        lambda dev: fmha.attention_varlen(torch.randn(9, 2, 8, device=dev), torch.randn(9, 2, 8, device=dev),
+                                          torch.randn(9, 2, 8, device=dev), _cu(dev, 0, 9), _cu(dev, 0, 9), 9.0, 9),
+        TypeError, ["fmha: max_seqlen_q is 9.0 (float); accepted: an int"]),
+    "varlen_max_seqlen_none": (
+        lambda dev: fmha.attention_varlen(torch.randn(9, 2, 8, device=dev), torch.randn(9, 2, 8, device=dev),
+                                          torch.randn(9, 2, 8, device=dev), _cu(dev, 0, 9), _cu(dev, 0, 9), 9, None),
+        TypeError, ["fmha: max_seqlen_k is None"]),
+    "na_dilation_past_int64": (
+        lambda dev: fmha.na2d(*(torch.randn(1, 4, 5, 2, 8, device=dev) for _ in range(3)), 3, (1, 2**64)),
+        ValueError, ["fmha: dilation[1] = 18446744073709551616 does not fit"]),
+    "na_is_causal_string": (
+        lambda dev: fmha.na1d(*(torch.randn(1, 8, 2, 8, device=dev) for _ in range(3)), 3, is_causal="yes"),
+        TypeError, ["fmha: is_causal is 'yes' (str); accepted: a bool"]),
+    # A meta tensor among real ones took the shape-only path and passed; now refused like any
+    # other device mismatch.
+    "meta_q_among_real_tensors": (
+        lambda dev: fmha.attention(_qkv(dev)[0].to("meta"), *_qkv(dev)[1:]), ValueError,
+        ["fmha: k is on ", "but q is on meta; every tensor must be on q's device"]),
+    "merge_meta_part_among_real_ones": (
+        lambda dev: fmha.merge_attentions([torch.randn(1, 3, 2, 4, device=dev)] * 2,
+                                          [torch.randn(1, 2, 3, device=dev), torch.randn(1, 2, 3, device="meta")]),
+        ValueError, ["fmha: lses[1] is on meta but outs[0] is on "]),
     "na_backward_impl": (
         lambda dev: fmha.na1d(*(torch.randn(1, 8, 2, 8, device=dev) for _ in range(3)), 3, backward_impl=None),
         ValueError, ["fmha: backward_impl is None", "'auto', 'fused', 'split'"]),
