@@ -12,6 +12,7 @@
 #                                                      # scripts/build-gpu-tests.sh (carry .gpu)
 #   BENCH_RUNS="standard|--cases D64 --impls fmha,sdpa-flash;na|--impls fmha,flex" \
 #     STEPS="build cuda-tests bench" bash scripts/gpu-check.sh   # several bench runs, one process each
+#   STEPS="build fuzz" FUZZ_VALID=50000 bash scripts/gpu-check.sh   # the long fuzzing run (optional step)
 # A failed cuda-tests step skips the bench and ncu steps (their device time would time a broken build;
 # GATE=0 runs them anyway).
 set -uo pipefail
@@ -114,6 +115,21 @@ sanitizer() {
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER"
 }
+# The long fuzzing run, an optional step: the fuzzing harness's draws on CUDA tensors, C++
+# (tests/cuda/test_cuda_fuzz.cpp: FUZZ_INVALID refused calls, FUZZ_VALID checked against the
+# oracle) and Python (tests/python/test_fuzz.py: FUZZ_PY_INVALID, FUZZ_PY_VALID), from FUZZ_SEED
+# (default: today's date, so that each day draws anew and the log says how to replay a failure).
+fuzz() {
+  local seed=${FUZZ_SEED:-$(date +%Y%m%d)} status=0
+  echo "fuzz seed $seed"
+  FMHA_FUZZ_SEED=$seed FMHA_FUZZ_INVALID=${FUZZ_INVALID:-200000} FMHA_FUZZ_VALID=${FUZZ_VALID:-20000} \
+    timeout "${FUZZ_SECONDS:-600}" "$TESTS" --gtest_brief=1 --gtest_filter="CudaFuzz.*" || status=1
+  pip_ready || return 1
+  FMHA_FUZZ_SEED=$seed FMHA_FUZZ_PY_INVALID=${FUZZ_PY_INVALID:-20000} FMHA_FUZZ_PY_VALID=${FUZZ_PY_VALID:-2000} \
+    timeout "${FUZZ_SECONDS:-600}" python3 -m pytest -q tests/python/test_fuzz.py -k cuda -p no:cacheprovider ||
+    status=1
+  return $status
+}
 PIP_STATUS=""
 pip_ready() {  # waits for the background install once; later calls reuse its status
   [ -z "$PIP_STATUS" ] && { wait "$PIP_PID"; PIP_STATUS=$?; }
@@ -157,7 +173,7 @@ ncu_profiles() {
   return $status
 }
 
-if has python || has bench || has ncu; then
+if has python || has bench || has ncu || has fuzz; then
   python_install >"$OUT/pip-install.log" 2>&1 &
   PIP_PID=$!
 fi
@@ -173,6 +189,7 @@ has cp-async-tests && run_step cp-async-tests cp_async_tests
 has persistent-tests && run_step persistent-tests persistent_tests
 has sanitizer && run_step sanitizer sanitizer
 has python && run_step python python_tests
+has fuzz && run_step fuzz fuzz
 has bench && run_step bench bench
 has ncu && run_step ncu ncu_profiles
 

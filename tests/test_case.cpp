@@ -160,21 +160,49 @@ double round_bf16(double x) { return round_to(DType::kBFloat16, x); }
 
 bool low_precision(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
 
-fmha::AttentionOptions options_with_tensors(const AttentionCase& c, CaseTensors& t) {
+// The views of one fmha::run call: the host tensors' own, or their copies on a device.
+class CallViews {
+ public:
+  explicit CallViews(CaseDevice* device) : device_(device) {}
+  fmha::TensorView operator()(HostTensor& h) {
+    if (device_ == nullptr || !h.defined()) return h.view();
+    const fmha::TensorView v = device_->upload(h);
+    copies_.push_back({&h, v});
+    return v;
+  }
+  void* stream() const { return device_ != nullptr ? device_->stream() : nullptr; }
+  // After fmha::run: waits for the device, copies `outputs` back (whatever the status, so that a
+  // refused call can be seen to leave them unwritten) and frees every copy.
+  Status finish(const Status& status, std::initializer_list<HostTensor*> outputs) {
+    if (device_ == nullptr) return status;
+    const Status synced = device_->synchronize();
+    for (const auto& [host, view] : copies_)
+      for (HostTensor* output : outputs)
+        if (output == host) device_->download(*host, view);
+    device_->release();
+    return status.ok() ? synced : status;
+  }
+
+ private:
+  CaseDevice* device_;
+  std::vector<std::pair<HostTensor*, fmha::TensorView>> copies_;
+};
+
+fmha::AttentionOptions options_with_tensors(const AttentionCase& c, CaseTensors& t, CallViews& v) {
   fmha::AttentionOptions o = c.options;
-  o.bias = t.bias.view();
-  o.rel_h = t.rel_h.view();
-  o.rel_w = t.rel_w.view();
-  o.sinks = t.sinks.view();
-  o.extra_k = t.extra_k.view();
-  o.extra_v = t.extra_v.view();
+  o.bias = v(t.bias);
+  o.rel_h = v(t.rel_h);
+  o.rel_w = v(t.rel_w);
+  o.sinks = v(t.sinks);
+  o.extra_k = v(t.extra_k);
+  o.extra_v = v(t.extra_v);
   return o;
 }
 
-fmha::AttentionGradients gradients(CaseTensors& t) {
-  return {.dq = t.dq.view(), .dk = t.dk.view(), .dv = t.dv.view(), .dbias = t.dbias.view(),
-          .drel_h = t.drel_h.view(), .drel_w = t.drel_w.view(), .dsinks = t.dsinks.view(),
-          .dextra_k = t.dextra_k.view(), .dextra_v = t.dextra_v.view()};
+fmha::AttentionGradients gradients(CaseTensors& t, CallViews& v) {
+  return {.dq = v(t.dq), .dk = v(t.dk), .dv = v(t.dv), .dbias = v(t.dbias),
+          .drel_h = v(t.drel_h), .drel_w = v(t.drel_w), .dsinks = v(t.dsinks),
+          .dextra_k = v(t.dextra_k), .dextra_v = v(t.dextra_v)};
 }
 
 }  // namespace
@@ -244,6 +272,12 @@ std::string AttentionCase::describe() const {
   if (dlse) s << " dlse";
   if (fp32_stats) s << " fp32-stats";
   if (o.deterministic) s << " deterministic";
+  if (o.allow_tf32) s << " allow_tf32";
+  if (backward_impl == fmha::BackwardImpl::kFused) s << " impl=fused";
+  if (backward_impl == fmha::BackwardImpl::kSplit) s << " impl=split";
+  if (!lse_output) s << " no-lse";
+  else if (!backward) s << " forward-only";
+  if (backward && lse_output && !input_grads) s << " dq-dk-dv-only";
   s << " q:" << storage_name(q_storage) << " kv:" << storage_name(kv_storage);
   return s.str();
 }
@@ -329,50 +363,65 @@ CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed) {
   return t;
 }
 
-Status run_forward(const AttentionCase& c, CaseTensors& t) {
+Status run_forward(const AttentionCase& c, CaseTensors& t, CaseDevice* device) {
   t.out.poison();
   t.lse.poison();
-  const fmha::AttentionOptions o = options_with_tensors(c, t);
+  CallViews v(device);
+  const fmha::AttentionOptions o = options_with_tensors(c, t, v);
+  Status s = Status::invalid_argument("unknown kind");
   switch (c.kind) {
     case Kind::kDense:
-      return fmha::run(fmha::AttentionForwardParams{
-          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .out = t.out.view(), .lse = t.lse.view(),
-          .options = o});
+      s = fmha::run(fmha::AttentionForwardParams{
+          .q = v(t.q), .k = v(t.k), .v = v(t.v), .out = v(t.out), .lse = v(t.lse), .options = o},
+          v.stream());
+      break;
     case Kind::kVarlen:
-      return fmha::run(fmha::VarlenForwardParams{
-          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .cu_seqlens_q = t.cu_seqlens_q.view(),
-          .cu_seqlens_k = t.cu_seqlens_k.view(), .max_seqlen_q = c.rows_per_batch_q(),
-          .max_seqlen_k = c.rows_per_batch_k(), .out = t.out.view(), .lse = t.lse.view(), .options = o});
+      s = fmha::run(fmha::VarlenForwardParams{
+          .q = v(t.q), .k = v(t.k), .v = v(t.v), .cu_seqlens_q = v(t.cu_seqlens_q),
+          .cu_seqlens_k = v(t.cu_seqlens_k), .max_seqlen_q = c.rows_per_batch_q(),
+          .max_seqlen_k = c.rows_per_batch_k(), .out = v(t.out), .lse = v(t.lse), .options = o},
+          v.stream());
+      break;
     case Kind::kNeighborhood:
-      return fmha::run(fmha::NeighborhoodForwardParams{
-          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .out = t.out.view(), .lse = t.lse.view(),
-          .neighborhood = c.neighborhood, .options = o});
+      s = fmha::run(fmha::NeighborhoodForwardParams{
+          .q = v(t.q), .k = v(t.k), .v = v(t.v), .out = v(t.out), .lse = v(t.lse),
+          .neighborhood = c.neighborhood, .options = o},
+          v.stream());
+      break;
   }
-  return Status::invalid_argument("unknown kind");
+  return v.finish(s, {&t.out, &t.lse});
 }
 
-Status run_backward(const AttentionCase& c, CaseTensors& t) {
+Status run_backward(const AttentionCase& c, CaseTensors& t, CaseDevice* device) {
   for (HostTensor* g : {&t.dq, &t.dk, &t.dv, &t.dbias, &t.drel_h, &t.drel_w, &t.dsinks, &t.dextra_k, &t.dextra_v})
     if (g->defined()) g->poison();
-  const fmha::AttentionOptions o = options_with_tensors(c, t);
+  CallViews v(device);
+  const fmha::AttentionOptions o = options_with_tensors(c, t, v);
+  Status s = Status::invalid_argument("unknown kind");
   switch (c.kind) {
     case Kind::kDense:
-      return fmha::run(fmha::AttentionBackwardParams{
-          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .out = t.out.view(), .lse = t.lse.view(),
-          .dout = t.dout.view(), .dlse = t.dlse.view(), .options = o, .grads = gradients(t)});
+      s = fmha::run(fmha::AttentionBackwardParams{
+          .q = v(t.q), .k = v(t.k), .v = v(t.v), .out = v(t.out), .lse = v(t.lse), .dout = v(t.dout),
+          .dlse = v(t.dlse), .options = o, .backward_impl = c.backward_impl, .grads = gradients(t, v)},
+          v.stream());
+      break;
     case Kind::kVarlen:
-      return fmha::run(fmha::VarlenBackwardParams{
-          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .cu_seqlens_q = t.cu_seqlens_q.view(),
-          .cu_seqlens_k = t.cu_seqlens_k.view(), .max_seqlen_q = c.rows_per_batch_q(),
-          .max_seqlen_k = c.rows_per_batch_k(), .out = t.out.view(), .lse = t.lse.view(),
-          .dout = t.dout.view(), .dlse = t.dlse.view(), .options = o, .grads = gradients(t)});
+      s = fmha::run(fmha::VarlenBackwardParams{
+          .q = v(t.q), .k = v(t.k), .v = v(t.v), .cu_seqlens_q = v(t.cu_seqlens_q),
+          .cu_seqlens_k = v(t.cu_seqlens_k), .max_seqlen_q = c.rows_per_batch_q(),
+          .max_seqlen_k = c.rows_per_batch_k(), .out = v(t.out), .lse = v(t.lse), .dout = v(t.dout),
+          .dlse = v(t.dlse), .options = o, .backward_impl = c.backward_impl, .grads = gradients(t, v)},
+          v.stream());
+      break;
     case Kind::kNeighborhood:
-      return fmha::run(fmha::NeighborhoodBackwardParams{
-          .q = t.q.view(), .k = t.k.view(), .v = t.v.view(), .out = t.out.view(), .lse = t.lse.view(),
-          .dout = t.dout.view(), .dlse = t.dlse.view(), .neighborhood = c.neighborhood, .options = o,
-          .grads = gradients(t)});
+      s = fmha::run(fmha::NeighborhoodBackwardParams{
+          .q = v(t.q), .k = v(t.k), .v = v(t.v), .out = v(t.out), .lse = v(t.lse), .dout = v(t.dout),
+          .dlse = v(t.dlse), .neighborhood = c.neighborhood, .options = o,
+          .backward_impl = c.backward_impl, .grads = gradients(t, v)},
+          v.stream());
+      break;
   }
-  return Status::invalid_argument("unknown kind");
+  return v.finish(s, {&t.dq, &t.dk, &t.dv, &t.dbias, &t.drel_h, &t.drel_w, &t.dsinks, &t.dextra_k, &t.dextra_v});
 }
 
 naive::Problem naive_problem(const AttentionCase& c, const CaseTensors& t) {
@@ -467,10 +516,26 @@ std::vector<double> lse_from_library(const AttentionCase& c, const std::vector<d
   return result;
 }
 
-void check_case(const AttentionCase& c, std::uint64_t seed) {
+namespace {
+
+// A refusal of a valid call as not supported by the backend: a clear message, outputs unwritten.
+void expect_clean_refusal(const Status& s, std::initializer_list<const HostTensor*> outputs) {
+  EXPECT_EQ(s.message().rfind("fmha: ", 0), 0u) << "unclear refusal: " << s.message();
+  for (const HostTensor* output : outputs)
+    EXPECT_TRUE(!output->defined() || output->poisoned()) << "a refused call wrote an output: " << s.message();
+}
+
+}  // namespace
+
+void check_case(const AttentionCase& c, std::uint64_t seed, CaseDevice* device, std::string* not_supported) {
   SCOPED_TRACE("case: " + c.describe() + " seed=" + std::to_string(seed));
   CaseTensors t = make_tensors(c, seed);
-  const Status fs = run_forward(c, t);
+  const Status fs = run_forward(c, t, device);
+  if (not_supported != nullptr && fs.code() == fmha::StatusCode::kNotSupported) {
+    expect_clean_refusal(fs, {&t.out, &t.lse});
+    *not_supported = fs.message();
+    return;
+  }
   ASSERT_TRUE(fs.ok()) << "forward refused: " << fs.message();
 
   const naive::Problem p = naive_problem(c, t);
@@ -478,8 +543,11 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
   const bool lowp = low_precision(c.dtype);
   const naive::Round round = naive_rounding(c.dtype);
   const naive::Forward lowp_ref = lowp ? naive::forward(p, round) : naive::Forward{};
+  // fp32 with TF32 allowed (opt-in, SPEC §13): 2e-3 on a device; the CPU backend computes in double
+  // whatever the option says, and keeps fp32's bound.
+  const bool tf32 = device != nullptr && c.dtype == DType::kFloat32 && c.options.allow_tf32;
   auto tol = [&](const std::vector<double>& r, const std::vector<double>& lr, DType storage) {
-    return tolerance(c.dtype, r, lowp ? lr : r, storage);
+    return tf32 ? 2e-3 : tolerance(c.dtype, r, lowp ? lr : r, storage);
   };
   // An fp64 problem with fp32 statistics: lse and dsinks are stored in fp32, so they are held to
   // fp32's tolerance. The other gradients keep fp64's: the backward recomputes the forward's
@@ -497,7 +565,13 @@ void check_case(const AttentionCase& c, std::uint64_t seed) {
   EXPECT_TRUE(close("lse", t.lse.to_double(), ref_lse, t.lse.shape(), lse_tol));
   if (!c.backward) return;
 
-  const Status bs = run_backward(c, t);
+  const Status bs = run_backward(c, t, device);
+  if (not_supported != nullptr && bs.code() == fmha::StatusCode::kNotSupported) {
+    expect_clean_refusal(bs, {&t.dq, &t.dk, &t.dv, &t.dbias, &t.drel_h, &t.drel_w, &t.dsinks, &t.dextra_k,
+                              &t.dextra_v});
+    *not_supported = bs.message();
+    return;
+  }
   ASSERT_TRUE(bs.ok()) << "backward refused: " << bs.message();
   const std::vector<double> dout = t.dout.to_double();
   const std::vector<double> dlse = t.dlse.defined() ? lse_from_library(c, t.dlse.to_double()) : std::vector<double>{};

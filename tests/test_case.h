@@ -52,6 +52,7 @@ struct AttentionCase {
   bool lse_output = true;   // the forward writes lse (false: out alone, and no backward)
   bool input_grads = true;  // false: the backward asks no gradient of bias / rel-pos / sinks /
                             // extra keys, although they are given (dq, dk, dv only)
+  fmha::BackwardImpl backward_impl = fmha::BackwardImpl::kAuto;  // the CPU backend ignores it
   Storage q_storage = Storage::kContiguous;
   Storage kv_storage = Storage::kContiguous;
 
@@ -70,11 +71,32 @@ struct CaseTensors {
   HostTensor dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v;
 };
 
+// A device that fmha::run runs a case on instead of the CPU tensors themselves: every tensor the
+// call takes is copied there with its strides (padding and broadcast layouts included), and the
+// outputs are copied back into their host tensors afterwards, padding included, so that every
+// check of a CPU run applies unchanged. The CUDA tests implement it (tests/cuda/).
+class CaseDevice {
+ public:
+  virtual ~CaseDevice() = default;
+  // The device copy of h's storage as a view with h's shape and strides (rank 0 when h is not
+  // given); the copy lives until release().
+  virtual fmha::TensorView upload(HostTensor& h) = 0;
+  // Copies the storage behind `view` (an upload of h) back into h.
+  virtual void download(HostTensor& h, const fmha::TensorView& view) = 0;
+  // The stream fmha::run gets.
+  virtual void* stream() { return nullptr; }
+  // Waits for the work queued by fmha::run; a non-ok status carries the runtime's error.
+  virtual fmha::Status synchronize() = 0;
+  // Frees every copy made since the last release().
+  virtual void release() = 0;
+};
+
 // Allocates and fills every input with seeded random values; outputs stay unwritten.
 CaseTensors make_tensors(const AttentionCase& c, std::uint64_t seed);
-// Poison the outputs (resp. gradients) with NaN, then call fmha::run.
-fmha::Status run_forward(const AttentionCase& c, CaseTensors& t);
-fmha::Status run_backward(const AttentionCase& c, CaseTensors& t);
+// Poison the outputs (resp. gradients) with NaN, then call fmha::run: on the CPU tensors, or on
+// their copies on `device` (the outputs are copied back whether the call succeeds or not).
+fmha::Status run_forward(const AttentionCase& c, CaseTensors& t, CaseDevice* device = nullptr);
+fmha::Status run_backward(const AttentionCase& c, CaseTensors& t, CaseDevice* device = nullptr);
 
 naive::Problem naive_problem(const AttentionCase& c, const CaseTensors& t);
 // The rounding of the naive same-dtype baseline (SPEC §13): fp16 / bf16, or exact for fp32 / fp64.
@@ -86,6 +108,11 @@ std::vector<double> lse_from_library(const AttentionCase& c, const std::vector<d
 
 // Forward (and backward unless c.backward is false) against the naive oracle, with SPEC §13
 // tolerances; failures are reported through gtest with the case description and seed.
-void check_case(const AttentionCase& c, std::uint64_t seed = 1);
+// With a device, fmha::run runs there (run_forward / run_backward above). When `not_supported` is
+// given, a call the backend refuses as not supported (StatusCode::kNotSupported, a valid input it
+// cannot run) is no failure: its message goes there, after checking that it starts with "fmha: "
+// and that the refused call left its outputs unwritten, and the case ends.
+void check_case(const AttentionCase& c, std::uint64_t seed = 1, CaseDevice* device = nullptr,
+                std::string* not_supported = nullptr);
 
 }  // namespace fmha_test

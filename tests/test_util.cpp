@@ -186,6 +186,13 @@ bool HostTensor::padding_untouched() const {
   return true;
 }
 
+bool HostTensor::poisoned() const {
+  const std::vector<unsigned char> pattern = poison_pattern(dtype_);
+  for (std::size_t at = 0; at + pattern.size() <= bytes_.size(); at += pattern.size())
+    if (std::memcmp(bytes_.data() + at, pattern.data(), pattern.size()) != 0) return false;
+  return true;
+}
+
 ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref, double tol) {
   ErrorStats st;
   if (got.size() != ref.size()) {

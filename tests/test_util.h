@@ -57,6 +57,9 @@ class HostTensor {
   // After poison() and a run: false when a storage element outside the logical view (padding) was
   // written, i.e. the library wrote out of bounds.
   bool padding_untouched() const;
+  // After poison() and a call: true when every storage element still holds the poison (the call
+  // wrote nothing).
+  bool poisoned() const;
   bool bitwise_equal(const HostTensor& other) const { return bytes_ == other.bytes_; }
   // True when logical dim `dim` is broadcast (size 1 or stride 0).
   bool broadcast_dim(int dim) const;
