@@ -462,6 +462,8 @@ Status run(const VarlenBackwardParams& a, const detail::ProblemShape& shape, voi
   BackwardParams p = make_params(a, shape, /*varlen=*/true);
   p.fwd.cu_seqlens_q = static_cast<const std::int32_t*>(a.cu_seqlens_q.data);
   p.fwd.cu_seqlens_k = static_cast<const std::int32_t*>(a.cu_seqlens_k.data);
+  p.total_q = shape.total_q;
+  p.total_k = shape.total_k;
   return run_backward(p, a.options, a.backward_impl, plan_additive(a.grads, shape), a.q.dtype,
                       a.q.device.index, 1, shape.total_q, /*varlen=*/true, stream);
 }
