@@ -3,7 +3,7 @@
 A loop of calls on a problem whose kernels are short (B 1, H 1, L 128, D 64, bf16 on CUDA), without
 synchronising inside the loop, runs as fast as the host can issue the calls: the time a call then
 is the host's. Compared with PyTorch SDPA's flash backend on the same inputs, and split into layers
-of fmha: the public function (fmha.attention: on plain tensors the eager path since session 21,
+of fmha: the public function (fmha.attention: on plain tensors the eager path since 2026-11-27,
 an autograd.Function around the op's body), the custom op itself (torch.library's dispatcher and
 autograd wrapper: what torch.compile and dispatch modes run), the op's body without either
 (fmha._attention_ops.forward), and the C++ entry alone (fmha._C.run on prepared views:

@@ -3,7 +3,7 @@
 A diagnostic for the perf log, not a benchmark (no L2 flush, no peers, autograd's host path included):
 SAM-B rel-pos backward and D 64 L 512 forward / backward, CUDA events, a synchronisation after every
 run, first as the process starts, then with the device's default pool's release threshold raised.
-Session 8 ran it before fmha's backward took its workspace from a pool of its own
+An H100 ran it (2026-11-23) before fmha's backward took its workspace from a pool of its own
 (src/cuda/workspace_pool.h): python bench/pool_probe.py
 """
 import ctypes, glob, os, torch, fmha
