@@ -5,34 +5,17 @@
 //   FMHA_TEST_SWEEP_SEED=<s>  seed of the first case (default 1000); case i uses seed s + i, so a
 //                             failing case reruns alone with FMHA_TEST_SWEEP=1 FMHA_TEST_SWEEP_SEED=<its seed>.
 //   FMHA_TEST_VERBOSE=1       print each case before it runs (for a case that crashes)
-#include <cstdlib>
 #include <iostream>
 
+#include "fuzz_draws.h"
 #include "test_case.h"
 
 namespace fmha_test {
 namespace {
 
-std::int64_t env_int(const char* name, std::int64_t fallback) {
-  const char* value = std::getenv(name);
-  return value && *value ? std::strtoll(value, nullptr, 10) : fallback;
-}
-
-class Dice {
- public:
-  explicit Dice(std::uint64_t seed) : rng_(seed) {}
-  std::int64_t uniform(std::int64_t lo, std::int64_t hi) {  // inclusive
-    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng_);
-  }
-  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
-  template <typename T>
-  T pick(std::initializer_list<T> values) {
-    return values.begin()[uniform(0, static_cast<std::int64_t>(values.size()) - 1)];
-  }
-
- private:
-  std::mt19937_64 rng_;
-};
+// Seeded dice and integers from the environment: the fuzzing harness's (fuzz_draws.h).
+using fmha_fuzz::Dice;
+using fmha_fuzz::env_int;
 
 AttentionCase random_case(std::uint64_t seed) {
   Dice dice(seed);

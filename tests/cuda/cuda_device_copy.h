@@ -26,17 +26,18 @@ inline std::size_t storage_bytes(const fmha::TensorView& v) {
 }
 
 // Owns the device buffers; every copy keeps the host tensor's strides, so padding, permuted and
-// broadcast layouts reach the kernels unchanged.
+// broadcast layouts reach the kernels unchanged. Copies are made at once, or queued on the stream
+// given at construction.
 class DeviceCopies {
  public:
   DeviceCopies() = default;
+  explicit DeviceCopies(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {}
   DeviceCopies(const DeviceCopies&) = delete;
   DeviceCopies& operator=(const DeviceCopies&) = delete;
-  ~DeviceCopies() {
-    for (void* p : allocations_) cudaFree(p);
-  }
+  ~DeviceCopies() { release(); }
 
-  // The device view of `h` (rank 0 when h is not defined); gtest failure when CUDA fails.
+  // The device view of `h` on the current device (rank 0 when h is not defined); gtest failure
+  // when CUDA fails. The buffer is kept until release().
   fmha::TensorView upload(fmha_test::HostTensor& h) {
     if (!h.defined()) return {};
     fmha::TensorView v = h.view();
@@ -47,23 +48,48 @@ class DeviceCopies {
     if (e != cudaSuccess) return {};
     allocations_.push_back(p);
     if (bytes > 0) {
-      const cudaError_t c = cudaMemcpy(p, v.data, bytes, cudaMemcpyHostToDevice);
-      EXPECT_EQ(c, cudaSuccess) << "cudaMemcpy: " << cudaGetErrorString(c);
+      if (stream_ == nullptr) {
+        const cudaError_t c = cudaMemcpy(p, v.data, bytes, cudaMemcpyHostToDevice);
+        EXPECT_EQ(c, cudaSuccess) << "cudaMemcpy: " << cudaGetErrorString(c);
+      } else {
+        const cudaError_t c = cudaMemcpyAsync(p, v.data, bytes, cudaMemcpyHostToDevice, stream_);
+        EXPECT_EQ(c, cudaSuccess) << "cudaMemcpyAsync: " << cudaGetErrorString(c);
+      }
     }
+    int device = 0;
+    cudaGetDevice(&device);
     v.data = p;
-    v.device = fmha::Device::cuda(0);
+    v.device = fmha::Device::cuda(device);
     return v;
   }
 
-  // Copies the storage of device view `v` back into `h` (which it was uploaded from).
-  static void download(fmha_test::HostTensor& h, const fmha::TensorView& v) {
+  // Copies the storage of device view `v` back into `h` (which it was uploaded from): at once, or
+  // queued on `stream` (after the work queued there) and waited for.
+  static void download(fmha_test::HostTensor& h, const fmha::TensorView& v,
+                       void* stream = nullptr) {
     const std::size_t bytes = storage_bytes(v);
     if (bytes == 0) return;
-    const cudaError_t e = cudaMemcpy(h.view().data, v.data, bytes, cudaMemcpyDeviceToHost);
-    EXPECT_EQ(e, cudaSuccess) << "cudaMemcpy: " << cudaGetErrorString(e);
+    if (stream == nullptr) {
+      const cudaError_t e = cudaMemcpy(h.view().data, v.data, bytes, cudaMemcpyDeviceToHost);
+      EXPECT_EQ(e, cudaSuccess) << "cudaMemcpy: " << cudaGetErrorString(e);
+      return;
+    }
+    const auto s = static_cast<cudaStream_t>(stream);
+    const cudaError_t c = cudaMemcpyAsync(h.view().data, v.data, bytes, cudaMemcpyDeviceToHost, s);
+    EXPECT_EQ(c, cudaSuccess) << "cudaMemcpyAsync: " << cudaGetErrorString(c);
+    const cudaError_t e = cudaStreamSynchronize(s);
+    EXPECT_EQ(e, cudaSuccess) << "cudaStreamSynchronize: " << cudaGetErrorString(e);
+  }
+
+  // Frees every buffer, once the copies queued on the stream have finished.
+  void release() {
+    if (stream_ != nullptr && !allocations_.empty()) cudaStreamSynchronize(stream_);
+    for (void* p : allocations_) cudaFree(p);
+    allocations_.clear();
   }
 
  private:
+  cudaStream_t stream_ = nullptr;
   std::vector<void*> allocations_;
 };
 

@@ -17,10 +17,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <string>
-#include <vector>
 
 #include "cuda/cuda_device_copy.h"
 #include "cuda/cuda_forward_case.h"
@@ -73,58 +71,22 @@ class CudaMemory final : public fmha_fuzz::Memory {
 // out on the stream the call runs on.
 class CudaCaseDevice final : public fmha_test::CaseDevice {
  public:
-  CudaCaseDevice() { cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
-  ~CudaCaseDevice() override {
-    release();
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  CudaCaseDevice(const CudaCaseDevice&) = delete;
-  CudaCaseDevice& operator=(const CudaCaseDevice&) = delete;
-
-  fmha::TensorView upload(fmha_test::HostTensor& h) override {
-    if (!h.defined()) return {};
-    fmha::TensorView v = h.view();
-    const std::size_t bytes = storage_bytes(v);
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 16));
-    EXPECT_EQ(e, cudaSuccess) << "cudaMalloc: " << cudaGetErrorString(e);
-    if (e != cudaSuccess) return {};
-    allocations_.push_back(p);
-    if (bytes > 0) {
-      const cudaError_t c = cudaMemcpyAsync(p, v.data, bytes, cudaMemcpyHostToDevice, stream_);
-      EXPECT_EQ(c, cudaSuccess) << "cudaMemcpyAsync: " << cudaGetErrorString(c);
-    }
-    int device = 0;
-    cudaGetDevice(&device);
-    v.data = p;
-    v.device = fmha::Device::cuda(device);
-    return v;
-  }
+  fmha::TensorView upload(fmha_test::HostTensor& h) override { return copies_.upload(h); }
   void download(fmha_test::HostTensor& h, const fmha::TensorView& v) override {
-    const std::size_t bytes = storage_bytes(v);
-    if (bytes == 0) return;
-    const cudaError_t c =
-        cudaMemcpyAsync(h.view().data, v.data, bytes, cudaMemcpyDeviceToHost, stream_);
-    EXPECT_EQ(c, cudaSuccess) << "cudaMemcpyAsync: " << cudaGetErrorString(c);
-    const cudaError_t e = cudaStreamSynchronize(stream_);
-    EXPECT_EQ(e, cudaSuccess) << "cudaStreamSynchronize: " << cudaGetErrorString(e);
+    DeviceCopies::download(h, v, stream_.get());
   }
-  void* stream() override { return stream_; }
+  void* stream() override { return stream_.get(); }
   fmha::Status synchronize() override {
-    const cudaError_t e = cudaStreamSynchronize(stream_);
+    const cudaError_t e = stream_.sync();
     if (e == cudaSuccess) return fmha::Status::ok_status();
     return fmha::Status::backend_error(std::string("fmha test: cudaStreamSynchronize: ") +
                                        cudaGetErrorString(e));
   }
-  void release() override {
-    if (!allocations_.empty()) cudaStreamSynchronize(stream_);
-    for (void* p : allocations_) cudaFree(p);
-    allocations_.clear();
-  }
+  void release() override { copies_.release(); }
 
  private:
-  cudaStream_t stream_ = nullptr;
-  std::vector<void*> allocations_;
+  TestStream stream_;  // destroyed after the copies, which wait for it
+  DeviceCopies copies_{stream_.get()};
 };
 
 TEST(CudaFuzz, InvalidArguments) {
