@@ -50,9 +50,6 @@ namespace sm90 = fmha::cuda::sm90;
 struct Shape {
   int B, H, Hkv, Lq, Lk, D;
   bool causal, bottom_right;
-  // Varlen when given: the sequences' lengths, packed (B, Lq and Lk then unused).
-  std::vector<int> seq_q = {}, seq_k = {};
-  bool varlen() const { return !seq_q.empty(); }
 };
 
 constexpr std::size_t kTileFloats = sm90::DqAccumulator<64>::kTileFloats;
@@ -141,42 +138,6 @@ void upload_stats(BackwardParams& p, int B, int H, int Lq, const std::vector<flo
   p.stat_batch_stride = static_cast<std::int64_t>(rows) * H;
 }
 
-// A varlen batch of these cumulative row offsets: packed rows, batch strides 0, maximum lengths,
-// cu_seqlens on the device.
-void set_varlen(BackwardParams& p, const std::vector<int>& cu_q, const std::vector<int>& cu_k) {
-  ForwardParams& f = p.fwd;
-  const int B = static_cast<int>(cu_q.size()) - 1;
-  f.batch = B;
-  f.seqlen_q = f.seqlen_k = 0;
-  for (int b = 0; b < B; ++b) {
-    f.seqlen_q = std::max<std::int64_t>(f.seqlen_q, cu_q[b + 1] - cu_q[b]);
-    f.seqlen_k = std::max<std::int64_t>(f.seqlen_k, cu_k[b + 1] - cu_k[b]);
-  }
-  f.q_batch_stride = f.k_batch_stride = f.v_batch_stride = 0;
-  p.dout_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = 0;
-  p.total_q = cu_q[B];
-  p.total_k = cu_k[B];
-  std::int32_t* d = nullptr;
-  CHECK(cudaMalloc(&d, cu_q.size() * 4));
-  CHECK(cudaMemcpy(d, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
-  f.cu_seqlens_q = d;
-  CHECK(cudaMalloc(&d, cu_k.size() * 4));
-  CHECK(cudaMemcpy(d, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
-  f.cu_seqlens_k = d;
-}
-
-// Varlen row statistics [H, total_q], as the library's preprocess writes them (no padding).
-void upload_varlen_stats(BackwardParams& p, int total_q, const std::vector<float>& lse_log2,
-                         const std::vector<float>& delta) {
-  CHECK(cudaMalloc(&p.lse_log2, lse_log2.size() * 4 + 16));
-  CHECK(cudaMalloc(&p.delta, delta.size() * 4 + 16));
-  CHECK(cudaMemcpy(p.lse_log2, lse_log2.data(), lse_log2.size() * 4, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(p.delta, delta.data(), delta.size() * 4, cudaMemcpyHostToDevice));
-  p.stat_rows = 0;
-  p.stat_head_stride = total_q;
-  p.stat_batch_stride = 0;
-}
-
 // Zeroes the accumulator, runs the fused backward.
 template <int kD, typename Policy>
 Status run_fused(BackwardParams& p, std::size_t accum_bytes, cudaStream_t stream = 0) {
@@ -185,14 +146,12 @@ Status run_fused(BackwardParams& p, std::size_t accum_bytes, cudaStream_t stream
 }
 
 std::size_t accumulator_floats(BackwardParams& p, int D) {
-  const bool varlen = p.fwd.cu_seqlens_q != nullptr;
-  const std::int64_t inner = varlen ? p.total_q : p.fwd.seqlen_q;
   if (D == 64) {
-    sm90::set_dq_accumulator_strides<64>(&p, inner, varlen);
+    sm90::set_dq_accumulator_strides<64>(&p, p.fwd.seqlen_q, false);
   } else {
-    sm90::set_dq_accumulator_strides<128>(&p, inner, varlen);
+    sm90::set_dq_accumulator_strides<128>(&p, p.fwd.seqlen_q, false);
   }
-  return static_cast<std::size_t>(p.accum_head_stride) * p.fwd.heads * (varlen ? 1 : p.fwd.batch);
+  return static_cast<std::size_t>(p.accum_batch_stride) * p.fwd.batch;
 }
 
 Status launch_fused(BackwardParams& p, int D, bool causal, std::size_t accum_bytes) {
@@ -222,9 +181,9 @@ Status launch_split(BackwardParams p, int D, bool causal, cudaStream_t stream) {
                 : sm90::launch_backward_dq<bf16, 128, PolicyPlain>(p, stream);
 }
 
-bool visible(const Shape& s, int lq, int lk, int i, int j) {
+bool visible(const Shape& s, int i, int j) {
   if (!s.causal) return true;
-  const int offset = s.bottom_right ? lk - lq : 0;
+  const int offset = s.bottom_right ? s.Lk - s.Lq : 0;
   return j <= i + offset;
 }
 
@@ -242,46 +201,33 @@ double relative_error(const std::vector<float>& a, const std::vector<double>& re
 // One shape against float64; returns whether every gradient is within the bound.
 bool check_shape(const Shape& s, std::mt19937& gen) {
   const int G = s.H / s.Hkv;
-  const int B = s.varlen() ? static_cast<int>(s.seq_q.size()) : s.B;
-  std::vector<int> lq(B, s.Lq), lk(B, s.Lk), q_off(B + 1, 0), k_off(B + 1, 0);
-  for (int b = 0; b < B; ++b) {
-    if (s.varlen()) lq[b] = s.seq_q[b], lk[b] = s.seq_k[b];
-    q_off[b + 1] = q_off[b] + lq[b];
-    k_off[b + 1] = k_off[b] + lk[b];
-  }
-  const int total_q = q_off[B], total_k = k_off[B];
-  const std::size_t nq = std::size_t(total_q) * s.H * s.D;
-  const std::size_t nk = std::size_t(total_k) * s.Hkv * s.D;
+  const std::size_t nq = std::size_t(s.B) * s.Lq * s.H * s.D;
+  const std::size_t nk = std::size_t(s.B) * s.Lk * s.Hkv * s.D;
   const std::vector<float> q = random_host(nq, gen), k = random_host(nk, gen),
                            v = random_host(nk, gen), dout = random_host(nq, gen);
   std::vector<double> dq(nq, 0.0), dk(nk, 0.0), dv(nk, 0.0);
-  // Statistics [B, H, Lq] (dense) or [H, total_q] (varlen).
-  std::vector<float> lse_log2(std::size_t(s.H) * total_q), delta(lse_log2.size());
-  auto stat_index = [&](int b, int h, int i) {
-    return s.varlen() ? std::size_t(h) * total_q + q_off[b] + i
-                      : (std::size_t(b) * s.H + h) * s.Lq + i;
-  };
+  std::vector<float> lse_log2(std::size_t(s.B) * s.H * s.Lq), delta(lse_log2.size());
   const double scale = 1.0 / std::sqrt(double(s.D));
-  auto qi = [&](int b, int i, int h) { return (std::size_t(q_off[b]) + i) * s.H * s.D + h * s.D; };
+  auto qi = [&](int b, int i, int h) { return (std::size_t(b) * s.Lq + i) * s.H * s.D + h * s.D; };
   auto kj = [&](int b, int j, int h) {
-    return (std::size_t(k_off[b]) + j) * s.Hkv * s.D + (h / G) * s.D;
+    return (std::size_t(b) * s.Lk + j) * s.Hkv * s.D + (h / G) * s.D;
   };
-  std::vector<double> P(std::max(total_k, 1));
-  for (int b = 0; b < B; ++b) {
+  std::vector<double> P(s.Lk), dP(s.Lk);
+  for (int b = 0; b < s.B; ++b) {
     for (int h = 0; h < s.H; ++h) {
-      for (int i = 0; i < lq[b]; ++i) {
+      for (int i = 0; i < s.Lq; ++i) {
         double m = -INFINITY;
-        for (int j = 0; j < lk[b]; ++j) {
+        for (int j = 0; j < s.Lk; ++j) {
           double dot = 0.0;
           for (int c = 0; c < s.D; ++c) dot += double(q[qi(b, i, h) + c]) * k[kj(b, j, h) + c];
-          P[j] = visible(s, lq[b], lk[b], i, j) ? dot * scale : -INFINITY;
+          P[j] = visible(s, i, j) ? dot * scale : -INFINITY;
           m = std::max(m, P[j]);
         }
         double sum = 0.0;
-        for (int j = 0; j < lk[b]; ++j) sum += m == -INFINITY ? 0.0 : std::exp(P[j] - m);
+        for (int j = 0; j < s.Lk; ++j) sum += m == -INFINITY ? 0.0 : std::exp(P[j] - m);
         const double lse = m == -INFINITY ? -INFINITY : m + std::log(sum);
         std::vector<double> out(s.D, 0.0);
-        for (int j = 0; j < lk[b]; ++j) {
+        for (int j = 0; j < s.Lk; ++j) {
           P[j] = lse == -INFINITY ? 0.0 : std::exp(P[j] - lse);
           for (int c = 0; c < s.D; ++c) out[c] += P[j] * v[kj(b, j, h) + c];
         }
@@ -289,10 +235,10 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
         double d = 0.0;
         for (int c = 0; c < s.D; ++c)
           d += double(dout[qi(b, i, h) + c]) * round_bf16(float(out[c]));
-        const std::size_t stat = stat_index(b, h, i);
+        const std::size_t stat = (std::size_t(b) * s.H + h) * s.Lq + i;
         lse_log2[stat] = lse == -INFINITY ? INFINITY : float(lse * 1.4426950408889634);
         delta[stat] = float(d);
-        for (int j = 0; j < lk[b]; ++j) {
+        for (int j = 0; j < s.Lk; ++j) {
           double x = 0.0;
           for (int c = 0; c < s.D; ++c) x += double(dout[qi(b, i, h) + c]) * v[kj(b, j, h) + c];
           const double ds = P[j] * (x - d);
@@ -308,7 +254,6 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
 
   BackwardParams p;
   set_shape(p, s);
-  if (s.varlen()) set_varlen(p, q_off, k_off);
   p.fwd.q = upload_bf16(q);
   p.fwd.k = upload_bf16(k);
   p.fwd.v = upload_bf16(v);
@@ -319,11 +264,7 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
   CHECK(cudaMemset(p.dq, 0xff, nq * 2));  // NaN: an unwritten element fails
   CHECK(cudaMemset(p.dk, 0xff, nk * 2));
   CHECK(cudaMemset(p.dv, 0xff, nk * 2));
-  if (s.varlen()) {
-    upload_varlen_stats(p, total_q, lse_log2, delta);
-  } else {
-    upload_stats(p, s.B, s.H, s.Lq, lse_log2, delta);
-  }
+  upload_stats(p, s.B, s.H, s.Lq, lse_log2, delta);
   const std::size_t accum = accumulator_floats(p, s.D);
   CHECK(cudaMalloc(&p.dq_accum, accum * 4 + accum / kTileFloats * 4));
   const Status st = launch_fused(p, s.D, s.causal, accum * 4);
@@ -345,19 +286,16 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
   const bool ok =
       st.ok() && sd.ok() && eq < 1e-2 && ek < 1e-2 && ev < 1e-2 && eq_det < 1e-2 && repeated;
   std::printf(
-      "check %s B=%d H=%d Hkv=%d Lq=%d Lk=%d D=%d causal=%d%s: dq %.2e dk %.2e dv %.2e, "
+      "check B=%d H=%d Hkv=%d Lq=%d Lk=%d D=%d causal=%d%s: dq %.2e dk %.2e dv %.2e, "
       "deterministic dq %.2e %s: %s%s\n",
-      s.varlen() ? "varlen" : "dense", B, s.H, s.Hkv, s.varlen() ? total_q : s.Lq,
-      s.varlen() ? total_k : s.Lk, s.D, s.causal, s.bottom_right ? " (bottom-right)" : "", eq, ek,
+      s.B, s.H, s.Hkv, s.Lq, s.Lk, s.D, s.causal, s.bottom_right ? " (bottom-right)" : "", eq, ek,
       ev, eq_det, repeated ? "repeated" : "NOT REPEATED", ok ? "ok" : "FAIL ",
       st.ok() ? "" : st.message().c_str());
   for (void* ptr :
        {const_cast<void*>(p.fwd.q), const_cast<void*>(p.fwd.k), const_cast<void*>(p.fwd.v),
         const_cast<void*>(p.dout), p.dq, p.dk, p.dv, static_cast<void*>(p.lse_log2),
-        static_cast<void*>(p.delta), static_cast<void*>(p.dq_accum),
-        static_cast<void*>(const_cast<std::int32_t*>(p.fwd.cu_seqlens_q)),
-        static_cast<void*>(const_cast<std::int32_t*>(p.fwd.cu_seqlens_k))}) {
-    if (ptr != nullptr) CHECK(cudaFree(ptr));
+        static_cast<void*>(p.delta), static_cast<void*>(p.dq_accum)}) {
+    CHECK(cudaFree(ptr));
   }
   return ok;
 }
@@ -438,25 +376,13 @@ int main(int argc, char** argv) {
   std::mt19937 gen(7);
   bool ok = true;
   const Shape shapes[] = {
-      {1, 2, 2, 64, 128, 64, false, false},
-      {2, 3, 3, 77, 200, 64, false, false},
-      {1, 4, 2, 300, 300, 64, true, false},
-      {1, 2, 1, 129, 257, 64, true, true},
-      {1, 2, 2, 64, 128, 128, false, false},
-      {2, 2, 2, 77, 200, 128, false, false},
-      {1, 4, 2, 300, 300, 128, true, false},
-      {1, 2, 1, 129, 257, 128, true, true},
-      {1, 2, 2, 200, 100, 128, true, false},
-      {1, 1, 1, 1, 1, 128, false, false},
-      {1, 6, 2, 513, 385, 128, true, true},
-      {1, 6, 3, 250, 390, 64, false, false},
-      {1, 2, 2, 300, 100, 64, true, true},
-      {1, 2, 2, 300, 100, 128, true, true},
-      // Varlen: sequences starting anywhere, empty ones, partial tiles on both sides.
-      {0, 4, 2, 0, 0, 64, false, false, {17, 0, 130, 64, 1, 200}, {33, 5, 129, 0, 70, 150}},
-      {0, 4, 2, 0, 0, 128, true, true, {17, 0, 130, 64, 1, 200}, {33, 5, 129, 0, 70, 150}},
-      {0, 2, 1, 0, 0, 128, false, false, {77, 300}, {250, 129}},
-      {0, 6, 3, 0, 0, 64, true, false, {200, 3}, {190, 300}},
+      {1, 2, 2, 64, 128, 64, false, false},  {2, 3, 3, 77, 200, 64, false, false},
+      {1, 4, 2, 300, 300, 64, true, false},  {1, 2, 1, 129, 257, 64, true, true},
+      {1, 2, 2, 64, 128, 128, false, false}, {2, 2, 2, 77, 200, 128, false, false},
+      {1, 4, 2, 300, 300, 128, true, false}, {1, 2, 1, 129, 257, 128, true, true},
+      {1, 2, 2, 200, 100, 128, true, false}, {1, 1, 1, 1, 1, 128, false, false},
+      {1, 6, 2, 513, 385, 128, true, true},  {1, 6, 3, 250, 390, 64, false, false},
+      {1, 2, 2, 300, 100, 64, true, true},   {1, 2, 2, 300, 100, 128, true, true},
   };
   if (argc > 4 && std::strcmp(argv[1], "--only") == 0) {  // one timing cell: D L causal
     time_cell(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0);

@@ -220,19 +220,21 @@ bool dq_overlap_enabled() {
 // into its own kernel (one block per query tile and head, atomic-free) at the price of
 // recomputing S and dP there (7 products instead of 5). The dK/dV grid (key tiles x kv heads x
 // batch x chunks) is the same in both, so split pays off only when that grid is too small to
-// carry the dQ work as well. Measured on an H100 (132 SMs), fp16, 2026-11-22/23 (a backward bench of the time):
-// fused wins by 7-25% at 128-2048 dK/dV blocks; split wins by 7-13% at 16 blocks (MQA, 8 heads,
-// L 1024) and by 4-5% at 256 blocks of a causal GQA group of 8 (L 4096), the one measured shape
-// this rule gets wrong. Rule: split when the dK/dV grid fills less than half the SMs.
-// deterministic forces split, whose reductions all run in a fixed order.
+// carry the dQ work as well. Measured on an H100 (132 SMs), fp16, 2026-11-22/23: fused wins by
+// 7-25% at 128-2048 dK/dV blocks; split wins by 7-13% at 16 blocks (MQA, 8 heads, L 1024) and by
+// 4-5% at 256 blocks of a causal GQA group of 8 (L 4096), the one measured shape this rule gets
+// wrong. Rule: split when the dK/dV grid fills less than half the SMs. deterministic forces split
+// here, whose reductions all run in a fixed order (the warp-specialized kernel, chosen before
+// this in run_backward, orders its own adds).
 // On Hopper the warp-specialized fused kernel runs wherever it applies (run_backward:
 // sm90_fused); elsewhere both structures run sm90 kernels where they apply (use_sm90_backward; the
 // older fused one at D 64 / 128 without rel-pos or dbias, sm90_fused_backward_applies); fused asked
 // for where only the split sm90 kernels apply runs the sm80 fused kernels. Auto there: split,
-// measured on an H100 (bf16, 2026-11-24): the older fused sm90 kernel took 1.00-1.24x the split time in the dense cells (D 64 / 128, L 512-8192, causal or not; D 128
-// L 8192 level) and at SAM-B (1.13x; with a [1, H, L, L] bias 1.09x): its dQ reductions cost more
-// than the dQ kernel's recomputed S and dP. (D 128 causal L 512 ran 0.64x there against a split
-// run whose p10-p90 spread 0.68-1.26 ms; an earlier run had that split cell at 0.54 ms, 0.87x.)
+// measured on an H100 (bf16, 2026-11-24): the older fused sm90 kernel took 1.00-1.24x the split
+// time in the dense cells (D 64 / 128, L 512-8192, causal or not; D 128 L 8192 level) and at SAM-B
+// (1.13x; with a [1, H, L, L] bias 1.09x): its dQ reductions cost more than the dQ kernel's
+// recomputed S and dP. (D 128 causal L 512 ran 0.64x there against a split run whose p10-p90
+// spread 0.68-1.26 ms; an earlier run had that split cell at 0.54 ms, 0.87x.)
 bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl, int sm_count,
                bool sm90) {
   if (o.deterministic) return false;
@@ -462,8 +464,6 @@ Status run(const VarlenBackwardParams& a, const detail::ProblemShape& shape, voi
   BackwardParams p = make_params(a, shape, /*varlen=*/true);
   p.fwd.cu_seqlens_q = static_cast<const std::int32_t*>(a.cu_seqlens_q.data);
   p.fwd.cu_seqlens_k = static_cast<const std::int32_t*>(a.cu_seqlens_k.data);
-  p.total_q = shape.total_q;
-  p.total_k = shape.total_k;
   return run_backward(p, a.options, a.backward_impl, plan_additive(a.grads, shape), a.q.dtype,
                       a.q.device.index, 1, shape.total_q, /*varlen=*/true, stream);
 }

@@ -228,26 +228,17 @@ bool use_sm90_fused_backward(const BackwardParams& p, DType dtype, int arch) {
   const int bucket = sm80::head_dim_bucket(max_dim(p));
   const bool sixteen_bit = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   const std::int64_t kv_heads = f.heads / f.kv_group;
-  // A varlen batch would be mapped as its packed rows, one batch, its partial tiles copied by
-  // cp.async in whole 16-byte chunks (vector_loads): the kernel and its launch have that form, but
-  // it has not yet run on a GPU (bench/cpp/sm90_fused_backward_check.cu checks it), so varlen
-  // batches keep the split kernels until then.
-  const bool varlen = f.cu_seqlens_q != nullptr;
-  if (varlen) return false;
-  const std::int64_t rows_q = varlen ? p.total_q : f.seqlen_q;
-  const std::int64_t rows_k = varlen ? p.total_k : f.seqlen_k;
-  const std::int64_t batch = varlen ? 1 : f.batch;
   return sixteen_bit && use_sm90_kernels(arch) && sm90::bwd_fused_ws_bucket(bucket) &&
          head_dim_bucket_built(bucket) && f.neighborhood.rank == 0 && f.rel_h == nullptr &&
          f.bias == nullptr && f.softcap_log2 == 0.0f && f.num_extra == 0 &&
-         (!varlen || f.vector_loads) && f.seqlen_q > 0 && f.seqlen_k > 0 &&
-         sm90::rows_mappable(f.q, f.head_dim, rows_q, f.heads, batch, f.q_row_stride,
+         f.cu_seqlens_q == nullptr && f.seqlen_q > 0 && f.seqlen_k > 0 &&
+         sm90::rows_mappable(f.q, f.head_dim, f.seqlen_q, f.heads, f.batch, f.q_row_stride,
                              f.q_head_stride, f.q_batch_stride) &&
-         sm90::rows_mappable(p.dout, f.value_dim, rows_q, f.heads, batch, p.dout_row_stride,
+         sm90::rows_mappable(p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch, p.dout_row_stride,
                              p.dout_head_stride, p.dout_batch_stride) &&
-         sm90::rows_mappable(f.k, f.head_dim, rows_k, kv_heads, batch, f.k_row_stride,
+         sm90::rows_mappable(f.k, f.head_dim, f.seqlen_k, kv_heads, f.batch, f.k_row_stride,
                              f.k_head_stride, f.k_batch_stride) &&
-         sm90::rows_mappable(f.v, f.value_dim, rows_k, kv_heads, batch, f.v_row_stride,
+         sm90::rows_mappable(f.v, f.value_dim, f.seqlen_k, kv_heads, f.batch, f.v_row_stride,
                              f.v_head_stride, f.v_batch_stride);
 #else
   (void)p, (void)dtype, (void)arch;

@@ -65,9 +65,6 @@ struct BackwardParams {
   // blocks that have added to the tile, so that they add in key-block order
   // (sm90/mainloop_bwd_fused.cuh); nullptr otherwise.
   int* dq_semaphore = nullptr;
-  // Varlen: rows of q / dout and of k / v (total_q, total_k): the extents of the warp-specialized
-  // fused kernel's tensor maps, and what it clamps the cu_seqlens it reads to; 0 for dense batches.
-  std::int64_t total_q = 0, total_k = 0;
 
   // Bias and rel-pos gradients, accumulated by the dK/dV kernel from dS (the gradient wrt the
   // final score) into zeroed fp32 workspace, then converted into the gradients' dtype and strides.

@@ -67,26 +67,6 @@ __host__ __device__ __forceinline__ SequenceRows sequence_rows(const ForwardPara
   return rows;
 }
 
-// sequence_rows with a varlen batch's cu_seqlens entries clamped to the tensors' rows (total_q,
-// total_k) and a decreasing pair read as an empty sequence, for kernels whose loads and stores
-// would otherwise follow bad device data outside the tensors: such data then gives wrong numbers
-// at worst.
-__host__ __device__ __forceinline__ SequenceRows clamped_sequence_rows(const ForwardParams& f,
-                                                                       std::int64_t b,
-                                                                       std::int64_t total_q,
-                                                                       std::int64_t total_k) {
-  if (f.cu_seqlens_q == nullptr) return sequence_rows(f, b);
-  auto clamp = [](std::int64_t x, std::int64_t lo, std::int64_t hi) {
-    return x < lo ? lo : (x > hi ? hi : x);
-  };
-  SequenceRows rows;
-  rows.q_start = clamp(f.cu_seqlens_q[b], 0, total_q);
-  rows.num_queries = clamp(f.cu_seqlens_q[b + 1], rows.q_start, total_q) - rows.q_start;
-  rows.k_start = clamp(f.cu_seqlens_k[b], 0, total_k);
-  rows.num_keys = clamp(f.cu_seqlens_k[b + 1], rows.k_start, total_k) - rows.k_start;
-  return rows;
-}
-
 // Tile `linear` of a grid of `dims` blocks, x fastest: the order in which the hardware starts the
 // blocks of such a grid, which a persistent block walks instead (sm90 forward).
 __host__ __device__ __forceinline__ uint3 tile_index(unsigned linear, dim3 dims) {

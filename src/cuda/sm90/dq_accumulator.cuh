@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(256)
   using Storage = typename tile::Dtype<T>::Storage;
   const std::int64_t b = blockIdx.z;
   const int h = static_cast<int>(blockIdx.y);
-  const SequenceRows rows = clamped_sequence_rows(p.fwd, b, p.total_q, p.total_k);
+  const SequenceRows rows = sequence_rows(p.fwd, b);
   const std::int64_t m0 = static_cast<std::int64_t>(blockIdx.x) * Accum::kM;
   if (m0 >= rows.num_queries) return;
   const bool varlen = p.fwd.cu_seqlens_q != nullptr;

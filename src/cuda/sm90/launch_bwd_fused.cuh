@@ -25,37 +25,24 @@ Status launch_backward_fused(const BackwardParams& params, cudaStream_t stream) 
   const dim3 grid = batch_grid(f, key_tiles, kv_heads);
   FusedBackwardMaps maps;
   using QTile = typename Smem::QTile;
-  using KTile = typename Smem::KTile;
-  // A varlen batch's maps span the packed rows (total_q, total_k) as one batch.
-  const bool varlen = f.cu_seqlens_q != nullptr;
-  const std::int64_t rows_q = varlen ? p.total_q : f.seqlen_q;
-  const std::int64_t rows_k = varlen ? p.total_k : f.seqlen_k;
-  const std::int64_t batch = varlen ? 1 : f.batch;
-  const bool mapped = encode_rows_map(&maps.k, f.k, f.head_dim, rows_k, kv_heads, batch,
-                                      f.k_row_stride, f.k_head_stride, f.k_batch_stride,
-                                      KTile::kBlockCols, Smem::kN, KTile::kSwizzleBytes) &&
-                      encode_rows_map(&maps.v, f.v, f.value_dim, rows_k, kv_heads, batch,
-                                      f.v_row_stride, f.v_head_stride, f.v_batch_stride,
-                                      KTile::kBlockCols, Smem::kN, KTile::kSwizzleBytes) &&
-                      encode_rows_map(&maps.q, f.q, f.head_dim, rows_q, f.heads, batch,
+  const bool mapped = encode_kv_maps<typename Smem::KTile>(&maps.k, &maps.v, f, Smem::kN) &&
+                      encode_rows_map(&maps.q, f.q, f.head_dim, f.seqlen_q, f.heads, f.batch,
                                       f.q_row_stride, f.q_head_stride, f.q_batch_stride,
                                       QTile::kBlockCols, Smem::kM, QTile::kSwizzleBytes) &&
-                      encode_rows_map(&maps.dout, p.dout, f.value_dim, rows_q, f.heads, batch,
+                      encode_rows_map(&maps.dout, p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch,
                                       p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride,
                                       QTile::kBlockCols, Smem::kM, QTile::kSwizzleBytes);
-  // A dense batch's row statistics come in whole query tiles by bulk copies (stat_rows padded,
-  // 16 bytes aligned); a varlen batch's partial tiles by cp.async of whole 16-byte chunks.
-  const bool stats_ready = varlen
-                               ? f.vector_loads
-                               : p.stat_rows >= (f.seqlen_q + Smem::kM - 1) / Smem::kM * Smem::kM &&
-                                     p.stat_head_stride >= p.stat_rows &&
-                                     p.stat_head_stride % 4 == 0 && p.stat_batch_stride % 4 == 0 &&
-                                     reinterpret_cast<std::uintptr_t>(p.lse_log2) % 16 == 0 &&
-                                     reinterpret_cast<std::uintptr_t>(p.delta) % 16 == 0;
-  if (!mapped || !stats_ready) {
+  // The kernel copies whole query tiles of the row statistics (stat_rows), 16 bytes aligned.
+  const bool stats_padded = f.cu_seqlens_q == nullptr &&
+                            p.stat_rows >= (f.seqlen_q + Smem::kM - 1) / Smem::kM * Smem::kM &&
+                            p.stat_head_stride >= p.stat_rows && p.stat_head_stride % 4 == 0 &&
+                            p.stat_batch_stride % 4 == 0 &&
+                            reinterpret_cast<std::uintptr_t>(p.lse_log2) % 16 == 0 &&
+                            reinterpret_cast<std::uintptr_t>(p.delta) % 16 == 0;
+  if (!mapped || !stats_padded) {
     return Status::backend_error(
         "fmha: internal error: the fused sm90 backward was chosen for tensors without tensor maps "
-        "or rows it cannot copy");
+        "or statistics not padded to whole query tiles");
   }
   if (grid.x > 0 && grid.y > 0 && grid.z > 0) {
     auto* kernel = &backward_fused_kernel<T, kD, Policy>;

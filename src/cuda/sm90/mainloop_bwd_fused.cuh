@@ -2,11 +2,6 @@
 // over the score tiles, each product once (5 a tile pair, where the split backward's two kernels
 // do 7), for the plain and window (causal) policies at head-dim buckets 64 and 128.
 //
-// Varlen batches: the producer has their form (packed rows by TMA, partial tiles and row
-// statistics by cp.async, cu_seqlens clamped to the tensors), checked by
-// bench/cpp/sm90_fused_backward_check.cu but not yet run on a GPU; until it has, the dispatch
-// keeps varlen batches on the split kernels (use_sm90_fused_backward).
-//
 // A block owns kN = 128 keys of one (batch, kv head) and walks the query tiles that see them, for
 // every query head of the kv head's GQA group (dK and dV summed over the group in registers: K and
 // V are never expanded). Its three warpgroups have one job each:
@@ -129,38 +124,6 @@ inline constexpr int kFusedDqEmpty = 4;  // and 5
 inline constexpr int kFusedMathThreads = 256;
 inline constexpr int kFusedHandoffThreads = 128 + 32;
 
-// A varlen sequence's partial tile (rows < valid of gmem, rows row_stride apart; zeros below and in
-// columns >= cols, a multiple of 8) into the swizzled Tile at dst by one warp's 16-byte cp.async.
-// A loop the compiler keeps rolled: the producer warp has 40 registers.
-template <typename Tile>
-__device__ __forceinline__ void copy_partial_tile(std::uint32_t dst, const std::uint16_t* gmem,
-                                                  std::int64_t row_stride, int valid, int cols,
-                                                  int lane) {
-  constexpr int kRows = Tile::kBlockBytes / Tile::kSwizzleBytes;
-  constexpr int kChunks = Tile::kBytes / Tile::kBlockBytes * Tile::kChunksPerRow;  // a row's
-#pragma unroll 1
-  for (int index = lane; index < kRows * kChunks; index += 32) {
-    const int r = index / kChunks, c = index % kChunks;
-    const bool inside = r < valid && c * 8 < cols;
-    tile::cp_async_16(dst + Tile::chunk_offset(r, c), inside ? gmem + r * row_stride + c * 8 : gmem,
-                      inside ? 16 : 0);
-  }
-}
-
-// A varlen stage's row statistics (lse in log2 units, or Delta) of `valid` queries by one warp's
-// 4-byte cp.async, zeros past them (the mask hides those columns).
-template <int kM>
-__device__ __forceinline__ void copy_row_stats(std::uint32_t dst, const float* src, int valid,
-                                               int lane) {
-#pragma unroll 1
-  for (int i = lane; i < kM; i += 32) {
-    const bool inside = i < valid;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * i),
-                 "l"(inside ? src + i : src), "r"(inside ? 4 : 0)
-                 : "memory");
-  }
-}
-
 // Deterministic mode's turns (above): the writer's wait until `counter` reaches `turn` (acquire:
 // the earlier blocks' adds, completed before their increments, are visible to this block's
 // reductions, which the proxy fence orders after the wait), and its increment once its own adds
@@ -236,9 +199,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   const bool descending = ordered && window_bounded_right<Mask>(f);
   const std::int64_t key_block = descending ? coords.tiles - 1 - coords.tile : coords.tile;
   const std::int64_t n0 = key_block * kN;
-  // Varlen: the sequence's rows clamped to the tensors (bad cu_seqlens give wrong numbers at
-  // worst).
-  const SequenceRows rows = clamped_sequence_rows(f, b, p.total_q, p.total_k);
+  const SequenceRows rows = sequence_rows(f, b);
   if (n0 >= rows.num_keys) return;  // varlen: a shorter sequence (the whole block, no barrier yet)
   const int valid_keys = static_cast<int>(rows.num_keys - n0 < kN ? rows.num_keys - n0 : kN);
   const Mask mask = Mask::make(f, rows.num_queries, rows.num_keys);
@@ -247,14 +208,11 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   const bool varlen = f.cu_seqlens_q != nullptr;
 
   if (threadIdx.x == 0) {
-    // The copying thread's arrival with the bytes of its TMA copies; varlen adds the producer
-    // warp's 32 arrivals once their cp.async copies have landed (varlen_copies below).
-    const int arrivals = varlen ? 33 : 1;
-    barrier_init(&bars->kv_full, arrivals);
+    barrier_init(&bars->kv_full, 1);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      barrier_init(&bars->q_full[s], arrivals);
-      barrier_init(&bars->do_full[s], arrivals);
+      barrier_init(&bars->q_full[s], 1);  // the copying thread's arrival with the bytes
+      barrier_init(&bars->do_full[s], 1);
       barrier_init(&bars->empty[s], kFusedMathThreads);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
@@ -267,94 +225,31 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFusedProducerRegisters));
     const int warp = static_cast<int>(threadIdx.x) / 32;
     if (warp == 0) {
-      // Producer: K and V once, then each step's stage. A dense batch's tiles all come by TMA
-      // (rows past the tensor read as zeros) and the statistics by bulk copies from rows the
-      // launch padded to whole query tiles. A varlen sequence's whole tiles come by TMA too, but
-      // its last, partial tiles by the warp's cp.async with zeros past the sequence (by TMA they
-      // would read the next sequence's rows), and the statistics by 4-byte cp.async (its rows
-      // start anywhere).
-      const std::int64_t tma_batch = varlen ? 0 : b;
-      auto copy_rows = [&](std::uint32_t dst, const void* base, std::int64_t row, std::int64_t head,
-                           std::int64_t row_stride, std::int64_t head_stride, int valid, int cols,
-                           auto tile) {
-        copy_partial_tile<decltype(tile)>(
-            dst, static_cast<const std::uint16_t*>(base) + row * row_stride + head * head_stride,
-            row_stride, valid, cols, lane);
-      };
-      {
-        const bool partial = varlen && valid_keys < kN;
-        if (lane == 0) {
-          barrier_arrive_expect_bytes(&bars->kv_full, partial ? 0 : 2 * KTile::kBytes);
-          if (!partial) {
-            tma_load_tile<KTile>(base_ptr + Smem::kK, maps.k, rows.k_start + n0, hk, tma_batch,
-                                 &bars->kv_full);
-            tma_load_tile<KTile>(base_ptr + Smem::kV, maps.v, rows.k_start + n0, hk, tma_batch,
-                                 &bars->kv_full);
-          }
-        }
-        if (varlen) {
-          if (partial) {
-            const std::int64_t key = rows.k_start + n0;  // varlen: no batch stride
-            copy_rows(base + Smem::kK, f.k, key, hk, f.k_row_stride, f.k_head_stride, valid_keys,
-                      f.head_dim, KTile{});
-            copy_rows(base + Smem::kV, f.v, key, hk, f.v_row_stride, f.v_head_stride, valid_keys,
-                      f.value_dim, KTile{});
-          }
-          barrier_arrive_after_copies(&bars->kv_full);
-        }
+      // Producer: K and V once, then each step's stage.
+      if (lane == 0) {
+        barrier_arrive_expect_bytes(&bars->kv_full, 2 * KTile::kBytes);
+        tma_load_tile<KTile>(base_ptr + Smem::kK, maps.k, rows.k_start + n0, hk, b, &bars->kv_full);
+        tma_load_tile<KTile>(base_ptr + Smem::kV, maps.v, rows.k_start + n0, hk, b, &bars->kv_full);
       }
       int head = hk * f.kv_group, m_tile = 0;
-      for (int u = 0; u < num_steps && (varlen || lane == 0); ++u) {
+      for (int u = 0; u < num_steps && lane == 0; ++u) {
         const int s = u % kStages;
         const std::int64_t m0 = tiles.first_m0 + static_cast<std::int64_t>(m_tile) * kM;
         if (u >= kStages) barrier_wait(&bars->empty[s], ((u / kStages) + 1) & 1);
+        // The tile's rows of lse and Delta too, by bulk copies: the launch padded a head's
+        // statistics to whole query tiles (stat_rows), 16-byte aligned.
         const std::int64_t stat =
             b * p.stat_batch_stride + head * p.stat_head_stride + rows.q_start + m0;
-        const std::uint32_t smem_q = base + Smem::kQ + s * QTile::kBytes;
-        const std::uint32_t smem_do = base + Smem::kDout + s * QTile::kBytes;
-        if (!varlen) {
-          barrier_arrive_expect_bytes(&bars->q_full[s], QTile::kBytes + kM * 4);
-          tma_load_tile<QTile>(base_ptr + Smem::kQ + s * QTile::kBytes, maps.q, rows.q_start + m0,
-                               head, tma_batch, &bars->q_full[s]);
-          copy_floats_bulk(base_ptr + Smem::kLse + s * kM * 4, p.lse_log2 + stat, kM,
-                           &bars->q_full[s]);
-          barrier_arrive_expect_bytes(&bars->do_full[s], QTile::kBytes + kM * 4);
-          tma_load_tile<QTile>(base_ptr + Smem::kDout + s * QTile::kBytes, maps.dout,
-                               rows.q_start + m0, head, tma_batch, &bars->do_full[s]);
-          copy_floats_bulk(base_ptr + Smem::kDelta + s * kM * 4, p.delta + stat, kM,
-                           &bars->do_full[s]);
-        } else {
-          const std::int64_t left = rows.num_queries - m0;
-          const int valid = static_cast<int>(left < kM ? left : kM);
-          const bool partial = valid < kM;
-          const std::int64_t row = rows.q_start + m0;
-          if (lane == 0) {
-            barrier_arrive_expect_bytes(&bars->q_full[s], partial ? 0 : QTile::kBytes);
-            if (!partial) {
-              tma_load_tile<QTile>(base_ptr + Smem::kQ + s * QTile::kBytes, maps.q, row, head,
-                                   tma_batch, &bars->q_full[s]);
-            }
-          }
-          if (partial) {
-            copy_rows(smem_q, f.q, row, head, f.q_row_stride, f.q_head_stride, valid, f.head_dim,
-                      QTile{});
-          }
-          copy_row_stats<kM>(base + Smem::kLse + s * kM * 4, p.lse_log2 + stat, valid, lane);
-          barrier_arrive_after_copies(&bars->q_full[s]);
-          if (lane == 0) {
-            barrier_arrive_expect_bytes(&bars->do_full[s], partial ? 0 : QTile::kBytes);
-            if (!partial) {
-              tma_load_tile<QTile>(base_ptr + Smem::kDout + s * QTile::kBytes, maps.dout, row, head,
-                                   tma_batch, &bars->do_full[s]);
-            }
-          }
-          if (partial) {
-            copy_rows(smem_do, p.dout, row, head, p.dout_row_stride, p.dout_head_stride, valid,
-                      f.value_dim, QTile{});
-          }
-          copy_row_stats<kM>(base + Smem::kDelta + s * kM * 4, p.delta + stat, valid, lane);
-          barrier_arrive_after_copies(&bars->do_full[s]);
-        }
+        barrier_arrive_expect_bytes(&bars->q_full[s], QTile::kBytes + kM * 4);
+        tma_load_tile<QTile>(base_ptr + Smem::kQ + s * QTile::kBytes, maps.q, rows.q_start + m0,
+                             head, b, &bars->q_full[s]);
+        copy_floats_bulk(base_ptr + Smem::kLse + s * kM * 4, p.lse_log2 + stat, kM,
+                         &bars->q_full[s]);
+        barrier_arrive_expect_bytes(&bars->do_full[s], QTile::kBytes + kM * 4);
+        tma_load_tile<QTile>(base_ptr + Smem::kDout + s * QTile::kBytes, maps.dout,
+                             rows.q_start + m0, head, b, &bars->do_full[s]);
+        copy_floats_bulk(base_ptr + Smem::kDelta + s * kM * 4, p.delta + stat, kM,
+                         &bars->do_full[s]);
         if (++m_tile == tiles.count) m_tile = 0, ++head;
       }
     } else if (warp == 1) {
