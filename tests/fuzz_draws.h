@@ -47,6 +47,11 @@ class Dice {
   std::mt19937_64 rng_;
 };
 
+// The draws the sweep (test_sweep.cpp) and the valid fuzz draws share, in this order: rel-pos over
+// a key grid Hk x (lk / Hk) (not varlen, lk > 0; a quarter of the draws), sinks, extra keys, a
+// gradient for lse, fp32 statistics of fp64 problems.
+void draw_key_extras(Dice& dice, std::int64_t lk, fmha_test::AttentionCase* c);
+
 // While alive, a fatal signal (a crash inside the library) first prints the note of the draw that
 // was running, with its replay command; then the process dies as it would have.
 class CrashNote {

@@ -94,4 +94,20 @@ double Dice::real(double lo, double hi) {
   return std::uniform_real_distribution<double>(lo, hi)(rng_);
 }
 
+void draw_key_extras(Dice& dice, std::int64_t lk, fmha_test::AttentionCase* c) {
+  if (c->kind != fmha_test::Kind::kVarlen && lk > 0 && dice.chance(0.25)) {
+    std::vector<std::int64_t> divisors;
+    for (std::int64_t d = 1; d <= lk; ++d)
+      if (lk % d == 0) divisors.push_back(d);
+    c->rel_hk = divisors[static_cast<std::size_t>(
+        dice.uniform(0, static_cast<std::int64_t>(divisors.size()) - 1))];
+    for (bool& b : c->rel_broadcast) b = dice.chance(0.25);
+    c->rel_zero_stride = dice.chance(0.5);
+  }
+  c->sinks = dice.chance(0.3);
+  if (dice.chance(0.3)) c->extra = dice.uniform(1, 3);
+  c->dlse = dice.chance(0.5);
+  c->fp32_stats = c->dtype == fmha::DType::kFloat64 && dice.chance(0.3);
+}
+
 }  // namespace fmha_fuzz

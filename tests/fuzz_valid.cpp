@@ -116,19 +116,7 @@ AttentionCase random_attention_case(std::uint64_t seed, const ValidLimits& limit
     c.bias.zero_stride = dice.chance(0.5);
   }
   const std::int64_t lk = c.rows_per_batch_k();
-  if (c.kind != Kind::kVarlen && lk > 0 && dice.chance(0.25)) {
-    std::vector<std::int64_t> divisors;
-    for (std::int64_t d = 1; d <= lk; ++d)
-      if (lk % d == 0) divisors.push_back(d);
-    c.rel_hk = divisors[static_cast<std::size_t>(
-        dice.uniform(0, static_cast<std::int64_t>(divisors.size()) - 1))];
-    for (bool& b : c.rel_broadcast) b = dice.chance(0.25);
-    c.rel_zero_stride = dice.chance(0.5);
-  }
-  c.sinks = dice.chance(0.3);
-  if (dice.chance(0.3)) c.extra = dice.uniform(1, 3);
-  c.dlse = dice.chance(0.5);
-  c.fp32_stats = c.dtype == DType::kFloat64 && dice.chance(0.3);
+  draw_key_extras(dice, lk, &c);
   // A bias broadcast over keys gets the sum of dS over a whole row, and so do drel_h / drel_w
   // wherever the masks (a neighborhood kernel, a window) keep a query's visible keys inside one
   // row or column of the key grid: exactly zero unless lse has a gradient, and a relative check

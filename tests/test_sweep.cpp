@@ -15,6 +15,7 @@ namespace {
 
 // Seeded dice and integers from the environment: the fuzzing harness's (fuzz_draws.h).
 using fmha_fuzz::Dice;
+using fmha_fuzz::draw_key_extras;
 using fmha_fuzz::env_int;
 
 AttentionCase random_case(std::uint64_t seed) {
@@ -71,18 +72,7 @@ AttentionCase random_case(std::uint64_t seed) {
     c.bias.zero_stride = true;
   }
   const std::int64_t lk = c.rows_per_batch_k();
-  if (c.kind != Kind::kVarlen && lk > 0 && dice.chance(0.25)) {
-    std::vector<std::int64_t> divisors;
-    for (std::int64_t d = 1; d <= lk; ++d)
-      if (lk % d == 0) divisors.push_back(d);
-    c.rel_hk = divisors[static_cast<std::size_t>(dice.uniform(0, static_cast<std::int64_t>(divisors.size()) - 1))];
-    for (bool& b : c.rel_broadcast) b = dice.chance(0.25);
-    c.rel_zero_stride = dice.chance(0.5);
-  }
-  c.sinks = dice.chance(0.3);
-  if (dice.chance(0.3)) c.extra = dice.uniform(1, 3);
-  c.dlse = dice.chance(0.5);
-  c.fp32_stats = c.dtype == DType::kFloat64 && dice.chance(0.3);
+  draw_key_extras(dice, lk, &c);
   // A bias broadcast over keys, or a rel-pos factor of size 1, gets the sum of dS over a whole row:
   // that is exactly zero unless lse has a gradient, and a relative check would compare noise.
   if ((c.bias.given && c.bias.broadcast[3]) || (c.rel_hk > 0 && (c.rel_hk == 1 || c.rel_hk == lk))) c.dlse = true;
