@@ -83,11 +83,18 @@ struct AttentionBackwardParams {
 // cu_seqlens[b] .. cu_seqlens[b + 1] - 1; masks use positions inside the sequence.
 // bias is [B, H, max_seqlen_q, max_seqlen_k], indexed by positions inside the sequence.
 // rel_h / rel_w are refused (a packed batch has no common key grid).
+// CPU offsets are always checked (ascending from 0, the last equal to the row count, no sequence
+// longer than max_seqlen). CUDA offsets are not read on the host unless check_cu_seqlens is set:
+// the kernels clamp every offset to the tensors' extents, so bad device offsets give wrong
+// numbers, never an access outside the tensors. check_cu_seqlens = true copies them to the host
+// and checks them like CPU ones before anything runs: a synchronisation of the stream (not
+// allowed while a CUDA graph is being captured).
 
 struct VarlenForwardParams {
   TensorView q, k, v;
   TensorView cu_seqlens_q, cu_seqlens_k;
   std::int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  bool check_cu_seqlens = false;  // CUDA: check the offsets on the host (a sync; see above)
   TensorView out;
   TensorView lse;  // optional output, [H, total_q] fp32
   AttentionOptions options;
@@ -97,6 +104,7 @@ struct VarlenBackwardParams {
   TensorView q, k, v;
   TensorView cu_seqlens_q, cu_seqlens_k;
   std::int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  bool check_cu_seqlens = false;  // CUDA: check the offsets on the host (a sync; see above)
   TensorView out, lse;
   TensorView dout;
   TensorView dlse;  // optional, [H, total_q] fp32

@@ -45,9 +45,12 @@ Status resolve_dense(const Params& p, ProblemShape* s) {
 
 // ---- Varlen: q [total_q, H, D], cu_seqlens [B + 1] int32 ---------------------------------------
 
+}  // namespace
+
 // Offsets start at 0, never decrease, end at the row count, and no sequence is longer than
-// max_seqlen. Only CPU offsets are read: reading CUDA ones would need a device synchronisation,
-// which the library never does, so CUDA callers own this contract.
+// max_seqlen. Only CPU offsets are read here: reading CUDA ones needs a device synchronisation,
+// which the library does only when asked (check_cu_seqlens: the CUDA backend copies them to the
+// host and calls this on the copy); otherwise its kernels clamp what they read.
 Status check_offsets(const TensorView& cu, const char* name, std::int64_t rows, const char* rows_of,
                      std::int64_t max_seqlen, const char* max_name) {
   if (cu.device.type != DeviceType::kCPU) return Status::ok_status();
@@ -76,6 +79,8 @@ Status check_offsets(const TensorView& cu, const char* name, std::int64_t rows, 
   }
   return Status::ok_status();
 }
+
+namespace {
 
 Status expect_max_seqlen(std::int64_t value, const char* name) {
   if (value >= 0) return Status::ok_status();

@@ -17,4 +17,10 @@ Status validate(const NeighborhoodBackwardParams& p, ProblemShape* shape);
 Status validate(const MergeForwardParams& p);
 Status validate(const MergeBackwardParams& p);
 
+// The varlen offsets `cu` ([B + 1] int32; `name` in messages) of a tensor `rows_of` of `rows`
+// rows, each sequence at most `max_seqlen` (`max_name`) long. Reads CPU offsets only (validate
+// calls it on CPU ones; the CUDA backend on a host copy when asked): ok for any other device.
+Status check_offsets(const TensorView& cu, const char* name, std::int64_t rows, const char* rows_of,
+                     std::int64_t max_seqlen, const char* max_name);
+
 }  // namespace fmha::detail

@@ -27,6 +27,7 @@
 #include "cuda/device_guard.h"
 #include "cuda/dispatch_bwd.h"
 #include "cuda/forward_setup.h"
+#include "cuda/varlen_offsets.h"
 #include "cuda/workspace_pool.h"
 
 namespace fmha::cuda {
@@ -461,6 +462,7 @@ Status run(const AttentionBackwardParams& a, const detail::ProblemShape& shape, 
 
 Status run(const VarlenBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
   FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype));
+  FMHA_RETURN_IF_ERROR(check_device_offsets(a, shape, stream));  // only when asked: a sync
   BackwardParams p = make_params(a, shape, /*varlen=*/true);
   p.fwd.cu_seqlens_q = static_cast<const std::int32_t*>(a.cu_seqlens_q.data);
   p.fwd.cu_seqlens_k = static_cast<const std::int32_t*>(a.cu_seqlens_k.data);

@@ -12,6 +12,7 @@
 #include "cuda/device_guard.h"
 #include "cuda/dispatch_fwd.h"
 #include "cuda/forward_setup.h"
+#include "cuda/varlen_offsets.h"
 
 namespace fmha::cuda {
 namespace {
@@ -104,6 +105,8 @@ void fill_forward_sizes(const detail::ProblemShape& shape, ForwardParams* p) {
   p->batch = shape.batch;
   p->seqlen_q = shape.seqlen_q;
   p->seqlen_k = shape.seqlen_k;
+  p->total_q = shape.total_q;
+  p->total_k = shape.total_k;
   p->heads = static_cast<int>(shape.heads);
   p->kv_group = static_cast<int>(shape.heads / shape.kv_heads);
   p->head_dim = static_cast<int>(shape.head_dim);
@@ -167,6 +170,7 @@ Status run(const AttentionForwardParams& a, const detail::ProblemShape& shape, v
 }
 
 Status run(const VarlenForwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  FMHA_RETURN_IF_ERROR(check_device_offsets(a, shape, stream));  // only when asked: a sync
   ForwardParams p;
   fill_forward_sizes(shape, &p);
   p.q = a.q.data;

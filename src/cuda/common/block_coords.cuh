@@ -52,19 +52,34 @@ __host__ __device__ __forceinline__ BlockCoords block_coords(const ForwardParams
 
 // Where batch b's query and key rows start in q / k (varlen: packed sequences, from cu_seqlens;
 // 0 in a dense batch, whose batch stride does the rest) and how many there are.
+//
+// cu_seqlens live on the device and are never read on the host (that would cost a sync), so the
+// values read here may be anything. Each is clamped so that the rows stay inside the tensors
+// whatever they hold: a start to [0, total rows], an end to [start, total rows] (a decreasing
+// pair is an empty sequence), and a length to max_seqlen, which sized the grid and the
+// [B, H, max_seqlen_q, max_seqlen_k] bias and workspace rows. Valid offsets pass unchanged; bad
+// ones give wrong numbers at worst, never an access outside q, k, v, out, lse or the gradients.
 struct SequenceRows {
   std::int64_t q_start, k_start, num_queries, num_keys;
 };
+struct RowSpan {
+  std::int64_t start, count;
+};
+__host__ __device__ __forceinline__ RowSpan clamped_rows(const std::int32_t* cu, std::int64_t b,
+                                                         std::int64_t total,
+                                                         std::int64_t longest) {
+  std::int64_t start = cu[b], end = cu[b + 1];
+  start = start < 0 ? 0 : (start > total ? total : start);
+  end = end < start ? start : (end > total ? total : end);
+  const std::int64_t count = end - start;
+  return {start, count < longest ? count : longest};
+}
 __host__ __device__ __forceinline__ SequenceRows sequence_rows(const ForwardParams& f,
                                                                std::int64_t b) {
-  SequenceRows rows{0, 0, f.seqlen_q, f.seqlen_k};
-  if (f.cu_seqlens_q != nullptr) {
-    rows.q_start = f.cu_seqlens_q[b];
-    rows.num_queries = f.cu_seqlens_q[b + 1] - rows.q_start;
-    rows.k_start = f.cu_seqlens_k[b];
-    rows.num_keys = f.cu_seqlens_k[b + 1] - rows.k_start;
-  }
-  return rows;
+  if (f.cu_seqlens_q == nullptr) return {0, 0, f.seqlen_q, f.seqlen_k};
+  const RowSpan q = clamped_rows(f.cu_seqlens_q, b, f.total_q, f.seqlen_q);
+  const RowSpan k = clamped_rows(f.cu_seqlens_k, b, f.total_k, f.seqlen_k);
+  return {q.start, k.start, q.count, k.count};
 }
 
 // Tile `linear` of a grid of `dims` blocks, x fastest: the order in which the hardware starts the

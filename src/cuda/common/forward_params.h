@@ -52,13 +52,16 @@ struct ForwardParams {
   float* lse = nullptr;
   std::int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
 
-  // Varlen: [B + 1] int32 on the device; nullptr for dense batches.
+  // Varlen: [B + 1] int32 on the device; nullptr for dense batches. Never read on the host: the
+  // kernels clamp what they read to total_q / total_k and the max_seqlen (sequence_rows,
+  // block_coords.cuh).
   const std::int32_t* cu_seqlens_q = nullptr;
   const std::int32_t* cu_seqlens_k = nullptr;
+  std::int64_t total_q = 0, total_k = 0;  // varlen: the rows of q and of k / v; dense: unused
 
   std::int64_t batch = 0;
   std::int64_t seqlen_q = 0;  // dense: Lq; varlen: max_seqlen_q (sizes the grid)
-  std::int64_t seqlen_k = 0;  // dense: Lk; varlen: unused (per-sequence lengths)
+  std::int64_t seqlen_k = 0;  // dense: Lk; varlen: max_seqlen_k (bounds every sequence's keys)
   int heads = 0;
   int kv_group = 1;  // H / Hkv: query head h reads kv head h / kv_group
   int head_dim = 0;
