@@ -8,6 +8,7 @@
 // stream). No entry point synchronises the device.
 #pragma once
 
+#include "fmha/kv_cache.h"
 #include "fmha/params.h"
 #include "fmha/status.h"
 #include "fmha/tensor.h"
