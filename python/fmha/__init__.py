@@ -41,6 +41,7 @@ import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
 
 from . import _C
 from ._api import attention, attention_varlen, merge_attentions, na1d, na2d, na3d
+from ._kv_cache import attention_with_kvcache
 
 __version__ = _C.version()
 
@@ -57,5 +58,6 @@ __all__ = [
     "na2d",
     "na3d",
     "merge_attentions",
+    "attention_with_kvcache",
     "built_with_cuda",
 ]

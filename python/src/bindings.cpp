@@ -229,6 +229,48 @@ NB_MODULE(_C, m) {
       .def_rw("douts", &fmha::MergeBackwardParams::douts)
       .def_rw("dlses", &fmha::MergeBackwardParams::dlses);
 
+  // ---- KV cache ---------------------------------------------------------------------------------
+  nb::class_<fmha::KvCacheForwardParams>(m, "KvCacheForwardParams")
+      .def(nb::init<>())
+      .def_rw("q", &fmha::KvCacheForwardParams::q)
+      .def_rw("cu_seqlens_q", &fmha::KvCacheForwardParams::cu_seqlens_q)
+      .def_rw("max_seqlen_q", &fmha::KvCacheForwardParams::max_seqlen_q)
+      .def_rw("k_cache", &fmha::KvCacheForwardParams::k_cache)
+      .def_rw("v_cache", &fmha::KvCacheForwardParams::v_cache)
+      .def_rw("block_table", &fmha::KvCacheForwardParams::block_table)
+      .def_rw("cache_seqlens", &fmha::KvCacheForwardParams::cache_seqlens)
+      .def_rw("out", &fmha::KvCacheForwardParams::out)
+      .def_rw("lse", &fmha::KvCacheForwardParams::lse)
+      .def_rw("options", &fmha::KvCacheForwardParams::options)
+      .def_rw("num_splits", &fmha::KvCacheForwardParams::num_splits)
+      .def_prop_rw(
+          "workspace",
+          [](const fmha::KvCacheForwardParams& p) { return reinterpret_cast<std::uintptr_t>(p.workspace); },
+          [](fmha::KvCacheForwardParams& p, std::uintptr_t address) {
+            p.workspace = reinterpret_cast<void*>(address);
+          })
+      .def_rw("workspace_bytes", &fmha::KvCacheForwardParams::workspace_bytes);
+  nb::class_<fmha::KvCacheAppendParams>(m, "KvCacheAppendParams")
+      .def(nb::init<>())
+      .def_rw("k_new", &fmha::KvCacheAppendParams::k_new)
+      .def_rw("v_new", &fmha::KvCacheAppendParams::v_new)
+      .def_rw("cu_seqlens_new", &fmha::KvCacheAppendParams::cu_seqlens_new)
+      .def_rw("k_cache", &fmha::KvCacheAppendParams::k_cache)
+      .def_rw("v_cache", &fmha::KvCacheAppendParams::v_cache)
+      .def_rw("block_table", &fmha::KvCacheAppendParams::block_table)
+      .def_rw("cache_seqlens", &fmha::KvCacheAppendParams::cache_seqlens);
+  bind_entry_point<fmha::KvCacheForwardParams>(m);
+  bind_entry_point<fmha::KvCacheAppendParams>(m);
+  // (status, bytes): the workspace run() uses for these params on their device.
+  m.def(
+      "workspace_size",
+      [](const fmha::KvCacheForwardParams& p) {
+        std::size_t bytes = 0;
+        fmha::Status status = fmha::workspace_size(p, &bytes);
+        return nb::make_tuple(status, bytes);
+      },
+      nb::arg("params"));
+
   bind_entry_point<fmha::AttentionForwardParams>(m);
   bind_entry_point<fmha::AttentionBackwardParams>(m);
   bind_entry_point<fmha::VarlenForwardParams>(m);
