@@ -201,15 +201,20 @@ def attention_varlen(
     deterministic: bool = False,
     backward_impl: str = "auto",
     allow_tf32: bool = False,
+    check_cu_seqlens: bool = False,
 ) -> Union[Tensor, tuple[Tensor, Tensor]]:
     """Attention over a packed batch of variable-length sequences.
 
     q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv]; cu_seqlens_q / cu_seqlens_k
     [B + 1] int32 on q's device, ascending from 0: sequence b owns rows cu_seqlens[b] ..
     cu_seqlens[b + 1] - 1 and sees only its own keys; masks use positions inside the sequence.
-    max_seqlen_q / max_seqlen_k are Python ints (the longest sequence). The offsets are checked
-    on CPU tensors only: checking CUDA ones would need a device synchronisation, so on CUDA they
-    must be valid (ascending, last = total rows, no sequence longer than max_seqlen). Returns out
+    max_seqlen_q / max_seqlen_k are Python ints (the longest sequence). CPU offsets are always
+    checked (ascending from 0, last = total rows, no sequence longer than max_seqlen). CUDA ones
+    are not read on the host: the kernels clamp every offset to the tensors' extents, so invalid
+    ones give wrong results but never touch memory outside the tensors. check_cu_seqlens=True
+    copies them to the host and refuses invalid ones with the CPU check's ValueError, at the cost
+    of a device synchronisation in the forward and in the backward (not allowed while a CUDA graph
+    is being captured). Returns out
     [total_q, H, Dv] and, with return_lse, lse [H, total_q]. Options as in attention(); bias
     broadcasts to [B, H, max_seqlen_q, max_seqlen_k]; extra_kv are per sequence [B, R, Hkv, *];
     rel_pos is refused (a packed batch has no common key grid).
@@ -220,7 +225,8 @@ def attention_varlen(
     out, lse = _ops.call(
         _ops.attention_varlen_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"),
         _tensor(cu_seqlens_q, "cu_seqlens_q"), _tensor(cu_seqlens_k, "cu_seqlens_k"),
-        _int(max_seqlen_q, "max_seqlen_q"), _int(max_seqlen_k, "max_seqlen_k"), *o,
+        _int(max_seqlen_q, "max_seqlen_q"), _int(max_seqlen_k, "max_seqlen_k"),
+        _bool(check_cu_seqlens, "check_cu_seqlens"), *o,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

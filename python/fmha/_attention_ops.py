@@ -88,7 +88,8 @@ class _Dense:
 
 class _Varlen:
     # The C++ check reads CPU cu_seqlens values (ascending, within max_seqlen), so it cannot run
-    # on fake tensors: the real kernel checks them.
+    # on fake tensors: the real call checks them (CUDA ones only with check_cu_seqlens; otherwise
+    # the kernels clamp what they read to the tensors).
     check_reads_inputs = True
     forward_params = _C.VarlenForwardParams
     backward_params = _C.VarlenBackwardParams
@@ -103,11 +104,12 @@ class _Varlen:
 
     @staticmethod
     def fill(params, layout_args, planned: bool) -> None:
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = layout_args
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_cu_seqlens = layout_args
         params.cu_seqlens_q = _bridge.view(cu_seqlens_q, "cu_seqlens_q", planned=planned)
         params.cu_seqlens_k = _bridge.view(cu_seqlens_k, "cu_seqlens_k", planned=planned)
         params.max_seqlen_q = max_seqlen_q
         params.max_seqlen_k = max_seqlen_k
+        params.check_cu_seqlens = check_cu_seqlens
 
 
 class _Neighborhood:
@@ -433,7 +435,7 @@ attention_fwd.register_autograd(_make_backward(attention_bwd, 0), setup_context=
 def attention_varlen_bwd(
     dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-    needs: list[bool],
+    check_cu_seqlens: bool, needs: list[bool],
     bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
     extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
     causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
@@ -441,13 +443,13 @@ def attention_varlen_bwd(
 ) -> Grads:  # fmt: skip
     o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
                 window_left, window_right, deterministic, backward_impl, allow_tf32)  # fmt: skip
-    layout_args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    layout_args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_cu_seqlens)
     return backward(_Varlen, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False)
 
 
 @attention_varlen_bwd.register_fake
-def _(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, needs, *options):
-    layout_args = (cu_q, cu_k, max_q, max_k)
+def _(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, check, needs, *options):
+    layout_args = (cu_q, cu_k, max_q, max_k, check)
     o = Options(*options)
     return backward(_Varlen, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=True)
 
@@ -456,6 +458,7 @@ def _(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, needs, *options):
 def attention_varlen_fwd(
     q: Tensor, k: Tensor, v: Tensor,
     cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+    check_cu_seqlens: bool,
     bias: Optional[Tensor], rel_h: Optional[Tensor], rel_w: Optional[Tensor], sinks: Optional[Tensor],
     extra_k: Optional[Tensor], extra_v: Optional[Tensor], scale: Optional[float], softcap: float,
     causal: bool, bottom_right: bool, window_left: int, window_right: int, deterministic: bool,
@@ -463,17 +466,18 @@ def attention_varlen_fwd(
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     o = Options(bias, rel_h, rel_w, sinks, extra_k, extra_v, scale, softcap, causal, bottom_right,
                 window_left, window_right, deterministic, backward_impl, allow_tf32)  # fmt: skip
-    layout_args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    layout_args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_cu_seqlens)
     return forward(_Varlen, q, k, v, layout_args, o, fake=False)
 
 
 @attention_varlen_fwd.register_fake
-def _(q, k, v, cu_q, cu_k, max_q, max_k, *options):
-    return forward(_Varlen, q, k, v, (cu_q, cu_k, max_q, max_k), Options(*options), fake=True)
+def _(q, k, v, cu_q, cu_k, max_q, max_k, check, *options):
+    layout_args = (cu_q, cu_k, max_q, max_k, check)
+    return forward(_Varlen, q, k, v, layout_args, Options(*options), fake=True)
 
 
 attention_varlen_fwd.register_autograd(
-    _make_backward(attention_varlen_bwd, 4), setup_context=_setup_context
+    _make_backward(attention_varlen_bwd, 5), setup_context=_setup_context
 )
 
 
@@ -569,7 +573,7 @@ def _eager_function(layout, num_layout_args: int):
 
 _EAGER = {
     attention_fwd: _eager_function(_Dense, 0),
-    attention_varlen_fwd: _eager_function(_Varlen, 4),
+    attention_varlen_fwd: _eager_function(_Varlen, 5),
     neighborhood_fwd: _eager_function(_Neighborhood, 3),
 }
 

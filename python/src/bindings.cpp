@@ -179,6 +179,7 @@ NB_MODULE(_C, m) {
       .def_rw("cu_seqlens_k", &fmha::VarlenForwardParams::cu_seqlens_k)
       .def_rw("max_seqlen_q", &fmha::VarlenForwardParams::max_seqlen_q)
       .def_rw("max_seqlen_k", &fmha::VarlenForwardParams::max_seqlen_k)
+      .def_rw("check_cu_seqlens", &fmha::VarlenForwardParams::check_cu_seqlens)
       .def_rw("out", &fmha::VarlenForwardParams::out)
       .def_rw("lse", &fmha::VarlenForwardParams::lse)
       .def_rw("options", &fmha::VarlenForwardParams::options);
@@ -190,7 +191,8 @@ NB_MODULE(_C, m) {
       .def_rw("cu_seqlens_q", &fmha::VarlenBackwardParams::cu_seqlens_q)
       .def_rw("cu_seqlens_k", &fmha::VarlenBackwardParams::cu_seqlens_k)
       .def_rw("max_seqlen_q", &fmha::VarlenBackwardParams::max_seqlen_q)
-      .def_rw("max_seqlen_k", &fmha::VarlenBackwardParams::max_seqlen_k);
+      .def_rw("max_seqlen_k", &fmha::VarlenBackwardParams::max_seqlen_k)
+      .def_rw("check_cu_seqlens", &fmha::VarlenBackwardParams::check_cu_seqlens);
   bind_backward_fields<fmha::VarlenBackwardParams>(varlen_bwd);
 
   // ---- Neighborhood -----------------------------------------------------------------------------

@@ -142,11 +142,11 @@ def _opcheck_cases():
     cu_q = torch.tensor([0, 4, 9], dtype=torch.int32)
     cu_k = torch.tensor([0, 5, 11], dtype=torch.int32)
     var_opts = _options(bias=_t(4, 5, 6, seed=12), sinks=_t(4, seed=13), causal=True)
-    vout, vlse = ops.attention_varlen_fwd(vq, vk, vk, cu_q, cu_k, 5, 6, *var_opts)
-    cases["attention_varlen_fwd"] = (ops.attention_varlen_fwd.default, (vq, vk, vk, cu_q, cu_k, 5, 6, *var_opts))
+    vout, vlse = ops.attention_varlen_fwd(vq, vk, vk, cu_q, cu_k, 5, 6, False, *var_opts)
+    cases["attention_varlen_fwd"] = (ops.attention_varlen_fwd.default, (vq, vk, vk, cu_q, cu_k, 5, 6, False, *var_opts))
     cases["attention_varlen_bwd"] = (
         ops.attention_varlen_bwd.default,
-        (_t(*vout.shape, grad=False), None, *(x.detach() for x in (vq, vk, vk, vout, vlse)), cu_q, cu_k, 5, 6,
+        (_t(*vout.shape, grad=False), None, *(x.detach() for x in (vq, vk, vk, vout, vlse)), cu_q, cu_k, 5, 6, False,
          [True] * 6, *(x.detach() if isinstance(x, torch.Tensor) else x for x in var_opts)))  # fmt: skip
     nq = _t(1, 4, 5, 2, 8, seed=14)
     na_args = ([3, 2], [1, 2], [True, False])

@@ -58,7 +58,7 @@ def test_eager_path_gives_the_ops_bits(device):
     cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
     o = _api._options(None, True, "top_left", None, None, None, 0.0, None, None, False, "auto",
                       False)  # fmt: skip
-    layout = (cu, cu, 7, 7)
+    layout = (cu, cu, 7, 7, False)
     _assert_same(
         _run(ops.attention_varlen_fwd, True, qv, kv, vv, layout, o),
         _run(ops.attention_varlen_fwd, False, qv, kv, vv, layout, o),

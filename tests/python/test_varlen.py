@@ -100,3 +100,68 @@ def test_lse_layout_is_heads_by_total_q():
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     out, lse = fmha.attention_varlen(q, q, q, cu, cu, 6, 6, return_lse=True)
     assert out.shape == (10, 3, 8) and lse.shape == (3, 10)
+
+
+# ---- Offsets that break the contract (SPEC §8) -------------------------------------------------
+# q has 9 rows in sequences of 4 and 5, k 11 in sequences of 5 and 6. CPU offsets are always
+# checked; CUDA ones only with check_cu_seqlens=True (a sync), otherwise the kernels clamp what they
+# read to the tensors (tests/cuda/test_cuda_varlen_safety.cpp checks that under compute-sanitizer).
+_VALID = ([0, 4, 9], [0, 5, 11])
+_BAD_OFFSETS = {
+    "past_end": ([0, 4, 200], [0, 5, 100000]),
+    "decreasing": ([0, 9, 4], [0, 11, 5]),
+    "negative": ([-3, 4, 9], [0, -5, 11]),
+    "huge": ([0, 2**31 - 1, -(2**31)], [2**31 - 1, 0, 2**31 - 1]),
+    "longer_than_max": ([0, 9, 9], [0, 11, 11]),
+}
+_DEVICE_DTYPES = [
+    pytest.param("cpu", torch.float32, id="cpu"),
+    pytest.param("cuda", torch.float16, id="cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA device visible to torch")),
+]  # fmt: skip
+
+
+def _offset_call(device, dtype, offsets, **kwargs):
+    """attention_varlen on the 9 / 11-row problem with these offsets (max_seqlen 5 and 6)."""
+    q, k, v = (randn(rows, 2, 16, seed=rows).to(device, dtype) for rows in (9, 11, 11))
+    cu_q, cu_k = (torch.tensor(o, dtype=torch.int32, device=device) for o in offsets)
+    return fmha.attention_varlen(q, k, v, cu_q, cu_k, 5, 6, return_lse=True, **kwargs)
+
+
+def _cpu_message(offsets) -> str:
+    with pytest.raises(ValueError) as refused:
+        _offset_call("cpu", torch.float32, offsets)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("name", sorted(_BAD_OFFSETS))
+@pytest.mark.parametrize("device,dtype", _DEVICE_DTYPES)
+def test_check_cu_seqlens_refuses_bad_offsets_with_the_cpu_message(device, dtype, name):
+    expected = _cpu_message(_BAD_OFFSETS[name])
+    assert "cu_seqlens" in expected
+    with pytest.raises(ValueError) as refused:
+        _offset_call(device, dtype, _BAD_OFFSETS[name], check_cu_seqlens=True)
+    assert str(refused.value) == expected
+
+
+@pytest.mark.parametrize("device,dtype", _DEVICE_DTYPES)
+def test_check_cu_seqlens_accepts_valid_offsets_and_changes_nothing(device, dtype):
+    checked = _offset_call(device, dtype, _VALID, check_cu_seqlens=True)
+    plain = _offset_call(device, dtype, _VALID)
+    for a, b in zip(checked, plain):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
+@pytest.mark.parametrize("name", sorted(_BAD_OFFSETS))
+def test_unchecked_bad_cuda_offsets_run_and_leave_the_device_usable(name):
+    q, k, v = (randn(rows, 2, 16, seed=rows).cuda().half().requires_grad_(True) for rows in (9, 11, 11))
+    cu_q, cu_k = (torch.tensor(o, dtype=torch.int32, device="cuda") for o in _BAD_OFFSETS[name])
+    out = fmha.attention_varlen(q, k, v, cu_q, cu_k, 5, 6)
+    out.float().nan_to_num().sum().backward()
+    torch.cuda.synchronize()  # no CUDA error from the clamped kernels
+    if name == "past_end":  # clamped to the row counts: the valid offsets
+        valid = _offset_call("cuda", torch.float16, _VALID)[0]
+        assert torch.equal(out, valid)
+    again = _offset_call("cuda", torch.float16, _VALID)[0]
+    assert torch.isfinite(again).all()
