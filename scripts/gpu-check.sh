@@ -24,7 +24,7 @@ ARCHS=${FMHA_CUDA_ARCHITECTURES:-90a-real}
 # Fewer head-dim buckets build faster (e.g. "64;128" for a quick benchmark; the GPU tests need all;
 # PIP_BUCKETS narrows only the Python package, for the benchmark).
 BUCKETS=${FMHA_HEAD_DIM_BUCKETS:-"32;64;96;128;160;192;224;256"}
-STEPS=${STEPS:-"build cuda-tests sm80-tests cp-async-tests persistent-tests sanitizer python bench"}
+STEPS=${STEPS:-"build cuda-tests sm80-tests cp-async-tests persistent-tests sanitizer stress python bench"}
 SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*:*WideHeads*:*Float32Sm90Planes*"}
 JOBS=$(nproc)
 GTEST_SRC=${GTEST_SRC:-$PWD/.gpu/googletest}
@@ -78,7 +78,7 @@ python_install() {
 }
 cuda_tests() {
   timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" --gtest_brief=1 \
-      --gtest_filter="${CUDA_TESTS_FILTER:-*}"
+      --gtest_filter="${CUDA_TESTS_FILTER:-*:-CudaStress.*}"
 }
 # On Hopper dense and neighborhood attention run the sm90 kernels; run their tests again
 # on the sm80 kernels (fp32 runs the sm80 kernels everywhere: its tests need no second pass).
@@ -104,16 +104,32 @@ persistent_tests() {
   FMHA_SM90_PERSISTENT=2 FMHA_SM90_TMA=0 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
       --gtest_brief=1 --gtest_filter="CudaForward*:-*Float32*"
 }
-# Memcheck and racecheck over SANITIZER_FILTER; racecheck again over the forward tests with two
-# persistent blocks (hazards between one tile's reads and the next tile's copies).
+# Memcheck and racecheck over SANITIZER_FILTER (its *Varlen* takes the bad-offset tests of
+# tests/cuda/test_cuda_varlen_safety.cpp); memcheck again over those on the sm80 kernels; racecheck
+# again over the forward tests with two persistent blocks (hazards between one tile's reads and the
+# next tile's copies).
+VARLEN_SAFETY_FILTER=${VARLEN_SAFETY_FILTER:-"*VarlenSafety*:*VarlenHostCheck*"}
 PERSISTENT_RACECHECK_FILTER=${PERSISTENT_RACECHECK_FILTER:-"CudaForward.OddShapesAndHeadDims:CudaForward.Varlen:CudaForward.SinksAndExtraKeys:CudaForward.CausalBothAlignments:CudaForward.EmptyQueries:CudaForward.BiasRegisterForm:CudaForward.BiasStagedTiles:CudaNeighborhoodSmall.OneDim:CudaNeighborhoodSmall.TwoAndThreeDim"}
 sanitizer() {
   FMHA_SM90_PERSISTENT=2 timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck \
       --error-exitcode 1 "$TESTS" --gtest_brief=1 --gtest_filter="$PERSISTENT_RACECHECK_FILTER" &&
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 "$TESTS" \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER" &&
+  FMHA_CUDA_KERNELS=sm80 timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck \
+      --error-exitcode 1 "$TESTS" --gtest_brief=1 --gtest_filter="$VARLEN_SAFETY_FILTER" &&
   timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" \
       --gtest_brief=1 --gtest_filter="$SANITIZER_FILTER"
+}
+# Host threads on streams of their own, CUDA-graph capture and replay, out-of-memory and the calls
+# after it (tests/cuda/test_cuda_stress.cpp; the Python graph and out-of-memory tests in
+# tests/python/test_cuda_stress.py). Not in cuda-tests: the out-of-memory test fills the device.
+stress() {
+  local status=0
+  timeout "${STRESS_SECONDS:-300}" "$TESTS" --gtest_brief=1 --gtest_filter="CudaStress.*" || status=1
+  pip_ready || return 1
+  timeout "${STRESS_SECONDS:-300}" python3 -m pytest -q tests/python/test_cuda_stress.py \
+      -p no:cacheprovider || status=1
+  return $status
 }
 # The long fuzzing run, an optional step: the fuzzing harness's draws on CUDA tensors, C++
 # (tests/cuda/test_cuda_fuzz.cpp: FUZZ_INVALID refused calls, FUZZ_VALID checked against the
@@ -173,7 +189,7 @@ ncu_profiles() {
   return $status
 }
 
-if has python || has bench || has ncu || has fuzz; then
+if has python || has bench || has ncu || has fuzz || has stress; then
   python_install >"$OUT/pip-install.log" 2>&1 &
   PIP_PID=$!
 fi
@@ -188,6 +204,7 @@ has sm80-tests && run_step sm80-tests sm80_tests
 has cp-async-tests && run_step cp-async-tests cp_async_tests
 has persistent-tests && run_step persistent-tests persistent_tests
 has sanitizer && run_step sanitizer sanitizer
+has stress && run_step stress stress
 has python && run_step python python_tests
 has fuzz && run_step fuzz fuzz
 has bench && run_step bench bench

@@ -437,6 +437,9 @@ void check_backward(const BackwardCase& c, std::uint64_t seed, bool twice) {
         HostTensor& g = t.*kGradients[n];
         if (!g.defined()) continue;
         dev.download(g, dev.views().*kGradientViews[n]);
+        EXPECT_TRUE(g.padding_untouched())
+            << kGradientNames[n] << " (" << impl_name(impl)
+            << "): an element outside the view was written";
         if (run == 0) {
           expect_close(kGradientNames[n], c, impl_name(impl), g, ref.*kGradients[n], *lowp_of[n]);
           first[n] = g;

@@ -3,7 +3,8 @@
 // gradient, and each gradient is compared with fmha::run of the backward on float64 CPU copies
 // (the forward recomputed in float64 too) within SPEC §13's bound: 2 x the error of the naive
 // same-dtype computation (tests/naive with S, P, dP, dS rounded to the dtype) + 1e-4, plus the
-// error of merely storing the exact gradient in its dtype. Outputs are poisoned with NaN first.
+// error of merely storing the exact gradient in its dtype. Outputs are poisoned with NaN first, and
+// the padding of padded gradient views must keep the poison (no write outside a view).
 //
 // This file: the case description and its check, shared by the backward test files.
 #pragma once
