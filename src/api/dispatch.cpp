@@ -1,5 +1,8 @@
 // Dispatch: validate, then hand the call to the backend that owns the tensors' device.
+#include <type_traits>
+
 #include "api/validate.h"
+#include "cpu/backend.h"
 #include "fmha/fmha.h"
 #include "reference/reference.h"
 
@@ -18,13 +21,26 @@ Status cuda_unavailable() {
 }
 #endif
 
+// CPU calls: the fast backend (src/cpu/) for the dense and varlen calls it supports, the float64
+// reference for everything else.
+template <typename Params>
+void run_cpu(const Params& p, const detail::ProblemShape& shape) {
+  constexpr bool kFastEntryPoint =
+      std::is_same_v<Params, AttentionForwardParams> || std::is_same_v<Params, AttentionBackwardParams> ||
+      std::is_same_v<Params, VarlenForwardParams> || std::is_same_v<Params, VarlenBackwardParams>;
+  if constexpr (kFastEntryPoint) {
+    if (cpu::supports(p.options, p.q.dtype)) return cpu::run(p, shape);
+  }
+  reference::run(p, shape);
+}
+
 // Runs a validated shaped problem (dense, varlen, neighborhood) on its device's backend.
 template <typename Params>
 Status run_shaped(const Params& p, void* stream) {
   detail::ProblemShape shape;
   FMHA_RETURN_IF_ERROR(detail::validate(p, &shape));
   if (p.q.device.type == DeviceType::kCPU) {
-    reference::run(p, shape);
+    run_cpu(p, shape);
     return Status::ok_status();
   }
 #if FMHA_WITH_CUDA

@@ -1,0 +1,192 @@
+// Adapters from the dense and varlen parameters to the kernels' Call, the coverage rule, and the
+// choice of instruction set.
+#include "cpu/backend.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu/kernels.h"
+
+namespace fmha::cpu {
+namespace {
+
+// Dense q [B, L, H, D]: batch, token, head, feature. lse [B, H, L]: batch, head, token.
+Operand dense_rows(const TensorView& t) {
+  if (!t.defined()) return {};
+  return {.data = t.data,
+          .dtype = t.dtype,
+          .batch_stride = t.stride[0],
+          .token_stride = t.stride[1],
+          .head_stride = t.stride[2],
+          .feature_stride = t.stride[3]};
+}
+Operand dense_stats(const TensorView& t) {
+  if (!t.defined()) return {};
+  return {.data = t.data,
+          .dtype = t.dtype,
+          .batch_stride = t.stride[0],
+          .token_stride = t.stride[2],
+          .head_stride = t.stride[1]};
+}
+// Packed q [total, H, D]: token, head, feature. lse [H, total]: head, token.
+Operand packed_rows(const TensorView& t) {
+  if (!t.defined()) return {};
+  return {.data = t.data,
+          .dtype = t.dtype,
+          .token_stride = t.stride[0],
+          .head_stride = t.stride[1],
+          .feature_stride = t.stride[2]};
+}
+Operand packed_stats(const TensorView& t) {
+  if (!t.defined()) return {};
+  return {.data = t.data, .dtype = t.dtype, .token_stride = t.stride[1], .head_stride = t.stride[0]};
+}
+// sinks / dsinks [H].
+Operand per_head(const TensorView& t) {
+  if (!t.defined()) return {};
+  return {.data = t.data, .dtype = t.dtype, .head_stride = t.stride[0]};
+}
+
+Call shared_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
+  Call c;
+  c.heads = shape.heads;
+  c.kv_heads = shape.kv_heads;
+  c.head_dim = shape.head_dim;
+  c.value_dim = shape.value_dim;
+  c.total_q = shape.total_q;
+  c.scale = shape.scale;
+  c.softcap = o.softcap;
+  c.options = &o;
+  c.sinks = per_head(o.sinks);
+  return c;
+}
+
+Call dense_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
+  Call c = shared_call(o, shape);
+  for (std::int64_t b = 0; b < shape.batch; ++b) {
+    c.sequences.push_back({.batch = b,
+                           .len_q = shape.seqlen_q,
+                           .len_k = shape.seqlen_k,
+                           .row = b * shape.seqlen_q});
+  }
+  return c;
+}
+
+template <typename Params>
+Call varlen_call(const Params& p, const detail::ProblemShape& shape) {
+  Call c = shared_call(p.options, shape);
+  // cu_seqlens lives in host memory for the CPU backend (validated: ascending, ending at the rows).
+  const auto offset = [](const TensorView& cu, std::int64_t b) -> std::int64_t {
+    return static_cast<const std::int32_t*>(cu.data)[b * cu.stride[0]];
+  };
+  for (std::int64_t b = 0; b < shape.batch; ++b) {
+    const std::int64_t first_q = offset(p.cu_seqlens_q, b), first_k = offset(p.cu_seqlens_k, b);
+    c.sequences.push_back({.batch = 0,
+                           .first_q = first_q,
+                           .len_q = offset(p.cu_seqlens_q, b + 1) - first_q,
+                           .first_k = first_k,
+                           .len_k = offset(p.cu_seqlens_k, b + 1) - first_k,
+                           .row = first_q});
+  }
+  return c;
+}
+
+bool isa_allowed(const char* name) {
+  const char* env = std::getenv("FMHA_CPU_ISA");
+  if (env == nullptr || *env == '\0') return true;
+  // Each name allows itself and every ISA below it.
+  const char* order[] = {"portable", "avx2", "avx512"};
+  int requested = -1, asked = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (std::strcmp(env, order[i]) == 0) requested = i;
+    if (std::strcmp(name, order[i]) == 0) asked = i;
+  }
+  return requested < 0 || asked <= requested;
+}
+
+}  // namespace
+
+Isa selected_isa() {
+#if FMHA_CPU_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("fma") && isa_allowed("avx512")) {
+    return Isa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && isa_allowed("avx2")) {
+    return Isa::kAvx2;
+  }
+#endif
+  return Isa::kPortable;
+}
+
+const char* to_string(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kPortable: return "portable";
+  }
+  return "unknown";
+}
+
+bool supports(const AttentionOptions& o, DType dtype) {
+  const bool dtype_ok =
+      dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+  return dtype_ok && !o.bias.defined() && !o.rel_h.defined() && !o.rel_w.defined() &&
+         !o.extra_k.defined();
+}
+
+void run(const AttentionForwardParams& p, const detail::ProblemShape& shape) {
+  Call c = dense_call(p.options, shape);
+  c.q = dense_rows(p.q);
+  c.k = dense_rows(p.k);
+  c.v = dense_rows(p.v);
+  c.out = dense_rows(p.out);
+  c.lse = dense_stats(p.lse);
+  forward(c);
+}
+
+void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
+  Call c = dense_call(p.options, shape);
+  c.q = dense_rows(p.q);
+  c.k = dense_rows(p.k);
+  c.v = dense_rows(p.v);
+  c.out = dense_rows(p.out);
+  c.lse = dense_stats(p.lse);
+  c.dout = dense_rows(p.dout);
+  c.dlse = dense_stats(p.dlse);
+  c.dq = dense_rows(p.grads.dq);
+  c.dk = dense_rows(p.grads.dk);
+  c.dv = dense_rows(p.grads.dv);
+  c.dsinks = per_head(p.grads.dsinks);
+  backward(c);
+}
+
+void run(const VarlenForwardParams& p, const detail::ProblemShape& shape) {
+  Call c = varlen_call(p, shape);
+  c.q = packed_rows(p.q);
+  c.k = packed_rows(p.k);
+  c.v = packed_rows(p.v);
+  c.out = packed_rows(p.out);
+  c.lse = packed_stats(p.lse);
+  forward(c);
+}
+
+void run(const VarlenBackwardParams& p, const detail::ProblemShape& shape) {
+  Call c = varlen_call(p, shape);
+  c.q = packed_rows(p.q);
+  c.k = packed_rows(p.k);
+  c.v = packed_rows(p.v);
+  c.out = packed_rows(p.out);
+  c.lse = packed_stats(p.lse);
+  c.dout = packed_rows(p.dout);
+  c.dlse = packed_stats(p.dlse);
+  c.dq = packed_rows(p.grads.dq);
+  c.dk = packed_rows(p.grads.dk);
+  c.dv = packed_rows(p.grads.dv);
+  c.dsinks = per_head(p.grads.dsinks);
+  backward(c);
+}
+
+}  // namespace fmha::cpu

@@ -1,0 +1,26 @@
+// The fast CPU backend: tiled, vectorised, multi-threaded attention with fp32 accumulation for
+// dense and varlen calls in fp32 / fp16 / bf16, forward and backward, with causal masks (both
+// alignments), windows, GQA / MQA, Dv != D, softcap, sinks and lse / dlse. What it does not take
+// (bias, rel-pos, extra keys, float64, neighborhood, merge) runs on the float64 reference.
+#pragma once
+
+#include "api/problem.h"
+#include "cpu/problem.h"
+#include "fmha/params.h"
+
+namespace fmha::cpu {
+
+// True when the fast backend computes a call with these options and dtype.
+bool supports(const AttentionOptions& options, DType dtype);
+
+// Validated calls that supports() accepts.
+void run(const AttentionForwardParams& p, const detail::ProblemShape& shape);
+void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape);
+void run(const VarlenForwardParams& p, const detail::ProblemShape& shape);
+void run(const VarlenBackwardParams& p, const detail::ProblemShape& shape);
+
+// The kernels (forward.cpp, backward.cpp).
+void forward(const Call& call);
+void backward(const Call& call);
+
+}  // namespace fmha::cpu

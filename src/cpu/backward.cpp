@@ -1,0 +1,351 @@
+// Backward of the fast CPU backend, split in two passes so that every gradient element is summed
+// by one task in a fixed order (bitwise the same for any thread count):
+//   dK/dV: one task per (sequence, kv head, key tile): the query tiles of every query head of the
+//          group that see the tile, in order, recomputing P from the forward's lse;
+//   dQ:    one task per (sequence, query head, query tile): the key tiles it sees, in order.
+// Delta = dout . out - dlse (SPEC §11) is computed once per row before both. dsinks comes last,
+// from Delta = sum_j P dP - dlse, a sum the dQ pass takes of its rows for free (it has P and dP at
+// hand) and which does not go through the stored out: dsinks is a plain sum over rows of
+// P_sink Delta, where the rounding of an fp16 / bf16 out does not average away as it does in the
+// other gradients.
+// Q is loaded pre-multiplied by the scale: S = Qs K^T, dK = dS'^T Qs and dQ = scale dS' K, where
+// dS' = dS times the softcap slope.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu/backend.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+
+namespace fmha::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+
+// Per query row and head, indexed (sequence.row + i) * H + h: the lse the probabilities are
+// recomputed from (+inf for a row that saw nothing, so that exp(s - lse) = 0) and Delta.
+struct RowStats {
+  std::vector<float> lse, delta;
+  std::vector<float> p_dp;  // sum over keys of P dP, written by the dQ pass when dsinks is asked
+};
+
+// One worker's tiles (see the file comment for the roles of each).
+struct BackwardScratch {
+  std::vector<float> q;      // [kQueryTile, D rounded up to 16], scaled; padding columns 0
+  std::vector<float> dout;   // [kQueryTile, Dv rounded up], padding columns 0
+  std::vector<float> kt;     // [D, kKeyTile]
+  std::vector<float> vt;     // [Dv, kKeyTile]
+  std::vector<float> k;      // [kKeyTile, D rounded up]: dQ's right operand
+  std::vector<float> p;      // [kQueryTile, kKeyTile]: S, then P
+  std::vector<float> ds;     // [kQueryTile, kKeyTile]: dP, then dS'
+  std::vector<float> slope;  // [kQueryTile, kKeyTile]: softcap's 1 - tanh^2
+  std::vector<float> acc_a;  // dQ [kQueryTile, D up] or dK [kKeyTile, D up]
+  std::vector<float> acc_b;  // dV [kKeyTile, Dv up]
+  std::vector<float> lse, delta, p_dp;  // [kQueryTile]
+
+  void allocate(const Call& c) {
+    if (!q.empty()) return;
+    const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
+    const std::int64_t tile = std::max(kQueryTile, kKeyTile);
+    q.assign(at(kQueryTile * dp), 0.0f);
+    dout.assign(at(kQueryTile * dvp), 0.0f);
+    kt.assign(at(c.head_dim * kKeyTile), 0.0f);
+    vt.assign(at(c.value_dim * kKeyTile), 0.0f);
+    k.assign(at(kKeyTile * dp), 0.0f);
+    p.assign(at(kQueryTile * kKeyTile), 0.0f);
+    ds.assign(at(kQueryTile * kKeyTile), 0.0f);
+    slope.assign(at(kQueryTile * kKeyTile), 1.0f);
+    acc_a.assign(at(tile * dp), 0.0f);
+    acc_b.assign(at(kKeyTile * dvp), 0.0f);
+    lse.assign(at(kQueryTile), 0.0f);
+    delta.assign(at(kQueryTile), 0.0f);
+    p_dp.assign(at(kQueryTile), 0.0f);
+  }
+};
+
+// Loads queries [q0, q0 + rows) of head h: Qs and dO rows (rows .. rows_pad - 1 zeroed), their lse
+// and Delta (padding rows: lse +inf, so their probabilities are 0).
+FMHA_CPU_INLINE void load_query_tile(const Call& c, const RowStats& stats, const Sequence& seq,
+                                     std::int64_t h, std::int64_t q0, std::int64_t rows,
+                                     std::int64_t rows_pad, BackwardScratch& w) {
+  const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t token = seq.first_q + q0 + r;
+    load_features(c.q, c.q.offset(seq.batch, token, h), c.head_dim, c.scale, &w.q[at(r * dp)], 1);
+    load_features(c.dout, c.dout.offset(seq.batch, token, h), c.value_dim, 1.0f,
+                  &w.dout[at(r * dvp)], 1);
+    const std::size_t row = at((seq.row + q0 + r) * c.heads + h);
+    w.lse[at(r)] = stats.lse[row];
+    w.delta[at(r)] = stats.delta[row];
+  }
+  for (std::int64_t r = rows; r < rows_pad; ++r) {
+    std::fill_n(&w.q[at(r * dp)], dp, 0.0f);
+    std::fill_n(&w.dout[at(r * dvp)], dvp, 0.0f);
+    w.lse[at(r)] = kInf;
+    w.delta[at(r)] = 0.0f;
+  }
+}
+
+// Loads keys [k0, k0 + cols) of kv head kvh: K^T and V^T (columns cols .. ncols - 1 zeroed) and,
+// with_rows, K row-major.
+FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int64_t kvh,
+                                   std::int64_t k0, std::int64_t cols, std::int64_t ncols,
+                                   BackwardScratch& w, bool with_rows) {
+  const std::int64_t dp = round_up(c.head_dim, kLanes);
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const std::int64_t token = seq.first_k + k0 + j;
+    const std::int64_t k_offset = c.k.offset(seq.batch, token, kvh);
+    load_features(c.k, k_offset, c.head_dim, 1.0f, &w.kt[at(j)], kKeyTile);
+    load_features(c.v, c.v.offset(seq.batch, token, kvh), c.value_dim, 1.0f, &w.vt[at(j)], kKeyTile);
+    if (with_rows) load_features(c.k, k_offset, c.head_dim, 1.0f, &w.k[at(j * dp)], 1);
+  }
+  for (std::int64_t d = 0; d < c.head_dim; ++d) std::fill_n(&w.kt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
+  for (std::int64_t d = 0; d < c.value_dim; ++d) std::fill_n(&w.vt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
+}
+
+// For the loaded query tile (rows_pad rows, queries from q0) and key tile (ncols columns, keys
+// from k0): w.p = P and w.ds = dS' = P (dP - Delta) x softcap slope. Masked and padding entries
+// get P = 0, hence dS' = 0. With row_sums, w.p_dp[r] also gains the row's sum of P dP.
+template <typename Traits>
+FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64_t q0,
+                                     std::int64_t rows, std::int64_t rows_pad, std::int64_t k0,
+                                     std::int64_t cols, std::int64_t ncols, BackwardScratch& w,
+                                     bool row_sums) {
+  const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
+  float* p = w.p.data();
+  float* ds = w.ds.data();
+  gemm<Traits>(rows_pad, ncols, c.head_dim, w.q.data(), dp, 1, w.kt.data(), kKeyTile, p, kKeyTile,
+               false);
+  gemm<Traits>(rows_pad, ncols, c.value_dim, w.dout.data(), dvp, 1, w.vt.data(), kKeyTile, ds,
+               kKeyTile, false);
+  const bool full = band.covers(q0, rows, k0, cols);
+  const bool softcap = c.softcap > 0.0f;
+  for (std::int64_t r = 0; r < rows_pad; ++r) {
+    float* prow = p + r * kKeyTile;
+    float* dsrow = ds + r * kKeyTile;
+    float* slope = &w.slope[at(r * kKeyTile)];
+    if (r < rows) {
+      if (softcap) {
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const float t = std::tanh(prow[j] / c.softcap);
+          prow[j] = c.softcap * t;
+          slope[j] = 1.0f - t * t;
+        }
+      }
+      if (!full) {
+        for (std::int64_t j = 0; j < cols; ++j) {
+          if (!band.visible(q0 + r, k0 + j)) prow[j] = kNegInf;
+        }
+      }
+    }
+    for (std::int64_t j = cols; j < ncols; ++j) prow[j] = kNegInf;
+    const float lse = w.lse[at(r)], delta = w.delta[at(r)];
+    VecF p_dp{};
+    for (std::int64_t j = 0; j < ncols; j += kLanes) {
+      const VecF prob = exp(load(prow + j) - lse);
+      const VecF dp = load(dsrow + j);
+      store(prow + j, prob);
+      p_dp += prob * dp;
+      VecF grad = prob * (dp - delta);
+      if (softcap) grad *= load(slope + j);
+      store(dsrow + j, grad);
+    }
+    if (row_sums) w.p_dp[at(r)] += reduce_sum(p_dp);
+  }
+}
+
+template <typename Traits>
+FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq,
+                             std::int64_t h, std::int64_t q0, BackwardScratch& w) {
+  const std::int64_t dp = round_up(c.head_dim, kLanes);
+  const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
+  const std::int64_t rows_pad = round_up(rows, Traits::kRows);
+  const std::int64_t kvh = h / c.group();
+  const Band band = Band::of(*c.options, seq.len_q, seq.len_k);
+  float* dq = w.acc_a.data();
+  load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
+  std::fill_n(dq, rows_pad * dp, 0.0f);
+  std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
+  const bool row_sums = !stats.p_dp.empty();
+  const std::int64_t first = band.first_key(q0), last = band.last_key(q0 + rows - 1, seq.len_k);
+  for (std::int64_t k0 = first / kKeyTile * kKeyTile; k0 <= last; k0 += kKeyTile) {
+    const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
+    const std::int64_t ncols = round_up(cols, kLanes);
+    load_key_tile(c, seq, kvh, k0, cols, ncols, w, true);
+    score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, row_sums);
+    gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp, true);
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t token = seq.first_q + q0 + r;
+    store_features(c.dq, c.dq.offset(seq.batch, token, h), c.head_dim, dq + r * dp, c.scale);
+    // The task owns these rows: no other task writes their entries.
+    if (row_sums) stats.p_dp[at((seq.row + q0 + r) * c.heads + h)] = w.p_dp[at(r)];
+  }
+}
+
+template <typename Traits>
+FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& seq,
+                               std::int64_t kvh, std::int64_t k0, BackwardScratch& w) {
+  const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
+  const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
+  const std::int64_t ncols = round_up(cols, kLanes);  // a multiple of every kRows
+  const Band band = Band::of(*c.options, seq.len_q, seq.len_k);
+  float* dk = w.acc_a.data();
+  float* dv = w.acc_b.data();
+  load_key_tile(c, seq, kvh, k0, cols, ncols, w, false);
+  std::fill_n(dk, ncols * dp, 0.0f);
+  std::fill_n(dv, ncols * dvp, 0.0f);
+  const std::int64_t first = band.first_query(k0);
+  const std::int64_t last = band.last_query(k0 + cols - 1, seq.len_q);
+  for (std::int64_t g = 0; g < c.group(); ++g) {
+    const std::int64_t h = kvh * c.group() + g;
+    for (std::int64_t q0 = first / kQueryTile * kQueryTile; q0 <= last; q0 += kQueryTile) {
+      const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
+      const std::int64_t rows_pad = round_up(rows, Traits::kRows);
+      load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
+      score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, false);
+      // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
+      gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
+      gemm<Traits>(ncols, dp, rows, w.ds.data(), 1, kKeyTile, w.q.data(), dp, dk, dp, true);
+    }
+  }
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const std::int64_t token = seq.first_k + k0 + j;
+    store_features(c.dk, c.dk.offset(seq.batch, token, kvh), c.head_dim, dk + j * dp, 1.0f);
+    store_features(c.dv, c.dv.offset(seq.batch, token, kvh), c.value_dim, dv + j * dvp, 1.0f);
+  }
+}
+
+using TileFn = void (*)(const Call&, RowStats&, const Sequence&, std::int64_t, std::int64_t,
+                        BackwardScratch&);
+
+void dq_tile_portable(const Call& c, RowStats& st, const Sequence& seq, std::int64_t h,
+                      std::int64_t q0, BackwardScratch& w) {
+  dq_tile<PortableTraits>(c, st, seq, h, q0, w);
+}
+void dkdv_tile_portable(const Call& c, RowStats& st, const Sequence& seq, std::int64_t kvh,
+                        std::int64_t k0, BackwardScratch& w) {
+  dkdv_tile<PortableTraits>(c, st, seq, kvh, k0, w);
+}
+
+#if FMHA_CPU_X86
+FMHA_CPU_TARGET_AVX2 void dq_tile_avx2(const Call& c, RowStats& st, const Sequence& seq,
+                                       std::int64_t h, std::int64_t q0, BackwardScratch& w) {
+  dq_tile<Avx2Traits>(c, st, seq, h, q0, w);
+}
+FMHA_CPU_TARGET_AVX2 void dkdv_tile_avx2(const Call& c, RowStats& st, const Sequence& seq,
+                                         std::int64_t kvh, std::int64_t k0, BackwardScratch& w) {
+  dkdv_tile<Avx2Traits>(c, st, seq, kvh, k0, w);
+}
+FMHA_CPU_TARGET_AVX512 void dq_tile_avx512(const Call& c, RowStats& st, const Sequence& seq,
+                                           std::int64_t h, std::int64_t q0, BackwardScratch& w) {
+  dq_tile<Avx512Traits>(c, st, seq, h, q0, w);
+}
+FMHA_CPU_TARGET_AVX512 void dkdv_tile_avx512(const Call& c, RowStats& st,
+                                             const Sequence& seq, std::int64_t kvh,
+                                             std::int64_t k0, BackwardScratch& w) {
+  dkdv_tile<Avx512Traits>(c, st, seq, kvh, k0, w);
+}
+#endif
+
+struct TileFns {
+  TileFn dq, dkdv;
+};
+
+TileFns tile_fns_for(Isa isa) {
+#if FMHA_CPU_X86
+  if (isa == Isa::kAvx512) return {dq_tile_avx512, dkdv_tile_avx512};
+  if (isa == Isa::kAvx2) return {dq_tile_avx2, dkdv_tile_avx2};
+#endif
+  (void)isa;
+  return {dq_tile_portable, dkdv_tile_portable};
+}
+
+// lse and Delta of every row (one task per sequence and head).
+RowStats row_stats(const Call& c) {
+  RowStats stats;
+  stats.lse.assign(at(c.total_q * c.heads), kInf);
+  stats.delta.assign(at(c.total_q * c.heads), 0.0f);
+  if (c.dsinks.given()) stats.p_dp.assign(at(c.total_q * c.heads), 0.0f);
+  const std::int64_t tasks = static_cast<std::int64_t>(c.sequences.size()) * c.heads;
+  parallel_for(tasks, [&](std::int64_t t, int) {
+    const Sequence& seq = c.sequences[at(t / c.heads)];
+    const std::int64_t h = t % c.heads;
+    std::vector<float> dout(at(c.value_dim)), out(at(c.value_dim));
+    for (std::int64_t i = 0; i < seq.len_q; ++i) {
+      const std::int64_t token = seq.first_q + i;
+      const float lse = load_stat(c.lse, c.lse.offset(seq.batch, token, h));
+      const std::size_t row = at((seq.row + i) * c.heads + h);
+      stats.lse[row] = lse == kNegInf ? kInf : lse;
+      load_features(c.dout, c.dout.offset(seq.batch, token, h), c.value_dim, 1.0f, dout.data(), 1);
+      load_features(c.out, c.out.offset(seq.batch, token, h), c.value_dim, 1.0f, out.data(), 1);
+      double dot = 0.0;
+      for (std::int64_t d = 0; d < c.value_dim; ++d)
+        dot += static_cast<double>(dout[at(d)]) * out[at(d)];
+      if (c.dlse.given()) dot -= load_stat(c.dlse, c.dlse.offset(seq.batch, token, h));
+      stats.delta[row] = static_cast<float>(dot);
+    }
+  });
+  return stats;
+}
+
+// dsinks[h] = -sum over sequences and rows of P_sink Delta (SPEC §11), summed in row order, with
+// Delta = sum_j P dP - dlse.
+void sink_gradients(const Call& c, const RowStats& stats) {
+  parallel_for(c.heads, [&](std::int64_t h, int) {
+    const double sink = load_stat(c.sinks, h * c.sinks.head_stride);
+    double sum = 0.0;
+    for (const Sequence& seq : c.sequences) {
+      for (std::int64_t i = 0; i < seq.len_q; ++i) {
+        const std::int64_t token = seq.first_q + i;
+        const std::size_t row = at((seq.row + i) * c.heads + h);
+        const double dlse =
+            c.dlse.given() ? load_stat(c.dlse, c.dlse.offset(seq.batch, token, h)) : 0.0;
+        sum -= std::exp(sink - stats.lse[row]) * (stats.p_dp[row] - dlse);
+      }
+    }
+    store_stat(c.dsinks, h * c.dsinks.head_stride, static_cast<float>(sum));
+  });
+}
+
+struct TileTask {
+  std::int64_t sequence, head, start;  // head: query head (dQ) or kv head (dK/dV)
+};
+
+void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& stats) {
+  std::vector<BackwardScratch> scratch(at(worker_count(static_cast<std::int64_t>(tasks.size()))));
+  parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t, int worker) {
+    const TileTask& task = tasks[at(t)];
+    BackwardScratch& w = scratch[at(worker)];
+    w.allocate(c);
+    fn(c, stats, c.sequences[at(task.sequence)], task.head, task.start, w);
+  });
+}
+
+}  // namespace
+
+void backward(const Call& c) {
+  const TileFns fns = tile_fns_for(selected_isa());
+  RowStats stats = row_stats(c);
+  std::vector<TileTask> dkdv, dq;
+  for (std::size_t b = 0; b < c.sequences.size(); ++b) {
+    const Sequence& seq = c.sequences[b];
+    const auto sequence = static_cast<std::int64_t>(b);
+    for (std::int64_t k0 = 0; k0 < seq.len_k; k0 += kKeyTile) {
+      for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh) dkdv.push_back({sequence, kvh, k0});
+    }
+    for (std::int64_t q0 = 0; q0 < seq.len_q; q0 += kQueryTile) {
+      for (std::int64_t h = 0; h < c.heads; ++h) dq.push_back({sequence, h, q0});
+    }
+  }
+  run_tiles(c, std::move(dkdv), fns.dkdv, stats);
+  run_tiles(c, std::move(dq), fns.dq, stats);
+  if (c.dsinks.given()) sink_gradients(c, stats);
+}
+
+}  // namespace fmha::cpu

@@ -1,0 +1,211 @@
+// Forward of the fast CPU backend: one task per (sequence, query head, tile of kQueryTile queries).
+// The task streams the key tiles its band can see through an fp32 online softmax (SPEC §10), so
+// no Lq x Lk buffer exists: S = Q K^T and O += P V are register-blocked products on fp32 tiles,
+// converted from the tensors' dtype once per tile.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu/backend.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+
+namespace fmha::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One worker's tiles, allocated once per call and reused by every task it runs.
+struct ForwardScratch {
+  std::vector<float> q;       // [kQueryTile, D], scaled by the softmax scale
+  std::vector<float> kt;      // [D, kKeyTile]: K transposed, a row of keys per feature
+  std::vector<float> v;       // [kKeyTile, Dv rounded up to 16], padding columns 0
+  std::vector<float> s;       // [kQueryTile, kKeyTile]: scores, then probabilities
+  std::vector<float> o;       // [kQueryTile, Dv rounded up]: unnormalised output
+  std::vector<float> m, l;    // [kQueryTile]: running maximum and normaliser
+
+  void allocate(const Call& c) {
+    if (!q.empty()) return;
+    const std::int64_t dv = round_up(c.value_dim, kLanes);
+    q.assign(static_cast<std::size_t>(kQueryTile * c.head_dim), 0.0f);
+    kt.assign(static_cast<std::size_t>(c.head_dim * kKeyTile), 0.0f);
+    v.assign(static_cast<std::size_t>(kKeyTile * dv), 0.0f);
+    s.assign(static_cast<std::size_t>(kQueryTile * kKeyTile), 0.0f);
+    o.assign(static_cast<std::size_t>(kQueryTile * dv), 0.0f);
+    m.assign(static_cast<std::size_t>(kQueryTile), 0.0f);
+    l.assign(static_cast<std::size_t>(kQueryTile), 0.0f);
+  }
+};
+
+// Loads keys [k0, k0 + cols) of kv head kvh: K transposed into kt (columns cols .. ncols - 1
+// zeroed, the product reads them) and V row-major into v.
+FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int64_t kvh,
+                                   std::int64_t k0, std::int64_t cols, std::int64_t ncols,
+                                   float* kt, float* v, std::int64_t ldv) {
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const std::int64_t token = seq.first_k + k0 + j;
+    load_features(c.k, c.k.offset(seq.batch, token, kvh), c.head_dim, 1.0f, kt + j, kKeyTile);
+    load_features(c.v, c.v.offset(seq.batch, token, kvh), c.value_dim, 1.0f, v + j * ldv, 1);
+  }
+  for (std::int64_t d = 0; d < c.head_dim; ++d) {
+    for (std::int64_t j = cols; j < ncols; ++j) kt[d * kKeyTile + j] = 0.0f;
+  }
+}
+
+// Softcap, then the mask: entries the band hides and padding columns become -inf.
+FMHA_CPU_INLINE void finish_scores(const Call& c, const Band& band, std::int64_t i,
+                                   std::int64_t k0, std::int64_t cols, std::int64_t ncols,
+                                   bool full, float* row) {
+  if (c.softcap > 0.0f) {
+    for (std::int64_t j = 0; j < cols; ++j) row[j] = c.softcap * std::tanh(row[j] / c.softcap);
+  }
+  if (!full) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      if (!band.visible(i, k0 + j)) row[j] = kNegInf;
+    }
+  }
+  for (std::int64_t j = cols; j < ncols; ++j) row[j] = kNegInf;
+}
+
+template <typename Traits>
+FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64_t h,
+                                  std::int64_t q0, ForwardScratch& w) {
+  const std::int64_t dim = c.head_dim, dv = round_up(c.value_dim, kLanes);
+  const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
+  const std::int64_t rows_pad = round_up(rows, Traits::kRows);
+  const std::int64_t kvh = h / c.group();
+  const Band band = Band::of(*c.options, seq.len_q, seq.len_k);
+  float* q = w.q.data();
+  float* s = w.s.data();
+  float* o = w.o.data();
+
+  for (std::int64_t r = 0; r < rows; ++r) {
+    load_features(c.q, c.q.offset(seq.batch, seq.first_q + q0 + r, h), dim, c.scale, q + r * dim, 1);
+  }
+  for (std::int64_t x = rows * dim; x < rows_pad * dim; ++x) q[x] = 0.0f;
+  // A sink is a logit with no value: the running maximum starts at it with exp(0) = 1 summed.
+  const float sink = c.sinks.given() ? load_stat(c.sinks, h * c.sinks.head_stride) : kNegInf;
+  for (std::int64_t r = 0; r < rows_pad; ++r) {
+    w.m[static_cast<std::size_t>(r)] = sink;
+    w.l[static_cast<std::size_t>(r)] = sink == kNegInf ? 0.0f : 1.0f;
+  }
+  for (std::int64_t x = 0; x < rows_pad * dv; ++x) o[x] = 0.0f;
+
+  const std::int64_t first = band.first_key(q0), last = band.last_key(q0 + rows - 1, seq.len_k);
+  for (std::int64_t k0 = first / kKeyTile * kKeyTile; k0 <= last; k0 += kKeyTile) {
+    const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
+    const std::int64_t ncols = round_up(cols, kLanes);
+    load_key_tile(c, seq, kvh, k0, cols, ncols, w.kt.data(), w.v.data(), dv);
+    gemm<Traits>(rows_pad, ncols, dim, q, dim, 1, w.kt.data(), kKeyTile, s, kKeyTile, false);
+
+    const bool full = band.covers(q0, rows, k0, cols);
+    for (std::int64_t r = 0; r < rows_pad; ++r) {
+      float* row = s + r * kKeyTile;
+      if (r >= rows) {  // padding rows: zero probabilities keep their products finite
+        for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
+        continue;
+      }
+      finish_scores(c, band, q0 + r, k0, cols, ncols, full, row);
+      // Online softmax (SPEC §10): rescale what came before to the new running maximum.
+      VecF tile_max = broadcast(kNegInf);
+      for (std::int64_t j = 0; j < ncols; j += kLanes) tile_max = max(tile_max, load(row + j));
+      float& m = w.m[static_cast<std::size_t>(r)];
+      float& l = w.l[static_cast<std::size_t>(r)];
+      const float m_new = std::max(m, reduce_max(tile_max));
+      if (m_new == kNegInf) {  // nothing visible yet: the row stays empty
+        for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
+        continue;
+      }
+      const float alpha = std::exp(m - m_new);
+      VecF sum{};
+      for (std::int64_t j = 0; j < ncols; j += kLanes) {
+        const VecF p = exp(load(row + j) - m_new);
+        store(row + j, p);
+        sum += p;
+      }
+      l = l * alpha + reduce_sum(sum);
+      m = m_new;
+      if (alpha != 1.0f) {
+        float* orow = o + r * dv;
+        for (std::int64_t d = 0; d < dv; d += kLanes) store(orow + d, load(orow + d) * alpha);
+      }
+    }
+    gemm<Traits>(rows_pad, dv, cols, s, kKeyTile, 1, w.v.data(), dv, o, dv, true);
+  }
+
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t token = seq.first_q + q0 + r;
+    const float m = w.m[static_cast<std::size_t>(r)], l = w.l[static_cast<std::size_t>(r)];
+    // A row that sees no key and no sink has l = 0: out 0, lse -inf (SPEC §10).
+    const float inverse = l > 0.0f ? 1.0f / l : 0.0f;
+    store_features(c.out, c.out.offset(seq.batch, token, h), c.value_dim, o + r * dv, inverse);
+    if (c.lse.given()) {
+      store_stat(c.lse, c.lse.offset(seq.batch, token, h), l > 0.0f ? m + std::log(l) : kNegInf);
+    }
+  }
+}
+
+using ForwardTileFn = void (*)(const Call&, const Sequence&, std::int64_t, std::int64_t,
+                               ForwardScratch&);
+
+void forward_tile_portable(const Call& c, const Sequence& seq, std::int64_t h, std::int64_t q0,
+                           ForwardScratch& w) {
+  forward_tile<PortableTraits>(c, seq, h, q0, w);
+}
+
+#if FMHA_CPU_X86
+FMHA_CPU_TARGET_AVX2 void forward_tile_avx2(const Call& c, const Sequence& seq, std::int64_t h,
+                                            std::int64_t q0, ForwardScratch& w) {
+  forward_tile<Avx2Traits>(c, seq, h, q0, w);
+}
+
+FMHA_CPU_TARGET_AVX512 void forward_tile_avx512(const Call& c, const Sequence& seq,
+                                                std::int64_t h, std::int64_t q0,
+                                                ForwardScratch& w) {
+  forward_tile<Avx512Traits>(c, seq, h, q0, w);
+}
+#endif
+
+ForwardTileFn forward_tile_for(Isa isa) {
+#if FMHA_CPU_X86
+  if (isa == Isa::kAvx512) return forward_tile_avx512;
+  if (isa == Isa::kAvx2) return forward_tile_avx2;
+#endif
+  (void)isa;
+  return forward_tile_portable;
+}
+
+// One task of the forward: a query tile of one head of one sequence.
+struct ForwardTask {
+  std::int64_t sequence, head, q0;
+};
+
+}  // namespace
+
+void forward(const Call& c) {
+  const ForwardTileFn tile = forward_tile_for(selected_isa());
+  std::vector<ForwardTask> tasks;
+  for (std::size_t b = 0; b < c.sequences.size(); ++b) {
+    for (std::int64_t q0 = 0; q0 < c.sequences[b].len_q; q0 += kQueryTile) {
+      for (std::int64_t h = 0; h < c.heads; ++h)
+        tasks.push_back({static_cast<std::int64_t>(b), h, q0});
+    }
+  }
+  // Under a causal mask later tiles see more keys: handing them out first balances the threads.
+  // The order changes who computes a tile, never how.
+  if (c.options->causal) {
+    std::stable_sort(tasks.begin(), tasks.end(),
+                     [](const ForwardTask& a, const ForwardTask& b) { return a.q0 > b.q0; });
+  }
+  std::vector<ForwardScratch> scratch(static_cast<std::size_t>(worker_count(
+      static_cast<std::int64_t>(tasks.size()))));
+  parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t, int worker) {
+    const ForwardTask& task = tasks[static_cast<std::size_t>(t)];
+    ForwardScratch& w = scratch[static_cast<std::size_t>(worker)];
+    w.allocate(c);
+    tile(c, c.sequences[static_cast<std::size_t>(task.sequence)], task.head, task.q0, w);
+  });
+}
+
+}  // namespace fmha::cpu

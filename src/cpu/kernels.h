@@ -1,0 +1,160 @@
+// The pieces the fast CPU kernels are built from: instruction-set traits, the register-blocked
+// matrix product, and conversions between the tensors' dtypes and fp32 tiles.
+//
+// Every kernel is a template on an ISA traits struct, force-inlined into one wrapper per
+// instruction set that carries a GCC `target` attribute (AVX-512, AVX2 + FMA, and the portable
+// baseline, which is also what Arm and other machines build). dispatch picks the wrapper the CPU
+// supports at run time. Nothing with a target attribute is inline in a header, so no ODR-merged
+// function can carry instructions the running CPU lacks.
+#pragma once
+
+#include <cstdint>
+
+#include "common/numeric.h"
+#include "cpu/problem.h"
+#include "cpu/simd.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define FMHA_CPU_X86 1
+#define FMHA_CPU_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define FMHA_CPU_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+#else
+#define FMHA_CPU_X86 0
+#endif
+
+namespace fmha::cpu {
+
+enum class Isa : std::uint8_t { kPortable, kAvx2, kAvx512 };
+
+// The best ISA this CPU runs, lowered by FMHA_CPU_ISA=portable|avx2|avx512 (tests use it to run
+// every variant on one machine; a request above the CPU's support is ignored).
+Isa selected_isa();
+const char* to_string(Isa isa);
+
+// Register blocks of the matrix product: kRows rows by kChunks 16-lane vectors of accumulators.
+// AVX-512 has 32 registers: 8 x 2 accumulators leave room for the two B vectors and a broadcast.
+// AVX2 has 16 of 8 lanes, where a 16-lane vector takes two: 4 x 1 is 8 registers of accumulators.
+struct PortableTraits {
+  static constexpr int kRows = 4, kChunks = 1;
+};
+struct Avx2Traits {
+  static constexpr int kRows = 4, kChunks = 1;
+};
+struct Avx512Traits {
+  static constexpr int kRows = 8, kChunks = 2;
+};
+
+// Tile sizes shared by every ISA: queries and keys per tile. Both are multiples of 16 (a key tile
+// is a row of vectors) and of every kRows (tiles are products' row counts). 64 x 64 keeps a
+// tile's fp32 scores, the Q tile and the K / V tiles of D 64 within a core's L2 with room to spare.
+inline constexpr std::int64_t kQueryTile = 64;
+inline constexpr std::int64_t kKeyTile = 64;
+
+FMHA_CPU_INLINE std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// C[m, n] (+)= A[m, k] B[k, n] for one register block of R rows and C 16-lane chunks. A is read one
+// element at a time with any strides (a_row between rows, a_col between columns), so a transposed
+// operand costs nothing; B is row-major with leading dimension ldb.
+template <int R, int C>
+FMHA_CPU_INLINE void gemm_block(std::int64_t k, const float* a, std::int64_t a_row,
+                                std::int64_t a_col, const float* b, std::int64_t ldb, float* c,
+                                std::int64_t ldc, bool accumulate) {
+  VecF acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int x = 0; x < C; ++x) acc[r][x] = accumulate ? load(c + r * ldc + x * kLanes) : VecF{};
+  }
+  for (std::int64_t p = 0; p < k; ++p) {
+    VecF bv[C];
+    for (int x = 0; x < C; ++x) bv[x] = load(b + p * ldb + x * kLanes);
+    const float* ap = a + p * a_col;
+    for (int r = 0; r < R; ++r) {
+      const VecF av = broadcast(ap[r * a_row]);
+      for (int x = 0; x < C; ++x) acc[r][x] += av * bv[x];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int x = 0; x < C; ++x) store(c + r * ldc + x * kLanes, acc[r][x]);
+  }
+}
+
+// C[m, n] (+)= A[m, k] B[k, n]; m a multiple of Traits::kRows, n a multiple of 16.
+template <typename Traits>
+FMHA_CPU_INLINE void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                          std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
+                          float* c, std::int64_t ldc, bool accumulate) {
+  constexpr int R = Traits::kRows, C = Traits::kChunks;
+  for (std::int64_t i = 0; i < m; i += R) {
+    const float* ai = a + i * a_row;
+    float* ci = c + i * ldc;
+    std::int64_t j = 0;
+    for (; j + C * kLanes <= n; j += C * kLanes)
+      gemm_block<R, C>(k, ai, a_row, a_col, b + j, ldb, ci + j, ldc, accumulate);
+    for (; j < n; j += kLanes) gemm_block<R, 1>(k, ai, a_row, a_col, b + j, ldb, ci + j, ldc, accumulate);
+  }
+}
+
+// Reads n features (stride `stride` apart) of one row of a tensor as fp32 times `scale`, into
+// dst[0], dst[step], ... (step 1: a row of a tile; step ld: a column of a transposed tile).
+FMHA_CPU_INLINE void load_features(const Operand& op, std::int64_t offset, std::int64_t n,
+                                   float scale, float* dst, std::int64_t step) {
+  const std::int64_t stride = op.feature_stride;
+  switch (op.dtype) {
+    case DType::kFloat32: {
+      const float* src = static_cast<const float*>(op.data) + offset;
+      for (std::int64_t d = 0; d < n; ++d) dst[d * step] = src[d * stride] * scale;
+      return;
+    }
+    case DType::kBFloat16: {
+      const auto* src = static_cast<const std::uint16_t*>(op.data) + offset;
+      for (std::int64_t d = 0; d < n; ++d) dst[d * step] = bf16_bits_to_float(src[d * stride]) * scale;
+      return;
+    }
+    case DType::kFloat16: {
+      const auto* src = static_cast<const std::uint16_t*>(op.data) + offset;
+      for (std::int64_t d = 0; d < n; ++d) dst[d * step] = half_bits_to_float(src[d * stride]) * scale;
+      return;
+    }
+    case DType::kFloat64:
+    case DType::kInt32:
+      break;  // never dispatched here (backend.cpp keeps the fast backend to fp32 / fp16 / bf16)
+  }
+  for (std::int64_t d = 0; d < n; ++d) dst[d * step] = 0.0f;
+}
+
+// Writes n values src[d] * scale, rounded to the nearest value of the tensor's dtype.
+FMHA_CPU_INLINE void store_features(const Operand& op, std::int64_t offset, std::int64_t n,
+                                    const float* src, float scale) {
+  const std::int64_t stride = op.feature_stride;
+  switch (op.dtype) {
+    case DType::kFloat32: {
+      float* dst = static_cast<float*>(op.data) + offset;
+      for (std::int64_t d = 0; d < n; ++d) dst[d * stride] = src[d] * scale;
+      return;
+    }
+    case DType::kBFloat16: {
+      auto* dst = static_cast<std::uint16_t*>(op.data) + offset;
+      for (std::int64_t d = 0; d < n; ++d) dst[d * stride] = numeric::float_to_bf16(src[d] * scale);
+      return;
+    }
+    case DType::kFloat16: {
+      auto* dst = static_cast<std::uint16_t*>(op.data) + offset;
+      for (std::int64_t d = 0; d < n; ++d) dst[d * stride] = numeric::float_to_fp16(src[d] * scale);
+      return;
+    }
+    case DType::kFloat64:
+    case DType::kInt32:
+      return;
+  }
+}
+
+// One fp32 statistic (lse, dlse, sinks, dsinks); their validation fixes the dtype to fp32 for the
+// dtypes this backend takes.
+FMHA_CPU_INLINE float load_stat(const Operand& op, std::int64_t offset) {
+  return static_cast<const float*>(op.data)[offset];
+}
+FMHA_CPU_INLINE void store_stat(const Operand& op, std::int64_t offset, float value) {
+  static_cast<float*>(op.data)[offset] = value;
+}
+
+}  // namespace fmha::cpu

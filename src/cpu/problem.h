@@ -1,0 +1,104 @@
+// What the fast CPU kernels see of a call: the sequences, where each tensor's rows live, and the
+// band of keys each query sees. backend.cpp builds one from the dense or varlen parameters; the
+// kernels (forward.cpp, backward.cpp) never look at the parameter structs.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "fmha/params.h"
+
+namespace fmha::cpu {
+
+// A token-major tensor: element (sequence batch b, token t, head h, feature d) sits at
+// b * batch_stride + t * token_stride + h * head_stride + d * feature_stride. Dense tensors
+// [B, L, H, D] index t inside the batch; packed varlen tensors [total, H, D] have no batch stride
+// and index t over all rows. lse-like tensors have no feature dimension.
+struct Operand {
+  void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  std::int64_t batch_stride = 0, token_stride = 0, head_stride = 0, feature_stride = 0;
+
+  bool given() const { return data != nullptr; }
+  std::int64_t offset(std::int64_t b, std::int64_t token, std::int64_t head) const {
+    return b * batch_stride + token * token_stride + head * head_stride;
+  }
+};
+
+// One sequence: batch b of a dense call, or the rows cu_seqlens[b] .. cu_seqlens[b + 1] - 1 of a
+// packed one. first_q / first_k are the token indices of its first query / key in the operands;
+// row is the index of its first query among all queries of the call (scratch buffers use it).
+struct Sequence {
+  std::int64_t batch = 0;
+  std::int64_t first_q = 0, len_q = 0;
+  std::int64_t first_k = 0, len_k = 0;
+  std::int64_t row = 0;
+};
+
+// Causal masks and windows over one sequence (SPEC §3): key j is visible to query i iff
+// i + lower <= j <= i + upper, each bound present only when a mask sets it.
+struct Band {
+  bool has_lower = false, has_upper = false;
+  std::int64_t lower = 0, upper = 0;
+
+  // The band of options o (its causal, causal_alignment and window fields) over one sequence.
+  static Band of(const AttentionOptions& o, std::int64_t len_q, std::int64_t len_k) {
+    Band band;
+    const std::int64_t diagonal =
+        o.causal_alignment == CausalAlignment::kBottomRight ? len_k - len_q : 0;
+    if (o.window_left >= 0) {
+      band.has_lower = true;
+      band.lower = diagonal - o.window_left;
+    }
+    if (o.causal) {
+      band.has_upper = true;
+      band.upper = diagonal;
+    }
+    if (o.window_right >= 0) {
+      band.upper = band.has_upper ? std::min(band.upper, diagonal + o.window_right)
+                                  : diagonal + o.window_right;
+      band.has_upper = true;
+    }
+    return band;
+  }
+  // Visible keys of query i: [first_key(i), last_key(i)], empty when last < first.
+  std::int64_t first_key(std::int64_t i) const {
+    return has_lower ? std::max<std::int64_t>(i + lower, 0) : 0;
+  }
+  std::int64_t last_key(std::int64_t i, std::int64_t len_k) const {
+    return has_upper ? std::min(i + upper, len_k - 1) : len_k - 1;
+  }
+  // Queries that see key j: [first_query(j), last_query(j)].
+  std::int64_t first_query(std::int64_t j) const {
+    return has_upper ? std::max<std::int64_t>(j - upper, 0) : 0;
+  }
+  std::int64_t last_query(std::int64_t j, std::int64_t len_q) const {
+    return has_lower ? std::min(j - lower, len_q - 1) : len_q - 1;
+  }
+  bool visible(std::int64_t i, std::int64_t j) const {
+    return (!has_lower || j >= i + lower) && (!has_upper || j <= i + upper);
+  }
+  // True when every query of [q0, q0 + rows) sees every key of [k0, k0 + cols).
+  bool covers(std::int64_t q0, std::int64_t rows, std::int64_t k0, std::int64_t cols) const {
+    return (!has_lower || k0 >= q0 + rows - 1 + lower) && (!has_upper || k0 + cols - 1 <= q0 + upper);
+  }
+};
+
+// Everything one call of the fast backend reads and writes.
+struct Call {
+  std::int64_t heads = 0, kv_heads = 0, head_dim = 0, value_dim = 0;
+  std::int64_t total_q = 0;  // queries over all sequences
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  const AttentionOptions* options = nullptr;  // the call's; Band::of reads its masks
+  std::vector<Sequence> sequences;
+  Operand q, k, v, out, lse;  // lse optional in the forward, required by the backward
+  Operand dout, dlse;         // backward inputs; dlse optional
+  Operand dq, dk, dv;         // backward outputs
+  Operand sinks, dsinks;      // [H] fp32: head_stride only; optional
+
+  std::int64_t group() const { return heads / kv_heads; }
+};
+
+}  // namespace fmha::cpu
