@@ -38,8 +38,9 @@ constexpr std::int32_t kMin = std::numeric_limits<std::int32_t>::min();
 constexpr std::int64_t kGuard = 48;  // guard slices on each side of every output
 constexpr std::int64_t kPad = 8;     // padding after every output row
 
-// A packed batch of 3 sequences: q lengths 10, 20, 10 (40 rows), k lengths 16, 24, 8 (48 rows).
-constexpr std::int64_t kBatch = 3, kTotalQ = 40, kTotalK = 48, kMaxQ = 20, kMaxK = 24;
+// A packed batch of 3 sequences: q lengths 10, 19, 11 (40 rows), k lengths 16, 23, 9 (48 rows); odd
+// longest lengths, so that a length clamped to max_seqlen ends a key pair or a tile half way.
+constexpr std::int64_t kBatch = 3, kTotalQ = 40, kTotalK = 48, kMaxQ = 19, kMaxK = 23;
 constexpr std::int64_t kHeads = 4, kKvHeads = 2, kExtra = 3;
 
 struct Offsets {
@@ -47,12 +48,12 @@ struct Offsets {
   std::vector<std::int32_t> q, k;
 };
 
-const Offsets kValid{"valid", {0, 10, 30, 40}, {0, 16, 40, 48}};
+const Offsets kValid{"valid", {0, 10, 29, 40}, {0, 16, 39, 48}};
 // Past the end only: clamped to the row counts these are the valid offsets.
-const Offsets kPastEnd{"past-end", {0, 10, 30, 200}, {0, 16, 40, 100000}};
+const Offsets kPastEnd{"past-end", {0, 10, 29, 200}, {0, 16, 39, 100000}};
 const std::vector<Offsets> kBad{
     kPastEnd,
-    {"decreasing", {0, 30, 10, 40}, {0, 40, 8, 48}},
+    {"decreasing", {0, 29, 10, 40}, {0, 39, 8, 48}},
     {"negative", {-50, 10, -3, 40}, {-1000, 16, -7, 48}},
     {"huge", {0, kMax, kMin, kMax}, {kMax, 0, kMax, kMin}},
     {"longer-than-max", {0, 40, 40, 40}, {0, 48, 48, 48}},
@@ -73,6 +74,7 @@ struct Features {
   bool causal = false, bias = false, sinks = false, extra = false;
 };
 const Features kPlain{"plain"};
+const Features kCausalBias{"causal-bias", true, true, false, false};
 const Features kEverything{"causal-bias-sinks-extra", true, true, true, true};
 
 struct Problem {
@@ -106,7 +108,10 @@ struct Inputs {
     for (HostTensor* x : {&q, &k, &v, &out, &dout}) x->fill_uniform(rng, -1.0, 1.0);
     lse.fill_uniform(rng, 1.0, 3.0);
     if (p.features.bias) {
-      bias = HostTensor(t, {kBatch, kHeads, kMaxQ, kMaxK});
+      // Rows of 24 elements for 23 keys: pair-aligned (the sm90 register-form bias policies).
+      fmha_test::Layout padded;
+      padded.pad = 1;
+      bias = HostTensor(t, {kBatch, kHeads, kMaxQ, kMaxK}, padded);
       bias.fill_uniform(rng, -1.0, 1.0);
     }
     if (p.features.sinks) {
@@ -306,7 +311,9 @@ TEST_P(CudaBackwardVarlenSafety, BadOffsetsStayInsideTheTensors) {
 }
 
 // fp16 on two head-dim buckets (sm90: both fused-by-column buckets), bf16, and fp32 (the sm80
-// kernels on every arch); each plain and with every score option a varlen batch takes.
+// kernels on every arch); each plain and with every score option a varlen batch takes (on sm90
+// the backward's extra keys run the sm80 kernels); a bias and its gradient alone (the sm90 bias
+// policies) in fp16.
 std::vector<Problem> problems() {
   std::vector<Problem> list;
   for (const Features& f : {kPlain, kEverything}) {
@@ -315,13 +322,17 @@ std::vector<Problem> problems() {
     list.push_back({DType::kBFloat16, 64, f});
     list.push_back({DType::kFloat32, 64, f});
   }
+  list.push_back({DType::kFloat16, 64, kCausalBias});
+  list.push_back({DType::kFloat16, 128, kCausalBias});
   return list;
 }
 
 std::string problem_name(const ::testing::TestParamInfo<Problem>& info) {
-  std::string name = std::string(fmha::to_string(info.param.dtype)) + "_D" +
-                     std::to_string(info.param.head_dim) +
-                     (info.param.features.bias ? "_features" : "_plain");
+  std::string name = std::string(info.param.features.name) + "_" +
+                     fmha::to_string(info.param.dtype) + "_D" + std::to_string(info.param.head_dim);
+  for (char& c : name) {
+    if (c == '-') c = '_';
+  }
   return name;
 }
 
