@@ -42,8 +42,12 @@ cudaMemPool_t pool_of(int device) {
 
 cudaError_t workspace_malloc_async(void** ptr, std::size_t bytes, int device, cudaStream_t stream) {
   cudaMemPool_t pool = pool_of(device);
-  if (pool == nullptr) return cudaMallocAsync(ptr, bytes, stream);
-  return cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+  const cudaError_t e = pool == nullptr ? cudaMallocAsync(ptr, bytes, stream)
+                                        : cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+  // A failed allocation (out of memory) is reported by the caller's Status; its error must not
+  // stay behind for the next launch check to find (that call would fail for nothing).
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
 }
 
 }  // namespace fmha::cuda

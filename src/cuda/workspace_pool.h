@@ -17,7 +17,8 @@ namespace fmha::cuda {
 inline constexpr std::uint64_t kWorkspaceCacheBytes = std::uint64_t{1} << 30;
 
 // cudaMallocAsync from that pool on `device` (the current one); the default pool where a pool of
-// its own cannot be made. Free with cudaFreeAsync.
+// its own cannot be made. Free with cudaFreeAsync. A failure (out of memory) is returned and not
+// left as the runtime's last error.
 cudaError_t workspace_malloc_async(void** ptr, std::size_t bytes, int device, cudaStream_t stream);
 
 }  // namespace fmha::cuda
