@@ -13,7 +13,9 @@
 namespace fmha::cuda {
 namespace {
 
+// The failure as a Status; not left as the runtime's last error for the next launch check.
 Status copy_error(const char* what, cudaError_t e) {
+  (void)cudaGetLastError();
   return Status::backend_error(std::string("fmha: check_cu_seqlens: ") + what + " failed: " +
                                cudaGetErrorString(e));
 }
