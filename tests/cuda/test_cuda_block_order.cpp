@@ -1,7 +1,7 @@
 // The sm90 kernels' block order (src/cuda/common/block_coords.cuh) checked on the host, no GPU
 // needed: when head sections apply (one-sided windows, 8 tiles a head or more, an even head count)
 // and how large they grow, the grid they launch, the persistent forward's walk over that grid, and
-// the rows of a block's batch.
+// the rows of a block's batch, clamped to the tensors whatever the device offsets hold.
 // The decode also runs on the device; the CUDA suite's CausalHeadSections covers it against the
 // reference.
 #include <cuda_runtime.h>  // defines __host__ / __device__ for the host compiler
@@ -115,6 +115,8 @@ TEST(CudaBlockOrder, SequenceRowsOfDenseAndVarlenBatches) {
   ForwardParams varlen = dense;
   varlen.cu_seqlens_q = cu_q;
   varlen.cu_seqlens_k = cu_k;
+  varlen.total_q = 12;
+  varlen.total_k = 20;
   const fmha::cuda::SequenceRows first = fmha::cuda::sequence_rows(varlen, 0);
   EXPECT_EQ(first.q_start, 0);
   EXPECT_EQ(first.num_queries, 5);
@@ -130,6 +132,42 @@ TEST(CudaBlockOrder, SequenceRowsOfDenseAndVarlenBatches) {
   EXPECT_EQ(no_keys.num_queries, 7);
   EXPECT_EQ(no_keys.k_start, 20);
   EXPECT_EQ(no_keys.num_keys, 0);
+}
+
+// Device offsets are never checked on the host (unless asked), so sequence_rows clamps what it
+// reads: whatever they hold, a sequence's rows stay within [0, total) and its length within
+// max_seqlen (seqlen_q / seqlen_k); a decreasing pair is an empty sequence; valid offsets pass
+// unchanged (above).
+TEST(CudaBlockOrder, SequenceRowsClampBadOffsets) {
+  constexpr std::int32_t kMax = 2147483647, kMin = -2147483647 - 1;
+  const std::int32_t cu_q[] = {-7, 30, 10, 200, kMax, kMin, 40};
+  const std::int32_t cu_k[] = {kMin, kMax, 0, 5, -3, 48, 48};
+  ForwardParams f;
+  f.cu_seqlens_q = cu_q;
+  f.cu_seqlens_k = cu_k;
+  f.total_q = 40, f.total_k = 48;  // rows of q and of k
+  f.seqlen_q = 25, f.seqlen_k = 30;  // max_seqlen_q, max_seqlen_k
+  struct Expected {
+    std::int64_t q_start, num_queries, k_start, num_keys;
+  };
+  const Expected expected[] = {
+      {0, 25, 0, 30},   // q [-7, 30): from 0, cut to 25; k [min, max): [0, 48) cut to 30
+      {30, 0, 48, 0},   // q [30, 10): decreasing, empty; k [max, 0): from 48, empty
+      {10, 25, 0, 5},   // q [10, 200): to 40, 30 rows cut to 25; k [0, 5)
+      {40, 0, 5, 0},    // q [200, max): from 40, empty; k [5, -3): decreasing, empty
+      {40, 0, 0, 30},   // q [max, min): empty at the end; k [-3, 48): from 0, cut to 30
+      {0, 25, 48, 0},   // q [min, 40): from 0, cut to 25; k [48, 48): empty
+  };
+  for (std::int64_t b = 0; b < 6; ++b) {
+    const fmha::cuda::SequenceRows r = fmha::cuda::sequence_rows(f, b);
+    const Expected& e = expected[b];
+    EXPECT_EQ(r.q_start, e.q_start) << "sequence " << b;
+    EXPECT_EQ(r.num_queries, e.num_queries) << "sequence " << b;
+    EXPECT_EQ(r.k_start, e.k_start) << "sequence " << b;
+    EXPECT_EQ(r.num_keys, e.num_keys) << "sequence " << b;
+    EXPECT_LE(r.q_start + r.num_queries, f.total_q) << "sequence " << b;
+    EXPECT_LE(r.k_start + r.num_keys, f.total_k) << "sequence " << b;
+  }
 }
 
 }  // namespace
