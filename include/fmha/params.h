@@ -22,6 +22,13 @@ enum class CausalAlignment : std::uint8_t {
   kBottomRight,  // key j visible to query i iff j <= i + (Lk - Lq)
 };
 
+// Which backend runs a call on CPU tensors (SPEC §18); CUDA tensors ignore it.
+enum class CpuBackend : std::uint8_t {
+  kAuto,       // the fast backend (src/cpu/) for what it covers: dense and varlen calls in fp32 /
+               // fp16 / bf16 without bias, rel-pos or extra keys; the reference for the rest
+  kReference,  // the float64 reference for every call: every feature, slow, the tests' oracle
+};
+
 enum class BackwardImpl : std::uint8_t {
   kAuto,   // chosen per problem by a measured rule
   kFused,  // one pass per K/V block, dQ accumulated in fp32
@@ -45,6 +52,7 @@ struct AttentionOptions {
   TensorView extra_v;  // [B, R, Hkv, Dv]
   bool deterministic = false;  // bitwise-identical results run to run
   bool allow_tf32 = false;     // fp32 inputs only: TF32 tensor cores (SPEC §13 tolerance 2e-3)
+  CpuBackend cpu_backend = CpuBackend::kAuto;
 };
 
 // Gradients written by every backward entry point. dq, dk, dv are required; each other gradient is

@@ -21,15 +21,17 @@ Status cuda_unavailable() {
 }
 #endif
 
-// CPU calls: the fast backend (src/cpu/) for the dense and varlen calls it supports, the float64
-// reference for everything else.
+// CPU calls: the fast backend (src/cpu/) for the dense and varlen calls it supports unless the
+// options ask for the reference, the float64 reference for everything else.
 template <typename Params>
 void run_cpu(const Params& p, const detail::ProblemShape& shape) {
   constexpr bool kFastEntryPoint =
       std::is_same_v<Params, AttentionForwardParams> || std::is_same_v<Params, AttentionBackwardParams> ||
       std::is_same_v<Params, VarlenForwardParams> || std::is_same_v<Params, VarlenBackwardParams>;
   if constexpr (kFastEntryPoint) {
-    if (cpu::supports(p.options, p.q.dtype)) return cpu::run(p, shape);
+    if (p.options.cpu_backend == CpuBackend::kAuto && cpu::supports(p.options, p.q.dtype)) {
+      return cpu::run(p, shape);
+    }
   }
   reference::run(p, shape);
 }

@@ -102,6 +102,10 @@ Status check_scalars(const AttentionOptions& o, ProblemShape* s) {
     return invalid("options.causal_alignment = ", static_cast<int>(o.causal_alignment),
                    " is not a CausalAlignment; expected kTopLeft or kBottomRight");
   }
+  if (o.cpu_backend != CpuBackend::kAuto && o.cpu_backend != CpuBackend::kReference) {
+    return invalid("options.cpu_backend = ", static_cast<int>(o.cpu_backend),
+                   " is not a CpuBackend; expected kAuto or kReference");
+  }
   if (s->layout == Layout::kNeighborhood) FMHA_RETURN_IF_ERROR(expect_no_sequence_masks(o));
   FMHA_RETURN_IF_ERROR(expect_window_bound(o.window_left, "window_left"));
   FMHA_RETURN_IF_ERROR(expect_window_bound(o.window_right, "window_right"));

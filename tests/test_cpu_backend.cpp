@@ -1,0 +1,265 @@
+// The fast CPU backend (src/cpu/) against the naive float64 oracle at SPEC §13 tolerances, on the
+// shapes its tiling makes awkward (1 row, tile edges, Lq != Lk, head dims that are no multiple of
+// the vector width), strided layouts and every feature it covers, forward and backward, on every
+// instruction-set variant this machine runs; its results independent of the thread count, bit
+// for bit; and the explicit choice of the reference.
+#include <cstdlib>
+#include <string>
+
+#include "cpu/backend.h"
+#include "cpu/kernels.h"
+#include "test_case.h"
+
+namespace fmha_test {
+namespace {
+
+// Sets an environment variable for the scope of one check, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// The instruction-set variants this CPU runs, best first.
+std::vector<std::string> runnable_isas() {
+  std::vector<std::string> isas;
+  switch (fmha::cpu::selected_isa()) {
+    case fmha::cpu::Isa::kAvx512: isas.push_back("avx512"); [[fallthrough]];
+    case fmha::cpu::Isa::kAvx2: isas.push_back("avx2"); [[fallthrough]];
+    case fmha::cpu::Isa::kPortable: isas.push_back("portable");
+  }
+  return isas;
+}
+
+// The case runs on the fast backend (not silently on the reference), and passes the oracle's
+// checks on every ISA variant.
+void check_fast(const AttentionCase& c, std::uint64_t seed) {
+  SCOPED_TRACE(c.describe());
+  ASSERT_TRUE(fmha::cpu::supports(c.options, c.dtype)) << "the fast backend does not take this case";
+  ASSERT_EQ(c.options.cpu_backend, fmha::CpuBackend::kAuto);
+  for (const std::string& isa : runnable_isas()) {
+    SCOPED_TRACE("FMHA_CPU_ISA=" + isa);
+    ScopedEnv env("FMHA_CPU_ISA", isa);
+    check_case(c, seed);
+  }
+}
+
+AttentionCase dense_case(std::int64_t lq, std::int64_t lk, std::int64_t d, std::int64_t dv) {
+  AttentionCase c;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = d;
+  c.value_dim = dv;
+  c.seqlen_q = lq;
+  c.seqlen_k = lk;
+  c.dlse = true;
+  return c;
+}
+
+TEST(CpuBackend, OddShapesEveryDtype) {
+  struct Shape {
+    std::int64_t lq, lk, d, dv;
+  };
+  const Shape shapes[] = {{1, 1, 40, 40}, {7, 7, 72, 72}, {129, 129, 8, 8}, {7, 129, 40, 24},
+                          {129, 65, 200, 72}, {1, 130, 16, 200}, {64, 64, 64, 64}, {3, 0, 8, 8},
+                          {0, 5, 8, 8}};
+  std::uint64_t seed = 10;
+  for (const Shape& s : shapes) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      AttentionCase c = dense_case(s.lq, s.lk, s.d, s.dv);
+      c.dtype = dtype;
+      check_fast(c, ++seed);
+    }
+  }
+}
+
+TEST(CpuBackend, MasksBothAlignments) {
+  std::uint64_t seed = 40;
+  for (auto align : {fmha::CausalAlignment::kTopLeft, fmha::CausalAlignment::kBottomRight}) {
+    for (auto [lq, lk] : {std::pair<std::int64_t, std::int64_t>{129, 129}, {70, 150}, {150, 70}}) {
+      AttentionCase c = dense_case(lq, lk, 40, 24);
+      c.options.causal_alignment = align;
+      c.options.causal = true;
+      check_fast(c, ++seed);
+      c.options.window_left = 37;  // causal and a window: their intersection
+      check_fast(c, ++seed);
+      c.options.causal = false;
+      c.options.window_left = 5;
+      c.options.window_right = 70;
+      c.dtype = DType::kBFloat16;
+      check_fast(c, ++seed);
+    }
+  }
+}
+
+TEST(CpuBackend, GqaMqaSoftcapSinksScale) {
+  std::uint64_t seed = 60;
+  for (std::int64_t kv_heads : {1, 2, 6}) {
+    AttentionCase c = dense_case(77, 140, 72, 40);
+    c.heads = 6;
+    c.kv_heads = kv_heads;
+    c.sinks = true;
+    c.options.softcap = 3.0f;
+    c.options.scale = 0.3f;
+    c.options.causal = kv_heads == 2;
+    check_fast(c, ++seed);
+    c.dtype = DType::kFloat16;
+    check_fast(c, ++seed);
+  }
+}
+
+TEST(CpuBackend, StridedLayoutsAndOptionalOutputs) {
+  std::uint64_t seed = 80;
+  for (Storage q : {Storage::kPadded, Storage::kHeadsOuter, Storage::kBroadcastBatch}) {
+    for (Storage kv : {Storage::kPadded, Storage::kHeadsOuter, Storage::kBroadcastHeads}) {
+      AttentionCase c = dense_case(70, 90, 40, 24);
+      c.batch = 2;
+      c.q_storage = q;
+      c.kv_storage = kv;
+      c.options.causal = true;
+      check_fast(c, ++seed);
+    }
+  }
+  AttentionCase no_lse = dense_case(65, 65, 16, 16);
+  no_lse.lse_output = false;
+  check_fast(no_lse, ++seed);
+  AttentionCase no_dlse = dense_case(65, 65, 16, 16);
+  no_dlse.dlse = false;
+  no_dlse.sinks = true;
+  check_fast(no_dlse, ++seed);
+}
+
+TEST(CpuBackend, Varlen) {
+  AttentionCase c;
+  c.kind = Kind::kVarlen;
+  c.heads = 4;
+  c.kv_heads = 1;
+  c.head_dim = 40;
+  c.value_dim = 72;
+  c.seqlens_q = {1, 0, 129, 70, 7};
+  c.seqlens_k = {5, 3, 129, 0, 150};
+  c.dlse = true;
+  c.sinks = true;
+  std::uint64_t seed = 100;
+  check_fast(c, ++seed);
+  for (auto align : {fmha::CausalAlignment::kTopLeft, fmha::CausalAlignment::kBottomRight}) {
+    c.options.causal = true;
+    c.options.causal_alignment = align;
+    c.dtype = DType::kBFloat16;
+    c.q_storage = Storage::kHeadsOuter;
+    c.kv_storage = Storage::kPadded;
+    check_fast(c, ++seed);
+    c.options.window_left = 20;
+    c.options.softcap = 5.0f;
+    c.dtype = DType::kFloat32;
+    check_fast(c, ++seed);
+  }
+}
+
+// Every output and gradient of one case with 1, 2 and 8 threads: the same bits.
+void expect_thread_count_independent(const AttentionCase& c) {
+  SCOPED_TRACE(c.describe());
+  ASSERT_TRUE(fmha::cpu::supports(c.options, c.dtype));
+  std::vector<CaseTensors> runs;
+  for (const char* threads : {"1", "2", "8"}) {
+    ScopedEnv env("FMHA_CPU_THREADS", threads);
+    runs.push_back(make_tensors(c, 7));
+    ASSERT_TRUE(run_forward(c, runs.back()).ok());
+    ASSERT_TRUE(run_backward(c, runs.back()).ok());
+  }
+  const std::pair<const char*, HostTensor CaseTensors::*> outputs[] = {
+      {"out", &CaseTensors::out}, {"lse", &CaseTensors::lse}, {"dq", &CaseTensors::dq},
+      {"dk", &CaseTensors::dk},   {"dv", &CaseTensors::dv},   {"dsinks", &CaseTensors::dsinks}};
+  for (std::size_t r = 1; r < runs.size(); ++r) {
+    for (auto [name, member] : outputs) {
+      EXPECT_TRUE((runs[0].*member).bitwise_equal(runs[r].*member))
+          << name << " differs between 1 and " << (r == 1 ? 2 : 8) << " threads";
+    }
+  }
+}
+
+TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
+  AttentionCase dense = dense_case(150, 200, 40, 24);
+  dense.batch = 2;
+  dense.heads = 6;
+  dense.kv_heads = 2;
+  dense.sinks = true;
+  dense.options.causal = true;
+  dense.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
+  expect_thread_count_independent(dense);
+  dense.dtype = DType::kBFloat16;
+  dense.options.causal = false;
+  dense.options.window_left = 30;
+  dense.options.softcap = 2.0f;
+  expect_thread_count_independent(dense);
+
+  AttentionCase varlen = dense;
+  varlen.kind = Kind::kVarlen;
+  varlen.dtype = DType::kFloat16;
+  varlen.seqlens_q = {70, 0, 129, 3};
+  varlen.seqlens_k = {150, 9, 65, 0};
+  expect_thread_count_independent(varlen);
+}
+
+TEST(CpuBackend, ReferenceSelectedExplicitly) {
+  // The same case on the reference and on the fast backend: both pass the oracle, and the
+  // reference (float64 inside) is not the fast backend's fp32 arithmetic.
+  AttentionCase c = dense_case(33, 47, 40, 24);
+  c.options.causal = true;
+  c.sinks = true;
+  c.options.cpu_backend = fmha::CpuBackend::kReference;
+  check_case(c, 5);
+  CaseTensors reference = make_tensors(c, 5);
+  ASSERT_TRUE(run_forward(c, reference).ok());
+  c.options.cpu_backend = fmha::CpuBackend::kAuto;
+  check_case(c, 5);
+  CaseTensors fast = make_tensors(c, 5);
+  ASSERT_TRUE(run_forward(c, fast).ok());
+  EXPECT_FALSE(reference.out.bitwise_equal(fast.out));
+}
+
+TEST(CpuBackend, CoverageRule) {
+  fmha::AttentionOptions o;
+  EXPECT_TRUE(fmha::cpu::supports(o, DType::kFloat32));
+  EXPECT_TRUE(fmha::cpu::supports(o, DType::kBFloat16));
+  EXPECT_TRUE(fmha::cpu::supports(o, DType::kFloat16));
+  EXPECT_FALSE(fmha::cpu::supports(o, DType::kFloat64));
+  float placeholder = 0.0f;
+  fmha::AttentionOptions biased;
+  biased.bias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
+  EXPECT_FALSE(fmha::cpu::supports(biased, DType::kFloat32));
+  fmha::AttentionOptions extra;
+  extra.extra_k = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
+  EXPECT_FALSE(fmha::cpu::supports(extra, DType::kFloat32));
+}
+
+TEST(CpuBackend, InvalidBackendRefused) {
+  AttentionCase c = dense_case(4, 4, 8, 8);
+  c.options.cpu_backend = static_cast<fmha::CpuBackend>(7);
+  CaseTensors t = make_tensors(c, 1);
+  const fmha::Status s = run_forward(c, t);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("options.cpu_backend = 7"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace fmha_test
