@@ -1,8 +1,8 @@
 // The fast CPU backend (src/cpu/) against the naive float64 oracle at SPEC §13 tolerances, on the
 // shapes its tiling makes awkward (1 row, tile edges, Lq != Lk, head dims that are no multiple of
 // the vector width), strided layouts and every feature it covers, forward and backward, on every
-// instruction-set variant this machine runs; its results independent of the thread count, bit
-// for bit; and the explicit choice of the reference.
+// instruction-set variant this machine runs and with both backward structures (split, fused); its
+// results independent of the thread count, bit for bit; and the explicit choice of the reference.
 #include <cstdlib>
 #include <string>
 
@@ -51,15 +51,18 @@ std::vector<std::string> runnable_isas() {
 }
 
 // The case runs on the fast backend (not silently on the reference), and passes the oracle's
-// checks on every ISA variant.
-void check_fast(const AttentionCase& c, std::uint64_t seed) {
+// checks on every ISA variant, with the split and the fused backward.
+void check_fast(AttentionCase c, std::uint64_t seed) {
   SCOPED_TRACE(c.describe());
   ASSERT_TRUE(fmha::cpu::supports(c.options, c.dtype)) << "the fast backend does not take this case";
   ASSERT_EQ(c.options.cpu_backend, fmha::CpuBackend::kAuto);
   for (const std::string& isa : runnable_isas()) {
     SCOPED_TRACE("FMHA_CPU_ISA=" + isa);
     ScopedEnv env("FMHA_CPU_ISA", isa);
-    check_case(c, seed);
+    for (auto impl : {fmha::BackwardImpl::kSplit, fmha::BackwardImpl::kFused}) {
+      c.backward_impl = impl;
+      check_case(c, seed);
+    }
   }
 }
 
@@ -198,26 +201,30 @@ void expect_thread_count_independent(const AttentionCase& c) {
 }
 
 TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
-  AttentionCase dense = dense_case(150, 200, 40, 24);
-  dense.batch = 2;
-  dense.heads = 6;
-  dense.kv_heads = 2;
-  dense.sinks = true;
-  dense.options.causal = true;
-  dense.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
-  expect_thread_count_independent(dense);
-  dense.dtype = DType::kBFloat16;
-  dense.options.causal = false;
-  dense.options.window_left = 30;
-  dense.options.softcap = 2.0f;
-  expect_thread_count_independent(dense);
+  for (auto impl :
+       {fmha::BackwardImpl::kAuto, fmha::BackwardImpl::kSplit, fmha::BackwardImpl::kFused}) {
+    AttentionCase dense = dense_case(150, 200, 40, 24);
+    dense.backward_impl = impl;
+    dense.batch = 2;
+    dense.heads = 6;
+    dense.kv_heads = 2;
+    dense.sinks = true;
+    dense.options.causal = true;
+    dense.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
+    expect_thread_count_independent(dense);
+    dense.dtype = DType::kBFloat16;
+    dense.options.causal = false;
+    dense.options.window_left = 30;
+    dense.options.softcap = 2.0f;
+    expect_thread_count_independent(dense);
 
-  AttentionCase varlen = dense;
-  varlen.kind = Kind::kVarlen;
-  varlen.dtype = DType::kFloat16;
-  varlen.seqlens_q = {70, 0, 129, 3};
-  varlen.seqlens_k = {150, 9, 65, 0};
-  expect_thread_count_independent(varlen);
+    AttentionCase varlen = dense;
+    varlen.kind = Kind::kVarlen;
+    varlen.dtype = DType::kFloat16;
+    varlen.seqlens_q = {70, 0, 129, 3};
+    varlen.seqlens_k = {150, 9, 65, 0};
+    expect_thread_count_independent(varlen);
+  }
 }
 
 TEST(CpuBackend, ReferenceSelectedExplicitly) {

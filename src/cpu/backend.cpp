@@ -160,6 +160,7 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   c.dk = dense_rows(p.grads.dk);
   c.dv = dense_rows(p.grads.dv);
   c.dsinks = per_head(p.grads.dsinks);
+  c.backward_impl = p.backward_impl;
   backward(c);
 }
 
@@ -186,6 +187,7 @@ void run(const VarlenBackwardParams& p, const detail::ProblemShape& shape) {
   c.dk = packed_rows(p.grads.dk);
   c.dv = packed_rows(p.grads.dv);
   c.dsinks = per_head(p.grads.dsinks);
+  c.backward_impl = p.backward_impl;
   backward(c);
 }
 

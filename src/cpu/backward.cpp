@@ -1,8 +1,13 @@
-// Backward of the fast CPU backend, split in two passes so that every gradient element is summed
-// by one task in a fixed order (bitwise the same for any thread count):
-//   dK/dV: one task per (sequence, kv head, key tile): the query tiles of every query head of the
-//          group that see the tile, in order, recomputing P from the forward's lse;
-//   dQ:    one task per (sequence, query head, query tile): the key tiles it sees, in order.
+// Backward of the fast CPU backend. Every gradient element is summed by one task in a fixed order,
+// so results are bitwise the same for any thread count. Two structures:
+//   split: two passes,
+//     dK/dV: one task per (sequence, kv head, key tile): the query tiles of every query head of
+//            the group that see the tile, in order, recomputing P from the forward's lse;
+//     dQ:    one task per (sequence, query head, query tile): the key tiles it sees, in order;
+//   fused: one task per (sequence, kv head) runs the dK/dV loop over all its key tiles and adds
+//          dS K into a private fp32 dQ of the group's rows: 5 products per tile pair instead of 7,
+//          but only sequences x kv heads tasks, and a dQ buffer of group x Lq x D floats.
+// The structure depends on the problem and backward_impl only (backward()), never on threads.
 // Delta = dout . out - dlse (SPEC §11) is computed once per row before both. dsinks comes last,
 // from Delta = sum_j P dP - dlse, a sum the dQ pass takes of its rows for free (it has P and dP at
 // hand) and which does not go through the stored out: dsinks is a plain sum over rows of
@@ -13,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "cpu/backend.h"
@@ -47,6 +53,7 @@ struct BackwardScratch {
   std::vector<float> acc_a;  // dQ [kQueryTile, D up] or dK [kKeyTile, D up]
   std::vector<float> acc_b;  // dV [kKeyTile, Dv up]
   std::vector<float> lse, delta, p_dp;  // [kQueryTile]
+  std::vector<float> dq_all, p_dp_all;  // fused: dQ [group, Lq up to kQueryTile, D up], sums of P dP
 
   void allocate(const Call& c) {
     if (!q.empty()) return;
@@ -188,16 +195,19 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
   }
 }
 
+// dK and dV of one key tile; fused, also dQ (and the sums of P dP) of every query tile it meets,
+// into w.dq_all (and w.p_dp_all).
 template <typename Traits>
 FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& seq,
-                               std::int64_t kvh, std::int64_t k0, BackwardScratch& w) {
+                               std::int64_t kvh, std::int64_t k0, BackwardScratch& w,
+                               bool fused = false) {
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
   const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
   const std::int64_t ncols = round_up(cols, kLanes);  // a multiple of every kRows
   const Band band = Band::of(*c.options, seq.len_q, seq.len_k);
   float* dk = w.acc_a.data();
   float* dv = w.acc_b.data();
-  load_key_tile(c, seq, kvh, k0, cols, ncols, w, false);
+  load_key_tile(c, seq, kvh, k0, cols, ncols, w, fused);
   std::fill_n(dk, ncols * dp, 0.0f);
   std::fill_n(dv, ncols * dvp, 0.0f);
   const std::int64_t first = band.first_query(k0);
@@ -208,16 +218,45 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
       const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
       const std::int64_t rows_pad = round_up(rows, Traits::kRows);
       load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
-      score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, false);
+      const bool row_sums = fused && !stats.p_dp.empty();
+      if (row_sums) std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
+      score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, row_sums);
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
       gemm<Traits>(ncols, dp, rows, w.ds.data(), 1, kKeyTile, w.q.data(), dp, dk, dp, true);
+      if (fused) {  // dQ rows of head g from q0; rows past Lq are padding, their dS' is 0
+        const std::int64_t first_row = g * round_up(seq.len_q, kQueryTile) + q0;
+        gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp,
+                     &w.dq_all[at(first_row * dp)], dp, true);
+        for (std::int64_t r = 0; r < rows && row_sums; ++r) w.p_dp_all[at(first_row + r)] += w.p_dp[at(r)];
+      }
     }
   }
   for (std::int64_t j = 0; j < cols; ++j) {
     const std::int64_t token = seq.first_k + k0 + j;
     store_features(c.dk, c.dk.offset(seq.batch, token, kvh), c.head_dim, dk + j * dp, 1.0f);
     store_features(c.dv, c.dv.offset(seq.batch, token, kvh), c.value_dim, dv + j * dvp, 1.0f);
+  }
+}
+
+// The fused structure's task: every key tile of kv head kvh, then the group's dQ rows.
+template <typename Traits>
+FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& seq,
+                                std::int64_t kvh, BackwardScratch& w) {
+  const std::int64_t dp = round_up(c.head_dim, kLanes);
+  const std::int64_t rows_per_head = round_up(seq.len_q, kQueryTile);
+  const bool row_sums = !stats.p_dp.empty();
+  w.dq_all.assign(at(c.group() * rows_per_head * dp), 0.0f);
+  if (row_sums) w.p_dp_all.assign(at(c.group() * rows_per_head), 0.0f);
+  for (std::int64_t k0 = 0; k0 < seq.len_k; k0 += kKeyTile) dkdv_tile<Traits>(c, stats, seq, kvh, k0, w, true);
+  for (std::int64_t g = 0; g < c.group(); ++g) {
+    const std::int64_t h = kvh * c.group() + g;
+    for (std::int64_t i = 0; i < seq.len_q; ++i) {
+      const std::int64_t row = g * rows_per_head + i;
+      store_features(c.dq, c.dq.offset(seq.batch, seq.first_q + i, h), c.head_dim,
+                     &w.dq_all[at(row * dp)], c.scale);
+      if (row_sums) stats.p_dp[at((seq.row + i) * c.heads + h)] = w.p_dp_all[at(row)];
+    }
   }
 }
 
@@ -232,6 +271,10 @@ void dkdv_tile_portable(const Call& c, RowStats& st, const Sequence& seq, std::i
                         std::int64_t k0, BackwardScratch& w) {
   dkdv_tile<PortableTraits>(c, st, seq, kvh, k0, w);
 }
+void fused_portable(const Call& c, RowStats& st, const Sequence& seq, std::int64_t kvh,
+                    std::int64_t, BackwardScratch& w) {
+  fused_task<PortableTraits>(c, st, seq, kvh, w);
+}
 
 #if FMHA_CPU_X86
 FMHA_CPU_TARGET_AVX2 void dq_tile_avx2(const Call& c, RowStats& st, const Sequence& seq,
@@ -242,6 +285,10 @@ FMHA_CPU_TARGET_AVX2 void dkdv_tile_avx2(const Call& c, RowStats& st, const Sequ
                                          std::int64_t kvh, std::int64_t k0, BackwardScratch& w) {
   dkdv_tile<Avx2Traits>(c, st, seq, kvh, k0, w);
 }
+FMHA_CPU_TARGET_AVX2 void fused_avx2(const Call& c, RowStats& st, const Sequence& seq,
+                                     std::int64_t kvh, std::int64_t, BackwardScratch& w) {
+  fused_task<Avx2Traits>(c, st, seq, kvh, w);
+}
 FMHA_CPU_TARGET_AVX512 void dq_tile_avx512(const Call& c, RowStats& st, const Sequence& seq,
                                            std::int64_t h, std::int64_t q0, BackwardScratch& w) {
   dq_tile<Avx512Traits>(c, st, seq, h, q0, w);
@@ -251,19 +298,23 @@ FMHA_CPU_TARGET_AVX512 void dkdv_tile_avx512(const Call& c, RowStats& st,
                                              std::int64_t k0, BackwardScratch& w) {
   dkdv_tile<Avx512Traits>(c, st, seq, kvh, k0, w);
 }
+FMHA_CPU_TARGET_AVX512 void fused_avx512(const Call& c, RowStats& st, const Sequence& seq,
+                                         std::int64_t kvh, std::int64_t, BackwardScratch& w) {
+  fused_task<Avx512Traits>(c, st, seq, kvh, w);
+}
 #endif
 
 struct TileFns {
-  TileFn dq, dkdv;
+  TileFn dq, dkdv, fused;
 };
 
 TileFns tile_fns_for(Isa isa) {
 #if FMHA_CPU_X86
-  if (isa == Isa::kAvx512) return {dq_tile_avx512, dkdv_tile_avx512};
-  if (isa == Isa::kAvx2) return {dq_tile_avx2, dkdv_tile_avx2};
+  if (isa == Isa::kAvx512) return {dq_tile_avx512, dkdv_tile_avx512, fused_avx512};
+  if (isa == Isa::kAvx2) return {dq_tile_avx2, dkdv_tile_avx2, fused_avx2};
 #endif
   (void)isa;
-  return {dq_tile_portable, dkdv_tile_portable};
+  return {dq_tile_portable, dkdv_tile_portable, fused_portable};
 }
 
 // lse and Delta of every row (one task per sequence and head).
@@ -327,11 +378,44 @@ void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& 
   });
 }
 
+
+// The fused structure saves 2 of 7 products but has only sequences x kv heads tasks: kAuto takes it
+// when there are at least two such tasks per hardware thread (the machine's, not the call's thread
+// count, so that results do not depend on FMHA_CPU_THREADS) and its dQ buffer stays small.
+bool use_fused(const Call& c) {
+  constexpr std::int64_t kMaxFusedBufferBytes = std::int64_t{64} << 20;
+  std::int64_t tasks = 0, longest = 0;
+  for (const Sequence& seq : c.sequences) {
+    if (seq.len_q > 0 && seq.len_k > 0) tasks += c.kv_heads;
+    longest = std::max(longest, seq.len_q);
+  }
+  const std::int64_t buffer_bytes = c.group() * round_up(longest, kQueryTile) *
+                                    round_up(c.head_dim, kLanes) * std::int64_t{sizeof(float)};
+  if (buffer_bytes > kMaxFusedBufferBytes) return false;
+  switch (c.backward_impl) {
+    case BackwardImpl::kFused: return true;
+    case BackwardImpl::kSplit: return false;
+    case BackwardImpl::kAuto: break;
+  }
+  const std::int64_t hardware = std::max<std::int64_t>(std::thread::hardware_concurrency(), 1);
+  return tasks >= 2 * hardware;
+}
+
 }  // namespace
 
 void backward(const Call& c) {
   const TileFns fns = tile_fns_for(selected_isa());
   RowStats stats = row_stats(c);
+  if (use_fused(c)) {
+    std::vector<TileTask> tasks;
+    for (std::size_t b = 0; b < c.sequences.size(); ++b) {
+      for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh)
+        tasks.push_back({static_cast<std::int64_t>(b), kvh, 0});
+    }
+    run_tiles(c, std::move(tasks), fns.fused, stats);
+    if (c.dsinks.given()) sink_gradients(c, stats);
+    return;
+  }
   std::vector<TileTask> dkdv, dq;
   for (std::size_t b = 0; b < c.sequences.size(); ++b) {
     const Sequence& seq = c.sequences[b];

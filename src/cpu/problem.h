@@ -92,6 +92,7 @@ struct Call {
   float scale = 1.0f;
   float softcap = 0.0f;
   const AttentionOptions* options = nullptr;  // the call's; Band::of reads its masks
+  BackwardImpl backward_impl = BackwardImpl::kAuto;  // fused or split backward (backward.cpp)
   std::vector<Sequence> sequences;
   Operand q, k, v, out, lse;  // lse optional in the forward, required by the backward
   Operand dout, dlse;         // backward inputs; dlse optional
