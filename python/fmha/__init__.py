@@ -4,8 +4,10 @@ Tensors use the [batch, sequence, heads, head_dim] layout. Models that keep [B, 
 ``q.transpose(1, 2)``: strided views go to the C++ layer as they are, without a copy (any strides,
 including 0 for broadcast batch/sequence/head dims, as long as the last dimension has stride 1;
 an input whose last dimension is not contiguous is copied once). Every function works on CPU
-tensors (the float64-accumulating reference backend, which also takes float64 inputs so gradients
-can be checked by finite differences) and CUDA tensors (run on torch's current stream), supports
+tensors (a fast, multi-threaded backend for dense and varlen attention in float32 / float16 /
+bfloat16, and the float64-accumulating reference for everything else, including float64 inputs so
+gradients can be checked by finite differences; ``set_cpu_backend("reference")`` runs every CPU call
+on the reference) and CUDA tensors (run on torch's current stream), supports
 autograd for every tensor input, and compiles under ``torch.compile(fullgraph=True)``.
 
 Example::
@@ -41,6 +43,7 @@ import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
 
 from . import _C
 from ._api import attention, attention_varlen, merge_attentions, na1d, na2d, na3d
+from ._backend import get_cpu_backend, set_cpu_backend
 from ._kv_cache import attention_with_kvcache
 
 __version__ = _C.version()
@@ -60,4 +63,6 @@ __all__ = [
     "merge_attentions",
     "attention_with_kvcache",
     "built_with_cuda",
+    "set_cpu_backend",
+    "get_cpu_backend",
 ]

@@ -169,7 +169,8 @@ def attention(
     block, dQ accumulated in fp32), 'split' (a dQ kernel and a dK/dV kernel) or 'auto' (chosen per
     problem by a measured rule: on Hopper the fused kernel wherever it applies);
     deterministic=True runs split, or on Hopper the fused kernel with its dQ adds in a fixed order;
-    the forward and the CPU backend ignore it. allow_tf32: fp32 inputs may use TF32 tensor cores
+    the fast CPU backend has the same two structures; the forward and the float64 reference ignore
+    it. allow_tf32: fp32 inputs may use TF32 tensor cores
     (looser accuracy).
     """
     return_lse = _bool(return_lse, "return_lse")

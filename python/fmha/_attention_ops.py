@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import _C, _bridge
+from . import _C, _backend, _bridge
 
 
 class Options(NamedTuple):
@@ -192,6 +192,7 @@ def _c_options(o: Options, bias, rel_h, rel_w, planned: bool) -> _C.AttentionOpt
     c.window_right = o.window_right
     c.deterministic = o.deterministic
     c.allow_tf32 = o.allow_tf32
+    c.cpu_backend = getattr(_C.CpuBackend, _backend.get_cpu_backend())
     # The tensors left out stay the default, empty views ('not given').
     for name, t, broadcast in (
         ("bias", bias, True),

@@ -81,6 +81,9 @@ NB_MODULE(_C, m) {
   nb::enum_<fmha::CausalAlignment>(m, "CausalAlignment")
       .value("top_left", fmha::CausalAlignment::kTopLeft)
       .value("bottom_right", fmha::CausalAlignment::kBottomRight);
+  nb::enum_<fmha::CpuBackend>(m, "CpuBackend")
+      .value("auto", fmha::CpuBackend::kAuto)
+      .value("reference", fmha::CpuBackend::kReference);
   nb::enum_<fmha::BackwardImpl>(m, "BackwardImpl")
       .value("auto", fmha::BackwardImpl::kAuto)
       .value("fused", fmha::BackwardImpl::kFused)
@@ -132,7 +135,8 @@ NB_MODULE(_C, m) {
       .def_rw("extra_k", &fmha::AttentionOptions::extra_k)
       .def_rw("extra_v", &fmha::AttentionOptions::extra_v)
       .def_rw("deterministic", &fmha::AttentionOptions::deterministic)
-      .def_rw("allow_tf32", &fmha::AttentionOptions::allow_tf32);
+      .def_rw("allow_tf32", &fmha::AttentionOptions::allow_tf32)
+      .def_rw("cpu_backend", &fmha::AttentionOptions::cpu_backend);
 
   nb::class_<fmha::AttentionGradients>(m, "AttentionGradients")
       .def(nb::init<>())

@@ -1,0 +1,45 @@
+"""The choice of the CPU backend (SPEC §18): fmha.set_cpu_backend / fmha.get_cpu_backend. "auto" runs
+the fast CPU backend where it applies and "reference" the float64 reference; both agree with a
+float64 computation, forward and backward, and differ from each other (different arithmetic)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fmha
+
+
+@pytest.fixture(autouse=True)
+def _restore_backend():
+    yield
+    fmha.set_cpu_backend("auto")
+
+
+def _run(q, k, v):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = fmha.attention(q, k, v, causal=True, return_lse=True)
+    (out.square().sum() + lse.sum()).backward()
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def test_default_is_auto_and_invalid_names_are_refused():
+    assert fmha.get_cpu_backend() == "auto"
+    with pytest.raises(ValueError, match="cpu backend 'fast'"):
+        fmha.set_cpu_backend("fast")
+    assert fmha.get_cpu_backend() == "auto"
+
+
+def test_both_backends_match_float64_and_differ_from_each_other():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 70, 4, 40) for _ in range(3))
+    exact = _run(q.double(), k.double(), v.double())  # float64 always runs on the reference
+    fast = _run(q, k, v)
+    fmha.set_cpu_backend("reference")
+    assert fmha.get_cpu_backend() == "reference"
+    reference = _run(q, k, v)
+    for name, e, f, r in zip(("out", "lse", "dq", "dk", "dv"), exact, fast, reference):
+        for got in (f, r):
+            error = (got.double() - e).norm() / e.norm()
+            assert error < 1e-5, f"{name}: relative error {error:.3g}"
+    assert not torch.equal(fast[0], reference[0]), "auto ran the reference"
