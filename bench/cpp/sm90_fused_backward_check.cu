@@ -50,6 +50,7 @@ namespace sm90 = fmha::cuda::sm90;
 struct Shape {
   int B, H, Hkv, Lq, Lk, D;
   bool causal, bottom_right;
+  int left = -1, right = -1;  // a sliding window instead of causal when right >= 0
 };
 
 constexpr std::size_t kTileFloats = sm90::DqAccumulator<64>::kTileFloats;
@@ -103,6 +104,11 @@ void set_shape(BackwardParams& p, const Shape& s) {
   f.scale_log2 = 1.0f / std::sqrt(float(s.D)) * 1.4426950408889634f;
   if (s.causal) {
     f.window_right = 0;
+    f.bottom_right = s.bottom_right;
+  }
+  if (s.right >= 0) {
+    f.window_left = s.left;
+    f.window_right = s.right;
     f.bottom_right = s.bottom_right;
   }
   p.dout_batch_stride = p.dq_batch_stride = f.q_batch_stride;
@@ -182,8 +188,9 @@ Status launch_split(BackwardParams p, int D, bool causal, cudaStream_t stream) {
 }
 
 bool visible(const Shape& s, int i, int j) {
-  if (!s.causal) return true;
   const int offset = s.bottom_right ? s.Lk - s.Lq : 0;
+  if (s.right >= 0) return j <= i + offset + s.right && j >= i + offset - s.left;
+  if (!s.causal) return true;
   return j <= i + offset;
 }
 
@@ -267,7 +274,8 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
   upload_stats(p, s.B, s.H, s.Lq, lse_log2, delta);
   const std::size_t accum = accumulator_floats(p, s.D);
   CHECK(cudaMalloc(&p.dq_accum, accum * 4 + accum / kTileFloats * 4));
-  const Status st = launch_fused(p, s.D, s.causal, accum * 4);
+  const bool masked = s.causal || s.right >= 0;
+  const Status st = launch_fused(p, s.D, masked, accum * 4);
   CHECK(cudaDeviceSynchronize());
   const double eq = relative_error(download_bf16(p.dq, nq), dq);
   const double ek = relative_error(download_bf16(p.dk, nk), dk);
@@ -275,20 +283,22 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
   // Deterministic mode: the same gradients within the bound, and the same bits twice.
   p.dq_semaphore = reinterpret_cast<int*>(p.dq_accum + accum);
   const std::size_t both = accum * 4 + accum / kTileFloats * 4;
-  Status sd = launch_fused(p, s.D, s.causal, both);
+  CHECK(cudaMemset(p.dq, 0xff, nq * 2));
+  Status sd = launch_fused(p, s.D, masked, both);
   CHECK(cudaDeviceSynchronize());
   const double eq_det = relative_error(download_bf16(p.dq, nq), dq);
   const unsigned long long first = device_digest(p.dq, nq * 2);
-  if (sd.ok()) sd = launch_fused(p, s.D, s.causal, both);
+  if (sd.ok()) sd = launch_fused(p, s.D, masked, both);
   CHECK(cudaDeviceSynchronize());
   const bool repeated = device_digest(p.dq, nq * 2) == first;
   p.dq_semaphore = nullptr;
   const bool ok =
       st.ok() && sd.ok() && eq < 1e-2 && ek < 1e-2 && ev < 1e-2 && eq_det < 1e-2 && repeated;
   std::printf(
-      "check B=%d H=%d Hkv=%d Lq=%d Lk=%d D=%d causal=%d%s: dq %.2e dk %.2e dv %.2e, "
-      "deterministic dq %.2e %s: %s%s\n",
-      s.B, s.H, s.Hkv, s.Lq, s.Lk, s.D, s.causal, s.bottom_right ? " (bottom-right)" : "", eq, ek,
+      "check B=%d H=%d Hkv=%d Lq=%d Lk=%d D=%d causal=%d window=(%d, %d)%s: dq %.2e dk %.2e "
+      "dv %.2e, deterministic dq %.2e %s: %s%s\n",
+      s.B, s.H, s.Hkv, s.Lq, s.Lk, s.D, s.causal, s.left, s.right,
+      s.bottom_right ? " (bottom-right)" : "", eq, ek,
       ev, eq_det, repeated ? "repeated" : "NOT REPEATED", ok ? "ok" : "FAIL ",
       st.ok() ? "" : st.message().c_str());
   for (void* ptr :
@@ -383,6 +393,10 @@ int main(int argc, char** argv) {
       {1, 2, 2, 200, 100, 128, true, false}, {1, 1, 1, 1, 1, 128, false, false},
       {1, 6, 2, 513, 385, 128, true, true},  {1, 6, 3, 250, 390, 64, false, false},
       {1, 2, 2, 300, 100, 64, true, true},   {1, 2, 2, 300, 100, 128, true, true},
+      // Sliding windows: rows past Lq in the last query tile would reach key blocks that no real
+      // row reaches; rows whose window misses every key.
+      {1, 2, 1, 90, 400, 128, false, false, 50, 30},  {1, 2, 2, 90, 400, 64, false, false, 50, 30},
+      {1, 2, 2, 400, 150, 128, false, false, 20, 10}, {1, 2, 1, 333, 90, 64, false, true, 5, 40},
   };
   if (argc > 4 && std::strcmp(argv[1], "--only") == 0) {  // one timing cell: D L causal
     time_cell(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0);

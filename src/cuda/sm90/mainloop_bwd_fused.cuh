@@ -271,7 +271,12 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
         named_barrier_sync<kFusedDqFull, kFusedHandoffThreads>();
         if (lane == 0) {
           if (turn_counter != nullptr) {
-            const KeyRange keys = mask.key_range(m0, m0 + kM - 1);
+            // The tile's real rows only: under a window open to the right, rows past
+            // num_queries would reach key blocks that no real row reaches, so none of them
+            // would ever take its turn (every block's walk is clipped to num_queries).
+            const std::int64_t last_row =
+                (m0 + kM < rows.num_queries ? m0 + kM : rows.num_queries) - 1;
+            const KeyRange keys = mask.key_range(m0, last_row);
             wait_for_turn(turn_counter,
                           static_cast<int>(descending ? (keys.end - 1) / kN - key_block
                                                       : key_block - keys.begin / kN));
