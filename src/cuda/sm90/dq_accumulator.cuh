@@ -10,7 +10,7 @@
 // two threads of a quarter-warp send to the same bank, and the whole chunk goes to the buffer as
 // one bulk reduction (cp.reduce.async.bulk .add.f32: the copy engine adds it in L2 while the block
 // goes on), with no transposition anywhere. The conversion below undoes the order once, after the
-// last block: dq = scale * dQ in q's dtype.
+// last block: dq = scale * dQ in q's dtype, staged row-major in shared memory for 16-byte stores.
 //
 // Layout: per (batch, head) a run of query tiles of kTileFloats each (both warpgroups' chunks),
 // tile m0 / kM of a dense batch at m0 * kD floats; a varlen sequence's tiles start at
@@ -72,14 +72,23 @@ inline void set_dq_accumulator_strides(BackwardParams* p, std::int64_t inner, bo
 }
 
 #ifdef __CUDACC__
-// dq = scale * dQ for the query tile blockIdx.x of head blockIdx.y, batch blockIdx.z: thread
-// t of half w reads chunk w's float4s j * 128 + t (coalesced) and writes the 32 elements they
-// hold, pairs of neighbouring columns together where dq's layout allows (`pairs`).
+// How dq's layout takes the conversion's stores: 16 bytes of 8 columns (whole 8-column groups,
+// 16-byte aligned rows), or pairs of neighbouring columns as one 32-bit word, or elements.
+enum class DqStores { kVectors, kPairs, kElements };
+
+// dq = scale * dQ for the query tile blockIdx.x of head blockIdx.y, batch blockIdx.z. Thread t of
+// half w reads chunk w's float4s j * 128 + t (coalesced). With kVectors the block packs them into
+// a row-major copy of the tile in shared memory (rows padded by 4 words, so a warp's stores hit
+// 32 banks) and stores each row in 16-byte pieces, whole 128-byte lines a warp; otherwise each
+// thread stores the elements it holds (two rows of 8 x 2 columns), which spreads a warp's stores
+// over 8 rows, 16 bytes in each.
 template <typename T, int kD>
 __global__ void __launch_bounds__(256)
-    convert_dq_accumulator_kernel(const __grid_constant__ BackwardParams p, bool pairs) {
+    convert_dq_accumulator_kernel(const __grid_constant__ BackwardParams p, DqStores stores) {
   using Accum = DqAccumulator<kD>;
   using Storage = typename tile::Dtype<T>::Storage;
+  constexpr int kWords = kD / 2 + 4;  // a staged row's 32-bit words
+  __shared__ __align__(16) std::uint32_t staged[Accum::kM * kWords];
   const std::int64_t b = blockIdx.z;
   const int h = static_cast<int>(blockIdx.y);
   const SequenceRows rows = sequence_rows(p.fwd, b);
@@ -94,6 +103,25 @@ __global__ void __launch_bounds__(256)
              (rows.q_start + m0) * p.dq_row_stride + h * p.dq_head_stride;
   const std::int64_t valid_rows = rows.num_queries - m0;
   const int head_dim = p.fwd.head_dim;
+  if (stores == DqStores::kVectors) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 x = chunk[j * 128 + t];
+      const int word = Accum::row_of(w, t, 0) * kWords + Accum::col_of(w, t, j, 0) / 2;
+      staged[word] = tile::Dtype<T>::pack(x.x * p.scale, x.y * p.scale);
+      staged[word + 8 * kWords] = tile::Dtype<T>::pack(x.z * p.scale, x.w * p.scale);
+    }
+    __syncthreads();
+    constexpr int kPieces = kD / 8;  // 16-byte pieces a row
+#pragma unroll
+    for (int piece = static_cast<int>(threadIdx.x); piece < Accum::kM * kPieces; piece += 256) {
+      const int row = piece / kPieces, col = 8 * (piece % kPieces);
+      if (row >= valid_rows || col >= head_dim) continue;
+      *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + col) =
+          *reinterpret_cast<const uint4*>(staged + row * kWords + col / 2);
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float4 x = chunk[j * 128 + t];
@@ -105,7 +133,7 @@ __global__ void __launch_bounds__(256)
       if (row >= valid_rows || col >= head_dim) continue;
       Storage* at = dq + row * p.dq_row_stride + col;
       const float lo = v[2 * r] * p.scale, hi = v[2 * r + 1] * p.scale;
-      if (pairs) {
+      if (stores == DqStores::kPairs) {
         *reinterpret_cast<std::uint32_t*>(at) = tile::Dtype<T>::pack(lo, hi);
       } else {
         at[0] = tile::Dtype<T>::from_float(lo);

@@ -63,11 +63,17 @@ Status launch_backward_fused(const BackwardParams& params, cudaStream_t stream) 
   }
   const std::int64_t query_tiles = (f.seqlen_q + Smem::kM - 1) / Smem::kM;
   if (query_tiles == 0) return Status::ok_status();
-  const bool pairs = f.head_dim % 2 == 0 && p.dq_row_stride % 2 == 0 && p.dq_head_stride % 2 == 0 &&
-                     p.dq_batch_stride % 2 == 0 && reinterpret_cast<std::uintptr_t>(p.dq) % 4 == 0;
+  auto dq_aligned = [&](int elements) {
+    return f.head_dim % elements == 0 && p.dq_row_stride % elements == 0 &&
+           p.dq_head_stride % elements == 0 && p.dq_batch_stride % elements == 0 &&
+           reinterpret_cast<std::uintptr_t>(p.dq) % (2 * elements) == 0;
+  };
+  const DqStores stores = dq_aligned(8)   ? DqStores::kVectors
+                          : dq_aligned(2) ? DqStores::kPairs
+                                          : DqStores::kElements;
   const dim3 convert_grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(f.heads),
                           static_cast<unsigned>(f.batch));
-  convert_dq_accumulator_kernel<T, kD><<<convert_grid, 256, 0, stream>>>(p, pairs);
+  convert_dq_accumulator_kernel<T, kD><<<convert_grid, 256, 0, stream>>>(p, stores);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     return Status::backend_error(
