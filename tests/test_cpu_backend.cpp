@@ -84,7 +84,7 @@ TEST(CpuBackend, OddShapesEveryDtype) {
   };
   const Shape shapes[] = {{1, 1, 40, 40}, {7, 7, 72, 72}, {129, 129, 8, 8}, {7, 129, 40, 24},
                           {129, 65, 200, 72}, {1, 130, 16, 200}, {64, 64, 64, 64}, {3, 0, 8, 8},
-                          {0, 5, 8, 8}};
+                          {0, 5, 8, 8}, {300, 270, 40, 24}};
   std::uint64_t seed = 10;
   for (const Shape& s : shapes) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
@@ -98,7 +98,8 @@ TEST(CpuBackend, OddShapesEveryDtype) {
 TEST(CpuBackend, MasksBothAlignments) {
   std::uint64_t seed = 40;
   for (auto align : {fmha::CausalAlignment::kTopLeft, fmha::CausalAlignment::kBottomRight}) {
-    for (auto [lq, lk] : {std::pair<std::int64_t, std::int64_t>{129, 129}, {70, 150}, {150, 70}}) {
+    for (auto [lq, lk] :
+         {std::pair<std::int64_t, std::int64_t>{129, 129}, {70, 150}, {150, 70}, {290, 270}}) {
       AttentionCase c = dense_case(lq, lk, 40, 24);
       c.options.causal_alignment = align;
       c.options.causal = true;
