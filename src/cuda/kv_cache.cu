@@ -1,24 +1,338 @@
-// CUDA entry points of attention over a KV cache. No kernel covers them yet: every call is
-// refused with kNotSupported (the CPU backend runs them).
+// CUDA entry points of attention over a KV cache and of the append into it (kv_cache.h): fill the
+// kernel arguments from the validated views, choose the number of key splits, launch. No device
+// synchronisation, no allocation, and no device query after a device's first call (its SM count and
+// shared memory are cached), so the calls capture into CUDA graphs.
+//
+// Until these kernels have run on a GPU against the CPU reference (tests/cuda/test_cuda_kv_cache.cpp),
+// the entry points refuse with kNotSupported unless FMHA_UNVERIFIED_KV_CACHE_CUDA=1 is set.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "cuda/device_guard.h"
 #include "cuda/kv_cache_backend.h"
+#include "cuda/kv_cache_kernels.cuh"
 
 namespace fmha::cuda {
 namespace {
 
-Status not_built() {
+using kv_cache::kKeys;
+using kv_cache::kMaxSplits;
+using kv_cache::kRows;
+using kv_cache::kThreads;
+
+Status cuda_error(const char* what, cudaError_t e) {
+  return Status::backend_error(std::string("fmha: ") + what + ": " + cudaGetErrorString(e));
+}
+
+Status check_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FMHA_UNVERIFIED_KV_CACHE_CUDA");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  if (enabled) return Status::ok_status();
   return Status::not_supported(
-      "fmha: attention over a KV cache has no CUDA kernel in this build yet; run it on CPU "
-      "tensors");
+      "fmha: the CUDA kernels of attention over a KV cache have not been verified on a GPU yet, so "
+      "the CUDA backend refuses them (set FMHA_UNVERIFIED_KV_CACHE_CUDA=1 to run them anyway); "
+      "CPU tensors run on the CPU backend");
+}
+
+Status check_dtype(DType dtype) {
+  if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) return Status::ok_status();
+  return Status::not_supported(std::string("fmha: the CUDA kernels of attention over a KV cache take "
+                                           "float16 and bfloat16; got ") +
+                               to_string(dtype) + " (float32 runs on CPU tensors)");
+}
+
+// What the split rule needs of a device, read once per device.
+struct DeviceInfo {
+  int sms = 0;
+  int shared_per_sm = 0;
+  int threads_per_sm = 0;
+  int registers_per_sm = 0;
+  int kernel_registers = 0;  // per thread, of the attention kernel (both dtypes compile alike)
+};
+
+constexpr int kMaxDevices = 64;
+
+Status device_info(int device, DeviceInfo* info) {
+  static std::mutex mutex;
+  static DeviceInfo cache[kMaxDevices];
+  static bool known[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) {
+    return Status::not_supported("fmha: CUDA device index " + std::to_string(device) +
+                                 " is beyond the " + std::to_string(kMaxDevices) + " this build serves");
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!known[device]) {
+    DeviceInfo d;
+    cudaError_t e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&d.shared_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&d.threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&d.registers_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device);
+    if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
+    cudaFuncAttributes attributes{};
+    e = cudaFuncGetAttributes(&attributes, kv_cache::kv_cache_attention_kernel<__half>);
+    if (e != cudaSuccess) return cuda_error("cudaFuncGetAttributes failed", e);
+    d.kernel_registers = attributes.numRegs;
+    cache[device] = d;
+    known[device] = true;
+  }
+  *info = cache[device];
+  return Status::ok_status();
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+int shared_bytes(const detail::ProblemShape& s) {
+  return kv_cache::shared_layout(static_cast<int>(s.head_dim), static_cast<int>(s.value_dim), 2).total;
+}
+
+std::int64_t row_tiles(const detail::ProblemShape& s) {
+  return ceil_div(std::max<std::int64_t>(s.seqlen_q, 1) * (s.heads / s.kv_heads), kRows);
+}
+
+// Splits the rule asks for: enough blocks to fill every SM at the kernel's occupancy, with each
+// split keeping at least two tiles of keys of a full cache. A first rule, to be measured.
+int rule_splits(const detail::KvCacheShape& shape, const DeviceInfo& info) {
+  const detail::ProblemShape& s = shape.attention;
+  const int by_threads = info.threads_per_sm / kThreads;
+  const int by_shared = info.shared_per_sm / std::max(shared_bytes(s), 1);
+  const int by_registers = info.registers_per_sm / std::max(info.kernel_registers * kThreads, 1);
+  const int per_sm = std::max(std::min({by_threads, by_shared, by_registers}), 1);
+  const std::int64_t resident = static_cast<std::int64_t>(info.sms) * per_sm;
+  const std::int64_t blocks = std::max<std::int64_t>(s.batch * s.kv_heads * row_tiles(s), 1);
+  const std::int64_t wanted = ceil_div(resident, blocks);
+  const std::int64_t useful = std::max<std::int64_t>(ceil_div(shape.cache.capacity, 2 * kKeys), 1);
+  return static_cast<int>(std::clamp<std::int64_t>(std::min(wanted, useful), 1, kMaxSplits));
+}
+
+// Workspace bytes of `splits` splits: partial outputs [splits, total_q * H, Dv] then lse.
+std::size_t split_bytes(const detail::ProblemShape& s, int splits) {
+  if (splits <= 1) return 0;
+  const std::size_t rows = static_cast<std::size_t>(s.total_q * s.heads) * static_cast<std::size_t>(splits);
+  const std::size_t out_bytes = (rows * static_cast<std::size_t>(s.value_dim) * sizeof(float) + 15) / 16 * 16;
+  return out_bytes + rows * sizeof(float);
+}
+
+int requested_splits(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
+                     const DeviceInfo& info) {
+  if (p.num_splits > 0) return std::min(p.num_splits, kMaxSplits);
+  return rule_splits(shape, info);
+}
+
+// Every row of a cache tensor [pages, rows, Hkv, features] starts on 16 bytes and holds whole
+// 8-element chunks: the kernel's vector loads apply.
+bool cache_rows_vectorizable(const TensorView& t) {
+  constexpr std::int64_t kChunk = 8;  // 16 bytes of fp16 / bf16
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0 || t.shape[3] % kChunk != 0) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (t.shape[static_cast<std::size_t>(d)] > 1 && t.stride[static_cast<std::size_t>(d)] % kChunk != 0) return false;
+  }
+  return true;
+}
+
+QueryRows query_rows(const TensorView& t, bool packed) {
+  if (packed) return {0, t.stride[0], t.stride[1]};
+  return {t.stride[0], t.stride[1], t.stride[2]};
+}
+
+QueryRows lse_rows(const TensorView& t, bool packed) {
+  if (!t.defined()) return {};
+  if (packed) return {0, t.stride[1], t.stride[0]};  // [H, total_q]
+  return {t.stride[0], t.stride[2], t.stride[1]};     // [B, H, Lq]
+}
+
+KvCacheKernelParams make_params(const KvCacheForwardParams& p, const detail::KvCacheShape& shape) {
+  const detail::ProblemShape& s = shape.attention;
+  const detail::KvCacheGeometry& g = shape.cache;
+  const AttentionOptions& o = p.options;
+  const bool packed = p.cu_seqlens_q.defined();
+  KvCacheKernelParams k;
+  k.q = p.q.data;
+  k.out = p.out.data;
+  k.lse = p.lse.defined() ? static_cast<float*>(p.lse.data) : nullptr;
+  k.q_rows = query_rows(p.q, packed);
+  k.out_rows = query_rows(p.out, packed);
+  k.lse_rows = lse_rows(p.lse, packed);
+  k.cu_seqlens_q = packed ? static_cast<const std::int32_t*>(p.cu_seqlens_q.data) : nullptr;
+  k.cu_stride = packed ? p.cu_seqlens_q.stride[0] : 0;
+  k.seqlen_q = s.seqlen_q;
+  k.total_q = s.total_q;
+  k.k = {p.k_cache.data, p.k_cache.stride[0], p.k_cache.stride[1], p.k_cache.stride[2]};
+  k.v = {p.v_cache.data, p.v_cache.stride[0], p.v_cache.stride[1], p.v_cache.stride[2]};
+  if (g.paged) {
+    k.block_table = static_cast<const std::int32_t*>(p.block_table.data);
+    k.table_batch = p.block_table.stride[0];
+    k.table_page = p.block_table.stride[1];
+  }
+  k.cache_seqlens = static_cast<const std::int32_t*>(p.cache_seqlens.data);
+  k.seqlens_stride = p.cache_seqlens.stride[0];
+  k.page_size = g.page_size;
+  k.num_pages = g.num_pages;
+  k.capacity = g.capacity;
+  k.vector_loads = cache_rows_vectorizable(p.k_cache) && cache_rows_vectorizable(p.v_cache);
+  k.batch = static_cast<int>(s.batch);
+  k.heads = static_cast<int>(s.heads);
+  k.kv_heads = static_cast<int>(s.kv_heads);
+  k.group = static_cast<int>(s.heads / s.kv_heads);
+  k.head_dim = static_cast<int>(s.head_dim);
+  k.value_dim = static_cast<int>(s.value_dim);
+  k.row_tiles = static_cast<int>(row_tiles(s));
+  k.scale = s.scale;
+  k.softcap = o.softcap;
+  // causal is the window (unbounded, 0); both given: the tighter upper bound (SPEC §3).
+  if (o.causal || o.window_right >= 0) {
+    k.has_upper = true;
+    k.upper = o.causal ? (o.window_right >= 0 ? std::min<std::int64_t>(o.window_right, 0) : 0)
+                       : o.window_right;
+  }
+  if (o.window_left >= 0) {
+    k.has_lower = true;
+    k.lower = o.window_left;
+  }
+  if (o.sinks.defined()) {
+    k.sinks = static_cast<const float*>(o.sinks.data);
+    k.sinks_stride = o.sinks.stride[0];
+  }
+  return k;
+}
+
+template <typename T>
+cudaError_t launch_attention(const KvCacheKernelParams& k, int shared, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(k.batch) * k.kv_heads * k.row_tiles, k.num_splits);
+  kv_cache::kv_cache_attention_kernel<T><<<grid, kThreads, shared, stream>>>(k);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || k.num_splits <= 1) return e;
+  const std::int64_t rows = k.total_q * k.heads;
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(rows, kv_cache::kWarps), 1 << 20));
+  kv_cache::kv_cache_combine_kernel<T><<<blocks, kThreads, 0, stream>>>(k);
+  return cudaGetLastError();
 }
 
 }  // namespace
 
-Status run(const KvCacheForwardParams&, const detail::KvCacheShape&, void*) { return not_built(); }
-Status run(const KvCacheAppendParams&, const detail::KvCacheShape&, void*) { return not_built(); }
-Status kv_cache_workspace_size(const KvCacheForwardParams&, const detail::KvCacheShape&,
+Status kv_cache_workspace_size(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
                                std::size_t* bytes) {
   *bytes = 0;
-  return not_built();
+  FMHA_RETURN_IF_ERROR(check_enabled());
+  FMHA_RETURN_IF_ERROR(check_dtype(p.q.dtype));
+  DeviceGuard guard;
+  FMHA_RETURN_IF_ERROR(guard.enter(p.q.device.index));
+  DeviceInfo info;
+  FMHA_RETURN_IF_ERROR(device_info(p.q.device.index, &info));
+  *bytes = split_bytes(shape.attention, requested_splits(p, shape, info));
+  return Status::ok_status();
+}
+
+Status run(const KvCacheForwardParams& p, const detail::KvCacheShape& shape, void* stream) {
+  FMHA_RETURN_IF_ERROR(check_enabled());
+  FMHA_RETURN_IF_ERROR(check_dtype(p.q.dtype));
+  const detail::ProblemShape& s = shape.attention;
+  if (s.batch == 0 || s.total_q == 0) return Status::ok_status();
+  const std::int64_t blocks = s.batch * s.kv_heads * row_tiles(s);
+  if (blocks > 0x7fffffff) {
+    return Status::not_supported("fmha: attention over a KV cache needs " + std::to_string(blocks) +
+                                 " blocks (B * Hkv * query tiles), more than a CUDA grid holds");
+  }
+  DeviceGuard guard;
+  FMHA_RETURN_IF_ERROR(guard.enter(p.q.device.index));
+  DeviceInfo info;
+  FMHA_RETURN_IF_ERROR(device_info(p.q.device.index, &info));
+
+  KvCacheKernelParams k = make_params(p, shape);
+  int splits = requested_splits(p, shape, info);
+  const std::size_t available = p.workspace != nullptr ? p.workspace_bytes : 0;
+  while (splits > 1 && split_bytes(s, splits) > available) --splits;  // a small workspace: fewer
+  k.num_splits = splits;
+  if (splits > 1) {
+    const std::size_t rows = static_cast<std::size_t>(s.total_q * s.heads) * static_cast<std::size_t>(splits);
+    const std::size_t out_bytes = (rows * static_cast<std::size_t>(s.value_dim) * sizeof(float) + 15) / 16 * 16;
+    k.partial_out = static_cast<float*>(p.workspace);
+    k.partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) + out_bytes);
+  }
+  const int shared = shared_bytes(s);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  const cudaError_t e = p.q.dtype == DType::kFloat16
+                            ? launch_attention<__half>(k, shared, cuda_stream)
+                            : launch_attention<__nv_bfloat16>(k, shared, cuda_stream);
+  if (e != cudaSuccess) return cuda_error("the KV-cache attention kernel failed to launch", e);
+  return Status::ok_status();
+}
+
+Status run(const KvCacheAppendParams& p, const detail::KvCacheShape& shape, void* stream) {
+  FMHA_RETURN_IF_ERROR(check_enabled());
+  FMHA_RETURN_IF_ERROR(check_dtype(p.k_cache.dtype));
+  const detail::ProblemShape& s = shape.attention;
+  const std::int64_t tokens = shape.packed_new ? shape.new_tokens : s.batch * shape.new_tokens;
+  if (tokens == 0 || s.batch == 0) return Status::ok_status();
+  if (tokens > 0x7fffffff) {
+    return Status::not_supported("fmha: the KV-cache append takes at most 2^31 - 1 new tokens; got " +
+                                 std::to_string(tokens));
+  }
+  DeviceGuard guard;
+  FMHA_RETURN_IF_ERROR(guard.enter(p.k_cache.device.index));
+  const detail::KvCacheGeometry& g = shape.cache;
+  KvCacheAppendKernelParams k;
+  const int first = shape.packed_new ? 0 : 1;  // packed new tokens have no batch dimension
+  k.k_new = p.k_new.data;
+  k.v_new = p.v_new.data;
+  k.k_new_batch = shape.packed_new ? 0 : p.k_new.stride[0];
+  k.k_new_row = p.k_new.stride[first];
+  k.k_new_head = p.k_new.stride[first + 1];
+  k.v_new_batch = shape.packed_new ? 0 : p.v_new.stride[0];
+  k.v_new_row = p.v_new.stride[first];
+  k.v_new_head = p.v_new.stride[first + 1];
+  if (shape.packed_new) {
+    k.cu_seqlens_new = static_cast<const std::int32_t*>(p.cu_seqlens_new.data);
+    k.cu_stride = p.cu_seqlens_new.stride[0];
+  }
+  k.new_tokens = shape.new_tokens;
+  k.k_cache = p.k_cache.data;
+  k.v_cache = p.v_cache.data;
+  k.k_page = p.k_cache.stride[0];
+  k.k_row = p.k_cache.stride[1];
+  k.k_head = p.k_cache.stride[2];
+  k.v_page = p.v_cache.stride[0];
+  k.v_row = p.v_cache.stride[1];
+  k.v_head = p.v_cache.stride[2];
+  if (g.paged) {
+    k.block_table = static_cast<const std::int32_t*>(p.block_table.data);
+    k.table_batch = p.block_table.stride[0];
+    k.table_page = p.block_table.stride[1];
+  }
+  k.cache_seqlens = static_cast<const std::int32_t*>(p.cache_seqlens.data);
+  k.seqlens_stride = p.cache_seqlens.stride[0];
+  k.page_size = g.page_size;
+  k.num_pages = g.num_pages;
+  k.max_pages = g.max_pages;
+  k.capacity = g.capacity;
+  k.batch = static_cast<int>(s.batch);
+  k.kv_heads = static_cast<int>(s.kv_heads);
+  k.head_dim = static_cast<int>(s.head_dim);
+  k.value_dim = static_cast<int>(s.value_dim);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  const auto grid = static_cast<unsigned>(tokens);
+  if (p.k_cache.dtype == DType::kFloat16) {
+    kv_cache::kv_cache_append_kernel<__half><<<grid, kThreads, 0, cuda_stream>>>(k);
+  } else {
+    kv_cache::kv_cache_append_kernel<__nv_bfloat16><<<grid, kThreads, 0, cuda_stream>>>(k);
+  }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return cuda_error("the KV-cache append kernel failed to launch", e);
+  return Status::ok_status();
 }
 
 }  // namespace fmha::cuda

@@ -152,3 +152,39 @@ def test_fake_kernels_and_opcheck():
                    causal=True)  # fmt: skip
     torch.testing.assert_close(out, fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True,
                                                                 **cache))  # fmt: skip
+
+
+_CUDA = pytest.mark.skipif(
+    not (torch.cuda.is_available() and fmha.built_with_cuda()), reason="needs a CUDA build and device"
+)
+
+
+@_CUDA
+def test_cuda_matches_cpu_workspace_and_graph_capture(monkeypatch):
+    # The CUDA kernels are refused until verified on a GPU; this test is part of that verification.
+    monkeypatch.setenv("FMHA_UNVERIFIED_KV_CACHE_CUDA", "1")
+    args = dict(H=8, Hkv=2, D=64, Dv=64, dtype=torch.bfloat16, seed=5)
+    q, k_cache, v_cache, cache, *_ = _make([3000, 1, 70], page_size=16, **args)
+    expected = fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, **cache)
+    dev = {name: t.cuda() for name, t in cache.items()}
+    q, k_cache, v_cache = q.cuda(), k_cache.cuda(), v_cache.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, **dev)
+    torch.cuda.synchronize()
+    # The split-KV workspace came from torch's allocator: the peak holds it beside the output.
+    assert torch.cuda.max_memory_allocated() - before > out.numel() * out.element_size()
+    torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, **dev)  # warm-up
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        captured = fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, **dev)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, out)

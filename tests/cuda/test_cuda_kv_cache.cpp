@@ -1,0 +1,344 @@
+// Attention over a KV cache on CUDA (SPEC §16) against the float64 oracle of tests/kv_cache_case.h
+// (dense attention of each sequence over exactly its keys). Cache rows past each sequence's length
+// and unused pages hold NaN, outputs are poisoned with NaN; paged == contiguous bitwise at the same
+// split count; split counts 1, several and the library's choice; the append; bad device block tables
+// and lengths (clamped: no fault, run under compute-sanitizer); capture into a CUDA graph.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_device_copy.h"
+#include "cuda/cuda_forward_case.h"
+#include "kv_cache_case.h"
+
+namespace fmha_cuda_test {
+namespace {
+
+using fmha_test::HostTensor;
+using fmha_test::KvCase;
+using fmha_test::KvCaseData;
+
+// The CUDA entry refuses until its kernels are verified; these tests are that verification.
+bool setup() {
+  setenv("FMHA_UNVERIFIED_KV_CACHE_CUDA", "1", 1);
+  return gpu_available();
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!setup()) GTEST_SKIP() << "no CUDA device present"
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) {
+    if (bytes > 0) {
+      EXPECT_EQ(cudaMalloc(&data_, bytes), cudaSuccess);
+    }
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(data_); }
+  void* get() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// The case's call on device copies of its buffers.
+fmha::KvCacheForwardParams upload(KvCaseData& data, DeviceCopies& copies) {
+  fmha::KvCacheForwardParams p = data.params();  // poisons out and lse first
+  p.q = copies.upload(data.q);
+  p.cu_seqlens_q = copies.upload(data.cu_seqlens_q);
+  p.k_cache = copies.upload(data.k_cache);
+  p.v_cache = copies.upload(data.v_cache);
+  p.block_table = copies.upload(data.block_table);
+  p.cache_seqlens = copies.upload(data.cache_seqlens);
+  p.out = copies.upload(data.out);
+  p.lse = copies.upload(data.lse);
+  p.options.sinks = copies.upload(data.sinks);
+  return p;
+}
+
+std::string describe(const KvCase& c, int splits) {
+  std::ostringstream s;
+  s << fmha::to_string(c.dtype) << " H" << c.heads << "/" << c.kv_heads << " D" << c.head_dim
+    << " Dv" << c.value_dim << " page " << c.page_size << " splits " << splits << " lens";
+  for (int n : c.cache_lens) s << ' ' << n;
+  if (c.packed()) {
+    s << " q_lens";
+    for (int n : c.q_lens) s << ' ' << n;
+  } else {
+    s << " Lq " << c.seqlen_q;
+  }
+  s << (c.options.causal ? " causal" : "") << " window " << c.options.window_left << ","
+    << c.options.window_right << (c.options.softcap > 0 ? " softcap" : "") << (c.sinks ? " sinks" : "");
+  return s.str();
+}
+
+// Runs the case on the GPU with `splits` (0: the library's choice, with the workspace it asks for)
+// and checks out / lse against the oracle. Returns the data holding the GPU's results.
+KvCaseData run_case(const KvCase& c, int splits, std::uint64_t seed) {
+  SCOPED_TRACE(describe(c, splits));
+  KvCaseData data(c, seed);
+  DeviceCopies copies;
+  fmha::KvCacheForwardParams p = upload(data, copies);
+  p.num_splits = splits;
+  std::size_t bytes = 0;
+  fmha::Status status = fmha::workspace_size(p, &bytes);
+  EXPECT_TRUE(status.ok()) << status.message();
+  DeviceBuffer workspace(bytes);
+  p.workspace = workspace.get();
+  p.workspace_bytes = bytes;
+  status = fmha::run(p);
+  EXPECT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DeviceCopies::download(data.out, p.out);
+  if (data.lse.defined()) DeviceCopies::download(data.lse, p.lse);
+  std::vector<double> out_ref, lse_ref;
+  data.reference(&out_ref, &lse_ref);
+  const double tol = 2 * fmha_test::kv_tolerance(c.dtype, out_ref) + 1e-4;
+  EXPECT_TRUE(fmha_test::close("out", data.out.to_double(), out_ref, data.out.shape(), tol));
+  if (c.lse) {
+    EXPECT_TRUE(fmha_test::close("lse", data.lse.to_double(), lse_ref, data.lse.shape(), 2e-5));
+  }
+  return data;
+}
+
+// Contiguous and every page size give bitwise the same result at the same split count (with the
+// library's choice, 0, the counts may differ: the rule sees each layout's capacity).
+void check_layouts(KvCase c, int splits, std::uint64_t seed, std::initializer_list<std::int64_t> pages) {
+  c.page_size = 0;
+  const KvCaseData contiguous = run_case(c, splits, seed);
+  for (std::int64_t page_size : pages) {
+    c.page_size = page_size;
+    const KvCaseData paged = run_case(c, splits, seed);
+    if (splits == 0) continue;
+    EXPECT_TRUE(paged.out.bitwise_equal(contiguous.out)) << describe(c, splits);
+    if (c.lse) {
+      EXPECT_TRUE(paged.lse.bitwise_equal(contiguous.lse)) << describe(c, splits);
+    }
+  }
+}
+
+KvCase decode_case(DType dtype, std::int64_t heads, std::int64_t kv_heads, std::int64_t dim) {
+  KvCase c;
+  c.dtype = dtype;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = dim;
+  c.value_dim = dim;
+  c.cache_lens = {1, 300, 0, 77, 1025};
+  c.options.causal = true;
+  return c;
+}
+
+TEST(CudaKvCache, DecodeHeadGroupsAndDims) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 1;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+    for (auto [heads, kv_heads] : {std::pair{8, 2}, std::pair{8, 1}, std::pair{4, 4}, std::pair{32, 8}})
+      for (std::int64_t dim : {64, 128}) check_layouts(decode_case(dtype, heads, kv_heads, dim), 0, ++seed, {16});
+}
+
+TEST(CudaKvCache, OddDimsAndPageSizes) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 100;
+  for (auto [dim, value_dim] : {std::pair{17, 17}, std::pair{40, 24}, std::pair{256, 256}, std::pair{96, 200}}) {
+    KvCase c = decode_case(DType::kBFloat16, 6, 2, dim);
+    c.value_dim = value_dim;
+    for (int splits : {1, 3, 0}) check_layouts(c, splits, ++seed, {1, 7, 64, 256});
+  }
+}
+
+TEST(CudaKvCache, ShortQueriesEveryOption) {
+  SKIP_WITHOUT_GPU();
+  KvCase base = decode_case(DType::kFloat16, 6, 3, 64);
+  base.cache_lens = {0, 3, 170, 40, 9};
+  base.seqlen_q = 5;
+  std::uint64_t seed = 200;
+  for (int feature = 0; feature < 7; ++feature) {
+    KvCase c = base;
+    c.options = {};
+    switch (feature) {
+      case 0: break;
+      case 1: c.options.causal = true; break;
+      case 2: c.options.window_left = 40; c.options.window_right = 0; break;
+      case 3: c.options.causal = true; c.options.window_left = 2; break;
+      case 4: c.options.window_left = 30; c.options.window_right = 2; break;
+      case 5: c.options.softcap = 2.5f; c.options.scale = 0.7f; c.options.causal = true; break;
+      case 6: c.sinks = true; c.options.causal = true; break;
+    }
+    for (int splits : {1, 4}) check_layouts(c, splits, ++seed, {16});
+  }
+}
+
+TEST(CudaKvCache, PackedQueriesChunkedPrefill) {
+  SKIP_WITHOUT_GPU();
+  KvCase c = decode_case(DType::kBFloat16, 8, 2, 128);
+  c.cache_lens = {90, 4, 7, 0, 300};
+  c.q_lens = {20, 0, 7, 1, 33};
+  c.sinks = true;
+  for (int splits : {1, 5, 0}) check_layouts(c, splits, 300 + splits, {16, 64});
+}
+
+TEST(CudaKvCache, EmptyCachesAndWorkspaceFallback) {
+  SKIP_WITHOUT_GPU();
+  KvCase c = decode_case(DType::kFloat16, 4, 2, 64);
+  c.cache_lens = {0, 0};
+  c.seqlen_q = 2;
+  run_case(c, 0, 400);
+  c.sinks = true;
+  run_case(c, 3, 401);
+  // A long cache wants splits; without a workspace the call runs unsplit, still correct.
+  c = decode_case(DType::kFloat16, 4, 2, 64);
+  c.cache_lens = {4000};
+  c.page_size = 16;
+  KvCaseData data(c, 402);
+  DeviceCopies copies;
+  fmha::KvCacheForwardParams p = upload(data, copies);
+  std::size_t bytes = 0;
+  ASSERT_TRUE(fmha::workspace_size(p, &bytes).ok());
+  EXPECT_GT(bytes, 0u) << "a single 4000-key sequence should be split";
+  ASSERT_TRUE(fmha::run(p).ok());
+  DeviceCopies::download(data.out, p.out);
+  std::vector<double> out_ref, lse_ref;
+  data.reference(&out_ref, &lse_ref);
+  EXPECT_TRUE(fmha_test::close("out", data.out.to_double(), out_ref, data.out.shape(),
+                               2 * fmha_test::kv_tolerance(c.dtype, out_ref) + 1e-4));
+}
+
+// Bad block tables and lengths in device memory are not read by the host; the kernels clamp them.
+// Nothing is checked of the numbers, only that nothing faults (compute-sanitizer memcheck: no access
+// outside the tensors).
+TEST(CudaKvCache, BadDeviceTablesAreClamped) {
+  SKIP_WITHOUT_GPU();
+  KvCase c = decode_case(DType::kFloat16, 8, 2, 64);
+  c.page_size = 16;
+  KvCaseData data(c, 500);
+  const std::int64_t max_pages = data.block_table.shape()[1];
+  data.block_table.set(1 * max_pages + 2, 1e6);
+  data.block_table.set(4 * max_pages + 0, -7);
+  data.cache_seqlens.set(3, 1e6);
+  data.cache_seqlens.set(0, -5);
+  DeviceCopies copies;
+  // params() on host data would be refused; the device copies are not read by the host.
+  fmha::KvCacheForwardParams p = data.params();
+  p.q = copies.upload(data.q);
+  p.k_cache = copies.upload(data.k_cache);
+  p.v_cache = copies.upload(data.v_cache);
+  p.block_table = copies.upload(data.block_table);
+  p.cache_seqlens = copies.upload(data.cache_seqlens);
+  p.out = copies.upload(data.out);
+  p.lse = copies.upload(data.lse);
+  for (int splits : {1, 4}) {
+    p.num_splits = splits;
+    DeviceBuffer workspace(1 << 20);
+    p.workspace = workspace.get();
+    p.workspace_bytes = 1 << 20;
+    const fmha::Status status = fmha::run(p);
+    EXPECT_TRUE(status.ok()) << status.message();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  // The append skips out-of-range writes.
+  HostTensor k_new(c.dtype, {c.batch(), 2, c.kv_heads, c.head_dim});
+  HostTensor v_new(c.dtype, {c.batch(), 2, c.kv_heads, c.value_dim});
+  const fmha::KvCacheAppendParams append{.k_new = copies.upload(k_new),
+                                         .v_new = copies.upload(v_new),
+                                         .cu_seqlens_new = {},
+                                         .k_cache = p.k_cache,
+                                         .v_cache = p.v_cache,
+                                         .block_table = p.block_table,
+                                         .cache_seqlens = p.cache_seqlens};
+  EXPECT_TRUE(fmha::run(append).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Append on the device, then attend: the same result as the case whose cache held the tokens.
+TEST(CudaKvCache, AppendThenAttend) {
+  SKIP_WITHOUT_GPU();
+  for (std::int64_t page_size : {0, 16}) {
+    KvCase full = decode_case(DType::kBFloat16, 8, 2, 64);
+    full.page_size = page_size;
+    full.cache_lens = {8, 3, 40, 300};
+    const std::vector<std::int32_t> old_lens = {5, 0, 37, 297};
+    const KvCaseData expected = run_case(full, 2, 600);
+    KvCaseData data(full, 600);
+    const std::int64_t B = full.batch(), Hkv = full.kv_heads, D = full.head_dim, Dv = full.value_dim;
+    HostTensor k_new(full.dtype, {B, 3, Hkv, D}), v_new(full.dtype, {B, 3, Hkv, Dv});
+    for (std::int64_t b = 0; b < B; ++b) {
+      data.cache_seqlens.set(b, old_lens[static_cast<std::size_t>(b)]);
+      for (std::int64_t n = 0; n < 3; ++n) {
+        const std::int64_t row = data.cache_row(b, old_lens[static_cast<std::size_t>(b)] + n);
+        for (std::int64_t e = 0; e < Hkv * D; ++e) {
+          k_new.set((b * 3 + n) * Hkv * D + e, expected.k_cache.at(row * Hkv * D + e));
+          data.k_cache.set(row * Hkv * D + e, std::nan(""));
+        }
+        for (std::int64_t e = 0; e < Hkv * Dv; ++e) {
+          v_new.set((b * 3 + n) * Hkv * Dv + e, expected.v_cache.at(row * Hkv * Dv + e));
+          data.v_cache.set(row * Hkv * Dv + e, std::nan(""));
+        }
+      }
+    }
+    DeviceCopies copies;
+    fmha::KvCacheForwardParams p = upload(data, copies);
+    const fmha::KvCacheAppendParams append{.k_new = copies.upload(k_new),
+                                           .v_new = copies.upload(v_new),
+                                           .cu_seqlens_new = {},
+                                           .k_cache = p.k_cache,
+                                           .v_cache = p.v_cache,
+                                           .block_table = p.block_table,
+                                           .cache_seqlens = p.cache_seqlens};
+    ASSERT_TRUE(fmha::run(append).ok());
+    for (std::int64_t b = 0; b < B; ++b) data.cache_seqlens.set(b, full.cache_lens[static_cast<std::size_t>(b)]);
+    p.cache_seqlens = copies.upload(data.cache_seqlens);
+    p.num_splits = 2;
+    DeviceBuffer workspace(1 << 20);
+    p.workspace = workspace.get();
+    p.workspace_bytes = 1 << 20;
+    ASSERT_TRUE(fmha::run(p).ok());
+    DeviceCopies::download(data.out, p.out);
+    EXPECT_TRUE(data.out.bitwise_equal(expected.out)) << "page_size " << page_size;
+  }
+}
+
+// A paged decode call captured into a CUDA graph and replayed gives the eager call's result.
+TEST(CudaKvCache, CudaGraphCapture) {
+  SKIP_WITHOUT_GPU();
+  KvCase c = decode_case(DType::kBFloat16, 8, 2, 128);
+  c.page_size = 64;
+  KvCaseData data(c, 700);
+  TestStream stream;
+  DeviceCopies copies;
+  fmha::KvCacheForwardParams p = upload(data, copies);
+  std::size_t bytes = 0;
+  ASSERT_TRUE(fmha::workspace_size(p, &bytes).ok());
+  DeviceBuffer workspace(bytes);
+  p.workspace = workspace.get();
+  p.workspace_bytes = bytes;
+  ASSERT_TRUE(fmha::run(p, stream.get()).ok());  // first call: device properties cached here
+  ASSERT_EQ(stream.sync(), cudaSuccess);
+  HostTensor eager = data.out;
+  DeviceCopies::download(eager, p.out);
+  ASSERT_EQ(cudaMemset(p.out.data, 0xff, fmha_cuda_test::storage_bytes(p.out)), cudaSuccess);
+  const auto s = static_cast<cudaStream_t>(stream.get());
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const fmha::Status status = fmha::run(p, stream.get());
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_TRUE(status.ok()) << status.message();
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(stream.sync(), cudaSuccess);
+  DeviceCopies::download(data.out, p.out);
+  EXPECT_TRUE(data.out.bitwise_equal(eager));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+}  // namespace
+}  // namespace fmha_cuda_test
