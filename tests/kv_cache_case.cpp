@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cmath>
 #include <numeric>
+
+#include "naive/naive_attention.h"
+#include "naive/naive_masks.h"
 
 namespace fmha_test {
 namespace {
@@ -139,45 +143,67 @@ fmha::KvCacheForwardParams KvCaseData::params() {
   return p;
 }
 
-void KvCaseData::reference(std::vector<double>* out_ref, std::vector<double>* lse_ref) const {
+// The rounding of every stored intermediate of a same-dtype implementation (SPEC §13's baseline).
+double round_fp16(double x) { return round_to(DType::kFloat16, x); }
+double round_bf16(double x) { return round_to(DType::kBFloat16, x); }
+
+void KvCaseData::reference(std::vector<double>* out_ref, std::vector<double>* lse_ref,
+                           std::vector<double>* out_lowp) const {
   const std::int64_t H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim, Dv = c_.value_dim;
   const std::int64_t total_q = q.shape()[0] * (c_.packed() ? 1 : c_.seqlen_q);
   out_ref->assign(static_cast<std::size_t>(total_q * H * Dv), 0.0);
   lse_ref->assign(static_cast<std::size_t>(total_q * H), 0.0);
+  if (out_lowp != nullptr) out_lowp->assign(out_ref->size(), 0.0);
+  const naive::Round round = c_.dtype == DType::kFloat16    ? round_fp16
+                             : c_.dtype == DType::kBFloat16 ? round_bf16
+                                                            : naive::exact;
+  // The scale as the library resolves it: a float, 1 / sqrt(D) by default.
+  const float scale = c_.options.scale ? *c_.options.scale : 1.0f / std::sqrt(static_cast<float>(D));
   const std::vector<double> q_all = q.to_double();
+  const std::vector<double> sink_values = c_.sinks ? sinks.to_double() : std::vector<double>{};
   for (std::int64_t b = 0; b < c_.batch(); ++b) {
     const std::int64_t lq = query_count(b), first = first_query(b);
     const std::int64_t lk = c_.cache_lens[static_cast<std::size_t>(b)];
-    HostTensor qb(DType::kFloat64, {1, lq, H, D}), kb(DType::kFloat64, {1, lk, Hkv, D}),
-        vb(DType::kFloat64, {1, lk, Hkv, Dv}), ob(DType::kFloat64, {1, lq, H, Dv}),
-        lb(DType::kFloat64, {1, H, lq}), sb;
-    for (std::int64_t n = 0; n < lq * H * D; ++n) qb.set(n, q_all[static_cast<std::size_t>(first * H * D + n)]);
-    kb.from_double(keys_[static_cast<std::size_t>(b)]);
-    vb.from_double(values_[static_cast<std::size_t>(b)]);
-    fmha::AttentionOptions o = c_.options;
-    if (c_.sinks) {
-      sb = HostTensor(DType::kFloat64, {H});
-      sb.from_double(sinks.to_double());
-      o.sinks = sb.view();
-    }
-    const fmha::Status status = fmha::run(fmha::AttentionForwardParams{
-        .q = qb.view(), .k = kb.view(), .v = vb.view(), .out = ob.view(), .lse = lb.view(), .options = o});
-    EXPECT_TRUE(status.ok()) << status.message();
-    const std::vector<double> o_b = ob.to_double(), l_b = lb.to_double();
-    for (std::int64_t i = 0; i < lq; ++i) {
-      for (std::int64_t h = 0; h < H; ++h) {
-        for (std::int64_t d = 0; d < Dv; ++d)
-          (*out_ref)[static_cast<std::size_t>(((first + i) * H + h) * Dv + d)] = o_b[static_cast<std::size_t>((i * H + h) * Dv + d)];
+    const std::vector<double>& keys = keys_[static_cast<std::size_t>(b)];
+    const std::vector<double>& values = values_[static_cast<std::size_t>(b)];
+    naive::HeadInputs in;
+    in.num_keys = lk;
+    in.visible = naive::attention_mask(lq, lk, c_.options.causal, /*bottom_right=*/true,
+                                       c_.options.window_left, c_.options.window_right);
+    in.scale = scale;
+    in.softcap = c_.options.softcap;
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t kv = h / (H / Hkv);
+      in.q = naive::Matrix(lq, D);
+      in.k = naive::Matrix(lk, D);
+      in.v = naive::Matrix(lk, Dv);
+      for (std::int64_t i = 0; i < lq; ++i)
+        for (std::int64_t d = 0; d < D; ++d) in.q(i, d) = q_all[static_cast<std::size_t>(((first + i) * H + h) * D + d)];
+      for (std::int64_t t = 0; t < lk; ++t) {
+        for (std::int64_t d = 0; d < D; ++d) in.k(t, d) = keys[static_cast<std::size_t>((t * Hkv + kv) * D + d)];
+        for (std::int64_t d = 0; d < Dv; ++d) in.v(t, d) = values[static_cast<std::size_t>((t * Hkv + kv) * Dv + d)];
+      }
+      in.has_sink = c_.sinks;
+      in.sink = c_.sinks ? sink_values[static_cast<std::size_t>(h)] : 0.0;
+      const naive::HeadForward exact = naive::head_forward(in, naive::exact);
+      naive::HeadForward lowp;
+      if (out_lowp != nullptr) lowp = naive::head_forward(in, round);
+      for (std::int64_t i = 0; i < lq; ++i) {
+        for (std::int64_t d = 0; d < Dv; ++d) {
+          const auto at = static_cast<std::size_t>(((first + i) * H + h) * Dv + d);
+          (*out_ref)[at] = exact.out(i, d);
+          if (out_lowp != nullptr) (*out_lowp)[at] = lowp.out(i, d);
+        }
         // lse: [B, H, Lq] dense, [H, total_q] packed.
         const std::int64_t at = c_.packed() ? h * total_q + first + i : (b * H + h) * c_.seqlen_q + i;
-        (*lse_ref)[static_cast<std::size_t>(at)] = l_b[static_cast<std::size_t>(h * lq + i)];
+        (*lse_ref)[static_cast<std::size_t>(at)] = exact.lse[static_cast<std::size_t>(i)];
       }
     }
   }
 }
 
-double kv_tolerance(DType dtype, const std::vector<double>& ref) {
-  return tolerance(dtype, ref, ref, dtype);
+double kv_tolerance(DType dtype, const std::vector<double>& ref, const std::vector<double>& lowp) {
+  return tolerance(dtype, ref, lowp, dtype);
 }
 
 }  // namespace fmha_test
