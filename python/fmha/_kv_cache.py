@@ -10,6 +10,7 @@ from torch import Tensor
 
 from . import _kv_cache_ops as _ops
 from ._api import _bool, _float, _int, _optional_tensor, _pair, _tensor
+from ._attention_ops import _takes_eager_path
 
 
 def _seqlens(cache_seqlens, batch: int, device: torch.device) -> Tensor:
@@ -52,7 +53,8 @@ def attention_with_kvcache(
         raise ValueError("fmha: k is given but v is not (or v but not k); new tokens need both")
     if k is not None:
         k, v = _tensor(k, "k"), _tensor(v, "v")
-        _ops.kvcache_append(k, v, k_cache, v_cache, seqlens, block_table, cu_seqlens_new)
+        append = _ops.append if _takes_eager_path(q) else _ops.kvcache_append
+        append(k, v, k_cache, v_cache, seqlens, block_table, cu_seqlens_new)
         if cu_seqlens_new is not None:
             seqlens = seqlens + (cu_seqlens_new[1:] - cu_seqlens_new[:-1])
         else:
@@ -66,10 +68,14 @@ def attention_with_kvcache(
     if window is not None:
         pair = _pair(window, "window", "(left, right) of ints, each >= 0 or -1 for unbounded")
         window_left, window_right = (_int(x, f"window[{i}]") for i, x in enumerate(pair))
-    out, lse = _ops.kvcache_fwd(
+    args = (
         q, k_cache, v_cache, seqlens.to(torch.int32), block_table, cu_seqlens_q,
         _int(max_seqlen_q or 0, "max_seqlen_q"), None if scale is None else _float(scale, "scale"),
         _float(softcap, "softcap"), _bool(causal, "causal"), window_left, window_right,
         _optional_tensor(sinks, "sinks"), _int(num_splits, "num_splits"),
     )  # fmt: skip
+    if _takes_eager_path(q):
+        out, lse = _ops.forward(*args, fake=False)
+    else:
+        out, lse = _ops.kvcache_fwd(*args)
     return (out, lse) if return_lse else out

@@ -1,5 +1,6 @@
 """torch.library custom ops of attention over a KV cache (SPEC §16): fmha::kvcache_append writes new
-tokens' K/V into the cache (in place), fmha::kvcache_fwd attends over it. Forward only. The split-KV
+tokens' K/V into the cache (in place), fmha::kvcache_fwd attends over it. Forward only. Eager calls
+on plain tensors run append() / forward() directly (the op machinery costs host time per call). The split-KV
 workspace comes from PyTorch's caching allocator (so it shows in torch.cuda.memory_allocated), sized
 by the C++ workspace_size query."""
 
@@ -13,11 +14,8 @@ from torch import Tensor
 from . import _C, _bridge
 
 
-@torch.library.custom_op("fmha::kvcache_append", mutates_args=("k_cache", "v_cache"))
-def kvcache_append(
-    k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
-    block_table: Optional[Tensor], cu_seqlens_new: Optional[Tensor],
-) -> None:  # fmt: skip
+def append(k_new, v_new, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_new) -> None:
+    """The append itself: what the op runs, and what eager calls on plain tensors run directly."""
     params = _C.KvCacheAppendParams()
     params.k_new = _bridge.view(k_new, "k")
     params.v_new = _bridge.view(v_new, "v")
@@ -27,6 +25,14 @@ def kvcache_append(
     params.block_table = _bridge.view(block_table, "block_table")
     params.cache_seqlens = _bridge.view(cache_seqlens, "cache_seqlens")
     _bridge.run(params, k_cache.device)
+
+
+@torch.library.custom_op("fmha::kvcache_append", mutates_args=("k_cache", "v_cache"))
+def kvcache_append(
+    k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+    block_table: Optional[Tensor], cu_seqlens_new: Optional[Tensor],
+) -> None:  # fmt: skip
+    append(k_new, v_new, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_new)
 
 
 @kvcache_append.register_fake
@@ -40,7 +46,7 @@ def _lse_shape(q: Tensor, packed: bool) -> tuple:
     return (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (0, 0, 0)
 
 
-def _forward(
+def forward(
     q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, scale, softcap,
     causal, window_left, window_right, sinks, num_splits, *, fake: bool,
 ):  # fmt: skip
@@ -72,9 +78,10 @@ def _forward(
     params.lse = _bridge.view(lse, "lse")
     params.options = options
     params.num_splits = num_splits
-    status, workspace_bytes = _C.workspace_size(params)
-    _bridge.raise_for_status(status)
-    workspace = None
+    workspace, workspace_bytes = None, 0
+    if q.device.type == "cuda":  # the CPU backend needs none
+        status, workspace_bytes = _C.workspace_size(params)
+        _bridge.raise_for_status(status)
     if workspace_bytes > 0:
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
         params.workspace = workspace.data_ptr()
@@ -91,7 +98,7 @@ def kvcache_fwd(
     scale: Optional[float], softcap: float, causal: bool, window_left: int, window_right: int,
     sinks: Optional[Tensor], num_splits: int,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    return _forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q,
+    return forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q,
                     scale, softcap, causal, window_left, window_right, sinks, num_splits,
                     fake=False)  # fmt: skip
 
@@ -99,6 +106,6 @@ def kvcache_fwd(
 @kvcache_fwd.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q, scale, softcap,
       causal, window_left, window_right, sinks, num_splits):  # fmt: skip
-    return _forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q,
+    return forward(q, k_cache, v_cache, cache_seqlens, block_table, cu_seqlens_q, max_seqlen_q,
                     scale, softcap, causal, window_left, window_right, sinks, num_splits,
                     fake=True)  # fmt: skip
