@@ -179,7 +179,8 @@ TEST(CpuBackend, Varlen) {
   }
 }
 
-// Every output and gradient of one case with 1, 2 and 8 threads: the same bits.
+// Every output and gradient of one case with 1, 2 and 8 threads, asked through FMHA_CPU_THREADS
+// and through options.cpu_threads: the same bits.
 void expect_thread_count_independent(const AttentionCase& c) {
   SCOPED_TRACE(c.describe());
   ASSERT_TRUE(fmha::cpu::supports(c.options, c.dtype));
@@ -190,13 +191,21 @@ void expect_thread_count_independent(const AttentionCase& c) {
     ASSERT_TRUE(run_forward(c, runs.back()).ok());
     ASSERT_TRUE(run_backward(c, runs.back()).ok());
   }
+  for (int threads : {8, 1}) {
+    AttentionCase with_option = c;
+    with_option.options.cpu_threads = threads;
+    runs.push_back(make_tensors(with_option, 7));
+    ASSERT_TRUE(run_forward(with_option, runs.back()).ok());
+    ASSERT_TRUE(run_backward(with_option, runs.back()).ok());
+  }
   const std::pair<const char*, HostTensor CaseTensors::*> outputs[] = {
       {"out", &CaseTensors::out}, {"lse", &CaseTensors::lse}, {"dq", &CaseTensors::dq},
       {"dk", &CaseTensors::dk},   {"dv", &CaseTensors::dv},   {"dsinks", &CaseTensors::dsinks}};
   for (std::size_t r = 1; r < runs.size(); ++r) {
     for (auto [name, member] : outputs) {
       EXPECT_TRUE((runs[0].*member).bitwise_equal(runs[r].*member))
-          << name << " differs between 1 and " << (r == 1 ? 2 : 8) << " threads";
+          << name << " differs between run 0 (1 thread) and run " << r
+          << " (threads 2, 8 from the environment; 8, 1 from the options)";
     }
   }
 }
@@ -267,6 +276,12 @@ TEST(CpuBackend, InvalidBackendRefused) {
   const fmha::Status s = run_forward(c, t);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("options.cpu_backend = 7"), std::string::npos) << s.message();
+  c.options.cpu_backend = fmha::CpuBackend::kAuto;
+  c.options.cpu_threads = -2;
+  const fmha::Status threads = run_forward(c, t);
+  EXPECT_FALSE(threads.ok());
+  EXPECT_NE(threads.message().find("options.cpu_threads = -2"), std::string::npos)
+      << threads.message();
 }
 
 }  // namespace

@@ -53,6 +53,7 @@ struct AttentionOptions {
   bool deterministic = false;  // bitwise-identical results run to run
   bool allow_tf32 = false;     // fp32 inputs only: TF32 tensor cores (SPEC §13 tolerance 2e-3)
   CpuBackend cpu_backend = CpuBackend::kAuto;
+  int cpu_threads = 0;  // fast CPU backend: threads to use; 0: FMHA_CPU_THREADS, else every core
 };
 
 // Gradients written by every backward entry point. dq, dk, dv are required; each other gradient is

@@ -193,6 +193,7 @@ def _c_options(o: Options, bias, rel_h, rel_w, planned: bool) -> _C.AttentionOpt
     c.deterministic = o.deterministic
     c.allow_tf32 = o.allow_tf32
     c.cpu_backend = getattr(_C.CpuBackend, _backend.get_cpu_backend())
+    c.cpu_threads = torch.get_num_threads()  # the fast CPU backend uses torch's intra-op threads
     # The tensors left out stay the default, empty views ('not given').
     for name, t, broadcast in (
         ("bias", bias, True),

@@ -136,7 +136,8 @@ NB_MODULE(_C, m) {
       .def_rw("extra_v", &fmha::AttentionOptions::extra_v)
       .def_rw("deterministic", &fmha::AttentionOptions::deterministic)
       .def_rw("allow_tf32", &fmha::AttentionOptions::allow_tf32)
-      .def_rw("cpu_backend", &fmha::AttentionOptions::cpu_backend);
+      .def_rw("cpu_backend", &fmha::AttentionOptions::cpu_backend)
+      .def_rw("cpu_threads", &fmha::AttentionOptions::cpu_threads);
 
   nb::class_<fmha::AttentionGradients>(m, "AttentionGradients")
       .def(nb::init<>())

@@ -106,6 +106,10 @@ Status check_scalars(const AttentionOptions& o, ProblemShape* s) {
     return invalid("options.cpu_backend = ", static_cast<int>(o.cpu_backend),
                    " is not a CpuBackend; expected kAuto or kReference");
   }
+  if (o.cpu_threads < 0) {
+    return invalid("options.cpu_threads = ", o.cpu_threads,
+                   "; expected a thread count >= 1, or 0 for the default");
+  }
   if (s->layout == Layout::kNeighborhood) FMHA_RETURN_IF_ERROR(expect_no_sequence_masks(o));
   FMHA_RETURN_IF_ERROR(expect_window_bound(o.window_left, "window_left"));
   FMHA_RETURN_IF_ERROR(expect_window_bound(o.window_right, "window_right"));

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cpu/kernels.h"
+#include "cpu/parallel.h"
 
 namespace fmha::cpu {
 namespace {
@@ -57,6 +58,7 @@ Call shared_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
   c.scale = shape.scale;
   c.softcap = o.softcap;
   c.options = &o;
+  c.threads = thread_count(o.cpu_threads);
   c.sinks = per_head(o.sinks);
   return c;
 }

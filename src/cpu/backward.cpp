@@ -324,7 +324,7 @@ RowStats row_stats(const Call& c) {
   stats.delta.assign(at(c.total_q * c.heads), 0.0f);
   if (c.dsinks.given()) stats.p_dp.assign(at(c.total_q * c.heads), 0.0f);
   const std::int64_t tasks = static_cast<std::int64_t>(c.sequences.size()) * c.heads;
-  parallel_for(tasks, [&](std::int64_t t, int) {
+  parallel_for(tasks, c.threads, [&](std::int64_t t, int) {
     const Sequence& seq = c.sequences[at(t / c.heads)];
     const std::int64_t h = t % c.heads;
     std::vector<float> dout(at(c.value_dim)), out(at(c.value_dim));
@@ -348,7 +348,7 @@ RowStats row_stats(const Call& c) {
 // dsinks[h] = -sum over sequences and rows of P_sink Delta (SPEC §11), summed in row order, with
 // Delta = sum_j P dP - dlse.
 void sink_gradients(const Call& c, const RowStats& stats) {
-  parallel_for(c.heads, [&](std::int64_t h, int) {
+  parallel_for(c.heads, c.threads, [&](std::int64_t h, int) {
     const double sink = load_stat(c.sinks, h * c.sinks.head_stride);
     double sum = 0.0;
     for (const Sequence& seq : c.sequences) {
@@ -369,8 +369,9 @@ struct TileTask {
 };
 
 void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& stats) {
-  std::vector<BackwardScratch> scratch(at(worker_count(static_cast<std::int64_t>(tasks.size()))));
-  parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t, int worker) {
+  const auto count = static_cast<std::int64_t>(tasks.size());
+  std::vector<BackwardScratch> scratch(at(worker_count(count, c.threads)));
+  parallel_for(count, c.threads, [&](std::int64_t t, int worker) {
     const TileTask& task = tasks[at(t)];
     BackwardScratch& w = scratch[at(worker)];
     w.allocate(c);

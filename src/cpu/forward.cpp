@@ -210,9 +210,9 @@ void forward(const Call& c) {
     std::stable_sort(tasks.begin(), tasks.end(),
                      [](const ForwardTask& a, const ForwardTask& b) { return a.q0 > b.q0; });
   }
-  std::vector<ForwardScratch> scratch(static_cast<std::size_t>(worker_count(
-      static_cast<std::int64_t>(tasks.size()))));
-  parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t, int worker) {
+  const auto count = static_cast<std::int64_t>(tasks.size());
+  std::vector<ForwardScratch> scratch(static_cast<std::size_t>(worker_count(count, c.threads)));
+  parallel_for(count, c.threads, [&](std::int64_t t, int worker) {
     const ForwardTask& task = tasks[static_cast<std::size_t>(t)];
     ForwardScratch& w = scratch[static_cast<std::size_t>(worker)];
     w.allocate(c);

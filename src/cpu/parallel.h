@@ -14,24 +14,27 @@
 
 namespace fmha::cpu {
 
-// FMHA_CPU_THREADS when set to a positive number, otherwise every hardware thread.
-inline int thread_count() {
+// The threads of a call: `requested` (AttentionOptions::cpu_threads) when positive, else
+// FMHA_CPU_THREADS when set to a positive number, else every hardware thread.
+inline int thread_count(int requested) {
+  constexpr long kMaxThreads = 1024;
+  if (requested > 0) return static_cast<int>(std::min<long>(requested, kMaxThreads));
   if (const char* env = std::getenv("FMHA_CPU_THREADS")) {
-    const long requested = std::atol(env);
-    if (requested > 0) return static_cast<int>(std::min<long>(requested, 1024));
+    const long from_env = std::atol(env);
+    if (from_env > 0) return static_cast<int>(std::min(from_env, kMaxThreads));
   }
   return std::max(static_cast<int>(std::thread::hardware_concurrency()), 1);
 }
 
-inline int worker_count(std::int64_t tasks) {
-  return static_cast<int>(std::max<std::int64_t>(std::min<std::int64_t>(thread_count(), tasks), 1));
+inline int worker_count(std::int64_t tasks, int threads) {
+  return static_cast<int>(std::max<std::int64_t>(std::min<std::int64_t>(threads, tasks), 1));
 }
 
-// Runs task(t, worker) for every t in [0, count), worker in [0, worker_count(count)). Tasks are
-// handed out in increasing order of t; tasks must not write to the same memory.
+// Runs task(t, worker) for every t in [0, count), worker in [0, worker_count(count, threads)).
+// Tasks are handed out in increasing order of t; tasks must not write to the same memory.
 template <typename Task>
-void parallel_for(std::int64_t count, const Task& task) {
-  const int workers = worker_count(count);
+void parallel_for(std::int64_t count, int threads, const Task& task) {
+  const int workers = worker_count(count, threads);
   if (workers <= 1) {
     for (std::int64_t t = 0; t < count; ++t) task(t, 0);
     return;
@@ -40,10 +43,10 @@ void parallel_for(std::int64_t count, const Task& task) {
   const auto work = [&](int worker) {
     for (std::int64_t t = next.fetch_add(1); t < count; t = next.fetch_add(1)) task(t, worker);
   };
-  std::vector<std::thread> threads;
-  for (int w = 1; w < workers; ++w) threads.emplace_back(work, w);
+  std::vector<std::thread> helpers;
+  for (int w = 1; w < workers; ++w) helpers.emplace_back(work, w);
   work(0);
-  for (std::thread& thread : threads) thread.join();
+  for (std::thread& helper : helpers) helper.join();
 }
 
 }  // namespace fmha::cpu

@@ -93,6 +93,7 @@ struct Call {
   float softcap = 0.0f;
   const AttentionOptions* options = nullptr;  // the call's; Band::of reads its masks
   BackwardImpl backward_impl = BackwardImpl::kAuto;  // fused or split backward (backward.cpp)
+  int threads = 1;  // resolved thread count (parallel.h)
   std::vector<Sequence> sequences;
   Operand q, k, v, out, lse;  // lse optional in the forward, required by the backward
   Operand dout, dlse;         // backward inputs; dlse optional

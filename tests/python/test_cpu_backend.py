@@ -43,3 +43,18 @@ def test_both_backends_match_float64_and_differ_from_each_other():
             error = (got.double() - e).norm() / e.norm()
             assert error < 1e-5, f"{name}: relative error {error:.3g}"
     assert not torch.equal(fast[0], reference[0]), "auto ran the reference"
+
+
+def test_fast_backend_follows_torch_threads_bitwise():
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 150, 6, 40) for _ in range(3))
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(_run(q, k, v))
+    finally:
+        torch.set_num_threads(before)
+    for name, one, two in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert torch.equal(one, two), f"{name} differs between 1 and 2 threads"
