@@ -144,11 +144,7 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
           slope[j] = 1.0f - t * t;
         }
       }
-      if (!full) {
-        for (std::int64_t j = 0; j < cols; ++j) {
-          if (!band.visible(q0 + r, k0 + j)) prow[j] = kNegInf;
-        }
-      }
+      if (!full) band.mask_row(q0 + r, k0, cols, prow);
     }
     for (std::int64_t j = cols; j < ncols; ++j) prow[j] = kNegInf;
     const float lse = w.lse[at(r)], delta = w.delta[at(r)];

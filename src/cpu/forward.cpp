@@ -72,11 +72,7 @@ FMHA_CPU_INLINE void finish_scores(const Call& c, const Band& band, std::int64_t
   if (c.softcap > 0.0f) {
     for (std::int64_t j = 0; j < cols; ++j) row[j] = c.softcap * std::tanh(row[j] / c.softcap);
   }
-  if (!full) {
-    for (std::int64_t j = 0; j < cols; ++j) {
-      if (!band.visible(i, k0 + j)) row[j] = kNegInf;
-    }
-  }
+  if (!full) band.mask_row(i, k0, cols, row);
   for (std::int64_t j = cols; j < ncols; ++j) row[j] = kNegInf;
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "fmha/params.h"
@@ -76,8 +77,14 @@ struct Band {
   std::int64_t last_query(std::int64_t j, std::int64_t len_q) const {
     return has_lower ? std::min(j - lower, len_q - 1) : len_q - 1;
   }
-  bool visible(std::int64_t i, std::int64_t j) const {
-    return (!has_lower || j >= i + lower) && (!has_upper || j <= i + upper);
+  // Sets to -inf the scores row[0 .. cols) of query i, keys k0 .. k0 + cols - 1, that the band
+  // hides: a run before its first visible key and one after its last.
+  void mask_row(std::int64_t i, std::int64_t k0, std::int64_t cols, float* row) const {
+    const float hidden = -std::numeric_limits<float>::infinity();
+    const std::int64_t begin = has_lower ? std::clamp<std::int64_t>(i + lower - k0, 0, cols) : 0;
+    const std::int64_t end = has_upper ? std::clamp<std::int64_t>(i + upper - k0 + 1, 0, cols) : cols;
+    for (std::int64_t j = 0; j < begin; ++j) row[j] = hidden;
+    for (std::int64_t j = std::max(end, begin); j < cols; ++j) row[j] = hidden;
   }
   // True when every query of [q0, q0 + rows) sees every key of [k0, k0 + cols).
   bool covers(std::int64_t q0, std::int64_t rows, std::int64_t k0, std::int64_t cols) const {
