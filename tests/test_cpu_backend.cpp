@@ -43,9 +43,14 @@ class ScopedEnv {
 std::vector<std::string> runnable_isas() {
   std::vector<std::string> isas;
   switch (fmha::cpu::selected_isa()) {
-    case fmha::cpu::Isa::kAvx512: isas.push_back("avx512"); [[fallthrough]];
-    case fmha::cpu::Isa::kAvx2: isas.push_back("avx2"); [[fallthrough]];
-    case fmha::cpu::Isa::kPortable: isas.push_back("portable");
+    case fmha::cpu::Isa::kAvx512:
+      isas.push_back("avx512");
+      [[fallthrough]];
+    case fmha::cpu::Isa::kAvx2:
+      isas.push_back("avx2");
+      [[fallthrough]];
+    case fmha::cpu::Isa::kPortable:
+      isas.push_back("portable");
   }
   return isas;
 }
@@ -54,7 +59,8 @@ std::vector<std::string> runnable_isas() {
 // checks on every ISA variant, with the split and the fused backward.
 void check_fast(AttentionCase c, std::uint64_t seed) {
   SCOPED_TRACE(c.describe());
-  ASSERT_TRUE(fmha::cpu::supports(c.options, c.dtype)) << "the fast backend does not take this case";
+  ASSERT_TRUE(fmha::cpu::supports(c.options, c.dtype))
+      << "the fast backend does not take this case";
   ASSERT_EQ(c.options.cpu_backend, fmha::CpuBackend::kAuto);
   for (const std::string& isa : runnable_isas()) {
     SCOPED_TRACE("FMHA_CPU_ISA=" + isa);
@@ -82,9 +88,9 @@ TEST(CpuBackend, OddShapesEveryDtype) {
   struct Shape {
     std::int64_t lq, lk, d, dv;
   };
-  const Shape shapes[] = {{1, 1, 40, 40}, {7, 7, 72, 72}, {129, 129, 8, 8}, {7, 129, 40, 24},
+  const Shape shapes[] = {{1, 1, 40, 40},     {7, 7, 72, 72},    {129, 129, 8, 8}, {7, 129, 40, 24},
                           {129, 65, 200, 72}, {1, 130, 16, 200}, {64, 64, 64, 64}, {3, 0, 8, 8},
-                          {0, 5, 8, 8}, {300, 270, 40, 24}};
+                          {0, 5, 8, 8},       {300, 270, 40, 24}};
   std::uint64_t seed = 10;
   for (const Shape& s : shapes) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {

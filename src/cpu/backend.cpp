@@ -40,7 +40,8 @@ Operand packed_rows(const TensorView& t) {
 }
 Operand packed_stats(const TensorView& t) {
   if (!t.defined()) return {};
-  return {.data = t.data, .dtype = t.dtype, .token_stride = t.stride[1], .head_stride = t.stride[0]};
+  return {
+      .data = t.data, .dtype = t.dtype, .token_stride = t.stride[1], .head_stride = t.stride[0]};
 }
 // sinks / dsinks [H].
 Operand per_head(const TensorView& t) {
@@ -66,10 +67,8 @@ Call shared_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
 Call dense_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
   Call c = shared_call(o, shape);
   for (std::int64_t b = 0; b < shape.batch; ++b) {
-    c.sequences.push_back({.batch = b,
-                           .len_q = shape.seqlen_q,
-                           .len_k = shape.seqlen_k,
-                           .row = b * shape.seqlen_q});
+    c.sequences.push_back(
+        {.batch = b, .len_q = shape.seqlen_q, .len_k = shape.seqlen_k, .row = b * shape.seqlen_q});
   }
   return c;
 }
@@ -125,9 +124,12 @@ Isa selected_isa() {
 
 const char* to_string(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kPortable: return "portable";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kPortable:
+      return "portable";
   }
   return "unknown";
 }

@@ -31,7 +31,9 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
+std::size_t at(std::int64_t i) {
+  return static_cast<std::size_t>(i);
+}
 
 // Per query row and head, indexed (sequence.row + i) * H + h: the lse the probabilities are
 // recomputed from (+inf for a row that saw nothing, so that exp(s - lse) = 0) and Delta.
@@ -53,7 +55,8 @@ struct BackwardScratch {
   std::vector<float> acc_a;  // dQ [kQueryTile, D up] or dK [kKeyTile, D up]
   std::vector<float> acc_b;  // dV [kKeyTile, Dv up]
   std::vector<float> lse, delta, p_dp;  // [kQueryTile]
-  std::vector<float> dq_all, p_dp_all;  // fused: dQ [group, Lq up to kQueryTile, D up], sums of P dP
+  std::vector<float> dq_all,
+      p_dp_all;  // fused: dQ [group, Lq up to kQueryTile, D up], sums of P dP
 
   void allocate(const Call& c) {
     if (!q.empty()) return;
@@ -108,11 +111,14 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int6
     const std::int64_t token = seq.first_k + k0 + j;
     const std::int64_t k_offset = c.k.offset(seq.batch, token, kvh);
     load_features(c.k, k_offset, c.head_dim, 1.0f, &w.kt[at(j)], kKeyTile);
-    load_features(c.v, c.v.offset(seq.batch, token, kvh), c.value_dim, 1.0f, &w.vt[at(j)], kKeyTile);
+    load_features(c.v, c.v.offset(seq.batch, token, kvh), c.value_dim, 1.0f, &w.vt[at(j)],
+                  kKeyTile);
     if (with_rows) load_features(c.k, k_offset, c.head_dim, 1.0f, &w.k[at(j * dp)], 1);
   }
-  for (std::int64_t d = 0; d < c.head_dim; ++d) std::fill_n(&w.kt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
-  for (std::int64_t d = 0; d < c.value_dim; ++d) std::fill_n(&w.vt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
+  for (std::int64_t d = 0; d < c.head_dim; ++d)
+    std::fill_n(&w.kt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
+  for (std::int64_t d = 0; d < c.value_dim; ++d)
+    std::fill_n(&w.vt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
 }
 
 // For the loaded query tile (rows_pad rows, queries from q0) and key tile (ncols columns, keys
@@ -163,8 +169,8 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
 }
 
 template <typename Traits>
-FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq,
-                             std::int64_t h, std::int64_t q0, BackwardScratch& w) {
+FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
+                             std::int64_t q0, BackwardScratch& w) {
   const std::int64_t dp = round_up(c.head_dim, kLanes);
   const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
   const std::int64_t rows_pad = round_up(rows, Traits::kRows);
@@ -224,7 +230,8 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
         const std::int64_t first_row = g * round_up(seq.len_q, kQueryTile) + q0;
         gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp,
                      &w.dq_all[at(first_row * dp)], dp, true);
-        for (std::int64_t r = 0; r < rows && row_sums; ++r) w.p_dp_all[at(first_row + r)] += w.p_dp[at(r)];
+        for (std::int64_t r = 0; r < rows && row_sums; ++r)
+          w.p_dp_all[at(first_row + r)] += w.p_dp[at(r)];
       }
     }
   }
@@ -244,7 +251,8 @@ FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& 
   const bool row_sums = !stats.p_dp.empty();
   w.dq_all.assign(at(c.group() * rows_per_head * dp), 0.0f);
   if (row_sums) w.p_dp_all.assign(at(c.group() * rows_per_head), 0.0f);
-  for (std::int64_t k0 = 0; k0 < seq.len_k; k0 += kKeyTile) dkdv_tile<Traits>(c, stats, seq, kvh, k0, w, true);
+  for (std::int64_t k0 = 0; k0 < seq.len_k; k0 += kKeyTile)
+    dkdv_tile<Traits>(c, stats, seq, kvh, k0, w, true);
   for (std::int64_t g = 0; g < c.group(); ++g) {
     const std::int64_t h = kvh * c.group() + g;
     for (std::int64_t i = 0; i < seq.len_q; ++i) {
@@ -289,9 +297,9 @@ FMHA_CPU_TARGET_AVX512 void dq_tile_avx512(const Call& c, RowStats& st, const Se
                                            std::int64_t h, std::int64_t q0, BackwardScratch& w) {
   dq_tile<Avx512Traits>(c, st, seq, h, q0, w);
 }
-FMHA_CPU_TARGET_AVX512 void dkdv_tile_avx512(const Call& c, RowStats& st,
-                                             const Sequence& seq, std::int64_t kvh,
-                                             std::int64_t k0, BackwardScratch& w) {
+FMHA_CPU_TARGET_AVX512 void dkdv_tile_avx512(const Call& c, RowStats& st, const Sequence& seq,
+                                             std::int64_t kvh, std::int64_t k0,
+                                             BackwardScratch& w) {
   dkdv_tile<Avx512Traits>(c, st, seq, kvh, k0, w);
 }
 FMHA_CPU_TARGET_AVX512 void fused_avx512(const Call& c, RowStats& st, const Sequence& seq,
@@ -375,7 +383,6 @@ void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& 
   });
 }
 
-
 // The fused structure saves 2 of 7 products but has only sequences x kv heads tasks: kAuto takes it
 // when there are at least two such tasks per hardware thread (the machine's, not the call's thread
 // count, so that results do not depend on FMHA_CPU_THREADS) and its dQ buffer stays small.
@@ -390,9 +397,12 @@ bool use_fused(const Call& c) {
                                     round_up(c.head_dim, kLanes) * std::int64_t{sizeof(float)};
   if (buffer_bytes > kMaxFusedBufferBytes) return false;
   switch (c.backward_impl) {
-    case BackwardImpl::kFused: return true;
-    case BackwardImpl::kSplit: return false;
-    case BackwardImpl::kAuto: break;
+    case BackwardImpl::kFused:
+      return true;
+    case BackwardImpl::kSplit:
+      return false;
+    case BackwardImpl::kAuto:
+      break;
   }
   const std::int64_t hardware = std::max<std::int64_t>(std::thread::hardware_concurrency(), 1);
   return tasks >= 2 * hardware;

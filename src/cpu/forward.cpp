@@ -24,13 +24,13 @@ constexpr std::int64_t kForwardQueryTile = 256;
 
 // One worker's tiles, allocated once per call and reused by every task it runs.
 struct ForwardScratch {
-  std::vector<float> q;       // [kForwardQueryTile, D], scaled by the softmax scale
-  std::vector<float> k;       // [kKeyTile, D]: K converted to fp32
-  std::vector<float> kt;      // [D, kKeyTile]: K transposed, a row of keys per feature
-  std::vector<float> v;       // [kKeyTile, Dv rounded up to 16], padding columns 0
-  std::vector<float> s;       // [kForwardQueryTile, kKeyTile]: scores, then probabilities
-  std::vector<float> o;       // [kForwardQueryTile, Dv rounded up]: unnormalised output
-  std::vector<float> m, l;    // [kForwardQueryTile]: running maximum and normaliser
+  std::vector<float> q;     // [kForwardQueryTile, D], scaled by the softmax scale
+  std::vector<float> k;     // [kKeyTile, D]: K converted to fp32
+  std::vector<float> kt;    // [D, kKeyTile]: K transposed, a row of keys per feature
+  std::vector<float> v;     // [kKeyTile, Dv rounded up to 16], padding columns 0
+  std::vector<float> s;     // [kForwardQueryTile, kKeyTile]: scores, then probabilities
+  std::vector<float> o;     // [kForwardQueryTile, Dv rounded up]: unnormalised output
+  std::vector<float> m, l;  // [kForwardQueryTile]: running maximum and normaliser
 
   void allocate(const Call& c) {
     if (!q.empty()) return;
@@ -66,9 +66,8 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int6
 }
 
 // Softcap, then the mask: entries the band hides and padding columns become -inf.
-FMHA_CPU_INLINE void finish_scores(const Call& c, const Band& band, std::int64_t i,
-                                   std::int64_t k0, std::int64_t cols, std::int64_t ncols,
-                                   bool full, float* row) {
+FMHA_CPU_INLINE void finish_scores(const Call& c, const Band& band, std::int64_t i, std::int64_t k0,
+                                   std::int64_t cols, std::int64_t ncols, bool full, float* row) {
   if (c.softcap > 0.0f) {
     for (std::int64_t j = 0; j < cols; ++j) row[j] = c.softcap * std::tanh(row[j] / c.softcap);
   }
@@ -89,7 +88,8 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
   float* o = w.o.data();
 
   for (std::int64_t r = 0; r < rows; ++r) {
-    load_features(c.q, c.q.offset(seq.batch, seq.first_q + q0 + r, h), dim, c.scale, q + r * dim, 1);
+    load_features(c.q, c.q.offset(seq.batch, seq.first_q + q0 + r, h), dim, c.scale, q + r * dim,
+                  1);
   }
   for (std::int64_t x = rows * dim; x < rows_pad * dim; ++x) q[x] = 0.0f;
   // A sink is a logit with no value: the running maximum starts at it with exp(0) = 1 summed.
@@ -168,9 +168,8 @@ FMHA_CPU_TARGET_AVX2 void forward_tile_avx2(const Call& c, const Sequence& seq, 
   forward_tile<Avx2Traits>(c, seq, h, q0, w);
 }
 
-FMHA_CPU_TARGET_AVX512 void forward_tile_avx512(const Call& c, const Sequence& seq,
-                                                std::int64_t h, std::int64_t q0,
-                                                ForwardScratch& w) {
+FMHA_CPU_TARGET_AVX512 void forward_tile_avx512(const Call& c, const Sequence& seq, std::int64_t h,
+                                                std::int64_t q0, ForwardScratch& w) {
   forward_tile<Avx512Traits>(c, seq, h, q0, w);
 }
 #endif

@@ -51,7 +51,9 @@ struct Avx512Traits {
 inline constexpr std::int64_t kQueryTile = 64;
 inline constexpr std::int64_t kKeyTile = 64;
 
-FMHA_CPU_INLINE std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+FMHA_CPU_INLINE std::int64_t round_up(std::int64_t x, std::int64_t m) {
+  return (x + m - 1) / m * m;
+}
 
 // C[m, n] (+)= A[m, k] B[k, n] for one register block of R rows and C 16-lane chunks. A is read one
 // element at a time with any strides (a_row between rows, a_col between columns), so a transposed
@@ -90,7 +92,8 @@ FMHA_CPU_INLINE void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const 
     std::int64_t j = 0;
     for (; j + C * kLanes <= n; j += C * kLanes)
       gemm_block<R, C>(k, ai, a_row, a_col, b + j, ldb, ci + j, ldc, accumulate);
-    for (; j < n; j += kLanes) gemm_block<R, 1>(k, ai, a_row, a_col, b + j, ldb, ci + j, ldc, accumulate);
+    for (; j < n; j += kLanes)
+      gemm_block<R, 1>(k, ai, a_row, a_col, b + j, ldb, ci + j, ldc, accumulate);
   }
 }
 
@@ -107,12 +110,14 @@ FMHA_CPU_INLINE void load_features(const Operand& op, std::int64_t offset, std::
     }
     case DType::kBFloat16: {
       const auto* src = static_cast<const std::uint16_t*>(op.data) + offset;
-      for (std::int64_t d = 0; d < n; ++d) dst[d * step] = bf16_bits_to_float(src[d * stride]) * scale;
+      for (std::int64_t d = 0; d < n; ++d)
+        dst[d * step] = bf16_bits_to_float(src[d * stride]) * scale;
       return;
     }
     case DType::kFloat16: {
       const auto* src = static_cast<const std::uint16_t*>(op.data) + offset;
-      for (std::int64_t d = 0; d < n; ++d) dst[d * step] = half_bits_to_float(src[d * stride]) * scale;
+      for (std::int64_t d = 0; d < n; ++d)
+        dst[d * step] = half_bits_to_float(src[d * stride]) * scale;
       return;
     }
     case DType::kFloat64:

@@ -82,13 +82,15 @@ struct Band {
   void mask_row(std::int64_t i, std::int64_t k0, std::int64_t cols, float* row) const {
     const float hidden = -std::numeric_limits<float>::infinity();
     const std::int64_t begin = has_lower ? std::clamp<std::int64_t>(i + lower - k0, 0, cols) : 0;
-    const std::int64_t end = has_upper ? std::clamp<std::int64_t>(i + upper - k0 + 1, 0, cols) : cols;
+    const std::int64_t end =
+        has_upper ? std::clamp<std::int64_t>(i + upper - k0 + 1, 0, cols) : cols;
     for (std::int64_t j = 0; j < begin; ++j) row[j] = hidden;
     for (std::int64_t j = std::max(end, begin); j < cols; ++j) row[j] = hidden;
   }
   // True when every query of [q0, q0 + rows) sees every key of [k0, k0 + cols).
   bool covers(std::int64_t q0, std::int64_t rows, std::int64_t k0, std::int64_t cols) const {
-    return (!has_lower || k0 >= q0 + rows - 1 + lower) && (!has_upper || k0 + cols - 1 <= q0 + upper);
+    return (!has_lower || k0 >= q0 + rows - 1 + lower) &&
+           (!has_upper || k0 + cols - 1 <= q0 + upper);
   }
 };
 
@@ -98,9 +100,9 @@ struct Call {
   std::int64_t total_q = 0;  // queries over all sequences
   float scale = 1.0f;
   float softcap = 0.0f;
-  const AttentionOptions* options = nullptr;  // the call's; Band::of reads its masks
+  const AttentionOptions* options = nullptr;         // the call's; Band::of reads its masks
   BackwardImpl backward_impl = BackwardImpl::kAuto;  // fused or split backward (backward.cpp)
-  int threads = 1;  // resolved thread count (parallel.h)
+  int threads = 1;                                   // resolved thread count (parallel.h)
   std::vector<Sequence> sequences;
   Operand q, k, v, out, lse;  // lse optional in the forward, required by the backward
   Operand dout, dlse;         // backward inputs; dlse optional

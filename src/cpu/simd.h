@@ -27,11 +27,17 @@ FMHA_CPU_INLINE VecF load(const float* p) {
   return v;
 }
 
-FMHA_CPU_INLINE void store(float* p, VecF v) { std::memcpy(p, &v, sizeof v); }
+FMHA_CPU_INLINE void store(float* p, VecF v) {
+  std::memcpy(p, &v, sizeof v);
+}
 
-FMHA_CPU_INLINE VecF broadcast(float x) { return VecF{} + x; }
+FMHA_CPU_INLINE VecF broadcast(float x) {
+  return VecF{} + x;
+}
 
-FMHA_CPU_INLINE VecF max(VecF a, VecF b) { return a > b ? a : b; }
+FMHA_CPU_INLINE VecF max(VecF a, VecF b) {
+  return a > b ? a : b;
+}
 
 FMHA_CPU_INLINE float reduce_max(VecF v) {
   float m = v[0];
