@@ -1,8 +1,9 @@
 """fmha's fast CPU backend against PyTorch's CPU SDPA (its flash kernel), one thread each, timed in
 CPU seconds of the calling thread (time.thread_time): on a shared machine other processes take wall
 time from both, but not this thread's CPU time, so the ratios hold where wall-clock runs
-(python -m fmha.bench --device cpu) are skewed by the machine's load. fmha runs with
-FMHA_CPU_THREADS=1 and torch with torch.set_num_threads(1), both on the calling thread. Random
+(python -m fmha.bench --device cpu) are skewed by the machine's load. torch.set_num_threads(1)
+keeps both on the calling thread (fmha's Python functions pass torch's thread count to the fast
+backend). Random
 normal inputs, B 1 H 8, the CPU standard suite's grid (fp32 / bf16, D 64 / 128, causal and not,
 L 512-2048); best of 3 runs; GFLOP per CPU second over visible pairs, backward = 2.5 x forward.
 Prints a markdown table.
@@ -12,15 +13,12 @@ Prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-os.environ["FMHA_CPU_THREADS"] = "1"
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import fmha  # noqa: E402
+import fmha
 
 
 def best_cpu_seconds(fn, reps: int) -> float:
