@@ -8,7 +8,10 @@
 //          dS K into a private fp32 dQ of the group's rows: 5 products per tile pair instead of 7,
 //          but only sequences x kv heads tasks, and a dQ buffer of group x Lq x D floats.
 // The structure depends on the problem and backward_impl only (backward()), never on threads.
-// Delta = dout . out - dlse (SPEC §11) is computed once per row before both. dsinks comes last,
+// Delta = dout . out - dlse (SPEC §11) is computed once per row before both, except where every key
+// of the sequence fits in one tile: there the tile's own sum_j P dP - dlse is at hand before dS is
+// needed, and it does not go through the stored out, whose fp16 / bf16 rounding dominates
+// dP - Delta when a row's probability sits on one key (a key and a sink, say). dsinks comes last,
 // from Delta = sum_j P dP - dlse, a sum the dQ pass takes of its rows for free (it has P and dP at
 // hand) and which does not go through the stored out: dsinks is a plain sum over rows of
 // P_sink Delta, where the rounding of an fp16 / bf16 out does not average away as it does in the
@@ -38,7 +41,7 @@ std::size_t at(std::int64_t i) {
 // Per query row and head, indexed (sequence.row + i) * H + h: the lse the probabilities are
 // recomputed from (+inf for a row that saw nothing, so that exp(s - lse) = 0) and Delta.
 struct RowStats {
-  std::vector<float> lse, delta;
+  std::vector<float> lse, delta, dlse;
   std::vector<float> p_dp;  // sum over keys of P dP, written by the dQ pass when dsinks is asked
 };
 
@@ -54,7 +57,7 @@ struct BackwardScratch {
   std::vector<float> slope;  // [kQueryTile, kKeyTile]: softcap's 1 - tanh^2
   std::vector<float> acc_a;  // dQ [kQueryTile, D up] or dK [kKeyTile, D up]
   std::vector<float> acc_b;  // dV [kKeyTile, Dv up]
-  std::vector<float> lse, delta, p_dp;  // [kQueryTile]
+  std::vector<float> lse, delta, dlse, p_dp;  // [kQueryTile]
   std::vector<float> dq_all,
       p_dp_all;  // fused: dQ [group, Lq up to kQueryTile, D up], sums of P dP
 
@@ -74,6 +77,7 @@ struct BackwardScratch {
     acc_b.assign(at(kKeyTile * dvp), 0.0f);
     lse.assign(at(kQueryTile), 0.0f);
     delta.assign(at(kQueryTile), 0.0f);
+    dlse.assign(at(kQueryTile), 0.0f);
     p_dp.assign(at(kQueryTile), 0.0f);
   }
 };
@@ -92,12 +96,14 @@ FMHA_CPU_INLINE void load_query_tile(const Call& c, const RowStats& stats, const
     const std::size_t row = at((seq.row + q0 + r) * c.heads + h);
     w.lse[at(r)] = stats.lse[row];
     w.delta[at(r)] = stats.delta[row];
+    w.dlse[at(r)] = stats.dlse[row];
   }
   for (std::int64_t r = rows; r < rows_pad; ++r) {
     std::fill_n(&w.q[at(r * dp)], dp, 0.0f);
     std::fill_n(&w.dout[at(r * dvp)], dvp, 0.0f);
     w.lse[at(r)] = kInf;
     w.delta[at(r)] = 0.0f;
+    w.dlse[at(r)] = 0.0f;
   }
 }
 
@@ -128,7 +134,7 @@ template <typename Traits>
 FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64_t q0,
                                      std::int64_t rows, std::int64_t rows_pad, std::int64_t k0,
                                      std::int64_t cols, std::int64_t ncols, BackwardScratch& w,
-                                     bool row_sums) {
+                                     bool row_sums, bool exact_delta) {
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
   float* p = w.p.data();
   float* ds = w.ds.data();
@@ -153,18 +159,21 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
       if (!full) band.mask_row(q0 + r, k0, cols, prow);
     }
     for (std::int64_t j = cols; j < ncols; ++j) prow[j] = kNegInf;
-    const float lse = w.lse[at(r)], delta = w.delta[at(r)];
+    const float lse = w.lse[at(r)];
     VecF p_dp{};
     for (std::int64_t j = 0; j < ncols; j += kLanes) {
       const VecF prob = exp(load(prow + j) - lse);
-      const VecF dp = load(dsrow + j);
       store(prow + j, prob);
-      p_dp += prob * dp;
-      VecF grad = prob * (dp - delta);
+      p_dp += prob * load(dsrow + j);
+    }
+    const float row_p_dp = reduce_sum(p_dp);
+    const float delta = exact_delta ? row_p_dp - w.dlse[at(r)] : w.delta[at(r)];
+    for (std::int64_t j = 0; j < ncols; j += kLanes) {
+      VecF grad = load(prow + j) * (load(dsrow + j) - delta);
       if (softcap) grad *= load(slope + j);
       store(dsrow + j, grad);
     }
-    if (row_sums) w.p_dp[at(r)] += reduce_sum(p_dp);
+    if (row_sums) w.p_dp[at(r)] += row_p_dp;
   }
 }
 
@@ -186,7 +195,8 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
     const std::int64_t ncols = round_up(cols, kLanes);
     load_key_tile(c, seq, kvh, k0, cols, ncols, w, true);
-    score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, row_sums);
+    score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, row_sums,
+                            seq.len_k <= kKeyTile);
     gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp, true);
   }
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -222,7 +232,8 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
       load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
       const bool row_sums = fused && !stats.p_dp.empty();
       if (row_sums) std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
-      score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, row_sums);
+      score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, row_sums,
+                              seq.len_k <= kKeyTile);
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
       gemm<Traits>(ncols, dp, rows, w.ds.data(), 1, kKeyTile, w.q.data(), dp, dk, dp, true);
@@ -326,6 +337,7 @@ RowStats row_stats(const Call& c) {
   RowStats stats;
   stats.lse.assign(at(c.total_q * c.heads), kInf);
   stats.delta.assign(at(c.total_q * c.heads), 0.0f);
+  stats.dlse.assign(at(c.total_q * c.heads), 0.0f);
   if (c.dsinks.given()) stats.p_dp.assign(at(c.total_q * c.heads), 0.0f);
   const std::int64_t tasks = static_cast<std::int64_t>(c.sequences.size()) * c.heads;
   parallel_for(tasks, c.threads, [&](std::int64_t t, int) {
@@ -342,7 +354,10 @@ RowStats row_stats(const Call& c) {
       double dot = 0.0;
       for (std::int64_t d = 0; d < c.value_dim; ++d)
         dot += static_cast<double>(dout[at(d)]) * out[at(d)];
-      if (c.dlse.given()) dot -= load_stat(c.dlse, c.dlse.offset(seq.batch, token, h));
+      if (c.dlse.given()) {
+        stats.dlse[row] = load_stat(c.dlse, c.dlse.offset(seq.batch, token, h));
+        dot -= stats.dlse[row];
+      }
       stats.delta[row] = static_cast<float>(dot);
     }
   });
@@ -357,11 +372,8 @@ void sink_gradients(const Call& c, const RowStats& stats) {
     double sum = 0.0;
     for (const Sequence& seq : c.sequences) {
       for (std::int64_t i = 0; i < seq.len_q; ++i) {
-        const std::int64_t token = seq.first_q + i;
         const std::size_t row = at((seq.row + i) * c.heads + h);
-        const double dlse =
-            c.dlse.given() ? load_stat(c.dlse, c.dlse.offset(seq.batch, token, h)) : 0.0;
-        sum -= std::exp(sink - stats.lse[row]) * (stats.p_dp[row] - dlse);
+        sum -= std::exp(sink - stats.lse[row]) * (stats.p_dp[row] - stats.dlse[row]);
       }
     }
     store_stat(c.dsinks, h * c.dsinks.head_stride, static_cast<float>(sum));
