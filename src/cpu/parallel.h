@@ -2,15 +2,16 @@
 // list of tasks that does not depend on the thread count, each output element is written by one
 // task, and threads only decide who runs which task: results are bitwise identical whatever the
 // number of threads. Here each worker also gets an index, so that it can reuse one scratch area
-// for all the tasks it runs.
+// for all the tasks it runs, and the workers are kept between calls (thread_pool.cpp): starting
+// threads at every call cost more than a small problem's whole computation.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <thread>
-#include <vector>
 
 namespace fmha::cpu {
 
@@ -30,6 +31,11 @@ inline int worker_count(std::int64_t tasks, int threads) {
   return static_cast<int>(std::max<std::int64_t>(std::min<std::int64_t>(threads, tasks), 1));
 }
 
+// Runs body(worker) for worker in [0, workers): the calling thread is worker 0, threads kept by the
+// process the others. When another call is using those threads (calls from several user threads
+// at once), the caller runs body(0) alone, which the task loop below turns into every task.
+void run_workers(int workers, const std::function<void(int)>& body);
+
 // Runs task(t, worker) for every t in [0, count), worker in [0, worker_count(count, threads)).
 // Tasks are handed out in increasing order of t; tasks must not write to the same memory.
 template <typename Task>
@@ -40,13 +46,9 @@ void parallel_for(std::int64_t count, int threads, const Task& task) {
     return;
   }
   std::atomic<std::int64_t> next{0};
-  const auto work = [&](int worker) {
+  run_workers(workers, [&](int worker) {
     for (std::int64_t t = next.fetch_add(1); t < count; t = next.fetch_add(1)) task(t, worker);
-  };
-  std::vector<std::thread> helpers;
-  for (int w = 1; w < workers; ++w) helpers.emplace_back(work, w);
-  work(0);
-  for (std::thread& helper : helpers) helper.join();
+  });
 }
 
 }  // namespace fmha::cpu
