@@ -43,10 +43,19 @@ class ThreadPool {
       ++generation_;
     }
     wake_.notify_all();
-    body(0);
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    body_ = nullptr;
+    // The helpers read `body` until they are done: wait for them even when worker 0 throws.
+    const auto wait_for_helpers = [&] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [&] { return pending_ == 0; });
+      body_ = nullptr;
+    };
+    try {
+      body(0);
+    } catch (...) {
+      wait_for_helpers();
+      throw;
+    }
+    wait_for_helpers();
   }
 
  private:
