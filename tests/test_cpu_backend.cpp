@@ -5,6 +5,8 @@
 // results independent of the thread count, bit for bit; and the explicit choice of the reference.
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cpu/backend.h"
 #include "cpu/kernels.h"
@@ -258,6 +260,43 @@ TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
     varlen.seqlens_q = {70, 0, 129, 3};
     varlen.seqlens_k = {150, 9, 65, 0};
     expect_thread_count_independent(varlen);
+  }
+}
+
+// Calls from several threads at once share the kept workers (one call at a time; the others run
+// on their own thread): every call still gets the same bits as a call alone.
+TEST(CpuBackend, ConcurrentCallsFromSeveralThreads) {
+  AttentionCase c = dense_case(150, 130, 40, 24);
+  c.heads = 6;
+  c.kv_heads = 2;
+  c.options.causal = true;
+  CaseTensors alone = make_tensors(c, 9);
+  ASSERT_TRUE(run_forward(c, alone).ok());
+  ASSERT_TRUE(run_backward(c, alone).ok());
+  constexpr int kCallers = 4, kRounds = 5;
+  std::vector<CaseTensors> runs;
+  for (int i = 0; i < kCallers; ++i) runs.push_back(make_tensors(c, 9));
+  std::vector<int> failures(kCallers, 0);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      for (int round = 0; round < kRounds; ++round) {
+        if (!run_forward(c, runs[static_cast<std::size_t>(i)]).ok() ||
+            !run_backward(c, runs[static_cast<std::size_t>(i)]).ok()) {
+          ++failures[static_cast<std::size_t>(i)];
+        }
+      }
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  for (int i = 0; i < kCallers; ++i) {
+    const CaseTensors& t = runs[static_cast<std::size_t>(i)];
+    EXPECT_EQ(failures[static_cast<std::size_t>(i)], 0);
+    EXPECT_TRUE(t.out.bitwise_equal(alone.out)) << "caller " << i;
+    EXPECT_TRUE(t.lse.bitwise_equal(alone.lse)) << "caller " << i;
+    EXPECT_TRUE(t.dq.bitwise_equal(alone.dq)) << "caller " << i;
+    EXPECT_TRUE(t.dk.bitwise_equal(alone.dk)) << "caller " << i;
+    EXPECT_TRUE(t.dv.bitwise_equal(alone.dv)) << "caller " << i;
   }
 }
 
