@@ -135,6 +135,7 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
                                      std::int64_t rows, std::int64_t rows_pad, std::int64_t k0,
                                      std::int64_t cols, std::int64_t ncols, BackwardScratch& w,
                                      bool row_sums, bool exact_delta) {
+  using V = typename Traits::V;
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
   float* p = w.p.data();
   float* ds = w.ds.data();
@@ -160,18 +161,18 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
     }
     for (std::int64_t j = cols; j < ncols; ++j) prow[j] = kNegInf;
     const float lse = w.lse[at(r)];
-    VecF p_dp{};
-    for (std::int64_t j = 0; j < ncols; j += kLanes) {
-      const VecF prob = exp(load(prow + j) - lse);
-      store(prow + j, prob);
-      p_dp += prob * load(dsrow + j);
+    typename V::F p_dp{};
+    for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
+      const typename V::F prob = V::exp(V::load(prow + j) - lse);
+      V::store(prow + j, prob);
+      p_dp += prob * V::load(dsrow + j);
     }
-    const float row_p_dp = reduce_sum(p_dp);
+    const float row_p_dp = V::reduce_sum(p_dp);
     const float delta = exact_delta ? row_p_dp - w.dlse[at(r)] : w.delta[at(r)];
-    for (std::int64_t j = 0; j < ncols; j += kLanes) {
-      VecF grad = load(prow + j) * (load(dsrow + j) - delta);
-      if (softcap) grad *= load(slope + j);
-      store(dsrow + j, grad);
+    for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
+      typename V::F grad = V::load(prow + j) * (V::load(dsrow + j) - delta);
+      if (softcap) grad *= V::load(slope + j);
+      V::store(dsrow + j, grad);
     }
     if (row_sums) w.p_dp[at(r)] += row_p_dp;
   }

@@ -78,6 +78,7 @@ FMHA_CPU_INLINE void finish_scores(const Call& c, const Band& band, std::int64_t
 template <typename Traits>
 FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64_t h,
                                   std::int64_t q0, ForwardScratch& w) {
+  using V = typename Traits::V;
   const std::int64_t dim = c.head_dim, dv = round_up(c.value_dim, kLanes);
   const std::int64_t rows = std::min(kForwardQueryTile, seq.len_q - q0);
   const std::int64_t rows_pad = round_up(rows, Traits::kRows);
@@ -116,27 +117,29 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
       }
       finish_scores(c, band, q0 + r, k0, cols, ncols, full, row);
       // Online softmax (SPEC §10): rescale what came before to the new running maximum.
-      VecF tile_max = broadcast(kNegInf);
-      for (std::int64_t j = 0; j < ncols; j += kLanes) tile_max = max(tile_max, load(row + j));
+      typename V::F tile_max = V::broadcast(kNegInf);
+      for (std::int64_t j = 0; j < ncols; j += V::kWidth)
+        tile_max = V::max(tile_max, V::load(row + j));
       float& m = w.m[static_cast<std::size_t>(r)];
       float& l = w.l[static_cast<std::size_t>(r)];
-      const float m_new = std::max(m, reduce_max(tile_max));
+      const float m_new = std::max(m, V::reduce_max(tile_max));
       if (m_new == kNegInf) {  // nothing visible yet: the row stays empty
         for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
         continue;
       }
       const float alpha = std::exp(m - m_new);
-      VecF sum{};
-      for (std::int64_t j = 0; j < ncols; j += kLanes) {
-        const VecF p = exp(load(row + j) - m_new);
-        store(row + j, p);
+      typename V::F sum{};
+      for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
+        const typename V::F p = V::exp(V::load(row + j) - m_new);
+        V::store(row + j, p);
         sum += p;
       }
-      l = l * alpha + reduce_sum(sum);
+      l = l * alpha + V::reduce_sum(sum);
       m = m_new;
       if (alpha != 1.0f) {
         float* orow = o + r * dv;
-        for (std::int64_t d = 0; d < dv; d += kLanes) store(orow + d, load(orow + d) * alpha);
+        for (std::int64_t d = 0; d < dv; d += V::kWidth)
+          V::store(orow + d, V::load(orow + d) * alpha);
       }
     }
     gemm<Traits>(rows_pad, dv, cols, s, kKeyTile, 1, w.v.data(), dv, o, dv, true);

@@ -32,16 +32,20 @@ enum class Isa : std::uint8_t { kPortable, kAvx2, kAvx512 };
 Isa selected_isa();
 const char* to_string(Isa isa);
 
-// Register blocks of the matrix product: kRows rows by kChunks 16-lane vectors of accumulators.
-// AVX-512 has 32 registers: 8 x 2 accumulators leave room for the two B vectors and a broadcast.
-// AVX2 has 16 of 8 lanes, where a 16-lane vector takes two: 4 x 1 is 8 registers of accumulators.
+// Per ISA: the vector type, and the register block of the matrix product, kRows rows by kChunks
+// 16-float chunks of accumulators. AVX-512 has 32 registers of 16 floats: 8 x 2 accumulators leave
+// room for the two B vectors and a broadcast. AVX2 has 16 of 8: 4 x 1 chunk is 8 registers. SSE2
+// has 16 of 4 (NEON 32): 2 x 1 chunk is 8.
 struct PortableTraits {
-  static constexpr int kRows = 4, kChunks = 1;
+  using V = Vec<16>;
+  static constexpr int kRows = 2, kChunks = 1;
 };
 struct Avx2Traits {
+  using V = Vec<32>;
   static constexpr int kRows = 4, kChunks = 1;
 };
 struct Avx512Traits {
+  using V = Vec<64>;
   static constexpr int kRows = 8, kChunks = 2;
 };
 
@@ -55,28 +59,30 @@ FMHA_CPU_INLINE std::int64_t round_up(std::int64_t x, std::int64_t m) {
   return (x + m - 1) / m * m;
 }
 
-// C[m, n] (+)= A[m, k] B[k, n] for one register block of R rows and C 16-lane chunks. A is read one
-// element at a time with any strides (a_row between rows, a_col between columns), so a transposed
-// operand costs nothing; B is row-major with leading dimension ldb.
-template <int R, int C>
+// C[m, n] (+)= A[m, k] B[k, n] for one register block of R rows and C 16-float chunks, in vectors
+// of V. A is read one element at a time with any strides (a_row between rows, a_col between
+// columns), so a transposed operand costs nothing; B is row-major with leading dimension ldb.
+template <typename V, int R, int C>
 FMHA_CPU_INLINE void gemm_block(std::int64_t k, const float* a, std::int64_t a_row,
                                 std::int64_t a_col, const float* b, std::int64_t ldb, float* c,
                                 std::int64_t ldc, bool accumulate) {
-  VecF acc[R][C];
+  constexpr int N = C * kLanes / V::kWidth;  // vectors a row
+  typename V::F acc[R][N];
   for (int r = 0; r < R; ++r) {
-    for (int x = 0; x < C; ++x) acc[r][x] = accumulate ? load(c + r * ldc + x * kLanes) : VecF{};
+    for (int x = 0; x < N; ++x)
+      acc[r][x] = accumulate ? V::load(c + r * ldc + x * V::kWidth) : typename V::F{};
   }
   for (std::int64_t p = 0; p < k; ++p) {
-    VecF bv[C];
-    for (int x = 0; x < C; ++x) bv[x] = load(b + p * ldb + x * kLanes);
+    typename V::F bv[N];
+    for (int x = 0; x < N; ++x) bv[x] = V::load(b + p * ldb + x * V::kWidth);
     const float* ap = a + p * a_col;
     for (int r = 0; r < R; ++r) {
-      const VecF av = broadcast(ap[r * a_row]);
-      for (int x = 0; x < C; ++x) acc[r][x] += av * bv[x];
+      const typename V::F av = V::broadcast(ap[r * a_row]);
+      for (int x = 0; x < N; ++x) acc[r][x] += av * bv[x];
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int x = 0; x < C; ++x) store(c + r * ldc + x * kLanes, acc[r][x]);
+    for (int x = 0; x < N; ++x) V::store(c + r * ldc + x * V::kWidth, acc[r][x]);
   }
 }
 
@@ -91,9 +97,11 @@ FMHA_CPU_INLINE void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const 
     float* ci = c + i * ldc;
     std::int64_t j = 0;
     for (; j + C * kLanes <= n; j += C * kLanes)
-      gemm_block<R, C>(k, ai, a_row, a_col, b + j, ldb, ci + j, ldc, accumulate);
+      gemm_block<typename Traits::V, R, C>(k, ai, a_row, a_col, b + j, ldb, ci + j, ldc,
+                                           accumulate);
     for (; j < n; j += kLanes)
-      gemm_block<R, 1>(k, ai, a_row, a_col, b + j, ldb, ci + j, ldc, accumulate);
+      gemm_block<typename Traits::V, R, 1>(k, ai, a_row, a_col, b + j, ldb, ci + j, ldc,
+                                           accumulate);
   }
 }
 
