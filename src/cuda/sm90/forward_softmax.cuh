@@ -15,13 +15,15 @@ namespace fmha::cuda::sm90 {
 // each), folded the same way: into the half's maximum and its exponent base, none per score.
 // The output's rescale is skipped when it multiplies every row of the warp by exactly 1 (no row
 // max moved: most tiles of a long row), which changes no bit of the result.
-template <int kRuns, int kScoreTiles, int kOutTiles>
-__device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kScoreTiles][4],
-                                               float (&o)[kOutTiles][4], float scale,
+// The scores' half of it: exponentials and row sums in place, and each row's factor for the
+// output, which rescale_output applies (the overlapped forward does so only once its P V product
+// of the previous tile has landed in O).
+template <int kRuns, int kScoreTiles>
+__device__ __forceinline__ void softmax_scores(OnlineSoftmax& sm, float (&s)[kScoreTiles][4],
+                                               float (&rescale)[2], float scale,
                                                const float (&offset)[2][kRuns]) {
   static_assert(kRuns == 1 || kRuns == 2, "the whole tile, or its two halves");
   constexpr int kRunTiles = kScoreTiles / kRuns;
-  float rescale[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float run_max[kRuns];
@@ -57,6 +59,12 @@ __device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kSc
     }
     sm.row_sum[r] = sm.row_sum[r] * rescale[r] + sum;
   }
+}
+
+// O's rows times their factors, skipped when every row of the warp keeps factor 1 (no row max
+// moved: most tiles of a long row), which changes no bit of the result.
+template <int kOutTiles>
+__device__ __forceinline__ void rescale_output(float (&o)[kOutTiles][4], const float (&rescale)[2]) {
   if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
 #pragma unroll
     for (int t = 0; t < kOutTiles; ++t) {
@@ -66,6 +74,15 @@ __device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kSc
       o[t][3] *= rescale[1];
     }
   }
+}
+
+template <int kRuns, int kScoreTiles, int kOutTiles>
+__device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kScoreTiles][4],
+                                               float (&o)[kOutTiles][4], float scale,
+                                               const float (&offset)[2][kRuns]) {
+  float rescale[2];
+  softmax_scores(sm, s, rescale, scale, offset);
+  rescale_output(o, rescale);
 }
 
 }  // namespace fmha::cuda::sm90

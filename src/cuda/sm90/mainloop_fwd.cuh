@@ -16,6 +16,9 @@
 //              MN-major), then S(u) = Q K(u)^T (u < num_tiles; A = Q, B = K, both K-major)
 //   wait       for the group
 //   softmax u  scores, mask, online softmax on S(u) in registers (u < num_tiles)
+// With kOverlapSoftmax the phase is two groups, S(u) first: the warpgroup waits for S(u) alone,
+// runs the softmax of tile u while its P(u - 1) V(u - 1) is still on the tensor cores, and only
+// then waits for that product and rescales O (tile_sizes.h: overlap_softmax).
 // Who copies the tiles into the stages, and how the two math warpgroups take turns on the tensor
 // cores (ping-pong), is the block's schedule: forward_pipeline.cuh.
 #pragma once
@@ -41,6 +44,10 @@
 #include "cuda/sm90/wgmma_ops.cuh"
 
 namespace fmha::cuda::sm90 {
+
+// The kinds of a forward phase (mainloop below): any (decided at run time), or, with the softmax
+// overlapped, the first (S only), a middle one (S, then P V) and the last (P V only).
+inline constexpr int kAnyPhase = 0, kFirstPhase = 1, kMiddlePhase = 2, kLastPhase = 3;
 
 // Where the keys of tile u come from: the tiles of ordinary keys the mask leaves, then the
 // tiles of extra keys.
@@ -85,6 +92,11 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   // (tile_sizes.h), with a copy warpgroup: the general policy, at 255 registers, spilled 56 bytes
   // more with the phase kind it adds.
   constexpr bool kNarrowPv = narrow_pv(kD) && kCopyWarps;
+  // The softmax of tile u under the warpgroup's own P(u - 1) V(u - 1) (tile_sizes.h): the range
+  // policies without score modifiers, whose softmax has the registers that P(u - 1) keeps.
+  constexpr bool kOverlapSoftmax = overlap_softmax(kD) && !kTokenTiles &&
+                                   !kGeneralForm<Policy> && !kRelPosForm<Policy> &&
+                                   !kBiasForm<Policy> && !kNeighborhoodModifiersForm<Policy>;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
@@ -429,6 +441,14 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       for (int t = 0; t < kOutTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
 #pragma unroll
       for (int t = 0; t < kScoreTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+      // Overlapped: P(u - 1), packed at the end of phase u - 1 (0 before the first), the A
+      // operand of phase u's P V. Packed there rather than at the issue, so that no instruction
+      // reads S's registers in the run of products that writes them.
+      [[maybe_unused]] std::uint32_t p_packed[kN / 16][4];
+      if constexpr (kOverlapSoftmax) {
+#pragma unroll
+        for (int t = 0; t < kN / 16; ++t) p_packed[t][0] = p_packed[t][1] = p_packed[t][2] = p_packed[t][3] = 0u;
+      }
       OnlineSoftmax softmax;
       softmax.init();
       // The plain scale is folded into the exponentials' FMA (one multiply less per score) when it
@@ -457,7 +477,10 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         zero_shared<KVTile::kBytes, kThreads>(smem_v(kStages - 1));
         if (follower && num_phases > 0) rendezvous(0);
       }
-      for (int u = 0; u < num_phases; ++u) {
+      // Phase u of the grid tile, of kind kAnyPhase (which kind u makes is a runtime question), or
+      // overlapped (kOverlapSoftmax) kFirstPhase (S only), kMiddlePhase (S, then P V) or
+      // kLastPhase (P V only).
+      auto run_phase = [&](const int u, auto kind) {
         const int g = phases_done + u;  // the phase among the block's (stage slot g % stages)
         if constexpr (kCopyWarps) {
           // The turns: the follower issues phase u after the leader did, the leader phase u after
@@ -491,7 +514,12 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         // without P V) are runs of their own, chosen before the fence. Inside a run, P is packed
         // before the accumulators' fences: packed after them, ptxas ran short of registers at D 128
         // and serialized the wgmma (C7512; 1.39 -> 2.07 ms at SAM-B's shape).
-        const bool has_s = u < num_tiles;
+        // Overlapped, the phase's kind is known at compile time: ptxas follows the products in
+        // flight without telling runtime branches apart, so a wait or a read of O that only some
+        // kinds need would make it inject waits of its own and serialize the products (C7514,
+        // C7515).
+        constexpr int kKind = decltype(kind)::value;
+        const bool has_s = kKind == kAnyPhase ? u < num_tiles : kKind != kLastPhase;
         const int k_stage = g % kStages;
         const int v_stage =
             zero_v_tile<kD, Policy>() && u == 0 ? kStages : (g - 1 + kStages) % kStages;
@@ -499,30 +527,46 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           constexpr bool kShort = decltype(short_dims)::value;
           [[maybe_unused]] std::uint32_t a[kN / 16][4];
           if constexpr (decltype(with_pv)::value) {
-            pack_fragments<T>(s, a);
-            fence_fragments(a);
+            if constexpr (kOverlapSoftmax) {
+              fence_fragments(p_packed);
+            } else {
+              pack_fragments<T>(s, a);
+              fence_fragments(a);
+            }
             fence_accumulators(o);
           }
           fence_accumulators(s);
           wgmma_fence();
+          if constexpr (kOverlapSoftmax && decltype(with_s)::value) {
+            // S(u) in a group of its own, first: the softmax waits for it alone. P V starts a
+            // pipeline stage of its own (the fence): ptxas serializes every product when the
+            // softmax defines S's registers inside the stage of a product still in flight (C7515).
+            ss_product<T, kShort ? kD / 16 - 1 : kD / 16, QTile, KVTile>(s, smem_q, q_first_row,
+                                                                         smem_k(k_stage));
+            wgmma_commit();
+            wgmma_fence();
+          }
           if constexpr (decltype(with_pv)::value) {
             if constexpr (kShort && kNarrowPv) {
               // The first kOutTiles - 2 accumulator tiles, the product's 64 x (D - 16) block.
-              rs_product<T, kN / 16, KVTile>(reinterpret_cast<float(&)[kOutTiles - 2][4]>(o), a,
-                                             smem_v(v_stage));
+              rs_product<T, kN / 16, KVTile>(reinterpret_cast<float(&)[kOutTiles - 2][4]>(o),
+                                             kOverlapSoftmax ? p_packed : a, smem_v(v_stage));
             } else {
-              rs_product<T, kN / 16, KVTile>(o, a, smem_v(v_stage));
+              rs_product<T, kN / 16, KVTile>(o, kOverlapSoftmax ? p_packed : a, smem_v(v_stage));
             }
           }
-          if constexpr (decltype(with_s)::value) {
+          if constexpr (!kOverlapSoftmax && decltype(with_s)::value) {
             ss_product<T, kShort ? kD / 16 - 1 : kD / 16, QTile, KVTile>(s, smem_q, q_first_row,
                                                                          smem_k(k_stage));
           }
+          // Overlapped, S(u) is never the youngest group: the first phase, without P V, commits
+          // an empty one after it, so that a wait for all but one group covers S(u) on every path
+          // ptxas sees (it does not tell the phase kinds apart).
           wgmma_commit();
         };
         using Yes = std::true_type;
         using No = std::false_type;
-        if (!kFirstPhasePv<kD, Policy> && u == 0) {
+        if (kKind == kFirstPhase || (kKind == kAnyPhase && !kFirstPhasePv<kD, Policy> && u == 0)) {
           if constexpr (!kFirstPhasePv<kD, Policy>) {
             if (full_dim) {
               issue_phase(No{}, Yes{}, No{});
@@ -530,7 +574,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
               issue_phase(No{}, Yes{}, Yes{});
             }
           }
-        } else if (!has_s) {
+        } else if (kKind == kLastPhase || (kKind == kAnyPhase && !has_s)) {
           if (!kNarrowPv || full_dim) {
             issue_phase(Yes{}, No{}, No{});
           } else {
@@ -548,18 +592,29 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
             named_barrier_arrive<kTurnBackBarrier, kThreads>();
           }
         }
-        wgmma_wait<0>();
-        fence_accumulators(o);
-        fence_accumulators(s);
-        if constexpr (kCopyWarps) {
-          __syncwarp();
-          if (lane == 0) barrier_arrive(&bars->empty[k_stage]);  // the stage is free to refill
-          // The last product that reads Q (with the output staged in Q's tile, the epilogue).
-          if (output_tile<kD, Policy>() && u == num_tiles - 1) barrier_arrive(&bars->q_empty);
+        // After both products of the phase: the stage is free to refill, and (without a copy
+        // warpgroup) the follower's next rendezvous.
+        auto phase_done = [&] {
+          fence_accumulators(o);
+          if constexpr (kCopyWarps) {
+            __syncwarp();
+            if (lane == 0) barrier_arrive(&bars->empty[k_stage]);  // the stage is free to refill
+            // The last product that reads Q (with the output staged in Q's tile, the epilogue).
+            if (output_tile<kD, Policy>() && u == num_tiles - 1) barrier_arrive(&bars->q_empty);
+          } else {
+            if (follower && u + 1 < num_phases) rendezvous(u + 1);
+          }
+        };
+        // Overlapped: P(u - 1) V(u - 1) still runs (the group after S(u)) while the softmax does.
+        constexpr bool pv_running = kKind == kMiddlePhase;
+        if constexpr (pv_running) {
+          wgmma_wait<1>();
         } else {
-          if (follower && u + 1 < num_phases) rendezvous(u + 1);
+          wgmma_wait<0>();
+          phase_done();
         }
-        if (!has_s) continue;
+        fence_accumulators(s);
+        if (!has_s) return;
 
         const KeySource tile = key_source(u);
         const std::int64_t first_col = tile.first_key + fragment_col;
@@ -620,7 +675,31 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           // Extra keys: visible to every query, no bias or rel-pos (softcap applies, above).
           hide_invisible(MaskNone{p.num_extra}, s, fragment_row, first_col);
         }
-        softmax_update(softmax, s, o, exp_scale, offset);
+        if constexpr (kOverlapSoftmax) {
+          float rescale[2];
+          softmax_scores(softmax, s, rescale, exp_scale, offset);
+          if constexpr (pv_running) {
+            wgmma_wait<0>();
+            phase_done();
+          }
+          rescale_output(o, rescale);
+          pack_fragments<T>(s, p_packed);
+        } else {
+          softmax_update(softmax, s, o, exp_scale, offset);
+        }
+      };
+      for (int u = 0; u < num_phases; ++u) {
+        if constexpr (kOverlapSoftmax) {
+          if (u == num_tiles) {
+            run_phase(u, std::integral_constant<int, kLastPhase>{});
+          } else if (!kFirstPhasePv<kD, Policy> && u == 0) {
+            run_phase(u, std::integral_constant<int, kFirstPhase>{});
+          } else {
+            run_phase(u, std::integral_constant<int, kMiddlePhase>{});
+          }
+        } else {
+          run_phase(u, std::integral_constant<int, kAnyPhase>{});
+        }
       }
 
       // Epilogue. Each warp stages its own 16 rows in its own rows of the output tile (Q's tile

@@ -68,4 +68,13 @@ constexpr bool ping_pong(int head_dim_bucket) {
   return head_dim_bucket <= 128;
 }
 
+// Whether a warpgroup runs the softmax of tile u under its own P(u - 1) V(u - 1) (mainloop_fwd.cuh:
+// S(u) issued first in a group of its own and waited for alone; O rescaled once the product has
+// landed), on top of ping-pong between the warpgroups, as FlashAttention-3's forward does. The
+// packed P(u - 1) stays in registers through the softmax; the range policies without score
+// modifiers only (the general, bias and rel-pos forms are at their register limit).
+constexpr bool overlap_softmax(int) {
+  return true;
+}
+
 }  // namespace fmha::cuda::sm90
