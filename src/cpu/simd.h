@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <cstring>
 
-// Vectors passed between inlined helpers trigger GCC's note that the ABI of such arguments depends
-// on the target's vector extensions; they never cross a real call.
+// Vectors returned by the inlined helpers trigger GCC's note that the ABI of such values depends on
+// the target's vector extensions; they never cross a real call. Arguments go by reference.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #define FMHA_CPU_INLINE inline __attribute__((always_inline))
@@ -52,18 +52,19 @@ struct Vec {
     std::memcpy(&v, p, sizeof v);
     return v;
   }
-  static FMHA_CPU_INLINE void store(float* p, F v) { std::memcpy(p, &v, sizeof v); }
+  static FMHA_CPU_INLINE void store(float* p, const F& v) { std::memcpy(p, &v, sizeof v); }
   static FMHA_CPU_INLINE F broadcast(float x) { return F{} + x; }
-  static FMHA_CPU_INLINE F max(F a, F b) { return a > b ? a : b; }
+  static FMHA_CPU_INLINE F max(const F& a, const F& b) { return a > b ? a : b; }
 
-  static FMHA_CPU_INLINE float reduce_max(F v) {
+  static FMHA_CPU_INLINE float reduce_max(const F& v) {
     float m = v[0];
     for (int i = 1; i < kWidth; ++i) m = v[i] > m ? v[i] : m;
     return m;
   }
 
   // Sums the lanes in a fixed tree order (for one ISA the same at every call and thread count).
-  static FMHA_CPU_INLINE float reduce_sum(F v) {
+  static FMHA_CPU_INLINE float reduce_sum(const F& lanes) {
+    F v = lanes;
     for (int width = kWidth / 2; width >= 1; width /= 2) {
       for (int i = 0; i < width; ++i) v[i] += v[i + width];
     }
@@ -73,7 +74,7 @@ struct Vec {
   // exp(x) for x <= 88, relative error about 1 ulp (Cephes' expf: x = n ln2 + r with
   // |r| <= ln2 / 2, a degree-6 polynomial in r, then 2^n through the exponent bits). Results below
   // 2^-126 (x < -87.3) and -inf give exactly 0, which masked scores rely on.
-  static FMHA_CPU_INLINE F exp(F x) {
+  static FMHA_CPU_INLINE F exp(const F& x) {
     constexpr float kLog2e = 1.44269504088896341f;
     constexpr float kLn2Hi = 0.693359375f;  // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi exact in 9 bits
     constexpr float kLn2Lo = -2.12194440e-4f;
