@@ -16,6 +16,7 @@
 // with no device synchronisation.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -236,6 +237,45 @@ bool dq_overlap_enabled() {
 // (1.13x; with a [1, H, L, L] bias 1.09x): its dQ reductions cost more than the dQ kernel's
 // recomputed S and dP. (D 128 causal L 512 ran 0.64x there against a split run whose p10-p90
 // spread 0.68-1.26 ms; an earlier run had that split cell at 0.54 ms, 0.87x.)
+// A call without rows (batch or heads 0): every gradient is empty except those that sum over the
+// empty dimension, dsinks and a bias broadcast over it, which are sums of nothing: zeros (dsinks
+// keeps its values when the call adds to them).
+Status zero_empty_sums(const BackwardParams& p, const AdditiveGradients& additive, DType dtype,
+                       int device, cudaStream_t stream) {
+  // A dbias with a dimension of size 0 has no elements (a batch-sized bias of an empty batch).
+  bool dbias_elements = additive.dbias != nullptr;
+  for (int d = 0; d < 4 && dbias_elements; ++d) {
+    dbias_elements = additive.dbias->shape[static_cast<std::size_t>(d)] > 0;
+  }
+  const std::int64_t bias_floats =
+      dbias_elements ? AdditiveGradients::count(additive.dbias_sizes) : 0;
+  const bool dsinks = p.dsinks != nullptr && !p.accumulate_dsinks && p.fwd.heads > 0;
+  if (!dsinks && bias_floats == 0) return Status::ok_status();
+  DeviceGuard guard;
+  FMHA_RETURN_IF_ERROR(guard.enter(device));
+  if (dsinks) {
+    const std::size_t pitch = static_cast<std::size_t>(std::max<std::int64_t>(p.dsinks_stride, 1));
+    const cudaError_t e = cudaMemset2DAsync(p.dsinks, pitch * sizeof(float), 0, sizeof(float),
+                                            static_cast<std::size_t>(p.fwd.heads), stream);
+    if (e != cudaSuccess) return cuda_error("cudaMemset2DAsync of dsinks failed", e);
+  }
+  if (bias_floats == 0) return Status::ok_status();
+  float* zeros = nullptr;
+  const std::size_t bytes = static_cast<std::size_t>(bias_floats) * sizeof(float);
+  cudaError_t e = workspace_malloc_async(reinterpret_cast<void**>(&zeros), bytes, device, stream);
+  if (e != cudaSuccess) return cuda_error("cudaMallocAsync of the backward workspace failed", e);
+  e = cudaMemsetAsync(zeros, 0, bytes, stream);
+  const Status converted =
+      e == cudaSuccess ? launch_backward_convert_4d(zeros, additive.dbias_sizes,
+                                                    additive.dbias->data,
+                                                    strides_of(*additive.dbias), dtype, stream)
+                       : cuda_error("cudaMemsetAsync of the bias gradient failed", e);
+  e = cudaFreeAsync(zeros, stream);
+  if (!converted.ok()) return converted;
+  if (e != cudaSuccess) return cuda_error("cudaFreeAsync of the backward workspace failed", e);
+  return Status::ok_status();
+}
+
 bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl, int sm_count,
                bool sm90) {
   if (o.deterministic) return false;
@@ -277,7 +317,9 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
         "deterministic=true with grads.dbias over a broadcast bias (that sum is accumulated with "
         "atomics; a full-size bias or deterministic=false works)");
   }
-  if (p.fwd.batch == 0 || p.fwd.heads == 0) return Status::ok_status();  // empty gradients
+  if (p.fwd.batch == 0 || p.fwd.heads == 0) {
+    return zero_empty_sums(p, additive, dtype, device, stream);
+  }
   DeviceGuard guard;
   FMHA_RETURN_IF_ERROR(guard.enter(device));
   int sm_count = 0, arch = 0;
@@ -286,9 +328,10 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   const bool sm90_fp32 = impl != BackwardImpl::kFused && use_sm90_fp32_backward(p, dtype, arch);
   // The warp-specialized fused kernel wherever it applies, unless split is asked for (auto
   // included). Measured on an H100 (bf16, 2026-11-27, the kernels alone with
-  // bench/cpp/sm90_fused_backward_check.cu): 1.03-1.66x the split kernels' time at D 64 / 128,
-  // L 1024-16384, causal or not; 0.81-0.97x at L 512, where its fixed cost (zeroing and converting
-  // the dQ accumulator) weighs most. Deterministic too: its dQ adds then go in key-block order.
+  // bench/cpp/sm90_fused_backward_check.cu): 1.16-1.83x the split kernels' speed at D 64 / 128,
+  // L 512-16384, causal or not, since its dQ conversion stores whole lines (1.16x at D 128 causal
+  // L 512, where its fixed cost weighs most). Deterministic too: its dQ adds then go in key-block
+  // order.
   const bool sm90_fused = !sm90_fp32 && impl != BackwardImpl::kSplit &&
                           use_sm90_fused_backward(p, dtype, arch);
   const bool sm90_eligible =

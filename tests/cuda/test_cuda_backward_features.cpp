@@ -50,6 +50,17 @@ TEST(CudaBackward, SinksAndExtraKeys) {
   check_backward(m, 85);
 }
 
+// An empty batch: dsinks sums over no rows, so it is zero (not left as it was).
+TEST(CudaBackward, EmptyBatchSinks) {
+  SKIP_WITHOUT_GPU();
+  BackwardCase c = shape_case(DType::kFloat16, 33, 40, 64, 64, 4, 2, /*b=*/0);
+  c.sinks = true;
+  check_backward(c, 86);
+  c.dtype = DType::kBFloat16;
+  c.options.causal = true;
+  check_backward(c, 87);
+}
+
 TEST(CudaBackward, BiasAndItsGradient) {
   SKIP_WITHOUT_GPU();
   BackwardCase c = shape_case(DType::kFloat16, 113, 239, 64, 64, 4, 2, 2);
