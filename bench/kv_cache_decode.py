@@ -8,23 +8,18 @@ every sequence, the bound a decode kernel works against) next to the card's meas
     python bench/kv_cache_decode.py --page-sizes 16,64,256
 
 CUDA only (a CPU run times the float64 reference: use --smoke there, which only exercises the
-script). The CUDA kernels are refused until verified on a GPU; this script sets
-FMHA_UNVERIFIED_KV_CACHE_CUDA=1 for itself, so run the tests (tests/cuda/test_cuda_kv_cache.cpp)
-first.
+script).
 """
 from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 
-os.environ.setdefault("FMHA_UNVERIFIED_KV_CACHE_CUDA", "1")
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import fmha  # noqa: E402
+import fmha
 
 
 def time_ms(fn, device: str, repeats: int) -> float:

@@ -23,14 +23,8 @@ using fmha_test::HostTensor;
 using fmha_test::KvCase;
 using fmha_test::KvCaseData;
 
-// The CUDA entry refuses until its kernels are verified; these tests are that verification.
-bool setup() {
-  setenv("FMHA_UNVERIFIED_KV_CACHE_CUDA", "1", 1);
-  return gpu_available();
-}
-
 #define SKIP_WITHOUT_GPU() \
-  if (!setup()) GTEST_SKIP() << "no CUDA device present"
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device present"
 
 class DeviceBuffer {
  public:

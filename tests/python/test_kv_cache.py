@@ -160,9 +160,7 @@ _CUDA = pytest.mark.skipif(
 
 
 @_CUDA
-def test_cuda_matches_cpu_workspace_and_graph_capture(monkeypatch):
-    # The CUDA kernels are refused until verified on a GPU; this test is part of that verification.
-    monkeypatch.setenv("FMHA_UNVERIFIED_KV_CACHE_CUDA", "1")
+def test_cuda_matches_cpu_workspace_and_graph_capture():
     args = dict(H=8, Hkv=2, D=64, Dv=64, dtype=torch.bfloat16, seed=5)
     q, k_cache, v_cache, cache, *_ = _make([3000, 1, 70], page_size=16, **args)
     expected = fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, **cache)
