@@ -2,6 +2,7 @@
 // choice of instruction set.
 #include "cpu/backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -92,6 +93,23 @@ Call varlen_call(const Params& p, const detail::ProblemShape& shape) {
   return c;
 }
 
+// Waking a kept worker costs tens of microseconds, more than a tiny problem's whole computation.
+// On a 2-core AMD EPYC (2026-11-27, causal fp32 forward, H 2, D 32, a call from Python): 2 MFLOP
+// (B 1, L 128) 102 us on 2 threads, 71 on one; 8 MFLOP 130 / 110; 17 MFLOP 160 / 178; 67 MFLOP
+// 297 / 450. A call takes one thread per kFlopsPerThread of its products (every pair counted, masks
+// or not), at least one; the results do not depend on the thread count (parallel.h).
+constexpr double kFlopsPerThread = 6e6;
+void fit_threads_to_work(Call* c, double products) {
+  double pairs = 0.0;
+  for (const Sequence& s : c->sequences) pairs += static_cast<double>(s.len_q) * s.len_k;
+  const double flops = products * pairs * static_cast<double>(c->heads) *
+                       static_cast<double>(c->head_dim + c->value_dim);
+  const double useful = std::max(1.0, flops / kFlopsPerThread);
+  if (useful < c->threads) c->threads = static_cast<int>(useful);
+}
+// Products a pair costs: the forward's two (2 FLOPs per multiply-add), the backward's five.
+constexpr double kForwardFlops = 2.0, kBackwardFlops = 5.0;
+
 bool isa_allowed(const char* name) {
   const char* env = std::getenv("FMHA_CPU_ISA");
   if (env == nullptr || *env == '\0') return true;
@@ -148,6 +166,7 @@ void run(const AttentionForwardParams& p, const detail::ProblemShape& shape) {
   c.v = dense_rows(p.v);
   c.out = dense_rows(p.out);
   c.lse = dense_stats(p.lse);
+  fit_threads_to_work(&c, kForwardFlops);
   forward(c);
 }
 
@@ -165,6 +184,7 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   c.dv = dense_rows(p.grads.dv);
   c.dsinks = per_head(p.grads.dsinks);
   c.backward_impl = p.backward_impl;
+  fit_threads_to_work(&c, kBackwardFlops);
   backward(c);
 }
 
@@ -175,6 +195,7 @@ void run(const VarlenForwardParams& p, const detail::ProblemShape& shape) {
   c.v = packed_rows(p.v);
   c.out = packed_rows(p.out);
   c.lse = packed_stats(p.lse);
+  fit_threads_to_work(&c, kForwardFlops);
   forward(c);
 }
 
@@ -192,6 +213,7 @@ void run(const VarlenBackwardParams& p, const detail::ProblemShape& shape) {
   c.dv = packed_rows(p.grads.dv);
   c.dsinks = per_head(p.grads.dsinks);
   c.backward_impl = p.backward_impl;
+  fit_threads_to_work(&c, kBackwardFlops);
   backward(c);
 }
 
