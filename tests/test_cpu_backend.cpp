@@ -178,6 +178,44 @@ TEST(CpuBackend, StridedLayoutsAndOptionalOutputs) {
   check_fast(no_dlse, ++seed);
 }
 
+// The dense forward with an additive bias (full, broadcast by size-1 dimensions or by stride 0)
+// and SAM's decomposed rel-pos, on the fast backend; its backward runs on the reference.
+TEST(CpuBackend, DenseForwardBiasAndRelPos) {
+  std::uint64_t seed = 240;
+  auto check_forward = [&](AttentionCase c) {
+    SCOPED_TRACE(c.describe());
+    ASSERT_TRUE(fmha::cpu::supports_dense_forward(c.options, c.dtype));
+    for (const std::string& isa : runnable_isas()) {
+      SCOPED_TRACE("FMHA_CPU_ISA=" + isa);
+      ScopedEnv env("FMHA_CPU_ISA", isa);
+      check_case(c, ++seed);
+    }
+  };
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    AttentionCase c = dense_case(77, 130, 40, 24);
+    c.batch = 2;
+    c.dtype = dtype;
+    c.bias.given = true;
+    check_forward(c);
+    c.bias.broadcast = {true, false, true, false};  // [1, H, 1, Lk]
+    c.options.causal = true;
+    c.options.softcap = 4.0f;
+    check_forward(c);
+    c.bias.zero_stride = true;  // the same broadcast by stride 0
+    c.bias.broadcast = {true, true, false, false};
+    c.sinks = true;
+    check_forward(c);
+  }
+  // SAM-style: keys on an Hk x Wk grid, rel_h / rel_w per query row, with and without a bias.
+  AttentionCase sam = dense_case(60, 60, 32, 32);
+  sam.rel_hk = 6;  // Wk = 10
+  check_forward(sam);
+  sam.rel_broadcast = {true, false, false};
+  sam.bias.given = true;
+  sam.dtype = DType::kBFloat16;
+  check_forward(sam);
+}
+
 TEST(CpuBackend, Varlen) {
   AttentionCase c;
   c.kind = Kind::kVarlen;
@@ -327,6 +365,7 @@ TEST(CpuBackend, CoverageRule) {
   fmha::AttentionOptions biased;
   biased.bias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
   EXPECT_FALSE(fmha::cpu::supports(biased, DType::kFloat32));
+  EXPECT_TRUE(fmha::cpu::supports_dense_forward(biased, DType::kFloat32));
   fmha::AttentionOptions extra;
   extra.extra_k = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
   EXPECT_FALSE(fmha::cpu::supports(extra, DType::kFloat32));

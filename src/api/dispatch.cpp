@@ -29,9 +29,10 @@ void run_cpu(const Params& p, const detail::ProblemShape& shape) {
       std::is_same_v<Params, AttentionForwardParams> || std::is_same_v<Params, AttentionBackwardParams> ||
       std::is_same_v<Params, VarlenForwardParams> || std::is_same_v<Params, VarlenBackwardParams>;
   if constexpr (kFastEntryPoint) {
-    if (p.options.cpu_backend == CpuBackend::kAuto && cpu::supports(p.options, p.q.dtype)) {
-      return cpu::run(p, shape);
-    }
+    const bool fast = std::is_same_v<Params, AttentionForwardParams>
+                          ? cpu::supports_dense_forward(p.options, p.q.dtype)
+                          : cpu::supports(p.options, p.q.dtype);
+    if (p.options.cpu_backend == CpuBackend::kAuto && fast) return cpu::run(p, shape);
   }
   reference::run(p, shape);
 }

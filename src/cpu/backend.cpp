@@ -152,15 +152,37 @@ const char* to_string(Isa isa) {
   return "unknown";
 }
 
-bool supports(const AttentionOptions& o, DType dtype) {
+bool supports_dense_forward(const AttentionOptions& o, DType dtype) {
   const bool dtype_ok =
       dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
-  return dtype_ok && !o.bias.defined() && !o.rel_h.defined() && !o.rel_w.defined() &&
-         !o.extra_k.defined();
+  return dtype_ok && !o.extra_k.defined();
+}
+
+bool supports(const AttentionOptions& o, DType dtype) {
+  return supports_dense_forward(o, dtype) && !o.bias.defined() && !o.rel_h.defined() &&
+         !o.rel_w.defined();
+}
+
+// A bias or rel-pos view as a score term (4-D, any strides; a dimension of size 1 broadcasts
+// whatever its stride).
+ScoreTerm score_term(const TensorView& t) {
+  ScoreTerm term;
+  if (!t.defined()) return term;
+  term.data = t.data;
+  term.dtype = t.dtype;
+  for (int d = 0; d < 4; ++d) {
+    const auto u = static_cast<std::size_t>(d);
+    term.stride[d] = t.shape[u] == 1 ? 0 : t.stride[u];
+  }
+  return term;
 }
 
 void run(const AttentionForwardParams& p, const detail::ProblemShape& shape) {
   Call c = dense_call(p.options, shape);
+  c.bias = score_term(p.options.bias);
+  c.rel_h = score_term(p.options.rel_h);
+  c.rel_w = score_term(p.options.rel_w);
+  c.rel_w_size = shape.rel_w_size;
   c.q = dense_rows(p.q);
   c.k = dense_rows(p.k);
   c.v = dense_rows(p.v);

@@ -1,7 +1,8 @@
 // The fast CPU backend: tiled, vectorised, multi-threaded attention with fp32 accumulation for
 // dense and varlen calls in fp32 / fp16 / bf16, forward and backward, with causal masks (both
-// alignments), windows, GQA / MQA, Dv != D, softcap, sinks and lse / dlse. What it does not take
-// (bias, rel-pos, extra keys, float64, neighborhood, merge) runs on the float64 reference.
+// alignments), windows, GQA / MQA, Dv != D, softcap, sinks and lse / dlse; the dense forward also
+// with an additive bias and SAM's decomposed rel-pos. What it does not take (their gradients,
+// extra keys, float64, neighborhood, merge) runs on the float64 reference.
 #pragma once
 
 #include "api/problem.h"
@@ -12,6 +13,8 @@ namespace fmha::cpu {
 
 // True when the fast backend computes a call with these options and dtype.
 bool supports(const AttentionOptions& options, DType dtype);
+// The dense forward takes more: an additive bias and rel_h / rel_w too.
+bool supports_dense_forward(const AttentionOptions& options, DType dtype);
 
 // Validated calls that supports() accepts.
 void run(const AttentionForwardParams& p, const detail::ProblemShape& shape);

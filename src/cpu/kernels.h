@@ -161,6 +161,22 @@ FMHA_CPU_INLINE void store_features(const Operand& op, std::int64_t offset, std:
   }
 }
 
+// One element of an fp32 / bf16 / fp16 tensor as fp32.
+FMHA_CPU_INLINE float load_element(const void* data, DType dtype, std::int64_t offset) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return static_cast<const float*>(data)[offset];
+    case DType::kBFloat16:
+      return bf16_bits_to_float(static_cast<const std::uint16_t*>(data)[offset]);
+    case DType::kFloat16:
+      return half_bits_to_float(static_cast<const std::uint16_t*>(data)[offset]);
+    case DType::kFloat64:
+    case DType::kInt32:
+      break;  // never dispatched here
+  }
+  return 0.0f;
+}
+
 // One fp32 statistic (lse, dlse, sinks, dsinks); their validation fixes the dtype to fp32 for the
 // dtypes this backend takes.
 FMHA_CPU_INLINE float load_stat(const Operand& op, std::int64_t offset) {

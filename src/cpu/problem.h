@@ -94,6 +94,20 @@ struct Band {
   }
 };
 
+// An additive score term read element by element: the bias [B, H, Lq, Lk], or rel_h / rel_w
+// [B, H, Lq, Hk | Wk]; element (b, h, i, c) at b * stride[0] + h * stride[1] + i * stride[2] +
+// c * stride[3] (a broadcast dimension has stride 0).
+struct ScoreTerm {
+  const void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  std::int64_t stride[4] = {0, 0, 0, 0};
+
+  bool given() const { return data != nullptr; }
+  std::int64_t row(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return b * stride[0] + h * stride[1] + i * stride[2];
+  }
+};
+
 // Everything one call of the fast backend reads and writes.
 struct Call {
   std::int64_t heads = 0, kv_heads = 0, head_dim = 0, value_dim = 0;
@@ -108,6 +122,8 @@ struct Call {
   Operand dout, dlse;         // backward inputs; dlse optional
   Operand dq, dk, dv;         // backward outputs
   Operand sinks, dsinks;      // [H] fp32: head_stride only; optional
+  ScoreTerm bias, rel_h, rel_w;  // dense forward only; optional
+  std::int64_t rel_w_size = 0;   // Wk: key j takes rel_h column j / Wk and rel_w column j % Wk
 
   std::int64_t group() const { return heads / kv_heads; }
 };
