@@ -178,17 +178,24 @@ TEST(CpuBackend, StridedLayoutsAndOptionalOutputs) {
   check_fast(no_dlse, ++seed);
 }
 
-// The dense forward with an additive bias (full, broadcast by size-1 dimensions or by stride 0)
-// and SAM's decomposed rel-pos, on the fast backend; its backward runs on the reference.
-TEST(CpuBackend, DenseForwardBiasAndRelPos) {
+// The dense calls with an additive bias (full, broadcast by size-1 dimensions or by stride 0) and
+// SAM's decomposed rel-pos, on the fast backend: the forward, and the backward when it is not asked
+// for their gradients (each case runs both ways; with the gradients the backward runs on the
+// reference).
+TEST(CpuBackend, DenseBiasAndRelPos) {
   std::uint64_t seed = 240;
   auto check_forward = [&](AttentionCase c) {
     SCOPED_TRACE(c.describe());
-    ASSERT_TRUE(fmha::cpu::supports_dense_forward(c.options, c.dtype));
-    for (const std::string& isa : runnable_isas()) {
-      SCOPED_TRACE("FMHA_CPU_ISA=" + isa);
-      ScopedEnv env("FMHA_CPU_ISA", isa);
-      check_case(c, ++seed);
+    for (bool input_grads : {true, false}) {
+      c.input_grads = input_grads;
+      for (const std::string& isa : runnable_isas()) {
+        SCOPED_TRACE("FMHA_CPU_ISA=" + isa + (input_grads ? "" : ", no bias / rel-pos gradients"));
+        ScopedEnv env("FMHA_CPU_ISA", isa);
+        for (auto impl : {fmha::BackwardImpl::kSplit, fmha::BackwardImpl::kFused}) {
+          c.backward_impl = impl;
+          check_case(c, ++seed);
+        }
+      }
     }
   };
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {

@@ -25,8 +25,8 @@ enum class CausalAlignment : std::uint8_t {
 // Which backend runs a call on CPU tensors (SPEC §18); CUDA tensors ignore it.
 enum class CpuBackend : std::uint8_t {
   kAuto,       // the fast backend (src/cpu/) for what it covers: dense and varlen calls in fp32 /
-               // fp16 / bf16 without bias, rel-pos or extra keys, and the dense forward with bias
-               // and rel-pos too; the reference for the rest
+               // fp16 / bf16 without bias, rel-pos or extra keys; dense calls with bias and rel-pos
+               // too, except a backward asked for their gradients; the reference for the rest
   kReference,  // the float64 reference for every call: every feature, slow, the tests' oracle
 };
 

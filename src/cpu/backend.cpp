@@ -158,6 +158,12 @@ bool supports_dense_forward(const AttentionOptions& o, DType dtype) {
   return dtype_ok && !o.extra_k.defined();
 }
 
+bool supports_dense_backward(const AttentionOptions& o, const AttentionGradients& g,
+                             DType dtype) {
+  return supports_dense_forward(o, dtype) && !g.dbias.defined() && !g.drel_h.defined() &&
+         !g.drel_w.defined();
+}
+
 bool supports(const AttentionOptions& o, DType dtype) {
   return supports_dense_forward(o, dtype) && !o.bias.defined() && !o.rel_h.defined() &&
          !o.rel_w.defined();
@@ -177,12 +183,17 @@ ScoreTerm score_term(const TensorView& t) {
   return term;
 }
 
+// The dense calls' bias and rel-pos.
+void set_score_terms(Call* c, const AttentionOptions& o, const detail::ProblemShape& shape) {
+  c->bias = score_term(o.bias);
+  c->rel_h = score_term(o.rel_h);
+  c->rel_w = score_term(o.rel_w);
+  c->rel_w_size = shape.rel_w_size;
+}
+
 void run(const AttentionForwardParams& p, const detail::ProblemShape& shape) {
   Call c = dense_call(p.options, shape);
-  c.bias = score_term(p.options.bias);
-  c.rel_h = score_term(p.options.rel_h);
-  c.rel_w = score_term(p.options.rel_w);
-  c.rel_w_size = shape.rel_w_size;
+  set_score_terms(&c, p.options, shape);
   c.q = dense_rows(p.q);
   c.k = dense_rows(p.k);
   c.v = dense_rows(p.v);
@@ -194,6 +205,7 @@ void run(const AttentionForwardParams& p, const detail::ProblemShape& shape) {
 
 void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   Call c = dense_call(p.options, shape);
+  set_score_terms(&c, p.options, shape);
   c.q = dense_rows(p.q);
   c.k = dense_rows(p.k);
   c.v = dense_rows(p.v);

@@ -127,12 +127,14 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int6
     std::fill_n(&w.vt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
 }
 
-// For the loaded query tile (rows_pad rows, queries from q0) and key tile (ncols columns, keys
-// from k0): w.p = P and w.ds = dS' = P (dP - Delta) x softcap slope. Masked and padding entries
+// For the loaded query tile (rows_pad rows, queries from q0 of batch b, head h) and key tile (ncols
+// columns, keys from k0): w.p = P and w.ds = dS' = P (dP - Delta) x softcap slope; the scores
+// recomputed with the bias and rel-pos too. Masked and padding entries
 // get P = 0, hence dS' = 0. With row_sums, w.p_dp[r] also gains the row's sum of P dP.
 template <typename Traits>
-FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64_t q0,
-                                     std::int64_t rows, std::int64_t rows_pad, std::int64_t k0,
+FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64_t b,
+                                     std::int64_t h, std::int64_t q0, std::int64_t rows,
+                                     std::int64_t rows_pad, std::int64_t k0,
                                      std::int64_t cols, std::int64_t ncols, BackwardScratch& w,
                                      bool row_sums, bool exact_delta) {
   using V = typename Traits::V;
@@ -157,6 +159,7 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
           slope[j] = 1.0f - t * t;
         }
       }
+      add_score_terms(c, b, h, q0 + r, k0, cols, prow);
       if (!full) band.mask_row(q0 + r, k0, cols, prow);
     }
     for (std::int64_t j = cols; j < ncols; ++j) prow[j] = kNegInf;
@@ -196,8 +199,8 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
     const std::int64_t ncols = round_up(cols, kLanes);
     load_key_tile(c, seq, kvh, k0, cols, ncols, w, true);
-    score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, row_sums,
-                            seq.len_k <= kKeyTile);
+    score_gradients<Traits>(c, band, seq.batch, h, q0, rows, rows_pad, k0, cols, ncols, w,
+                            row_sums, seq.len_k <= kKeyTile);
     gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp, true);
   }
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -233,8 +236,8 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
       load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
       const bool row_sums = fused && !stats.p_dp.empty();
       if (row_sums) std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
-      score_gradients<Traits>(c, band, q0, rows, rows_pad, k0, cols, ncols, w, row_sums,
-                              seq.len_k <= kKeyTile);
+      score_gradients<Traits>(c, band, seq.batch, h, q0, rows, rows_pad, k0, cols, ncols, w,
+                              row_sums, seq.len_k <= kKeyTile);
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
       gemm<Traits>(ncols, dp, rows, w.ds.data(), 1, kKeyTile, w.q.data(), dp, dk, dp, true);

@@ -65,32 +65,6 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int6
   }
 }
 
-// row[0 .. n) += term elements offset, offset + stride[3], ... (the dtype dispatched once).
-FMHA_CPU_INLINE void add_strided(const ScoreTerm& t, std::int64_t offset, std::int64_t n,
-                                 float* row) {
-  const std::int64_t step = t.stride[3];
-  switch (t.dtype) {
-    case DType::kFloat32: {
-      const float* src = static_cast<const float*>(t.data) + offset;
-      for (std::int64_t j = 0; j < n; ++j) row[j] += src[j * step];
-      return;
-    }
-    case DType::kBFloat16: {
-      const auto* src = static_cast<const std::uint16_t*>(t.data) + offset;
-      for (std::int64_t j = 0; j < n; ++j) row[j] += bf16_bits_to_float(src[j * step]);
-      return;
-    }
-    case DType::kFloat16: {
-      const auto* src = static_cast<const std::uint16_t*>(t.data) + offset;
-      for (std::int64_t j = 0; j < n; ++j) row[j] += half_bits_to_float(src[j * step]);
-      return;
-    }
-    case DType::kFloat64:
-    case DType::kInt32:
-      return;  // never dispatched here
-  }
-}
-
 // Softcap, the additive bias and rel-pos (SPEC §2), then the mask: entries the band hides and
 // padding columns become -inf. Query i, keys k0 .. k0 + cols - 1 of batch b, head h.
 FMHA_CPU_INLINE void finish_scores(const Call& c, const Band& band, std::int64_t b, std::int64_t h,
@@ -99,23 +73,7 @@ FMHA_CPU_INLINE void finish_scores(const Call& c, const Band& band, std::int64_t
   if (c.softcap > 0.0f) {
     for (std::int64_t j = 0; j < cols; ++j) row[j] = c.softcap * std::tanh(row[j] / c.softcap);
   }
-  if (c.bias.given()) {
-    add_strided(c.bias, c.bias.row(b, h, i) + k0 * c.bias.stride[3], cols, row);
-  }
-  if (c.rel_h.given()) {
-    // Key k0 + j sits at grid column kw = (k0 + j) % Wk of grid row kh: walk both without a
-    // division a key. rel_w's row is the same for every grid row, rel_h's one value per grid row.
-    const std::int64_t wk = c.rel_w_size;
-    std::int64_t kh = k0 / wk, kw = k0 % wk, j = 0;
-    const std::int64_t h_row = c.rel_h.row(b, h, i), w_row = c.rel_w.row(b, h, i);
-    while (j < cols) {
-      const std::int64_t run = std::min(wk - kw, cols - j);
-      const float rh = load_element(c.rel_h.data, c.rel_h.dtype, h_row + kh * c.rel_h.stride[3]);
-      for (std::int64_t x = 0; x < run; ++x) row[j + x] += rh;
-      add_strided(c.rel_w, w_row + kw * c.rel_w.stride[3], run, row + j);
-      j += run, ++kh, kw = 0;
-    }
-  }
+  add_score_terms(c, b, h, i, k0, cols, row);
   if (!full) band.mask_row(i, k0, cols, row);
   for (std::int64_t j = cols; j < ncols; ++j) row[j] = kNegInf;
 }
