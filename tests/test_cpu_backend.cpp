@@ -179,9 +179,9 @@ TEST(CpuBackend, StridedLayoutsAndOptionalOutputs) {
 }
 
 // The dense calls with an additive bias (full, broadcast by size-1 dimensions or by stride 0) and
-// SAM's decomposed rel-pos, on the fast backend: the forward, and the backward when it is not asked
-// for their gradients (each case runs both ways; with the gradients the backward runs on the
-// reference).
+// SAM's decomposed rel-pos, on the fast backend: the forward, and the backward with dbias when it
+// has no broadcast dimension or without the gradients (each case runs both ways; drel and a
+// broadcast dbias run on the reference).
 TEST(CpuBackend, DenseBiasAndRelPos) {
   std::uint64_t seed = 240;
   auto check_forward = [&](AttentionCase c) {
@@ -204,6 +204,11 @@ TEST(CpuBackend, DenseBiasAndRelPos) {
     c.dtype = dtype;
     c.bias.given = true;
     check_forward(c);
+    c.options.causal = true;  // whole key tiles masked: their dbias entries are zeros
+    c.options.softcap = 4.0f;
+    c.batch = 1;
+    check_forward(c);
+    c.batch = 2;
     c.bias.broadcast = {true, false, true, false};  // [1, H, 1, Lk]
     c.options.causal = true;
     c.options.softcap = 4.0f;

@@ -33,7 +33,7 @@ void run_cpu(const Params& p, const detail::ProblemShape& shape) {
     if constexpr (std::is_same_v<Params, AttentionForwardParams>) {
       fast = cpu::supports_dense_forward(p.options, p.q.dtype);
     } else if constexpr (std::is_same_v<Params, AttentionBackwardParams>) {
-      fast = cpu::supports_dense_backward(p.options, p.grads, p.q.dtype);
+      fast = cpu::supports_dense_backward(p.options, p.grads, p.q.dtype, shape);
     }
     if (p.options.cpu_backend == CpuBackend::kAuto && fast) return cpu::run(p, shape);
   }

@@ -158,10 +158,22 @@ bool supports_dense_forward(const AttentionOptions& o, DType dtype) {
   return dtype_ok && !o.extra_k.defined();
 }
 
+// dbias with every dimension of the problem's size and none broadcast by stride 0: each element
+// one (b, h, i, j), so the task that owns row i writes it (a sum over a broadcast dimension would
+// need an order of its own to stay independent of the thread count).
+bool dbias_is_full(const TensorView& dbias, const detail::ProblemShape& shape) {
+  const std::int64_t problem[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
+  for (int d = 0; d < 4; ++d) {
+    const auto u = static_cast<std::size_t>(d);
+    if (dbias.shape[u] != problem[d] || (dbias.stride[u] == 0 && problem[d] > 1)) return false;
+  }
+  return true;
+}
+
 bool supports_dense_backward(const AttentionOptions& o, const AttentionGradients& g,
-                             DType dtype) {
-  return supports_dense_forward(o, dtype) && !g.dbias.defined() && !g.drel_h.defined() &&
-         !g.drel_w.defined();
+                             DType dtype, const detail::ProblemShape& shape) {
+  return supports_dense_forward(o, dtype) && !g.drel_h.defined() && !g.drel_w.defined() &&
+         (!g.dbias.defined() || dbias_is_full(g.dbias, shape));
 }
 
 bool supports(const AttentionOptions& o, DType dtype) {
@@ -218,6 +230,7 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   c.dv = dense_rows(p.grads.dv);
   c.dsinks = per_head(p.grads.dsinks);
   c.backward_impl = p.backward_impl;
+  if (p.grads.dbias.defined()) c.dbias = score_term(p.grads.dbias);
   fit_threads_to_work(&c, kBackwardFlops);
   backward(c);
 }

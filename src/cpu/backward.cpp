@@ -127,6 +127,17 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int6
     std::fill_n(&w.vt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
 }
 
+// Zeroes dbias[b, h, i, 0 .. keys) (through w.p's first row, which the tile's scores overwrite).
+FMHA_CPU_INLINE void zero_dbias_row(const Call& c, std::int64_t b, std::int64_t h, std::int64_t i,
+                                    std::int64_t keys, BackwardScratch& w) {
+  float* zeros = w.p.data();
+  std::fill_n(zeros, kKeyTile, 0.0f);
+  for (std::int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
+    store_strided(c.dbias, c.dbias.row(b, h, i) + k0 * c.dbias.stride[3],
+                  std::min(kKeyTile, keys - k0), zeros);
+  }
+}
+
 // For the loaded query tile (rows_pad rows, queries from q0 of batch b, head h) and key tile (ncols
 // columns, keys from k0): w.p = P and w.ds = dS' = P (dP - Delta) x softcap slope; the scores
 // recomputed with the bias and rel-pos too. Masked and padding entries
@@ -136,7 +147,7 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
                                      std::int64_t h, std::int64_t q0, std::int64_t rows,
                                      std::int64_t rows_pad, std::int64_t k0,
                                      std::int64_t cols, std::int64_t ncols, BackwardScratch& w,
-                                     bool row_sums, bool exact_delta) {
+                                     bool row_sums, bool exact_delta, bool owns_rows) {
   using V = typename Traits::V;
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
   float* p = w.p.data();
@@ -172,10 +183,19 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
     }
     const float row_p_dp = V::reduce_sum(p_dp);
     const float delta = exact_delta ? row_p_dp - w.dlse[at(r)] : w.delta[at(r)];
+    // dS = P (dP - Delta) is the bias's gradient (SPEC §4), before softcap's slope.
+    const bool dbias = owns_rows && c.dbias.given() && r < rows;
     for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
       typename V::F grad = V::load(prow + j) * (V::load(dsrow + j) - delta);
-      if (softcap) grad *= V::load(slope + j);
+      if (softcap && !dbias) grad *= V::load(slope + j);
       V::store(dsrow + j, grad);
+    }
+    if (dbias) {
+      store_strided(c.dbias, c.dbias.row(b, h, q0 + r) + k0 * c.dbias.stride[3], cols, dsrow);
+      if (softcap) {
+        for (std::int64_t j = 0; j < ncols; j += V::kWidth)
+          V::store(dsrow + j, V::load(dsrow + j) * V::load(slope + j));
+      }
     }
     if (row_sums) w.p_dp[at(r)] += row_p_dp;
   }
@@ -192,6 +212,10 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
   float* dq = w.acc_a.data();
   load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
   std::fill_n(dq, rows_pad * dp, 0.0f);
+  // The task owns these rows of dbias: zero first, for the key tiles no row of it sees.
+  for (std::int64_t r = 0; r < rows && c.dbias.given(); ++r) {
+    zero_dbias_row(c, seq.batch, h, q0 + r, seq.len_k, w);
+  }
   std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
   const bool row_sums = !stats.p_dp.empty();
   const std::int64_t first = band.first_key(q0), last = band.last_key(q0 + rows - 1, seq.len_k);
@@ -200,7 +224,7 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     const std::int64_t ncols = round_up(cols, kLanes);
     load_key_tile(c, seq, kvh, k0, cols, ncols, w, true);
     score_gradients<Traits>(c, band, seq.batch, h, q0, rows, rows_pad, k0, cols, ncols, w,
-                            row_sums, seq.len_k <= kKeyTile);
+                            row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/true);
     gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp, true);
   }
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -237,7 +261,7 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
       const bool row_sums = fused && !stats.p_dp.empty();
       if (row_sums) std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
       score_gradients<Traits>(c, band, seq.batch, h, q0, rows, rows_pad, k0, cols, ncols, w,
-                              row_sums, seq.len_k <= kKeyTile);
+                              row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/fused);
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
       gemm<Traits>(ncols, dp, rows, w.ds.data(), 1, kKeyTile, w.q.data(), dp, dk, dp, true);
@@ -266,6 +290,11 @@ FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& 
   const bool row_sums = !stats.p_dp.empty();
   w.dq_all.assign(at(c.group() * rows_per_head * dp), 0.0f);
   if (row_sums) w.p_dp_all.assign(at(c.group() * rows_per_head), 0.0f);
+  // The task owns its group's rows of dbias: zero first, for the tiles no key tile's band reaches.
+  for (std::int64_t g = 0; g < c.group() && c.dbias.given(); ++g) {
+    for (std::int64_t i = 0; i < seq.len_q; ++i)
+      zero_dbias_row(c, seq.batch, kvh * c.group() + g, i, seq.len_k, w);
+  }
   for (std::int64_t k0 = 0; k0 < seq.len_k; k0 += kKeyTile)
     dkdv_tile<Traits>(c, stats, seq, kvh, k0, w, true);
   for (std::int64_t g = 0; g < c.group(); ++g) {

@@ -204,6 +204,32 @@ FMHA_CPU_INLINE void add_strided(const ScoreTerm& t, std::int64_t offset, std::i
   }
 }
 
+// Writes row[0 .. n) to term elements offset, offset + stride[3], ..., rounded to the term's dtype.
+FMHA_CPU_INLINE void store_strided(const ScoreTerm& t, std::int64_t offset, std::int64_t n,
+                                   const float* row) {
+  const std::int64_t step = t.stride[3];
+  switch (t.dtype) {
+    case DType::kFloat32: {
+      float* dst = static_cast<float*>(t.data) + offset;
+      for (std::int64_t j = 0; j < n; ++j) dst[j * step] = row[j];
+      return;
+    }
+    case DType::kBFloat16: {
+      auto* dst = static_cast<std::uint16_t*>(t.data) + offset;
+      for (std::int64_t j = 0; j < n; ++j) dst[j * step] = numeric::float_to_bf16(row[j]);
+      return;
+    }
+    case DType::kFloat16: {
+      auto* dst = static_cast<std::uint16_t*>(t.data) + offset;
+      for (std::int64_t j = 0; j < n; ++j) dst[j * step] = numeric::float_to_fp16(row[j]);
+      return;
+    }
+    case DType::kFloat64:
+    case DType::kInt32:
+      return;  // never dispatched here
+  }
+}
+
 // The additive score terms of query i (batch b, head h) over keys k0 .. k0 + cols - 1: the bias and
 // SAM's rel-pos (SPEC §2), added to row[0 .. cols).
 FMHA_CPU_INLINE void add_score_terms(const Call& c, std::int64_t b, std::int64_t h, std::int64_t i,

@@ -98,7 +98,7 @@ struct Band {
 // [B, H, Lq, Hk | Wk]; element (b, h, i, c) at b * stride[0] + h * stride[1] + i * stride[2] +
 // c * stride[3] (a broadcast dimension has stride 0).
 struct ScoreTerm {
-  const void* data = nullptr;
+  void* data = nullptr;
   DType dtype = DType::kFloat32;
   std::int64_t stride[4] = {0, 0, 0, 0};
 
@@ -122,7 +122,10 @@ struct Call {
   Operand dout, dlse;         // backward inputs; dlse optional
   Operand dq, dk, dv;         // backward outputs
   Operand sinks, dsinks;      // [H] fp32: head_stride only; optional
-  ScoreTerm bias, rel_h, rel_w;  // dense forward only; optional
+  ScoreTerm bias, rel_h, rel_w;  // dense calls only; optional
+  // The bias's gradient, only when it has no broadcast dimension: each element belongs to one
+  // (b, h, i, j), written by the task that owns query row i (backward.cpp).
+  ScoreTerm dbias;
   std::int64_t rel_w_size = 0;   // Wk: key j takes rel_h column j / Wk and rel_w column j % Wk
 
   std::int64_t group() const { return heads / kv_heads; }
