@@ -276,7 +276,8 @@ void expect_thread_count_independent(const AttentionCase& c) {
   }
   const std::pair<const char*, HostTensor CaseTensors::*> outputs[] = {
       {"out", &CaseTensors::out}, {"lse", &CaseTensors::lse}, {"dq", &CaseTensors::dq},
-      {"dk", &CaseTensors::dk},   {"dv", &CaseTensors::dv},   {"dsinks", &CaseTensors::dsinks}};
+      {"dk", &CaseTensors::dk},   {"dv", &CaseTensors::dv},   {"dsinks", &CaseTensors::dsinks},
+      {"dbias", &CaseTensors::dbias}};
   for (std::size_t r = 1; r < runs.size(); ++r) {
     for (auto [name, member] : outputs) {
       EXPECT_TRUE((runs[0].*member).bitwise_equal(runs[r].*member))
@@ -303,6 +304,11 @@ TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
     dense.options.window_left = 30;
     dense.options.softcap = 2.0f;
     expect_thread_count_independent(dense);
+
+    AttentionCase biased = dense;  // a full-size bias and its gradient
+    biased.bias.given = true;
+    biased.dtype = DType::kFloat32;
+    expect_thread_count_independent(biased);
 
     AttentionCase varlen = dense;
     varlen.kind = Kind::kVarlen;
