@@ -179,9 +179,9 @@ TEST(CpuBackend, StridedLayoutsAndOptionalOutputs) {
 }
 
 // The dense calls with an additive bias (full, broadcast by size-1 dimensions or by stride 0) and
-// SAM's decomposed rel-pos, on the fast backend: the forward, and the backward with dbias when it
-// has no broadcast dimension or without the gradients (each case runs both ways; drel and a
-// broadcast dbias run on the reference).
+// SAM's decomposed rel-pos, on the fast backend: the forward, and the backward with dbias / drel when
+// they have no broadcast dimension, or without the gradients (each case runs both ways; a broadcast
+// gradient runs on the reference).
 TEST(CpuBackend, DenseBiasAndRelPos) {
   std::uint64_t seed = 240;
   auto check_forward = [&](AttentionCase c) {
@@ -226,6 +226,14 @@ TEST(CpuBackend, DenseBiasAndRelPos) {
   sam.bias.given = true;
   sam.dtype = DType::kBFloat16;
   check_forward(sam);
+  // Its gradients under softcap and a causal mask (rows and whole key tiles masked), GQA.
+  AttentionCase sam2 = dense_case(100, 100, 24, 24);
+  sam2.rel_hk = 10;
+  sam2.batch = 2;
+  sam2.options.causal = true;
+  sam2.options.softcap = 5.0f;
+  sam2.dtype = DType::kFloat16;
+  check_forward(sam2);
 }
 
 TEST(CpuBackend, Varlen) {

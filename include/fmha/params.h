@@ -26,7 +26,7 @@ enum class CausalAlignment : std::uint8_t {
 enum class CpuBackend : std::uint8_t {
   kAuto,       // the fast backend (src/cpu/) for what it covers: dense and varlen calls in fp32 /
                // fp16 / bf16 without bias, rel-pos or extra keys; dense calls with bias and rel-pos
-               // too (in the backward, dbias only without a broadcast dimension, no drel); the
+               // too (in the backward, dbias / drel only without a broadcast dimension); the
                // reference for the rest
   kReference,  // the float64 reference for every call: every feature, slow, the tests' oracle
 };

@@ -158,22 +158,27 @@ bool supports_dense_forward(const AttentionOptions& o, DType dtype) {
   return dtype_ok && !o.extra_k.defined();
 }
 
-// dbias with every dimension of the problem's size and none broadcast by stride 0: each element
-// one (b, h, i, j), so the task that owns row i writes it (a sum over a broadcast dimension would
-// need an order of its own to stay independent of the thread count).
-bool dbias_is_full(const TensorView& dbias, const detail::ProblemShape& shape) {
-  const std::int64_t problem[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
+// A gradient (dbias, drel_h, drel_w) with every dimension at its full size and none broadcast by
+// stride 0: each of its rows belongs to one (b, h, i), so the task that owns query row i writes it
+// (a sum over a broadcast dimension would need an order of its own to stay independent of the
+// thread count).
+bool has_no_broadcast(const TensorView& grad, const std::int64_t (&sizes)[4]) {
   for (int d = 0; d < 4; ++d) {
     const auto u = static_cast<std::size_t>(d);
-    if (dbias.shape[u] != problem[d] || (dbias.stride[u] == 0 && problem[d] > 1)) return false;
+    if (grad.shape[u] != sizes[d] || (grad.stride[u] == 0 && sizes[d] > 1)) return false;
   }
   return true;
 }
 
 bool supports_dense_backward(const AttentionOptions& o, const AttentionGradients& g,
                              DType dtype, const detail::ProblemShape& shape) {
-  return supports_dense_forward(o, dtype) && !g.drel_h.defined() && !g.drel_w.defined() &&
-         (!g.dbias.defined() || dbias_is_full(g.dbias, shape));
+  const std::int64_t problem[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
+  const std::int64_t rel_h[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_h_size};
+  const std::int64_t rel_w[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_w_size};
+  return supports_dense_forward(o, dtype) &&
+         (!g.dbias.defined() || has_no_broadcast(g.dbias, problem)) &&
+         (!g.drel_h.defined() || has_no_broadcast(g.drel_h, rel_h)) &&
+         (!g.drel_w.defined() || has_no_broadcast(g.drel_w, rel_w));
 }
 
 bool supports(const AttentionOptions& o, DType dtype) {
@@ -231,6 +236,9 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   c.dsinks = per_head(p.grads.dsinks);
   c.backward_impl = p.backward_impl;
   if (p.grads.dbias.defined()) c.dbias = score_term(p.grads.dbias);
+  c.drel_h = score_term(p.grads.drel_h);
+  c.drel_w = score_term(p.grads.drel_w);
+  c.rel_h_size = shape.rel_h_size;
   fit_threads_to_work(&c, kBackwardFlops);
   backward(c);
 }

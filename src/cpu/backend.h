@@ -1,9 +1,9 @@
 // The fast CPU backend: tiled, vectorised, multi-threaded attention with fp32 accumulation for
 // dense and varlen calls in fp32 / fp16 / bf16, forward and backward, with causal masks (both
 // alignments), windows, GQA / MQA, Dv != D, softcap, sinks and lse / dlse; the dense forward also
-// with an additive bias and SAM's decomposed rel-pos, and the dense backward with them (dbias when
-// it has no broadcast dimension, no drel). What it does not take (those gradients, extra keys,
-// float64, neighborhood, merge) runs on the float64 reference.
+// with an additive bias and SAM's decomposed rel-pos, and the dense backward with them (dbias and
+// drel when they have no broadcast dimension). What it does not take (broadcast gradients, extra
+// keys, float64, neighborhood, merge) runs on the float64 reference.
 #pragma once
 
 #include "api/problem.h"
@@ -15,7 +15,7 @@ namespace fmha::cpu {
 // True when the fast backend computes a call with these options and dtype.
 bool supports(const AttentionOptions& options, DType dtype);
 // The dense forward takes more: an additive bias and rel_h / rel_w too; the dense backward those
-// too, with dbias when it has no broadcast dimension, without drel_h / drel_w.
+// too, with dbias / drel_h / drel_w when they have no broadcast dimension.
 bool supports_dense_forward(const AttentionOptions& options, DType dtype);
 bool supports_dense_backward(const AttentionOptions& options, const AttentionGradients& grads,
                              DType dtype, const detail::ProblemShape& shape);

@@ -60,6 +60,9 @@ struct BackwardScratch {
   std::vector<float> lse, delta, dlse, p_dp;  // [kQueryTile]
   std::vector<float> dq_all,
       p_dp_all;  // fused: dQ [group, Lq up to kQueryTile, D up], sums of P dP
+  // drel: each owned row's sums, Hk of rel_h's then Wk of rel_w's: the dQ pass's tile, or the
+  // fused task's [group, Lq up to kQueryTile] rows.
+  std::vector<float> rel, rel_all;
 
   void allocate(const Call& c) {
     if (!q.empty()) return;
@@ -127,6 +130,34 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int6
     std::fill_n(&w.vt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
 }
 
+// Adds dS of keys k0 .. k0 + cols - 1 (ds[0 .. cols)) to one row's rel-pos sums: sums[kh] over the
+// keys of grid row kh (rel_h's gradient), sums[Hk + kw] over those of grid column kw (rel_w's).
+FMHA_CPU_INLINE void add_rel_sums(const Call& c, std::int64_t k0, std::int64_t cols,
+                                  const float* ds, float* sums) {
+  const std::int64_t wk = c.rel_w_size;
+  float* col_sums = sums + c.rel_h_size;
+  std::int64_t kh = k0 / wk, kw = k0 % wk, j = 0;
+  while (j < cols) {
+    const std::int64_t run = std::min(wk - kw, cols - j);
+    float row_sum = 0.0f;
+    for (std::int64_t x = 0; x < run; ++x) {
+      row_sum += ds[j + x];
+      col_sums[kw + x] += ds[j + x];
+    }
+    sums[kh] += row_sum;
+    j += run, ++kh, kw = 0;
+  }
+}
+
+// rel_h / rel_w's gradients of row i (batch b, head h) from its sums, in their dtypes.
+FMHA_CPU_INLINE void store_rel_sums(const Call& c, std::int64_t b, std::int64_t h, std::int64_t i,
+                                    const float* sums) {
+  if (c.drel_h.given()) store_strided(c.drel_h, c.drel_h.row(b, h, i), c.rel_h_size, sums);
+  if (c.drel_w.given()) {
+    store_strided(c.drel_w, c.drel_w.row(b, h, i), c.rel_w_size, sums + c.rel_h_size);
+  }
+}
+
 // Zeroes dbias[b, h, i, 0 .. keys) (through w.p's first row, which the tile's scores overwrite).
 FMHA_CPU_INLINE void zero_dbias_row(const Call& c, std::int64_t b, std::int64_t h, std::int64_t i,
                                     std::int64_t keys, BackwardScratch& w) {
@@ -147,7 +178,8 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
                                      std::int64_t h, std::int64_t q0, std::int64_t rows,
                                      std::int64_t rows_pad, std::int64_t k0,
                                      std::int64_t cols, std::int64_t ncols, BackwardScratch& w,
-                                     bool row_sums, bool exact_delta, bool owns_rows) {
+                                     bool row_sums, bool exact_delta, bool owns_rows,
+                                     float* rel_rows = nullptr) {
   using V = typename Traits::V;
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
   float* p = w.p.data();
@@ -183,19 +215,23 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
     }
     const float row_p_dp = V::reduce_sum(p_dp);
     const float delta = exact_delta ? row_p_dp - w.dlse[at(r)] : w.delta[at(r)];
-    // dS = P (dP - Delta) is the bias's gradient (SPEC §4), before softcap's slope.
+    // dS = P (dP - Delta) is the bias's gradient (SPEC §4), and summed over grid columns / rows
+    // rel-pos's (SPEC §5), before softcap's slope: an owned row that writes them takes the slope
+    // after.
     const bool dbias = owns_rows && c.dbias.given() && r < rows;
+    const bool drel = rel_rows != nullptr && r < rows;
     for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
       typename V::F grad = V::load(prow + j) * (V::load(dsrow + j) - delta);
-      if (softcap && !dbias) grad *= V::load(slope + j);
+      if (softcap && !dbias && !drel) grad *= V::load(slope + j);
       V::store(dsrow + j, grad);
     }
     if (dbias) {
       store_strided(c.dbias, c.dbias.row(b, h, q0 + r) + k0 * c.dbias.stride[3], cols, dsrow);
-      if (softcap) {
-        for (std::int64_t j = 0; j < ncols; j += V::kWidth)
-          V::store(dsrow + j, V::load(dsrow + j) * V::load(slope + j));
-      }
+    }
+    if (drel) add_rel_sums(c, k0, cols, dsrow, rel_rows + r * (c.rel_h_size + c.rel_w_size));
+    if (softcap && (dbias || drel)) {
+      for (std::int64_t j = 0; j < ncols; j += V::kWidth)
+        V::store(dsrow + j, V::load(dsrow + j) * V::load(slope + j));
     }
     if (row_sums) w.p_dp[at(r)] += row_p_dp;
   }
@@ -216,6 +252,12 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
   for (std::int64_t r = 0; r < rows && c.dbias.given(); ++r) {
     zero_dbias_row(c, seq.batch, h, q0 + r, seq.len_k, w);
   }
+  const std::int64_t rel_width = c.rel_h_size + c.rel_w_size;
+  float* rel_rows = nullptr;
+  if (c.wants_drel()) {
+    w.rel.assign(at(rows * rel_width), 0.0f);
+    rel_rows = w.rel.data();
+  }
   std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
   const bool row_sums = !stats.p_dp.empty();
   const std::int64_t first = band.first_key(q0), last = band.last_key(q0 + rows - 1, seq.len_k);
@@ -224,7 +266,7 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     const std::int64_t ncols = round_up(cols, kLanes);
     load_key_tile(c, seq, kvh, k0, cols, ncols, w, true);
     score_gradients<Traits>(c, band, seq.batch, h, q0, rows, rows_pad, k0, cols, ncols, w,
-                            row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/true);
+                            row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/true, rel_rows);
     gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp, true);
   }
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -232,6 +274,7 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     store_features(c.dq, c.dq.offset(seq.batch, token, h), c.head_dim, dq + r * dp, c.scale);
     // The task owns these rows: no other task writes their entries.
     if (row_sums) stats.p_dp[at((seq.row + q0 + r) * c.heads + h)] = w.p_dp[at(r)];
+    if (rel_rows != nullptr) store_rel_sums(c, seq.batch, h, q0 + r, rel_rows + r * rel_width);
   }
 }
 
@@ -260,8 +303,12 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
       load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
       const bool row_sums = fused && !stats.p_dp.empty();
       if (row_sums) std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
+      const std::int64_t rel_width = c.rel_h_size + c.rel_w_size;
+      float* rel_rows = fused && c.wants_drel()
+                            ? &w.rel_all[at((g * round_up(seq.len_q, kQueryTile) + q0) * rel_width)]
+                            : nullptr;
       score_gradients<Traits>(c, band, seq.batch, h, q0, rows, rows_pad, k0, cols, ncols, w,
-                              row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/fused);
+                              row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/fused, rel_rows);
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
       gemm<Traits>(ncols, dp, rows, w.ds.data(), 1, kKeyTile, w.q.data(), dp, dk, dp, true);
@@ -295,6 +342,8 @@ FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& 
     for (std::int64_t i = 0; i < seq.len_q; ++i)
       zero_dbias_row(c, seq.batch, kvh * c.group() + g, i, seq.len_k, w);
   }
+  const std::int64_t rel_width = c.rel_h_size + c.rel_w_size;
+  if (c.wants_drel()) w.rel_all.assign(at(c.group() * rows_per_head * rel_width), 0.0f);
   for (std::int64_t k0 = 0; k0 < seq.len_k; k0 += kKeyTile)
     dkdv_tile<Traits>(c, stats, seq, kvh, k0, w, true);
   for (std::int64_t g = 0; g < c.group(); ++g) {
@@ -304,6 +353,7 @@ FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& 
       store_features(c.dq, c.dq.offset(seq.batch, seq.first_q + i, h), c.head_dim,
                      &w.dq_all[at(row * dp)], c.scale);
       if (row_sums) stats.p_dp[at((seq.row + i) * c.heads + h)] = w.p_dp_all[at(row)];
+      if (c.wants_drel()) store_rel_sums(c, seq.batch, h, i, &w.rel_all[at(row * rel_width)]);
     }
   }
 }

@@ -126,9 +126,14 @@ struct Call {
   // The bias's gradient, only when it has no broadcast dimension: each element belongs to one
   // (b, h, i, j), written by the task that owns query row i (backward.cpp).
   ScoreTerm dbias;
+  // rel_h / rel_w's gradients under the same condition: row i's sums over its keys' grid columns /
+  // rows, accumulated in fp32 by the task that owns the row (rel_h_size = Hk).
+  ScoreTerm drel_h, drel_w;
+  std::int64_t rel_h_size = 0;
   std::int64_t rel_w_size = 0;   // Wk: key j takes rel_h column j / Wk and rel_w column j % Wk
 
   std::int64_t group() const { return heads / kv_heads; }
+  bool wants_drel() const { return drel_h.given() || drel_w.given(); }
 };
 
 }  // namespace fmha::cpu
