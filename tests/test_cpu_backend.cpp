@@ -285,7 +285,8 @@ void expect_thread_count_independent(const AttentionCase& c) {
   const std::pair<const char*, HostTensor CaseTensors::*> outputs[] = {
       {"out", &CaseTensors::out}, {"lse", &CaseTensors::lse}, {"dq", &CaseTensors::dq},
       {"dk", &CaseTensors::dk},   {"dv", &CaseTensors::dv},   {"dsinks", &CaseTensors::dsinks},
-      {"dbias", &CaseTensors::dbias}};
+      {"dbias", &CaseTensors::dbias}, {"drel_h", &CaseTensors::drel_h},
+      {"drel_w", &CaseTensors::drel_w}};
   for (std::size_t r = 1; r < runs.size(); ++r) {
     for (auto [name, member] : outputs) {
       EXPECT_TRUE((runs[0].*member).bitwise_equal(runs[r].*member))
@@ -316,6 +317,9 @@ TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
     AttentionCase biased = dense;  // a full-size bias and its gradient
     biased.bias.given = true;
     biased.dtype = DType::kFloat32;
+    expect_thread_count_independent(biased);
+    biased.bias.given = false;  // rel-pos and its gradients over a 10 x 20 key grid
+    biased.rel_hk = 10;
     expect_thread_count_independent(biased);
 
     AttentionCase varlen = dense;
