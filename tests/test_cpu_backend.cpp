@@ -261,6 +261,17 @@ TEST(CpuBackend, Varlen) {
     c.dtype = DType::kFloat32;
     check_fast(c, ++seed);
   }
+  // A bias [B, H, max Lq, max Lk] read at each sequence's own positions; the backward without dbias
+  // on the fast backend, with it on the reference.
+  c.bias.given = true;
+  for (bool input_grads : {false, true}) {
+    c.input_grads = input_grads;
+    for (const std::string& isa : runnable_isas()) {
+      SCOPED_TRACE("FMHA_CPU_ISA=" + isa);
+      ScopedEnv env("FMHA_CPU_ISA", isa);
+      check_case(c, ++seed);
+    }
+  }
 }
 
 // Every output and gradient of one case with 1, 2 and 8 threads, asked through FMHA_CPU_THREADS
@@ -395,7 +406,7 @@ TEST(CpuBackend, CoverageRule) {
   fmha::AttentionOptions biased;
   biased.bias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
   EXPECT_FALSE(fmha::cpu::supports(biased, DType::kFloat32));
-  EXPECT_TRUE(fmha::cpu::supports_dense_forward(biased, DType::kFloat32));
+  EXPECT_TRUE(fmha::cpu::supports_with_score_terms(biased, DType::kFloat32));
   fmha::AttentionOptions extra;
   extra.extra_k = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
   EXPECT_FALSE(fmha::cpu::supports(extra, DType::kFloat32));

@@ -25,9 +25,9 @@ enum class CausalAlignment : std::uint8_t {
 // Which backend runs a call on CPU tensors (SPEC §18); CUDA tensors ignore it.
 enum class CpuBackend : std::uint8_t {
   kAuto,       // the fast backend (src/cpu/) for what it covers: dense and varlen calls in fp32 /
-               // fp16 / bf16 without bias, rel-pos or extra keys; dense calls with bias and rel-pos
-               // too (in the backward, dbias / drel only without a broadcast dimension); the
-               // reference for the rest
+               // fp16 / bf16 without extra keys, with bias and rel-pos too (the dense backward's
+               // dbias / drel only without a broadcast dimension; the varlen backward no dbias);
+               // the reference for the rest
   kReference,  // the float64 reference for every call: every feature, slow, the tests' oracle
 };
 

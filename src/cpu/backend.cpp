@@ -68,8 +68,11 @@ Call shared_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
 Call dense_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
   Call c = shared_call(o, shape);
   for (std::int64_t b = 0; b < shape.batch; ++b) {
-    c.sequences.push_back(
-        {.batch = b, .len_q = shape.seqlen_q, .len_k = shape.seqlen_k, .row = b * shape.seqlen_q});
+    c.sequences.push_back({.batch = b,
+                           .index = b,
+                           .len_q = shape.seqlen_q,
+                           .len_k = shape.seqlen_k,
+                           .row = b * shape.seqlen_q});
   }
   return c;
 }
@@ -84,6 +87,7 @@ Call varlen_call(const Params& p, const detail::ProblemShape& shape) {
   for (std::int64_t b = 0; b < shape.batch; ++b) {
     const std::int64_t first_q = offset(p.cu_seqlens_q, b), first_k = offset(p.cu_seqlens_k, b);
     c.sequences.push_back({.batch = 0,
+                           .index = b,
                            .first_q = first_q,
                            .len_q = offset(p.cu_seqlens_q, b + 1) - first_q,
                            .first_k = first_k,
@@ -152,7 +156,7 @@ const char* to_string(Isa isa) {
   return "unknown";
 }
 
-bool supports_dense_forward(const AttentionOptions& o, DType dtype) {
+bool supports_with_score_terms(const AttentionOptions& o, DType dtype) {
   const bool dtype_ok =
       dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   return dtype_ok && !o.extra_k.defined();
@@ -175,14 +179,14 @@ bool supports_dense_backward(const AttentionOptions& o, const AttentionGradients
   const std::int64_t problem[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
   const std::int64_t rel_h[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_h_size};
   const std::int64_t rel_w[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_w_size};
-  return supports_dense_forward(o, dtype) &&
+  return supports_with_score_terms(o, dtype) &&
          (!g.dbias.defined() || has_no_broadcast(g.dbias, problem)) &&
          (!g.drel_h.defined() || has_no_broadcast(g.drel_h, rel_h)) &&
          (!g.drel_w.defined() || has_no_broadcast(g.drel_w, rel_w));
 }
 
 bool supports(const AttentionOptions& o, DType dtype) {
-  return supports_dense_forward(o, dtype) && !o.bias.defined() && !o.rel_h.defined() &&
+  return supports_with_score_terms(o, dtype) && !o.bias.defined() && !o.rel_h.defined() &&
          !o.rel_w.defined();
 }
 
@@ -245,6 +249,7 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
 
 void run(const VarlenForwardParams& p, const detail::ProblemShape& shape) {
   Call c = varlen_call(p, shape);
+  set_score_terms(&c, p.options, shape);
   c.q = packed_rows(p.q);
   c.k = packed_rows(p.k);
   c.v = packed_rows(p.v);
@@ -256,6 +261,7 @@ void run(const VarlenForwardParams& p, const detail::ProblemShape& shape) {
 
 void run(const VarlenBackwardParams& p, const detail::ProblemShape& shape) {
   Call c = varlen_call(p, shape);
+  set_score_terms(&c, p.options, shape);
   c.q = packed_rows(p.q);
   c.k = packed_rows(p.k);
   c.v = packed_rows(p.v);

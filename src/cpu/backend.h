@@ -14,9 +14,10 @@ namespace fmha::cpu {
 
 // True when the fast backend computes a call with these options and dtype.
 bool supports(const AttentionOptions& options, DType dtype);
-// The dense forward takes more: an additive bias and rel_h / rel_w too; the dense backward those
-// too, with dbias / drel_h / drel_w when they have no broadcast dimension.
-bool supports_dense_forward(const AttentionOptions& options, DType dtype);
+// Forward calls (dense and varlen) take more: an additive bias and rel_h / rel_w too (varlen calls
+// have no rel-pos); the dense backward those too, with dbias / drel_h / drel_w when they have no
+// broadcast dimension; the varlen backward a bias without dbias.
+bool supports_with_score_terms(const AttentionOptions& options, DType dtype);
 bool supports_dense_backward(const AttentionOptions& options, const AttentionGradients& grads,
                              DType dtype, const detail::ProblemShape& shape);
 

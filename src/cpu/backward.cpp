@@ -250,7 +250,7 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
   std::fill_n(dq, rows_pad * dp, 0.0f);
   // The task owns these rows of dbias: zero first, for the key tiles no row of it sees.
   for (std::int64_t r = 0; r < rows && c.dbias.given(); ++r) {
-    zero_dbias_row(c, seq.batch, h, q0 + r, seq.len_k, w);
+    zero_dbias_row(c, seq.index, h, q0 + r, seq.len_k, w);
   }
   const std::int64_t rel_width = c.rel_h_size + c.rel_w_size;
   float* rel_rows = nullptr;
@@ -265,7 +265,7 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
     const std::int64_t ncols = round_up(cols, kLanes);
     load_key_tile(c, seq, kvh, k0, cols, ncols, w, true);
-    score_gradients<Traits>(c, band, seq.batch, h, q0, rows, rows_pad, k0, cols, ncols, w,
+    score_gradients<Traits>(c, band, seq.index, h, q0, rows, rows_pad, k0, cols, ncols, w,
                             row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/true, rel_rows);
     gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp, true);
   }
@@ -274,7 +274,7 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     store_features(c.dq, c.dq.offset(seq.batch, token, h), c.head_dim, dq + r * dp, c.scale);
     // The task owns these rows: no other task writes their entries.
     if (row_sums) stats.p_dp[at((seq.row + q0 + r) * c.heads + h)] = w.p_dp[at(r)];
-    if (rel_rows != nullptr) store_rel_sums(c, seq.batch, h, q0 + r, rel_rows + r * rel_width);
+    if (rel_rows != nullptr) store_rel_sums(c, seq.index, h, q0 + r, rel_rows + r * rel_width);
   }
 }
 
@@ -307,7 +307,7 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
       float* rel_rows = fused && c.wants_drel()
                             ? &w.rel_all[at((g * round_up(seq.len_q, kQueryTile) + q0) * rel_width)]
                             : nullptr;
-      score_gradients<Traits>(c, band, seq.batch, h, q0, rows, rows_pad, k0, cols, ncols, w,
+      score_gradients<Traits>(c, band, seq.index, h, q0, rows, rows_pad, k0, cols, ncols, w,
                               row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/fused, rel_rows);
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
@@ -340,7 +340,7 @@ FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& 
   // The task owns its group's rows of dbias: zero first, for the tiles no key tile's band reaches.
   for (std::int64_t g = 0; g < c.group() && c.dbias.given(); ++g) {
     for (std::int64_t i = 0; i < seq.len_q; ++i)
-      zero_dbias_row(c, seq.batch, kvh * c.group() + g, i, seq.len_k, w);
+      zero_dbias_row(c, seq.index, kvh * c.group() + g, i, seq.len_k, w);
   }
   const std::int64_t rel_width = c.rel_h_size + c.rel_w_size;
   if (c.wants_drel()) w.rel_all.assign(at(c.group() * rows_per_head * rel_width), 0.0f);
@@ -353,7 +353,7 @@ FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& 
       store_features(c.dq, c.dq.offset(seq.batch, seq.first_q + i, h), c.head_dim,
                      &w.dq_all[at(row * dp)], c.scale);
       if (row_sums) stats.p_dp[at((seq.row + i) * c.heads + h)] = w.p_dp_all[at(row)];
-      if (c.wants_drel()) store_rel_sums(c, seq.batch, h, i, &w.rel_all[at(row * rel_width)]);
+      if (c.wants_drel()) store_rel_sums(c, seq.index, h, i, &w.rel_all[at(row * rel_width)]);
     }
   }
 }

@@ -118,7 +118,7 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
         for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
         continue;
       }
-      finish_scores(c, band, seq.batch, h, q0 + r, k0, cols, ncols, full, row);
+      finish_scores(c, band, seq.index, h, q0 + r, k0, cols, ncols, full, row);
       // Online softmax (SPEC §10): rescale what came before to the new running maximum.
       typename V::F tile_max = V::broadcast(kNegInf);
       for (std::int64_t j = 0; j < ncols; j += V::kWidth)

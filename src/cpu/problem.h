@@ -32,6 +32,7 @@ struct Operand {
 // row is the index of its first query among all queries of the call (scratch buffers use it).
 struct Sequence {
   std::int64_t batch = 0;
+  std::int64_t index = 0;  // its place in the call: the bias's batch index (varlen too)
   std::int64_t first_q = 0, len_q = 0;
   std::int64_t first_k = 0, len_k = 0;
   std::int64_t row = 0;
