@@ -1,9 +1,9 @@
 // The fast CPU backend: tiled, vectorised, multi-threaded attention with fp32 accumulation for
 // dense and varlen calls in fp32 / fp16 / bf16, forward and backward, with causal masks (both
-// alignments), windows, GQA / MQA, Dv != D, softcap, sinks and lse / dlse; the dense forward also
-// with an additive bias and SAM's decomposed rel-pos, and the dense backward with them (dbias and
-// drel when they have no broadcast dimension). What it does not take (broadcast gradients, extra
-// keys, float64, neighborhood, merge) runs on the float64 reference.
+// alignments), windows, GQA / MQA, Dv != D, softcap, sinks, lse / dlse, an additive bias and SAM's
+// decomposed rel-pos (dense calls; varlen calls a bias), with dbias and drel in the dense backward
+// when they have no broadcast dimension. What it does not take (broadcast gradients, a varlen
+// dbias, extra keys, float64, neighborhood, merge) runs on the float64 reference.
 #pragma once
 
 #include "api/problem.h"
