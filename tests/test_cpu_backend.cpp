@@ -179,9 +179,9 @@ TEST(CpuBackend, StridedLayoutsAndOptionalOutputs) {
 }
 
 // The dense calls with an additive bias (full, broadcast by size-1 dimensions or by stride 0) and
-// SAM's decomposed rel-pos, on the fast backend: the forward, and the backward with dbias / drel when
-// they have no broadcast dimension, or without the gradients (each case runs both ways; a broadcast
-// gradient runs on the reference).
+// SAM's decomposed rel-pos, on the fast backend: the forward, and the backward with dbias / drel
+// when they have no broadcast dimension or dbias sums over the batch alone, or without the
+// gradients (each case runs both ways; other broadcast gradients run on the reference).
 TEST(CpuBackend, DenseBiasAndRelPos) {
   std::uint64_t seed = 240;
   auto check_forward = [&](AttentionCase c) {
@@ -208,6 +208,15 @@ TEST(CpuBackend, DenseBiasAndRelPos) {
     c.options.softcap = 4.0f;
     c.batch = 1;
     check_forward(c);
+    c.batch = 2;
+    c.bias.broadcast = {true, false, false, false};  // [1, H, Lq, Lk]: dbias sums over the batch
+    check_forward(c);
+    c.bias.zero_stride = true;  // the same by a stride of 0
+    c.options.causal = false;
+    c.batch = 3;
+    check_forward(c);
+    c.bias.zero_stride = false;
+    c.options.causal = true;
     c.batch = 2;
     c.bias.broadcast = {true, false, true, false};  // [1, H, 1, Lk]
     c.options.causal = true;
@@ -329,6 +338,9 @@ TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
     biased.bias.given = true;
     biased.dtype = DType::kFloat32;
     expect_thread_count_independent(biased);
+    biased.bias.broadcast = {true, false, false, false};  // dbias summed over the batch
+    expect_thread_count_independent(biased);
+    biased.bias.broadcast = {false, false, false, false};
     biased.bias.given = false;  // rel-pos and its gradients over a 10 x 20 key grid
     biased.rel_hk = 10;
     expect_thread_count_independent(biased);

@@ -174,13 +174,26 @@ bool has_no_broadcast(const TensorView& grad, const std::int64_t (&sizes)[4]) {
   return true;
 }
 
+// dbias broadcast over the batch and full elsewhere: summed over the batch by one task per (head,
+// query tile), in sequence order (backward.cpp).
+bool sums_over_batch(const TensorView& dbias, const detail::ProblemShape& shape) {
+  if (shape.batch <= 1 || (dbias.shape[0] != 1 && dbias.stride[0] != 0)) return false;
+  const std::int64_t sizes[4] = {0, shape.heads, shape.seqlen_q, shape.seqlen_k};
+  for (int d = 1; d < 4; ++d) {
+    const auto u = static_cast<std::size_t>(d);
+    if (dbias.shape[u] != sizes[d] || (dbias.stride[u] == 0 && sizes[d] > 1)) return false;
+  }
+  return true;
+}
+
 bool supports_dense_backward(const AttentionOptions& o, const AttentionGradients& g,
                              DType dtype, const detail::ProblemShape& shape) {
   const std::int64_t problem[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
   const std::int64_t rel_h[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_h_size};
   const std::int64_t rel_w[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_w_size};
   return supports_with_score_terms(o, dtype) &&
-         (!g.dbias.defined() || has_no_broadcast(g.dbias, problem)) &&
+         (!g.dbias.defined() || has_no_broadcast(g.dbias, problem) ||
+          sums_over_batch(g.dbias, shape)) &&
          (!g.drel_h.defined() || has_no_broadcast(g.drel_h, rel_h)) &&
          (!g.drel_w.defined() || has_no_broadcast(g.drel_w, rel_w));
 }
@@ -239,7 +252,10 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   c.dv = dense_rows(p.grads.dv);
   c.dsinks = per_head(p.grads.dsinks);
   c.backward_impl = p.backward_impl;
-  if (p.grads.dbias.defined()) c.dbias = score_term(p.grads.dbias);
+  if (p.grads.dbias.defined()) {
+    c.dbias = score_term(p.grads.dbias);
+    c.dbias_over_batch = sums_over_batch(p.grads.dbias, shape);
+  }
   c.drel_h = score_term(p.grads.drel_h);
   c.drel_w = score_term(p.grads.drel_w);
   c.rel_h_size = shape.rel_h_size;

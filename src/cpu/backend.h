@@ -2,7 +2,7 @@
 // dense and varlen calls in fp32 / fp16 / bf16, forward and backward, with causal masks (both
 // alignments), windows, GQA / MQA, Dv != D, softcap, sinks, lse / dlse, an additive bias and SAM's
 // decomposed rel-pos (dense calls; varlen calls a bias), with dbias and drel in the dense backward
-// when they have no broadcast dimension. What it does not take (broadcast gradients, a varlen
+// when they have no broadcast dimension (dbias also summed over the batch alone). What it does not take (broadcast gradients, a varlen
 // dbias, extra keys, float64, neighborhood, merge) runs on the float64 reference.
 #pragma once
 

@@ -63,6 +63,7 @@ struct BackwardScratch {
   // drel: each owned row's sums, Hk of rel_h's then Wk of rel_w's: the dQ pass's tile, or the
   // fused task's [group, Lq up to kQueryTile] rows.
   std::vector<float> rel, rel_all;
+  std::vector<float> dbias_sum;  // dbias over the batch: the task's rows x Lk
 
   void allocate(const Call& c) {
     if (!q.empty()) return;
@@ -179,7 +180,8 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
                                      std::int64_t rows_pad, std::int64_t k0,
                                      std::int64_t cols, std::int64_t ncols, BackwardScratch& w,
                                      bool row_sums, bool exact_delta, bool owns_rows,
-                                     float* rel_rows = nullptr) {
+                                     float* rel_rows = nullptr, float* dbias_sum = nullptr,
+                                     std::int64_t dbias_sum_stride = 0) {
   using V = typename Traits::V;
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
   float* p = w.p.data();
@@ -225,7 +227,10 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
       if (softcap && !dbias && !drel) grad *= V::load(slope + j);
       V::store(dsrow + j, grad);
     }
-    if (dbias) {
+    if (dbias && dbias_sum != nullptr) {  // a sum over the batch, in the task's order
+      float* sum = dbias_sum + r * dbias_sum_stride + k0;
+      for (std::int64_t j = 0; j < cols; ++j) sum[j] += dsrow[j];
+    } else if (dbias) {
       store_strided(c.dbias, c.dbias.row(b, h, q0 + r) + k0 * c.dbias.stride[3], cols, dsrow);
     }
     if (drel) add_rel_sums(c, k0, cols, dsrow, rel_rows + r * (c.rel_h_size + c.rel_w_size));
@@ -237,9 +242,11 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
   }
 }
 
+// dQ of queries [q0, q0 + kQueryTile) of head h of one sequence; dbias_sum: the rows' dS added to
+// it (a sum over the batch) instead of stored.
 template <typename Traits>
-FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
-                             std::int64_t q0, BackwardScratch& w) {
+FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
+                             std::int64_t q0, BackwardScratch& w, float* dbias_sum) {
   const std::int64_t dp = round_up(c.head_dim, kLanes);
   const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
   const std::int64_t rows_pad = round_up(rows, Traits::kRows);
@@ -249,7 +256,7 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
   load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
   std::fill_n(dq, rows_pad * dp, 0.0f);
   // The task owns these rows of dbias: zero first, for the key tiles no row of it sees.
-  for (std::int64_t r = 0; r < rows && c.dbias.given(); ++r) {
+  for (std::int64_t r = 0; r < rows && c.dbias.given() && dbias_sum == nullptr; ++r) {
     zero_dbias_row(c, seq.index, h, q0 + r, seq.len_k, w);
   }
   const std::int64_t rel_width = c.rel_h_size + c.rel_w_size;
@@ -266,7 +273,8 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     const std::int64_t ncols = round_up(cols, kLanes);
     load_key_tile(c, seq, kvh, k0, cols, ncols, w, true);
     score_gradients<Traits>(c, band, seq.index, h, q0, rows, rows_pad, k0, cols, ncols, w,
-                            row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/true, rel_rows);
+                            row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/true, rel_rows,
+                            dbias_sum, seq.len_k);
     gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp, true);
   }
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -275,6 +283,25 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     // The task owns these rows: no other task writes their entries.
     if (row_sums) stats.p_dp[at((seq.row + q0 + r) * c.heads + h)] = w.p_dp[at(r)];
     if (rel_rows != nullptr) store_rel_sums(c, seq.index, h, q0 + r, rel_rows + r * rel_width);
+  }
+}
+
+// The dQ pass's task: one sequence's query tile; with dbias over the batch, that tile of every
+// sequence (a dense call's are alike), their dS summed in sequence order, then stored.
+template <typename Traits>
+FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
+                             std::int64_t q0, BackwardScratch& w) {
+  if (!c.dbias_over_batch) {
+    dq_rows<Traits>(c, stats, seq, h, q0, w, nullptr);
+    return;
+  }
+  const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
+  w.dbias_sum.assign(at(rows * seq.len_k), 0.0f);
+  for (const Sequence& each : c.sequences) {
+    dq_rows<Traits>(c, stats, each, h, q0, w, w.dbias_sum.data());
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    store_strided(c.dbias, c.dbias.row(0, h, q0 + r), seq.len_k, &w.dbias_sum[at(r * seq.len_k)]);
   }
 }
 
@@ -482,6 +509,8 @@ void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& 
 // when there are at least two such tasks per hardware thread (the machine's, not the call's thread
 // count, so that results do not depend on FMHA_CPU_THREADS) and its dQ buffer stays small.
 bool use_fused(const Call& c) {
+  // The fused structure's tasks each take one sequence: a sum over the batch runs split.
+  if (c.dbias_over_batch) return false;
   constexpr std::int64_t kMaxFusedBufferBytes = std::int64_t{64} << 20;
   std::int64_t tasks = 0, longest = 0;
   for (const Sequence& seq : c.sequences) {
@@ -525,7 +554,8 @@ void backward(const Call& c) {
     for (std::int64_t k0 = 0; k0 < seq.len_k; k0 += kKeyTile) {
       for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh) dkdv.push_back({sequence, kvh, k0});
     }
-    for (std::int64_t q0 = 0; q0 < seq.len_q; q0 += kQueryTile) {
+    // With dbias over the batch, the first sequence's tasks take every sequence's rows.
+    for (std::int64_t q0 = 0; q0 < seq.len_q && (b == 0 || !c.dbias_over_batch); q0 += kQueryTile) {
       for (std::int64_t h = 0; h < c.heads; ++h) dq.push_back({sequence, h, q0});
     }
   }
