@@ -2,8 +2,9 @@
 // dense and varlen calls in fp32 / fp16 / bf16, forward and backward, with causal masks (both
 // alignments), windows, GQA / MQA, Dv != D, softcap, sinks, lse / dlse, an additive bias and SAM's
 // decomposed rel-pos (dense calls; varlen calls a bias), with dbias and drel in the dense backward
-// when they have no broadcast dimension (dbias also summed over the batch alone). What it does not take (broadcast gradients, a varlen
-// dbias, extra keys, float64, neighborhood, merge) runs on the float64 reference.
+// when they have no broadcast dimension (dbias also summed over the batch alone). What it does not
+// take (other broadcast gradients, a varlen dbias, extra keys, float64, neighborhood, merge) runs
+// on the float64 reference.
 #pragma once
 
 #include "api/problem.h"
@@ -16,7 +17,8 @@ namespace fmha::cpu {
 bool supports(const AttentionOptions& options, DType dtype);
 // Forward calls (dense and varlen) take more: an additive bias and rel_h / rel_w too (varlen calls
 // have no rel-pos); the dense backward those too, with dbias / drel_h / drel_w when they have no
-// broadcast dimension; the varlen backward a bias without dbias.
+// broadcast dimension (dbias also when it sums over the batch alone); the varlen backward a bias
+// without dbias.
 bool supports_with_score_terms(const AttentionOptions& options, DType dtype);
 bool supports_dense_backward(const AttentionOptions& options, const AttentionGradients& grads,
                              DType dtype, const detail::ProblemShape& shape);
