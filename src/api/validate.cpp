@@ -238,12 +238,7 @@ Status check_view_ranks(const Params& p) {
         expect_valid_ranks({{&p.cu_seqlens_q, "cu_seqlens_q"}, {&p.cu_seqlens_k, "cu_seqlens_k"}}));
   }
   const AttentionOptions& o = p.options;
-  FMHA_RETURN_IF_ERROR(expect_valid_ranks({{&o.bias, "options.bias"},
-                                           {&o.rel_h, "options.rel_h"},
-                                           {&o.rel_w, "options.rel_w"},
-                                           {&o.sinks, "options.sinks"},
-                                           {&o.extra_k, "options.extra_k"},
-                                           {&o.extra_v, "options.extra_v"}}));
+  FMHA_RETURN_IF_ERROR(check_option_ranks(o));
   if constexpr (requires { p.grads; }) {
     const AttentionGradients& g = p.grads;
     return expect_valid_ranks({{&p.dout, "dout"},

@@ -216,6 +216,15 @@ Status check_qkv(const Anchor& a, const TensorView& q, const TensorView& k, cons
   return expect_data_tensor(a, v, "v", v_shape(s), Access::kInput);
 }
 
+Status check_option_ranks(const AttentionOptions& o) {
+  return expect_valid_ranks({{&o.bias, "options.bias"},
+                             {&o.rel_h, "options.rel_h"},
+                             {&o.rel_w, "options.rel_w"},
+                             {&o.sinks, "options.sinks"},
+                             {&o.extra_k, "options.extra_k"},
+                             {&o.extra_v, "options.extra_v"}});
+}
+
 Status check_options(const Anchor& a, const AttentionOptions& o, ProblemShape* s) {
   FMHA_RETURN_IF_ERROR(check_scalars(o, s));
   if (o.bias.defined()) {

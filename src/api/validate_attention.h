@@ -23,6 +23,9 @@ Status check_head_sizes(const ProblemShape& s);
 Status check_qkv(const Anchor& anchor, const TensorView& q, const TensorView& k,
                  const TensorView& v, const ProblemShape& s);
 
+// The ranks of the options' tensor views, before any is read (expect_valid_ranks).
+Status check_option_ranks(const AttentionOptions& options);
+
 // Masks, score modifiers and extra inputs (SPEC §2-§5, §7, §9). Resolves the scale, the rel-pos
 // grid and the number of extra keys into *s.
 Status check_options(const Anchor& anchor, const AttentionOptions& options, ProblemShape* s);

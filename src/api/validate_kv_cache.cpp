@@ -244,12 +244,7 @@ Status validate(const KvCacheForwardParams& p, KvCacheShape* shape) {
                                            {&p.cache_seqlens, "cache_seqlens"},
                                            {&p.out, "out"},
                                            {&p.lse, "lse"}}));
-  FMHA_RETURN_IF_ERROR(expect_valid_ranks({{&o.bias, "options.bias"},
-                                           {&o.rel_h, "options.rel_h"},
-                                           {&o.rel_w, "options.rel_w"},
-                                           {&o.sinks, "options.sinks"},
-                                           {&o.extra_k, "options.extra_k"},
-                                           {&o.extra_v, "options.extra_v"}}));
+  FMHA_RETURN_IF_ERROR(check_option_ranks(o));
   FMHA_RETURN_IF_ERROR(check_kv_cache_options(o));
   const bool packed = p.cu_seqlens_q.defined();
   FMHA_RETURN_IF_ERROR(
