@@ -417,11 +417,28 @@ TEST(CpuBackend, CoverageRule) {
   float placeholder = 0.0f;
   fmha::AttentionOptions biased;
   biased.bias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
-  EXPECT_FALSE(fmha::cpu::supports(biased, DType::kFloat32));
-  EXPECT_TRUE(fmha::cpu::supports_with_score_terms(biased, DType::kFloat32));
+  EXPECT_TRUE(fmha::cpu::supports(biased, DType::kFloat32));  // bias and rel-pos: taken
   fmha::AttentionOptions extra;
   extra.extra_k = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
   EXPECT_FALSE(fmha::cpu::supports(extra, DType::kFloat32));
+
+  // The backward's gradients: dbias full-size or summed over the batch alone, not over heads;
+  // none in the varlen backward.
+  fmha::detail::ProblemShape shape;
+  shape.batch = 2, shape.heads = 3, shape.seqlen_q = 4, shape.seqlen_k = 5;
+  fmha::AttentionBackwardParams dense;
+  dense.q = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 4, 3, 8});
+  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 3, 4, 5});
+  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
+  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 3, 4, 5});
+  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
+  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 1, 4, 5});
+  EXPECT_FALSE(fmha::cpu::supports(dense, shape));
+  fmha::VarlenBackwardParams varlen;
+  varlen.q = dense.q;
+  EXPECT_TRUE(fmha::cpu::supports(varlen, shape));
+  varlen.grads.dbias = dense.grads.dbias;
+  EXPECT_FALSE(fmha::cpu::supports(varlen, shape));
 }
 
 TEST(CpuBackend, InvalidBackendRefused) {

@@ -29,15 +29,9 @@ void run_cpu(const Params& p, const detail::ProblemShape& shape) {
       std::is_same_v<Params, AttentionForwardParams> || std::is_same_v<Params, AttentionBackwardParams> ||
       std::is_same_v<Params, VarlenForwardParams> || std::is_same_v<Params, VarlenBackwardParams>;
   if constexpr (kFastEntryPoint) {
-    bool fast = false;
-    if constexpr (std::is_same_v<Params, AttentionBackwardParams>) {
-      fast = cpu::supports_dense_backward(p.options, p.grads, p.q.dtype, shape);
-    } else if constexpr (std::is_same_v<Params, VarlenBackwardParams>) {
-      fast = cpu::supports_with_score_terms(p.options, p.q.dtype) && !p.grads.dbias.defined();
-    } else {  // the forwards
-      fast = cpu::supports_with_score_terms(p.options, p.q.dtype);
+    if (p.options.cpu_backend == CpuBackend::kAuto && cpu::supports(p, shape)) {
+      return cpu::run(p, shape);
     }
-    if (p.options.cpu_backend == CpuBackend::kAuto && fast) return cpu::run(p, shape);
   }
   reference::run(p, shape);
 }

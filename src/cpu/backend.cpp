@@ -12,43 +12,24 @@
 namespace fmha::cpu {
 namespace {
 
-// Dense q [B, L, H, D]: batch, token, head, feature. lse [B, H, L]: batch, head, token.
-Operand dense_rows(const TensorView& t) {
+// A view whose dimensions batch, token, head and feature (-1: absent) are those of an Operand.
+Operand operand(const TensorView& t, int batch, int token, int head, int feature) {
   if (!t.defined()) return {};
+  const auto stride = [&](int d) { return d < 0 ? 0 : t.stride[static_cast<std::size_t>(d)]; };
   return {.data = t.data,
           .dtype = t.dtype,
-          .batch_stride = t.stride[0],
-          .token_stride = t.stride[1],
-          .head_stride = t.stride[2],
-          .feature_stride = t.stride[3]};
+          .batch_stride = stride(batch),
+          .token_stride = stride(token),
+          .head_stride = stride(head),
+          .feature_stride = stride(feature)};
 }
-Operand dense_stats(const TensorView& t) {
-  if (!t.defined()) return {};
-  return {.data = t.data,
-          .dtype = t.dtype,
-          .batch_stride = t.stride[0],
-          .token_stride = t.stride[2],
-          .head_stride = t.stride[1]};
-}
-// Packed q [total, H, D]: token, head, feature. lse [H, total]: head, token.
-Operand packed_rows(const TensorView& t) {
-  if (!t.defined()) return {};
-  return {.data = t.data,
-          .dtype = t.dtype,
-          .token_stride = t.stride[0],
-          .head_stride = t.stride[1],
-          .feature_stride = t.stride[2]};
-}
-Operand packed_stats(const TensorView& t) {
-  if (!t.defined()) return {};
-  return {
-      .data = t.data, .dtype = t.dtype, .token_stride = t.stride[1], .head_stride = t.stride[0]};
-}
+// Dense q [B, L, H, D] and lse [B, H, L]; packed q [total, H, D] and lse [H, total].
+Operand dense_rows(const TensorView& t) { return operand(t, 0, 1, 2, 3); }
+Operand dense_stats(const TensorView& t) { return operand(t, 0, 2, 1, -1); }
+Operand packed_rows(const TensorView& t) { return operand(t, -1, 0, 1, 2); }
+Operand packed_stats(const TensorView& t) { return operand(t, -1, 1, 0, -1); }
 // sinks / dsinks [H].
-Operand per_head(const TensorView& t) {
-  if (!t.defined()) return {};
-  return {.data = t.data, .dtype = t.dtype, .head_stride = t.stride[0]};
-}
+Operand per_head(const TensorView& t) { return operand(t, -1, -1, 0, -1); }
 
 Call shared_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
   Call c;
@@ -156,18 +137,18 @@ const char* to_string(Isa isa) {
   return "unknown";
 }
 
-bool supports_with_score_terms(const AttentionOptions& o, DType dtype) {
+bool supports(const AttentionOptions& o, DType dtype) {
   const bool dtype_ok =
       dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   return dtype_ok && !o.extra_k.defined();
 }
 
-// A gradient (dbias, drel_h, drel_w) with every dimension at its full size and none broadcast by
-// stride 0: each of its rows belongs to one (b, h, i), so the task that owns query row i writes it
-// (a sum over a broadcast dimension would need an order of its own to stay independent of the
+// A gradient (dbias, drel_h, drel_w) at full size with no dimension from `first` on broadcast by
+// stride 0: each of its rows there belongs to one (b, h, i), so the task that owns query row i
+// writes it (a sum over a broadcast dimension needs an order of its own to stay independent of the
 // thread count).
-bool has_no_broadcast(const TensorView& grad, const std::int64_t (&sizes)[4]) {
-  for (int d = 0; d < 4; ++d) {
+bool full_size(const TensorView& grad, const std::int64_t (&sizes)[4], int first = 0) {
+  for (int d = first; d < 4; ++d) {
     const auto u = static_cast<std::size_t>(d);
     if (grad.shape[u] != sizes[d] || (grad.stride[u] == 0 && sizes[d] > 1)) return false;
   }
@@ -177,30 +158,29 @@ bool has_no_broadcast(const TensorView& grad, const std::int64_t (&sizes)[4]) {
 // dbias broadcast over the batch and full elsewhere: summed over the batch by one task per (head,
 // query tile), in sequence order (backward.cpp).
 bool sums_over_batch(const TensorView& dbias, const detail::ProblemShape& shape) {
-  if (shape.batch <= 1 || (dbias.shape[0] != 1 && dbias.stride[0] != 0)) return false;
-  const std::int64_t sizes[4] = {0, shape.heads, shape.seqlen_q, shape.seqlen_k};
-  for (int d = 1; d < 4; ++d) {
-    const auto u = static_cast<std::size_t>(d);
-    if (dbias.shape[u] != sizes[d] || (dbias.stride[u] == 0 && sizes[d] > 1)) return false;
-  }
-  return true;
+  const std::int64_t sizes[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
+  return shape.batch > 1 && (dbias.shape[0] == 1 || dbias.stride[0] == 0) &&
+         full_size(dbias, sizes, 1);
 }
 
-bool supports_dense_backward(const AttentionOptions& o, const AttentionGradients& g,
-                             DType dtype, const detail::ProblemShape& shape) {
+bool supports(const AttentionForwardParams& p, const detail::ProblemShape&) {
+  return supports(p.options, p.q.dtype);
+}
+bool supports(const VarlenForwardParams& p, const detail::ProblemShape&) {
+  return supports(p.options, p.q.dtype);
+}
+bool supports(const VarlenBackwardParams& p, const detail::ProblemShape&) {
+  return supports(p.options, p.q.dtype) && !p.grads.dbias.defined();
+}
+bool supports(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
+  const AttentionGradients& g = p.grads;
   const std::int64_t problem[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
   const std::int64_t rel_h[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_h_size};
   const std::int64_t rel_w[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_w_size};
-  return supports_with_score_terms(o, dtype) &&
-         (!g.dbias.defined() || has_no_broadcast(g.dbias, problem) ||
-          sums_over_batch(g.dbias, shape)) &&
-         (!g.drel_h.defined() || has_no_broadcast(g.drel_h, rel_h)) &&
-         (!g.drel_w.defined() || has_no_broadcast(g.drel_w, rel_w));
-}
-
-bool supports(const AttentionOptions& o, DType dtype) {
-  return supports_with_score_terms(o, dtype) && !o.bias.defined() && !o.rel_h.defined() &&
-         !o.rel_w.defined();
+  return supports(p.options, p.q.dtype) &&
+         (!g.dbias.defined() || full_size(g.dbias, problem) || sums_over_batch(g.dbias, shape)) &&
+         (!g.drel_h.defined() || full_size(g.drel_h, rel_h)) &&
+         (!g.drel_w.defined() || full_size(g.drel_w, rel_w));
 }
 
 // A bias or rel-pos view as a score term (4-D, any strides; a dimension of size 1 broadcasts

@@ -13,15 +13,15 @@
 
 namespace fmha::cpu {
 
-// True when the fast backend computes a call with these options and dtype.
+// The options and dtype every entry point takes: fp32 / fp16 / bf16 inputs without extra keys.
 bool supports(const AttentionOptions& options, DType dtype);
-// Forward calls (dense and varlen) take more: an additive bias and rel_h / rel_w too (varlen calls
-// have no rel-pos); the dense backward those too, with dbias / drel_h / drel_w when they have no
-// broadcast dimension (dbias also when it sums over the batch alone); the varlen backward a bias
-// without dbias.
-bool supports_with_score_terms(const AttentionOptions& options, DType dtype);
-bool supports_dense_backward(const AttentionOptions& options, const AttentionGradients& grads,
-                             DType dtype, const detail::ProblemShape& shape);
+// Whether the fast backend computes a validated call (dispatch runs the rest on the reference):
+// the options above; in the dense backward dbias / drel_h / drel_w without a broadcast dimension,
+// or dbias summed over the batch alone; in the varlen backward no dbias.
+bool supports(const AttentionForwardParams& p, const detail::ProblemShape& shape);
+bool supports(const AttentionBackwardParams& p, const detail::ProblemShape& shape);
+bool supports(const VarlenForwardParams& p, const detail::ProblemShape& shape);
+bool supports(const VarlenBackwardParams& p, const detail::ProblemShape& shape);
 
 // Validated calls that supports() accepts.
 void run(const AttentionForwardParams& p, const detail::ProblemShape& shape);
