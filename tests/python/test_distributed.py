@@ -1,0 +1,270 @@
+"""fmha.distributed (SPEC §17): context-parallel attention on 2 and 4 CPU processes (gloo) against
+single-process fmha.attention on the whole sequence: out, lse and every gradient, for both forms,
+both layouts, causal (both alignments) and not, GQA/MQA, windows, softcap, sinks and uneven shards.
+
+Each world size is one group of spawned processes that runs every case and reports per case the
+norm-wise relative error of each result (or the exception); the tests below read those reports."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fmha
+import fmha.distributed as cp
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
+)
+
+# fp32 runs the fast CPU backend; the merge of W partial results rounds differently from one
+# call, which stays well within SPEC §13's 1e-5 against float64 for each. fp64 runs the float64
+# reference, where only the summation order differs.
+TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-11}
+
+
+def _uneven(total: int, world: int) -> list[int]:
+    """Unequal contiguous lengths: rank r gets a share proportional to r + 1."""
+    weights = [r + 1 for r in range(world)]
+    lens = [total * w // sum(weights) for w in weights]
+    lens[-1] += total - sum(lens)
+    return lens
+
+
+def _with_empty(total: int, world: int) -> list[int]:
+    """Unequal lengths with an empty first shard."""
+    return [0] + _uneven(total, world - 1)
+
+
+# name: options of the case. Defaults: B 2, Lq = Lk = 24, H 4, Hkv 4, D 8, fp32, contiguous, ring.
+CASES = {
+    "dense-ring": dict(),
+    "dense-allgather": dict(form="allgather"),
+    "dense-zigzag": dict(layout="zigzag", Lq=27, Lk=27),
+    "causal-zigzag-ring": dict(layout="zigzag", causal=True, Lq=29, Lk=29),
+    "causal-zigzag-allgather": dict(layout="zigzag", causal=True, form="allgather", Lq=29, Lk=29),
+    "causal-contiguous-ring": dict(causal=True, Lq=26, Lk=26),
+    "causal-bottom-right-longer-k": dict(causal=True, align="bottom_right", Lq=17, Lk=31),
+    "causal-bottom-right-longer-q": dict(causal=True, align="bottom_right", Lq=31, Lk=17,
+                                         layout="zigzag"),
+    "causal-top-left-longer-q-allgather": dict(causal=True, Lq=30, Lk=19, form="allgather"),
+    "gqa-causal-zigzag": dict(H=4, Hkv=2, layout="zigzag", causal=True, Lq=25, Lk=25),
+    "mqa-allgather": dict(H=4, Hkv=1, form="allgather", causal=True),
+    "window": dict(window=(5, 3), Lq=33, Lk=33),
+    "window-causal-zigzag-allgather": dict(window=(6, -1), causal=True, layout="zigzag",
+                                           form="allgather", Lq=31, Lk=31),
+    "window-left-unbounded-bottom-right": dict(window=(-1, 2), align="bottom_right", Lq=20, Lk=28),
+    "softcap-sinks-ring": dict(softcap=3.0, sinks=True, causal=True, layout="zigzag"),
+    "softcap-sinks-allgather": dict(softcap=3.0, sinks=True, window=(4, 4), form="allgather"),
+    "sinks-masked-rows": dict(sinks=True, causal=True, align="bottom_right", Lq=30, Lk=14),
+    "uneven-ring": dict(lengths=_uneven, causal=True, Lq=37, Lk=37),
+    "uneven-allgather": dict(lengths=_uneven, causal=True, form="allgather", Lq=37, Lk=37),
+    "empty-shard-ring": dict(lengths=_with_empty, window=(3, 7), Lq=23, Lk=23),
+    "dv-differs-scale": dict(D=8, Dv=12, scale=0.7, causal=True, layout="zigzag"),
+    "float64-ring": dict(dtype=torch.float64, causal=True, layout="zigzag", sinks=True, softcap=2.0,
+                         H=4, Hkv=2),
+    "float64-allgather": dict(dtype=torch.float64, window=(4, 2), form="allgather", Lq=21, Lk=21),
+    "auto-form-no-lse": dict(form="auto", causal=True, layout="zigzag", lse=False),
+}
+
+
+def _rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.detach().double(), ref.detach().double()
+    finite = torch.isfinite(ref)
+    if not torch.equal(finite, torch.isfinite(x)) or not torch.equal(x[~finite], ref[~finite]):
+        return math.inf  # -inf lse of fully masked rows must be exact
+    x, ref = x[finite], ref[finite]
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _run_case(spec: dict, world: int) -> dict:
+    g = torch.Generator().manual_seed(len(json.dumps(spec, default=str)) * 7919 + world)
+    B, H, Hkv = spec.get("B", 2), spec.get("H", 4), spec.get("Hkv", spec.get("H", 4))
+    Lq, Lk, D = spec.get("Lq", 24), spec.get("Lk", 24), spec.get("D", 8)
+    Dv, dtype = spec.get("Dv", D), spec.get("dtype", torch.float32)
+    layout, form, want_lse = spec.get("layout", "contiguous"), spec.get("form", "ring"), spec.get("lse", True)
+    opts = dict(causal=spec.get("causal", False), causal_alignment=spec.get("align", "top_left"),
+                window=spec.get("window"), softcap=spec.get("softcap", 0.0), scale=spec.get("scale"))
+    q = torch.randn(B, Lq, H, D, generator=g, dtype=dtype)
+    k = torch.randn(B, Lk, Hkv, D, generator=g, dtype=dtype)
+    v = torch.randn(B, Lk, Hkv, Dv, generator=g, dtype=dtype)
+    dout = torch.randn(B, Lq, H, Dv, generator=g, dtype=dtype)
+    dlse = torch.randn(B, H, Lq, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    sinks = torch.randn(H, generator=g) if spec.get("sinks") else None
+
+    ref_inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_sinks = sinks.clone().requires_grad_() if sinks is not None else None
+    out_ref, lse_ref = fmha.attention(*ref_inputs, sinks=ref_sinks, return_lse=True, **opts)
+    torch.autograd.backward([out_ref, lse_ref] if want_lse else [out_ref],
+                            [dout, dlse] if want_lse else [dout])  # fmt: skip
+
+    lengths = spec.get("lengths")
+    q_lens = lengths(Lq, world) if lengths else None
+    k_lens = lengths(Lk, world) if lengths else None
+    mine = [cp.shard(t, layout=layout, lengths=n).requires_grad_()
+            for t, n in ((q, q_lens), (k, k_lens), (v, k_lens))]
+    shard_sinks = sinks.clone().requires_grad_() if sinks is not None else None
+    result = cp.attention(*mine, layout=layout, form=form, sinks=shard_sinks, return_lse=want_lse, **opts)
+    out, lse = result if want_lse else (result, None)
+    local_dout = cp.shard(dout, layout=layout, lengths=q_lens)
+    if want_lse:
+        local_dlse = cp.shard(dlse, layout=layout, dim=2, lengths=q_lens)
+        torch.autograd.backward([out, lse], [local_dout, local_dlse])
+    else:
+        out.backward(local_dout)
+
+    errors = {
+        "out": _rel_error(cp.unshard(out.detach(), layout=layout), out_ref),
+        "out-local": _rel_error(out, cp.shard(out_ref.detach(), layout=layout, lengths=q_lens)),
+        "dq": _rel_error(cp.unshard(mine[0].grad, layout=layout), ref_inputs[0].grad),
+        "dk": _rel_error(cp.unshard(mine[1].grad, layout=layout), ref_inputs[1].grad),
+        "dv": _rel_error(cp.unshard(mine[2].grad, layout=layout), ref_inputs[2].grad),
+    }
+    if want_lse:
+        errors["lse"] = _rel_error(cp.unshard(lse.detach(), layout=layout, dim=2), lse_ref)
+    if sinks is not None:
+        dsinks = shard_sinks.grad.clone()
+        dist.all_reduce(dsinks)  # each rank holds its queries' part
+        errors["dsinks"] = _rel_error(dsinks, ref_sinks.grad)
+    tolerance = {name: TOLERANCE[dtype] for name in errors}
+    tolerance["dsinks"] = TOLERANCE[torch.float32]  # sinks, and so dsinks, are fp32
+    return {"errors": errors, "tolerance": tolerance, "form": form}
+
+
+def _run_refusals(world: int) -> dict:
+    """Calls that must be refused on every rank, with the exception type each raised."""
+    x = torch.randn(1, 5, 2, 4)
+    raised = {}
+    for name, call in (
+        ("bias", lambda: cp.attention(x, x, x, bias=torch.zeros(1))),
+        ("bad-layout", lambda: cp.attention(x, x, x, layout="ring")),
+        ("bad-form", lambda: cp.attention(x, x, x, form="p2p")),
+        # Rank 0 holding 3 rows and the others 1 is no zigzag shard of any sequence.
+        ("zigzag-lengths", lambda: cp.attention(*[x[:, : 3 if dist.get_rank() == 0 else 1]] * 3,
+                                                layout="zigzag")),
+    ):  # fmt: skip
+        try:
+            call()
+            raised[name] = None
+        except Exception as e:  # noqa: BLE001 (the type is the result)
+            raised[name] = type(e).__name__
+    return raised
+
+
+def _worker(rank: int, world: int, store_path: str, report_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    report = {}
+    for name, spec in CASES.items():
+        try:
+            report[name] = _run_case(spec, world)
+        except Exception:  # noqa: BLE001 (reported to the test, which fails with it)
+            report[name] = {"exception": traceback.format_exc()}
+    report["refusals"] = _run_refusals(world)
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(os.path.join(report_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+_REPORTS: dict = {}
+
+
+def _reports(world: int) -> list[dict]:
+    """Every rank's report of a group of `world` processes (run once per world size)."""
+    if world not in _REPORTS:
+        with tempfile.TemporaryDirectory() as tmp:
+            store = os.path.join(tmp, "store")
+            mp.start_processes(_worker, args=(world, store, tmp), nprocs=world, join=True,
+                               start_method="spawn")  # fmt: skip
+            _REPORTS[world] = []
+            for r in range(world):
+                with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                    _REPORTS[world].append(json.load(f))
+    return _REPORTS[world]
+
+
+WORLDS = [2, 4]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_single_process(world: int, case: str) -> None:
+    for rank, report in enumerate(_reports(world)):
+        result = report[case]
+        assert "exception" not in result, f"rank {rank}:\n{result.get('exception')}"
+        errors = result["errors"]
+        assert {"out", "dq", "dk", "dv"} <= errors.keys()
+        bad = {k: (e, result["tolerance"][k]) for k, e in errors.items()
+               if not e <= result["tolerance"][k]}  # fmt: skip
+        assert not bad, f"rank {rank}: (relative error, tolerance) of the failing results: {bad}"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_refusals(world: int) -> None:
+    for report in _reports(world):
+        assert report["refusals"] == {
+            "bias": "NotImplementedError",
+            "bad-layout": "ValueError",
+            "bad-form": "ValueError",
+            "zigzag-lengths": "ValueError",
+        }
+
+
+# ---- Without processes ---------------------------------------------------------------------------
+
+
+def test_layout_segments() -> None:
+    # 10 rows in 4 zigzag chunks of 3, 3, 2, 2: rank 0 holds chunks 0 and 3, rank 1 chunks 1, 2.
+    assert cp.layout_segments(10, 2, "zigzag") == [[(0, 3), (8, 2)], [(3, 3), (6, 2)]]
+    assert cp.layout_segments(10, 3, "contiguous") == [[(0, 4)], [(4, 3)], [(7, 3)]]
+    assert cp.layout_segments(9, 3, "contiguous", lengths=[0, 2, 7]) == [[(0, 0)], [(0, 2)], [(2, 7)]]
+    for world in (1, 2, 3, 4):
+        for n in (0, 1, 7, 16, 33):
+            for layout in cp.LAYOUTS:
+                rows = [i for segs in cp.layout_segments(n, world, layout) for s, m in segs
+                        for i in range(s, s + m)]  # fmt: skip
+                assert sorted(rows) == list(range(n))
+    with pytest.raises(ValueError, match="lengths"):
+        cp.layout_segments(9, 3, "contiguous", lengths=[1, 2, 3])
+    with pytest.raises(ValueError, match="layout"):
+        cp.layout_segments(9, 3, "striped")
+
+
+def test_block_calls_express_the_mask() -> None:
+    """Every block's call (rows and keys cut, top-left window) sees exactly the keys the global
+    band i + delta - left <= j <= i + delta + right allows."""
+    torch.manual_seed(0)
+    for ql, kl in ((1, 1), (5, 9), (9, 5), (7, 7)):
+        for delta in range(-12, 13, 3):
+            for left, right in ((-1, -1), (-1, 0), (2, 0), (-1, 3), (4, 1), (0, 0), (3, -1)):
+                want = torch.zeros(ql, kl, dtype=torch.bool)
+                for i in range(ql):
+                    for j in range(kl):
+                        want[i, j] = (left < 0 or j >= i + delta - left) and (right < 0 or j <= i + delta + right)
+                call = cp._block_call(0, ql, 0, kl, delta, left, right)
+                got = torch.zeros(ql, kl, dtype=torch.bool)
+                if call is not None:
+                    wl, wr = call.window if call.window is not None else (-1, -1)
+                    assert wl >= -1 and wr >= -1
+                    for i in range(call.q0, call.q1):
+                        for j in range(call.k0, call.k1):
+                            a, b = i - call.q0, j - call.k0
+                            got[i, j] = (wl < 0 or b >= a - wl) and (wr < 0 or b <= a + wr)
+                assert torch.equal(got, want), (ql, kl, delta, left, right, call)
+
+
+def test_choose_form() -> None:
+    # GQA 32/8 at 128k on 2 ranks: the gathered K/V is small next to the work: all-gather.
+    assert cp.choose_form([65536] * 2, [65536] * 2, 32, 8, 128, layout="zigzag", causal=True) == "allgather"
+    # MHA 16 on 4 ranks at 128k: ring.
+    assert cp.choose_form([32768] * 4, [32768] * 4, 16, 16, 128, layout="zigzag", causal=True) == "ring"
+    assert cp.choose_form([100], [100], 4, 4, 8) == "ring"  # one rank: no transfer at all
