@@ -34,27 +34,22 @@ Errors: invalid arguments raise ValueError (TypeError for a dtype, or an argumen
 type) with a message that names the argument, before anything is allocated or computed; a valid
 call that the backend cannot run raises NotImplementedError naming the backend and the feature.
 
+JAX: ``fmha.jax`` offers the same functions for jax.Array inputs (docs/jax.md); importing it
+never imports torch.
+
 Building: ``pip install .`` builds the C++ library and the extension fmha._C (CUDA backend when
 nvcc is found). For a CPU-only build: ``pip install -C cmake.define.FMHA_ENABLE_CUDA=OFF .``
 (or ``FMHA_ENABLE_CUDA=OFF pip install .``).
 """
 
-import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
+import sys as _sys
 
-from . import _C
-from ._api import attention, attention_varlen, merge_attentions, na1d, na2d, na3d
-from ._backend import get_cpu_backend, set_cpu_backend
-from ._kv_cache import attention_with_kvcache
-
-__version__ = _C.version()
-
-
-def built_with_cuda() -> bool:
-    """True when the installed extension contains the CUDA backend."""
-    return _C.built_with_cuda()
-
-
-__all__ = [
+# The PyTorch API and the extension fmha._C load together with torch, which comes first (it loads
+# torch's CUDA runtime before the extension). When torch is already imported they load here, as
+# any torch user expects (its custom ops registered on `import fmha`); otherwise on the first use
+# of one of their names. So `import fmha.jax`, which runs this file first, never imports torch,
+# and the JAX front end (fmha.jax) works without torch installed.
+_TORCH_API = (
     "attention",
     "attention_varlen",
     "na1d",
@@ -65,4 +60,45 @@ __all__ = [
     "built_with_cuda",
     "set_cpu_backend",
     "get_cpu_backend",
-]
+    "__version__",
+)
+__all__ = [name for name in _TORCH_API if name != "__version__"]
+
+
+def _load_torch_api() -> None:
+    import torch  # noqa: F401  (loads torch's CUDA runtime before the extension)
+
+    from . import _C, _api, _backend, _kv_cache
+
+    def built_with_cuda() -> bool:
+        """True when the installed extension contains the CUDA backend."""
+        return _C.built_with_cuda()
+
+    globals().update(
+        attention=_api.attention,
+        attention_varlen=_api.attention_varlen,
+        na1d=_api.na1d,
+        na2d=_api.na2d,
+        na3d=_api.na3d,
+        merge_attentions=_api.merge_attentions,
+        attention_with_kvcache=_kv_cache.attention_with_kvcache,
+        built_with_cuda=built_with_cuda,
+        set_cpu_backend=_backend.set_cpu_backend,
+        get_cpu_backend=_backend.get_cpu_backend,
+        __version__=_C.version(),
+    )
+
+
+def __getattr__(name: str):
+    if name in _TORCH_API:
+        _load_torch_api()
+        return globals()[name]
+    raise AttributeError(f"module 'fmha' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_TORCH_API})
+
+
+if "torch" in _sys.modules:
+    _load_torch_api()
