@@ -20,6 +20,7 @@ the limits.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional, Sequence
 
@@ -181,10 +182,11 @@ def _exchange(group, to_rank: int, sends, from_rank: int, recvs, tag: int):
     run on its own streams, which wait for the current stream's writes when posted; waiting on a
     request makes the current stream wait for the transfer, so the blocks computed in between
     overlap it."""
-    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, to_rank) if group else to_rank,
-                      group, tag) for t in sends if t.numel()]  # fmt: skip
-    ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, from_rank) if group else from_rank,
-                       group, tag) for t in recvs if t.numel()]  # fmt: skip
+    def peer(r: int) -> int:
+        return r if group is None else dist.get_global_rank(group, r)
+
+    ops = [dist.P2POp(dist.isend, t, peer(to_rank), group, tag) for t in sends if t.numel()]
+    ops += [dist.P2POp(dist.irecv, t, peer(from_rank), group, tag) for t in recvs if t.numel()]
     return dist.batch_isend_irecv(ops) if ops else []
 
 
@@ -393,11 +395,17 @@ def _forward(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tenso
     out_acc = q.new_zeros((B, Lq, H, v.shape[-1]), dtype=acc)
     lse_acc = q.new_full((B, H, Lq), -math.inf, dtype=acc)
     blocks = [] if keep_blocks else None
+    written = torch.zeros(Lq, dtype=torch.bool)  # rows that hold a part already (host side)
     for k_segs, kb, vb in _kv_blocks(plan, k, v):
         for c in plan.calls(k_segs):
             out, lse = _ops.forward(_ops._Dense, q[:, c.q0 : c.q1], kb[:, c.k0 : c.k1],
                                     vb[:, c.k0 : c.k1], (), _block_options(plan, c), fake=False)  # fmt: skip
-            _merge_into(out_acc[:, c.q0 : c.q1], lse_acc[:, :, c.q0 : c.q1], out, lse)
+            if written[c.q0 : c.q1].any():
+                _merge_into(out_acc[:, c.q0 : c.q1], lse_acc[:, :, c.q0 : c.q1], out, lse)
+            else:  # the rows' first part: the merge with nothing is a copy
+                out_acc[:, c.q0 : c.q1] = out
+                lse_acc[:, :, c.q0 : c.q1] = lse
+                written[c.q0 : c.q1] = True
             if keep_blocks:
                 blocks.append((out, lse))
     if sinks is not None:
@@ -525,24 +533,34 @@ class _ContextParallelAttention(torch.autograd.Function):
 
 
 def _choose_form(plan: _Plan, heads: int, kv_heads: int, d: int, dv: int, itemsize: int) -> str:
-    """'allgather' when its transfer, which nothing hides, is estimated at most
-    _ALLGATHER_EXPOSED_SHARE of the busiest rank's attention time; 'ring' otherwise. GQA/MQA
-    (small Hkv) and long per-rank work favour the all-gather."""
+    """'allgather' when its transfers, which nothing hides, are estimated at most
+    _ALLGATHER_EXPOSED_SHARE of the busiest rank's attention time (forward and backward);
+    'ring' otherwise. GQA/MQA (small Hkv) and long per-rank work favour the all-gather."""
     if plan.world == 1:
         return "ring"
+    key = (tuple(map(tuple, plan.q_segs)), tuple(map(tuple, plan.k_segs)), plan.diag, plan.left,
+           plan.right, heads, kv_heads, d, dv, itemsize)  # fmt: skip
+    return _choose_form_cached(key)
+
+
+@functools.lru_cache(maxsize=256)
+def _choose_form_cached(key) -> str:
+    q_segs, k_segs, diag, left, right, heads, kv_heads, d, dv, itemsize = key
+    world = len(q_segs)
+    k_lens = [sum(n for _, n in segs) for segs in k_segs]
     # K/V gathered in the forward and again in the backward, dK/dV reduce-scattered in fp32.
     moved_per_element = 2 * itemsize + max(itemsize, 4)
-    moved_bytes = (plan.world - 1) * max(plan.k_lens) * kv_heads * (d + dv) * moved_per_element
+    moved_bytes = (world - 1) * max(k_lens) * kv_heads * (d + dv) * moved_per_element
     busiest = 0
-    for r in range(plan.world):
-        entries = sum(_visible_entries(c) for c in plan._replace(rank=r).calls(
-            [(0, sum(plan.k_lens))]))  # fmt: skip
+    for rank in range(world):
+        plan = _Plan(None, world, rank, "allgather", list(q_segs), list(k_segs), k_lens, diag,
+                     left, right, None)  # fmt: skip
+        entries = sum(_visible_entries(c) for c in plan.calls([(0, sum(k_lens))]))
         busiest = max(busiest, entries)
-    # forward 2 matmuls, backward 5 (and a recomputed forward's 2 are not counted): 7 * 2 flop.
-    flops = 14 * busiest * heads * (d + dv) / 2
+    # 2 (D + Dv) flop per visible entry forward, 2.5 times that backward (fmha.bench's count).
+    flops = 7 * busiest * heads * (d + dv)
     exposed = moved_bytes * _ATTENTION_FLOP_PER_LINK_BYTE / max(flops, 1.0)
     return "allgather" if exposed <= _ALLGATHER_EXPOSED_SHARE else "ring"
-
 
 
 # ---- The entry point -----------------------------------------------------------------------------
@@ -602,6 +620,13 @@ def attention(
             f"fmha.distributed: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not "
             f"agree on batch, length and heads"
         )
+    # What the block calls would refuse is refused here, before any transfer is posted.
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        raise TypeError(f"fmha.distributed: q, k, v must share dtype and device; got "
+                        f"{q.dtype}/{q.device}, {k.dtype}/{k.device}, {v.dtype}/{v.device}")  # fmt: skip
+    if q.shape[3] != k.shape[3] or k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        raise ValueError(f"fmha.distributed: q {tuple(q.shape)} and k {tuple(k.shape)}: the head "
+                         f"dims must agree and q heads be a multiple of k heads")  # fmt: skip
     return_lse = _api._bool(return_lse, "return_lse")
     o = _api._options(scale, causal, causal_alignment, window, None, None, softcap, None, None,
                       deterministic, backward_impl, allow_tf32)  # fmt: skip

@@ -166,6 +166,8 @@ def _run_refusals(world: int) -> dict:
         ("bias", lambda: cp.attention(x, x, x, bias=torch.zeros(1))),
         ("bad-layout", lambda: cp.attention(x, x, x, layout="ring")),
         ("bad-form", lambda: cp.attention(x, x, x, form="p2p")),
+        ("dtype-mismatch", lambda: cp.attention(x, x.double(), x)),
+        ("heads", lambda: cp.attention(x, torch.randn(1, 5, 3, 4), torch.randn(1, 5, 3, 4))),
         # Rank 0 holding 3 rows and the others 1 is no zigzag shard of any sequence.
         ("zigzag-lengths", lambda: cp.attention(*[x[:, : 3 if dist.get_rank() == 0 else 1]] * 3,
                                                 layout="zigzag")),
@@ -178,6 +180,39 @@ def _run_refusals(world: int) -> dict:
     return raised
 
 
+def _run_helpers(world: int) -> dict:
+    """The shard helpers and the call's variants that must agree exactly: name -> True, or what
+    went wrong."""
+    rank = dist.get_rank()
+    checks = {}
+    g = torch.Generator().manual_seed(5)
+    for layout in cp.LAYOUTS:
+        for S in (1, 2 * world + 3, 40):
+            x = torch.randn(3, 2, S, 5, generator=g)
+            mine = cp.shard(x, layout=layout, dim=2)
+            positions = cp.shard_positions(S, layout=layout)
+            expected = [i for s, n in cp.layout_segments(S, world, layout)[rank] for i in range(s, s + n)]
+            checks[f"positions-{layout}-{S}"] = positions.tolist() == expected
+            checks[f"shard-{layout}-{S}"] = torch.equal(mine, x[:, :, positions])
+            checks[f"unshard-{layout}-{S}"] = torch.equal(cp.unshard(mine, layout=layout, dim=2), x)
+    lens = _with_empty(23, world)
+    x = torch.randn(2, 23, 3, generator=g)
+    mine = cp.shard(x, lengths=lens)
+    checks["shard-lengths"] = mine.shape[1] == lens[rank]
+    checks["unshard-lengths"] = torch.equal(cp.unshard(mine), x)
+
+    q, k, v = (torch.randn(1, 6, 4, 8, generator=g) for _ in range(3))
+    every = [6] * world
+    a = cp.attention(q, k, v, causal=True, layout="zigzag")
+    b = cp.attention(q, k, v, causal=True, layout="zigzag", lengths=(every, every))
+    checks["explicit-lengths"] = torch.equal(a, b)
+    with torch.no_grad():
+        c = cp.attention(q.requires_grad_(), k, v, causal=True, layout="zigzag")
+    d = cp.attention(q, k, v, causal=True, layout="zigzag")
+    checks["no-grad-path"] = torch.equal(c, d.detach()) and not c.requires_grad and d.requires_grad
+    return checks
+
+
 def _worker(rank: int, world: int, store_path: str, report_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
@@ -188,6 +223,10 @@ def _worker(rank: int, world: int, store_path: str, report_dir: str) -> None:
         except Exception:  # noqa: BLE001 (reported to the test, which fails with it)
             report[name] = {"exception": traceback.format_exc()}
     report["refusals"] = _run_refusals(world)
+    try:
+        report["helpers"] = _run_helpers(world)
+    except Exception:  # noqa: BLE001
+        report["helpers"] = {"exception": traceback.format_exc()}
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(report_dir, f"rank{rank}.json"), "w") as f:
@@ -238,8 +277,20 @@ def test_refusals(world: int) -> None:
             "bias": "NotImplementedError",
             "bad-layout": "ValueError",
             "bad-form": "ValueError",
+            "dtype-mismatch": "TypeError",
+            "heads": "ValueError",
             "zigzag-lengths": "ValueError",
         }
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_shard_helpers_and_call_variants(world: int) -> None:
+    for rank, report in enumerate(_reports(world)):
+        checks = report["helpers"]
+        assert "exception" not in checks, f"rank {rank}:\n{checks.get('exception')}"
+        assert len(checks) > 10
+        failed = [name for name, ok in checks.items() if ok is not True]
+        assert not failed, f"rank {rank}: {failed}"
 
 
 # ---- Without processes ---------------------------------------------------------------------------
