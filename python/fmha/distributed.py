@@ -698,8 +698,17 @@ def choose_form(
     return _choose_form(plan, heads, kv_heads, head_dim, value_dim, itemsize)
 
 
+def attention_varlen(*args, **kwargs):
+    """Packed variable-length sequences across shards: not supported (NotImplementedError)."""
+    raise NotImplementedError(
+        "fmha.distributed: varlen (packed sequences across shard boundaries) is not supported; "
+        "shard each sequence as its own dense batch entry"
+    )
+
+
 __all__ = [
     "attention",
+    "attention_varlen",
     "shard",
     "unshard",
     "shard_positions",

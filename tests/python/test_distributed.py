@@ -164,6 +164,7 @@ def _run_refusals(world: int) -> dict:
     raised = {}
     for name, call in (
         ("bias", lambda: cp.attention(x, x, x, bias=torch.zeros(1))),
+        ("varlen", lambda: cp.attention_varlen(x[0], x[0], x[0])),
         ("bad-layout", lambda: cp.attention(x, x, x, layout="ring")),
         ("bad-form", lambda: cp.attention(x, x, x, form="p2p")),
         ("dtype-mismatch", lambda: cp.attention(x, x.double(), x)),
@@ -275,6 +276,7 @@ def test_refusals(world: int) -> None:
     for report in _reports(world):
         assert report["refusals"] == {
             "bias": "NotImplementedError",
+            "varlen": "NotImplementedError",
             "bad-layout": "ValueError",
             "bad-form": "ValueError",
             "dtype-mismatch": "TypeError",
