@@ -125,11 +125,11 @@ def shard(x: Tensor, group=None, *, layout: str = "contiguous", dim: int = 1, le
 def unshard(x: Tensor, group=None, *, layout: str = "contiguous", dim: int = 1) -> Tensor:
     """The whole sequence along dim from every rank's shard x (a collective: every rank calls it
     and gets the whole). Shards may have different lengths. Not differentiable."""
+    _check_layout(layout)
     world, rank = _world(group)
     dim = dim % x.dim()
     lengths = _gather_lengths(group, x.device, [x.shape[dim]])[0]
     layout_lengths = lengths if layout == "contiguous" else None
-    _check_layout(layout)
     segs = layout_segments(sum(lengths), world, layout, layout_lengths)
     for r, n in enumerate(lengths):
         if sum(length for _, length in segs[r]) != n:
@@ -315,6 +315,8 @@ def _kv_blocks(plan: _Plan, k: Tensor, v: Tensor):
         yield [(0, sum(plan.k_lens))], full_k, full_v
         return
     nxt, prev = (plan.rank + 1) % plan.world, (plan.rank - 1) % plan.world
+    if plan.world > 1:  # transfers take dense tensors (the receive buffers are)
+        k, v = k.contiguous(), v.contiguous()
     for step in range(plan.world):
         src = (plan.rank - step) % plan.world
         requests, incoming = [], None

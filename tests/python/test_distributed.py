@@ -52,6 +52,8 @@ CASES = {
     "dense-ring": dict(),
     "dense-allgather": dict(form="allgather"),
     "dense-zigzag": dict(layout="zigzag", Lq=27, Lk=27),
+    "strided-inputs-ring": dict(strided=True, causal=True, layout="zigzag", H=4, Hkv=2),
+    "strided-inputs-allgather": dict(strided=True, causal=True, form="allgather", H=4, Hkv=2),
     "causal-zigzag-ring": dict(layout="zigzag", causal=True, Lq=29, Lk=29),
     "causal-zigzag-allgather": dict(layout="zigzag", causal=True, form="allgather", Lq=29, Lk=29),
     "causal-contiguous-ring": dict(causal=True, Lq=26, Lk=26),
@@ -120,8 +122,10 @@ def _run_case(spec: dict, world: int) -> dict:
     lengths = spec.get("lengths")
     q_lens = lengths(Lq, world) if lengths else None
     k_lens = lengths(Lk, world) if lengths else None
-    mine = [cp.shard(t, layout=layout, lengths=n).requires_grad_()
-            for t, n in ((q, q_lens), (k, k_lens), (v, k_lens))]
+    mine = [cp.shard(t, layout=layout, lengths=n) for t, n in ((q, q_lens), (k, k_lens), (v, k_lens))]
+    if spec.get("strided"):  # [B, H, L, D] storage seen as [B, L, H, D], as models pass it
+        mine = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in mine]
+    mine = [t.detach().requires_grad_() for t in mine]
     shard_sinks = sinks.clone().requires_grad_() if sinks is not None else None
     modes = dict(cp._BACKWARD_MODE)
     if "backward" in spec:
