@@ -3,6 +3,7 @@
 // the vector width), strided layouts and every feature it covers, forward and backward, on every
 // instruction-set variant this machine runs and with both backward structures (split, fused); its
 // results independent of the thread count, bit for bit; and the explicit choice of the reference.
+#include <array>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -58,7 +59,8 @@ std::vector<std::string> runnable_isas() {
 }
 
 // The case runs on the fast backend (not silently on the reference), and passes the oracle's
-// checks on every ISA variant, with the split and the fused backward.
+// checks on every ISA variant, with the split and the fused backward (a neighborhood call's is
+// split).
 void check_fast(AttentionCase c, std::uint64_t seed) {
   SCOPED_TRACE(c.describe());
   ASSERT_TRUE(fmha::cpu::supports(c.options, c.dtype))
@@ -70,6 +72,7 @@ void check_fast(AttentionCase c, std::uint64_t seed) {
     for (auto impl : {fmha::BackwardImpl::kSplit, fmha::BackwardImpl::kFused}) {
       c.backward_impl = impl;
       check_case(c, seed);
+      if (c.kind == Kind::kNeighborhood) break;  // its backward always runs split
     }
   }
 }
@@ -283,6 +286,68 @@ TEST(CpuBackend, Varlen) {
   }
 }
 
+AttentionCase na_case(int dims, std::array<std::int64_t, 3> grid,
+                      std::array<std::int64_t, 3> kernel, std::array<std::int64_t, 3> dilation,
+                      std::array<bool, 3> causal) {
+  AttentionCase c;
+  c.kind = Kind::kNeighborhood;
+  c.batch = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 40;
+  c.value_dim = 24;
+  c.dlse = true;
+  c.grid = grid;
+  c.neighborhood = {.num_dims = dims, .kernel_size = kernel, .dilation = dilation, .causal = causal};
+  return c;
+}
+
+// Neighborhood attention 1-D / 2-D / 3-D (SPEC §6) on the fast backend: grids of several query and
+// key boxes with partial boxes at the borders, odd and even kernels, dilations that do not divide
+// the axis (holes in the group-major boxes), causal axes, kernels as wide as their axis; with GQA,
+// sinks, softcap and dlse, every dtype. The fp32 results are not the reference's bits, so the case
+// did run on the fast backend.
+TEST(CpuBackend, Neighborhood) {
+  struct Shape {
+    int dims;
+    std::array<std::int64_t, 3> grid, kernel, dilation;
+    std::array<bool, 3> causal;
+  };
+  const Shape shapes[] = {
+      {1, {200, 1, 1}, {63, 1, 1}, {1, 1, 1}, {false, false, false}},
+      {1, {201, 1, 1}, {20, 1, 1}, {3, 1, 1}, {false, false, false}},
+      {1, {130, 1, 1}, {17, 1, 1}, {2, 1, 1}, {true, false, false}},
+      {1, {77, 1, 1}, {77, 1, 1}, {1, 1, 1}, {false, false, false}},
+      {2, {23, 19, 1}, {7, 5, 1}, {1, 1, 1}, {false, false, false}},
+      {2, {23, 19, 1}, {4, 5, 1}, {2, 3, 1}, {false, true, false}},
+      {2, {17, 33, 1}, {3, 6, 1}, {5, 2, 1}, {true, true, false}},
+      {2, {9, 40, 1}, {9, 13, 1}, {1, 1, 1}, {false, false, false}},
+      {3, {6, 9, 11}, {3, 5, 3}, {1, 1, 2}, {false, false, false}},
+      {3, {5, 12, 7}, {2, 3, 3}, {2, 2, 1}, {true, false, true}},
+  };
+  std::uint64_t seed = 200;
+  for (const Shape& s : shapes) {
+    AttentionCase c = na_case(s.dims, s.grid, s.kernel, s.dilation, s.causal);
+    check_fast(c, ++seed);
+    c.sinks = true;
+    c.options.softcap = 2.0f;
+    c.dtype = seed % 2 == 0 ? DType::kBFloat16 : DType::kFloat16;
+    check_fast(c, ++seed);
+  }
+  AttentionCase c = na_case(2, {23, 19, 1}, {7, 5, 1}, {2, 1, 1}, {false, false, false});
+  c.head_dim = 72;
+  c.value_dim = 200;
+  c.heads = 3;
+  c.kv_heads = 1;
+  check_fast(c, ++seed);
+  CaseTensors fast = make_tensors(c, seed);
+  ASSERT_TRUE(run_forward(c, fast).ok());
+  c.options.cpu_backend = fmha::CpuBackend::kReference;
+  CaseTensors reference = make_tensors(c, seed);
+  ASSERT_TRUE(run_forward(c, reference).ok());
+  EXPECT_FALSE(reference.out.bitwise_equal(fast.out));
+}
+
 // Every output and gradient of one case with 1, 2 and 8 threads, asked through FMHA_CPU_THREADS
 // and through options.cpu_threads: the same bits.
 void expect_thread_count_independent(const AttentionCase& c) {
@@ -344,6 +409,11 @@ TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
     biased.bias.given = false;  // rel-pos and its gradients over a 10 x 20 key grid
     biased.rel_hk = 10;
     expect_thread_count_independent(biased);
+
+    AttentionCase na = na_case(2, {23, 19, 1}, {7, 4, 1}, {2, 1, 1}, {false, true, false});
+    na.backward_impl = impl;
+    na.sinks = true;
+    expect_thread_count_independent(na);
 
     AttentionCase varlen = dense;
     varlen.kind = Kind::kVarlen;
@@ -439,6 +509,20 @@ TEST(CpuBackend, CoverageRule) {
   EXPECT_TRUE(fmha::cpu::supports(varlen, shape));
   varlen.grads.dbias = dense.grads.dbias;
   EXPECT_FALSE(fmha::cpu::supports(varlen, shape));
+
+  // Neighborhood calls: a grid that one token stride flattens, no bias or rel-pos.
+  fmha::detail::ProblemShape grid = shape;
+  grid.layout = fmha::detail::Layout::kNeighborhood;
+  grid.grid_rank = 2;
+  fmha::NeighborhoodForwardParams na;
+  na.q = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 4, 5, 3, 8});
+  na.k = na.v = na.out = na.q;
+  EXPECT_TRUE(fmha::cpu::supports(na, grid));
+  na.k.stride[1] *= 2;  // rows of the grid padded: no single token stride
+  EXPECT_FALSE(fmha::cpu::supports(na, grid));
+  na.k = na.q;
+  na.options.bias = dense.grads.dbias;
+  EXPECT_FALSE(fmha::cpu::supports(na, grid));
 }
 
 TEST(CpuBackend, InvalidBackendRefused) {

@@ -24,10 +24,11 @@ enum class CausalAlignment : std::uint8_t {
 
 // Which backend runs a call on CPU tensors (SPEC §18); CUDA tensors ignore it.
 enum class CpuBackend : std::uint8_t {
-  kAuto,       // the fast backend (src/cpu/) for what it covers: dense and varlen calls in fp32 /
-               // fp16 / bf16 without extra keys, with bias and rel-pos too (the dense backward's
-               // dbias / drel without a broadcast dimension, or dbias summed over the batch alone;
-               // the varlen backward no dbias); the reference for the rest
+  kAuto,       // the fast backend (src/cpu/) for what it covers: dense, varlen and neighborhood
+               // calls in fp32 / fp16 / bf16 without extra keys, with bias and rel-pos too (the
+               // dense backward's dbias / drel without a broadcast dimension, or dbias summed over
+               // the batch alone; the varlen backward no dbias; neighborhood calls neither); the
+               // reference for the rest
   kReference,  // the float64 reference for every call: every feature, slow, the tests' oracle
 };
 

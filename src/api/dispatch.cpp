@@ -21,13 +21,15 @@ Status cuda_unavailable() {
 }
 #endif
 
-// CPU calls: the fast backend (src/cpu/) for the dense and varlen calls it supports unless the
+// CPU calls: the fast backend (src/cpu/) for the dense, varlen and neighborhood calls it supports unless the
 // options ask for the reference, the float64 reference for everything else.
 template <typename Params>
 void run_cpu(const Params& p, const detail::ProblemShape& shape) {
   constexpr bool kFastEntryPoint =
       std::is_same_v<Params, AttentionForwardParams> || std::is_same_v<Params, AttentionBackwardParams> ||
-      std::is_same_v<Params, VarlenForwardParams> || std::is_same_v<Params, VarlenBackwardParams>;
+      std::is_same_v<Params, VarlenForwardParams> || std::is_same_v<Params, VarlenBackwardParams> ||
+      std::is_same_v<Params, NeighborhoodForwardParams> ||
+      std::is_same_v<Params, NeighborhoodBackwardParams>;
   if constexpr (kFastEntryPoint) {
     if (p.options.cpu_backend == CpuBackend::kAuto && cpu::supports(p, shape)) {
       return cpu::run(p, shape);

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "cpu/kernels.h"
+#include "cpu/neighborhood.h"
 #include "cpu/parallel.h"
 
 namespace fmha::cpu {
@@ -30,6 +32,41 @@ Operand packed_rows(const TensorView& t) { return operand(t, -1, 0, 1, 2); }
 Operand packed_stats(const TensorView& t) { return operand(t, -1, 1, 0, -1); }
 // sinks / dsinks [H].
 Operand per_head(const TensorView& t) { return operand(t, -1, -1, 0, -1); }
+
+// The stride between consecutive tokens of grid axes first .. first + rank - 1 of t, flattened
+// row-major, when one stride serves them all (each axis's stride its inner axes' token count times
+// the innermost's; axes of size 1 aside, as the layouts of a contiguous tensor and its reshapes
+// give): false otherwise. An undefined tensor has one (0).
+bool flat_grid_stride(const TensorView& t, int first, int rank, std::int64_t* stride) {
+  *stride = 0;
+  if (!t.defined()) return true;
+  std::int64_t tokens = 1;  // tokens of the axes inside the current one
+  bool found = false;
+  for (int r = rank - 1; r >= 0; --r) {
+    const auto u = static_cast<std::size_t>(first + r);
+    if (t.shape[u] == 1) continue;
+    if (!found) {
+      *stride = t.stride[u];
+      found = true;
+    } else if (t.stride[u] != *stride * tokens) {
+      return false;
+    }
+    tokens *= t.shape[u];
+  }
+  return true;
+}
+// Neighborhood q [B, X..., H, D] and lse [B, H, X...] as operands of flattened grids: a token
+// stride, which flat_grid_stride must have found (supports()).
+Operand grid_rows(const TensorView& t, int rank) {
+  Operand op = operand(t, 0, -1, rank + 1, rank + 2);
+  flat_grid_stride(t, 1, rank, &op.token_stride);
+  return op;
+}
+Operand grid_stats(const TensorView& t, int rank) {
+  Operand op = operand(t, 0, -1, 1, -1);
+  flat_grid_stride(t, 2, rank, &op.token_stride);
+  return op;
+}
 
 Call shared_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
   Call c;
@@ -86,7 +123,12 @@ Call varlen_call(const Params& p, const detail::ProblemShape& shape) {
 constexpr double kFlopsPerThread = 6e6;
 void fit_threads_to_work(Call* c, double products) {
   double pairs = 0.0;
-  for (const Sequence& s : c->sequences) pairs += static_cast<double>(s.len_q) * s.len_k;
+  for (const Sequence& s : c->sequences) {
+    const std::int64_t keys = c->neighborhood != nullptr
+                                  ? std::min(c->neighborhood->keys_per_query, s.len_k)
+                                  : s.len_k;
+    pairs += static_cast<double>(s.len_q) * static_cast<double>(keys);
+  }
   const double flops = products * pairs * static_cast<double>(c->heads) *
                        static_cast<double>(c->head_dim + c->value_dim);
   const double useful = std::max(1.0, flops / kFlopsPerThread);
@@ -161,6 +203,32 @@ bool sums_over_batch(const TensorView& dbias, const detail::ProblemShape& shape)
   const std::int64_t sizes[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
   return shape.batch > 1 && (dbias.shape[0] == 1 || dbias.stride[0] == 0) &&
          full_size(dbias, sizes, 1);
+}
+
+// A neighborhood call without bias or rel-pos (their gathered keys are not consecutive), every
+// tensor's grid flattened by one token stride.
+template <typename Params>
+bool supports_neighborhood(const Params& p, const detail::ProblemShape& shape,
+                           std::initializer_list<const TensorView*> rows,
+                           std::initializer_list<const TensorView*> stats) {
+  std::int64_t stride = 0;
+  for (const TensorView* t : rows) {
+    if (!flat_grid_stride(*t, 1, shape.grid_rank, &stride)) return false;
+  }
+  for (const TensorView* t : stats) {
+    if (!flat_grid_stride(*t, 2, shape.grid_rank, &stride)) return false;
+  }
+  return supports(p.options, p.q.dtype) && !p.options.bias.defined() &&
+         !p.options.rel_h.defined();
+}
+
+bool supports(const NeighborhoodForwardParams& p, const detail::ProblemShape& shape) {
+  return supports_neighborhood(p, shape, {&p.q, &p.k, &p.v, &p.out}, {&p.lse});
+}
+bool supports(const NeighborhoodBackwardParams& p, const detail::ProblemShape& shape) {
+  const AttentionGradients& g = p.grads;
+  return supports_neighborhood(p, shape, {&p.q, &p.k, &p.v, &p.out, &p.dout, &g.dq, &g.dk, &g.dv},
+                               {&p.lse, &p.dlse});
 }
 
 bool supports(const AttentionForwardParams& p, const detail::ProblemShape&) {
@@ -268,6 +336,43 @@ void run(const VarlenBackwardParams& p, const detail::ProblemShape& shape) {
   c.dq = packed_rows(p.grads.dq);
   c.dk = packed_rows(p.grads.dk);
   c.dv = packed_rows(p.grads.dv);
+  c.dsinks = per_head(p.grads.dsinks);
+  c.backward_impl = p.backward_impl;
+  fit_threads_to_work(&c, kBackwardFlops);
+  backward(c);
+}
+
+void run(const NeighborhoodForwardParams& p, const detail::ProblemShape& shape) {
+  Call c = dense_call(p.options, shape);
+  const NeighborhoodGeometry geometry =
+      NeighborhoodGeometry::of(p.neighborhood, shape.grid_rank, shape.grid);
+  c.neighborhood = &geometry;
+  const int rank = shape.grid_rank;
+  c.q = grid_rows(p.q, rank);
+  c.k = grid_rows(p.k, rank);
+  c.v = grid_rows(p.v, rank);
+  c.out = grid_rows(p.out, rank);
+  c.lse = grid_stats(p.lse, rank);
+  fit_threads_to_work(&c, kForwardFlops);
+  forward(c);
+}
+
+void run(const NeighborhoodBackwardParams& p, const detail::ProblemShape& shape) {
+  Call c = dense_call(p.options, shape);
+  const NeighborhoodGeometry geometry =
+      NeighborhoodGeometry::of(p.neighborhood, shape.grid_rank, shape.grid);
+  c.neighborhood = &geometry;
+  const int rank = shape.grid_rank;
+  c.q = grid_rows(p.q, rank);
+  c.k = grid_rows(p.k, rank);
+  c.v = grid_rows(p.v, rank);
+  c.out = grid_rows(p.out, rank);
+  c.lse = grid_stats(p.lse, rank);
+  c.dout = grid_rows(p.dout, rank);
+  c.dlse = grid_stats(p.dlse, rank);
+  c.dq = grid_rows(p.grads.dq, rank);
+  c.dk = grid_rows(p.grads.dk, rank);
+  c.dv = grid_rows(p.grads.dv, rank);
   c.dsinks = per_head(p.grads.dsinks);
   c.backward_impl = p.backward_impl;
   fit_threads_to_work(&c, kBackwardFlops);

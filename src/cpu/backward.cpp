@@ -4,12 +4,14 @@
 //     dK/dV: one task per (sequence, kv head, key tile): the query tiles of every query head of
 //            the group that see the tile, in order, recomputing P from the forward's lse;
 //     dQ:    one task per (sequence, query head, query tile): the key tiles it sees, in order;
+//            a neighborhood call's tiles are boxes of its grid and the tiles they see, gathered
+//            (tiles.h, neighborhood.h), and it always runs split;
 //   fused: one task per (sequence, kv head) runs the dK/dV loop over all its key tiles and adds
 //          dS K into a private fp32 dQ of the group's rows: 5 products per tile pair instead of 7,
 //          but only sequences x kv heads tasks, and a dQ buffer of group x Lq x D floats.
 // The structure depends on the problem and backward_impl only (backward()), never on threads.
 // Delta = dout . out - dlse (SPEC §11) is computed once per row before both, except where every key
-// of the sequence fits in one tile: there the tile's own sum_j P dP - dlse is at hand before dS is
+// of the sequence sits in the tile: there the tile's own sum_j P dP - dlse is at hand before dS is
 // needed, and it does not go through the stored out, whose fp16 / bf16 rounding dominates
 // dP - Delta when a row's probability sits on one key (a key and a sink, say). dsinks comes last,
 // from Delta = sum_j P dP - dlse, a sum the dQ pass takes of its rows for free (it has P and dP at
@@ -26,7 +28,9 @@
 
 #include "cpu/backend.h"
 #include "cpu/kernels.h"
+#include "cpu/neighborhood.h"
 #include "cpu/parallel.h"
+#include "cpu/tiles.h"
 
 namespace fmha::cpu {
 namespace {
@@ -64,6 +68,7 @@ struct BackwardScratch {
   // fused task's [group, Lq up to kQueryTile] rows.
   std::vector<float> rel, rel_all;
   std::vector<float> dbias_sum;  // dbias over the batch: the task's rows x Lk
+  NeighborhoodScratch na;        // a neighborhood task's gathered tiles
 
   void allocate(const Call& c) {
     if (!q.empty()) return;
@@ -86,18 +91,19 @@ struct BackwardScratch {
   }
 };
 
-// Loads queries [q0, q0 + rows) of head h: Qs and dO rows (rows .. rows_pad - 1 zeroed), their lse
-// and Delta (padding rows: lse +inf, so their probabilities are 0).
+// Loads the queries of `queries` of head h: Qs and dO rows (rows .. rows_pad - 1 zeroed), their
+// lse and Delta (padding rows: lse +inf, so their probabilities are 0).
 FMHA_CPU_INLINE void load_query_tile(const Call& c, const RowStats& stats, const Sequence& seq,
-                                     std::int64_t h, std::int64_t q0, std::int64_t rows,
-                                     std::int64_t rows_pad, BackwardScratch& w) {
+                                     std::int64_t h, const Tile& queries, std::int64_t rows_pad,
+                                     BackwardScratch& w) {
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
+  const std::int64_t rows = queries.count;
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t token = seq.first_q + q0 + r;
+    const std::int64_t token = seq.first_q + queries.token(r);
     load_features(c.q, c.q.offset(seq.batch, token, h), c.head_dim, c.scale, &w.q[at(r * dp)], 1);
     load_features(c.dout, c.dout.offset(seq.batch, token, h), c.value_dim, 1.0f,
                   &w.dout[at(r * dvp)], 1);
-    const std::size_t row = at((seq.row + q0 + r) * c.heads + h);
+    const std::size_t row = at((seq.row + queries.token(r)) * c.heads + h);
     w.lse[at(r)] = stats.lse[row];
     w.delta[at(r)] = stats.delta[row];
     w.dlse[at(r)] = stats.dlse[row];
@@ -111,14 +117,14 @@ FMHA_CPU_INLINE void load_query_tile(const Call& c, const RowStats& stats, const
   }
 }
 
-// Loads keys [k0, k0 + cols) of kv head kvh: K^T and V^T (columns cols .. ncols - 1 zeroed) and,
-// with_rows, K row-major.
+// Loads the keys of `keys` of kv head kvh: K^T and V^T (columns keys.count .. ncols - 1 zeroed)
+// and, with_rows, K row-major.
 FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int64_t kvh,
-                                   std::int64_t k0, std::int64_t cols, std::int64_t ncols,
-                                   BackwardScratch& w, bool with_rows) {
-  const std::int64_t dp = round_up(c.head_dim, kLanes);
+                                   const Tile& keys, std::int64_t ncols, BackwardScratch& w,
+                                   bool with_rows) {
+  const std::int64_t dp = round_up(c.head_dim, kLanes), cols = keys.count;
   for (std::int64_t j = 0; j < cols; ++j) {
-    const std::int64_t token = seq.first_k + k0 + j;
+    const std::int64_t token = seq.first_k + keys.token(j);
     const std::int64_t k_offset = c.k.offset(seq.batch, token, kvh);
     load_features(c.k, k_offset, c.head_dim, 1.0f, &w.kt[at(j)], kKeyTile);
     load_features(c.v, c.v.offset(seq.batch, token, kvh), c.value_dim, 1.0f, &w.vt[at(j)],
@@ -170,27 +176,29 @@ FMHA_CPU_INLINE void zero_dbias_row(const Call& c, std::int64_t b, std::int64_t 
   }
 }
 
-// For the loaded query tile (rows_pad rows, queries from q0 of batch b, head h) and key tile (ncols
-// columns, keys from k0): w.p = P and w.ds = dS' = P (dP - Delta) x softcap slope; the scores
-// recomputed with the bias and rel-pos too. Masked and padding entries
-// get P = 0, hence dS' = 0. With row_sums, w.p_dp[r] also gains the row's sum of P dP.
-template <typename Traits>
-FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64_t b,
-                                     std::int64_t h, std::int64_t q0, std::int64_t rows,
-                                     std::int64_t rows_pad, std::int64_t k0,
-                                     std::int64_t cols, std::int64_t ncols, BackwardScratch& w,
-                                     bool row_sums, bool exact_delta, bool owns_rows,
-                                     float* rel_rows = nullptr, float* dbias_sum = nullptr,
+// For tile pair t of `tiles` (its query tile loaded, rows_pad rows of batch index b, head h, and
+// its key tile, ncols columns): w.p = P and w.ds = dS' = P (dP - Delta) x softcap slope; the
+// scores recomputed with the bias and rel-pos too. Masked and padding entries get P = 0, hence
+// dS' = 0. With row_sums, w.p_dp[r] also gains the row's sum of P dP. dbias and drel are written
+// by band tiles only (backend.cpp keeps them off neighborhood calls).
+template <typename Traits, typename Tiles>
+FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int64_t t,
+                                     std::int64_t b, std::int64_t h, std::int64_t rows_pad,
+                                     std::int64_t ncols, BackwardScratch& w, bool row_sums,
+                                     bool exact_delta, bool owns_rows, float* rel_rows = nullptr,
+                                     float* dbias_sum = nullptr,
                                      std::int64_t dbias_sum_stride = 0) {
   using V = typename Traits::V;
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
+  const Tile queries = tiles.queries(t), keys = tiles.keys(t);
+  const std::int64_t rows = queries.count, cols = keys.count, k0 = keys.first;
   float* p = w.p.data();
   float* ds = w.ds.data();
   gemm<Traits>(rows_pad, ncols, c.head_dim, w.q.data(), dp, 1, w.kt.data(), kKeyTile, p, kKeyTile,
                false);
   gemm<Traits>(rows_pad, ncols, c.value_dim, w.dout.data(), dvp, 1, w.vt.data(), kKeyTile, ds,
                kKeyTile, false);
-  const bool full = band.covers(q0, rows, k0, cols);
+  const bool full = tiles.full(t);
   const bool softcap = c.softcap > 0.0f;
   for (std::int64_t r = 0; r < rows_pad; ++r) {
     float* prow = p + r * kKeyTile;
@@ -204,8 +212,8 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
           slope[j] = 1.0f - t * t;
         }
       }
-      add_score_terms(c, b, h, q0 + r, k0, cols, prow);
-      if (!full) band.mask_row(q0 + r, k0, cols, prow);
+      tiles.add_terms(c, b, h, t, r, prow);
+      if (!full) tiles.hide(t, r, prow);
     }
     for (std::int64_t j = cols; j < ncols; ++j) prow[j] = kNegInf;
     const float lse = w.lse[at(r)];
@@ -231,7 +239,8 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
       float* sum = dbias_sum + r * dbias_sum_stride + k0;
       for (std::int64_t j = 0; j < cols; ++j) sum[j] += dsrow[j];
     } else if (dbias) {
-      store_strided(c.dbias, c.dbias.row(b, h, q0 + r) + k0 * c.dbias.stride[3], cols, dsrow);
+      store_strided(c.dbias, c.dbias.row(b, h, queries.token(r)) + k0 * c.dbias.stride[3], cols,
+                    dsrow);
     }
     if (drel) add_rel_sums(c, k0, cols, dsrow, rel_rows + r * (c.rel_h_size + c.rel_w_size));
     if (softcap && (dbias || drel)) {
@@ -242,22 +251,22 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Band& band, std::int64
   }
 }
 
-// dQ of queries [q0, q0 + kQueryTile) of head h of one sequence; dbias_sum: the rows' dS added to
-// it (a sum over the batch) instead of stored.
-template <typename Traits>
+// dQ of the queries of `tiles` (head h of one sequence) against its key tiles; dbias_sum: the
+// rows' dS added to it (a sum over the batch) instead of stored.
+template <typename Traits, typename Tiles>
 FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
-                             std::int64_t q0, BackwardScratch& w, float* dbias_sum) {
+                             const Tiles& tiles, BackwardScratch& w, float* dbias_sum) {
   const std::int64_t dp = round_up(c.head_dim, kLanes);
-  const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
+  const Tile queries = tiles.queries(0);
+  const std::int64_t rows = queries.count;
   const std::int64_t rows_pad = round_up(rows, Traits::kRows);
   const std::int64_t kvh = h / c.group();
-  const Band band = Band::of(*c.options, seq.len_q, seq.len_k);
   float* dq = w.acc_a.data();
-  load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
+  load_query_tile(c, stats, seq, h, queries, rows_pad, w);
   std::fill_n(dq, rows_pad * dp, 0.0f);
   // The task owns these rows of dbias: zero first, for the key tiles no row of it sees.
   for (std::int64_t r = 0; r < rows && c.dbias.given() && dbias_sum == nullptr; ++r) {
-    zero_dbias_row(c, seq.index, h, q0 + r, seq.len_k, w);
+    zero_dbias_row(c, seq.index, h, queries.token(r), seq.len_k, w);
   }
   const std::int64_t rel_width = c.rel_h_size + c.rel_w_size;
   float* rel_rows = nullptr;
@@ -267,75 +276,82 @@ FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq
   }
   std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
   const bool row_sums = !stats.p_dp.empty();
-  const std::int64_t first = band.first_key(q0), last = band.last_key(q0 + rows - 1, seq.len_k);
-  for (std::int64_t k0 = first / kKeyTile * kKeyTile; k0 <= last; k0 += kKeyTile) {
-    const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
-    const std::int64_t ncols = round_up(cols, kLanes);
-    load_key_tile(c, seq, kvh, k0, cols, ncols, w, true);
-    score_gradients<Traits>(c, band, seq.index, h, q0, rows, rows_pad, k0, cols, ncols, w,
-                            row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/true, rel_rows,
-                            dbias_sum, seq.len_k);
-    gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp, true);
+  for (std::int64_t t = 0; t < tiles.count(); ++t) {
+    const Tile keys = tiles.keys(t);
+    const std::int64_t ncols = round_up(keys.count, kLanes);
+    load_key_tile(c, seq, kvh, keys, ncols, w, true);
+    score_gradients<Traits>(c, tiles, t, seq.index, h, rows_pad, ncols, w, row_sums,
+                            keys.count == seq.len_k, /*owns_rows=*/true, rel_rows, dbias_sum,
+                            seq.len_k);
+    gemm<Traits>(rows_pad, dp, keys.count, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp,
+                 true);
   }
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t token = seq.first_q + q0 + r;
-    store_features(c.dq, c.dq.offset(seq.batch, token, h), c.head_dim, dq + r * dp, c.scale);
+    const std::int64_t i = queries.token(r);
+    store_features(c.dq, c.dq.offset(seq.batch, seq.first_q + i, h), c.head_dim, dq + r * dp,
+                   c.scale);
     // The task owns these rows: no other task writes their entries.
-    if (row_sums) stats.p_dp[at((seq.row + q0 + r) * c.heads + h)] = w.p_dp[at(r)];
-    if (rel_rows != nullptr) store_rel_sums(c, seq.index, h, q0 + r, rel_rows + r * rel_width);
+    if (row_sums) stats.p_dp[at((seq.row + i) * c.heads + h)] = w.p_dp[at(r)];
+    if (rel_rows != nullptr) store_rel_sums(c, seq.index, h, i, rel_rows + r * rel_width);
   }
 }
 
-// The dQ pass's task: one sequence's query tile; with dbias over the batch, that tile of every
-// sequence (a dense call's are alike), their dS summed in sequence order, then stored.
+// The dQ pass's task: one sequence's query tile from q0 (a neighborhood call's: query box
+// `start`); with dbias over the batch, that tile of every sequence (a dense call's are alike),
+// their dS summed in sequence order, then stored.
 template <typename Traits>
 FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
-                             std::int64_t q0, BackwardScratch& w) {
-  if (!c.dbias_over_batch) {
-    dq_rows<Traits>(c, stats, seq, h, q0, w, nullptr);
+                             std::int64_t start, BackwardScratch& w) {
+  if (c.neighborhood != nullptr) {
+    dq_rows<Traits>(c, stats, seq, h,
+                    NeighborhoodTiles::for_queries(*c.neighborhood, start, w.na), w, nullptr);
     return;
   }
-  const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
+  const std::int64_t q0 = start, rows = std::min(kQueryTile, seq.len_q - q0);
+  if (!c.dbias_over_batch) {
+    dq_rows<Traits>(c, stats, seq, h, BandTiles::for_queries(c, seq, q0, rows), w, nullptr);
+    return;
+  }
   w.dbias_sum.assign(at(rows * seq.len_k), 0.0f);
   for (const Sequence& each : c.sequences) {
-    dq_rows<Traits>(c, stats, each, h, q0, w, w.dbias_sum.data());
+    dq_rows<Traits>(c, stats, each, h, BandTiles::for_queries(c, each, q0, rows), w,
+                    w.dbias_sum.data());
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     store_strided(c.dbias, c.dbias.row(0, h, q0 + r), seq.len_k, &w.dbias_sum[at(r * seq.len_k)]);
   }
 }
 
-// dK and dV of one key tile; fused, also dQ (and the sums of P dP) of every query tile it meets,
-// into w.dq_all (and w.p_dp_all).
-template <typename Traits>
-FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& seq,
-                               std::int64_t kvh, std::int64_t k0, BackwardScratch& w,
-                               bool fused = false) {
+// dK and dV of the keys of `tiles` against its query tiles; fused (band tiles only), also dQ (and
+// the sums of P dP) of every query tile it meets, into w.dq_all (and w.p_dp_all).
+template <typename Traits, typename Tiles>
+FMHA_CPU_INLINE void dkdv_rows(const Call& c, RowStats& stats, const Sequence& seq,
+                               std::int64_t kvh, const Tiles& tiles, BackwardScratch& w,
+                               bool fused) {
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
-  const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
+  const Tile keys = tiles.keys(0);
+  const std::int64_t cols = keys.count;
   const std::int64_t ncols = round_up(cols, kLanes);  // a multiple of every kRows
-  const Band band = Band::of(*c.options, seq.len_q, seq.len_k);
   float* dk = w.acc_a.data();
   float* dv = w.acc_b.data();
-  load_key_tile(c, seq, kvh, k0, cols, ncols, w, fused);
+  load_key_tile(c, seq, kvh, keys, ncols, w, fused);
   std::fill_n(dk, ncols * dp, 0.0f);
   std::fill_n(dv, ncols * dvp, 0.0f);
-  const std::int64_t first = band.first_query(k0);
-  const std::int64_t last = band.last_query(k0 + cols - 1, seq.len_q);
   for (std::int64_t g = 0; g < c.group(); ++g) {
     const std::int64_t h = kvh * c.group() + g;
-    for (std::int64_t q0 = first / kQueryTile * kQueryTile; q0 <= last; q0 += kQueryTile) {
-      const std::int64_t rows = std::min(kQueryTile, seq.len_q - q0);
+    for (std::int64_t t = 0; t < tiles.count(); ++t) {
+      const Tile queries = tiles.queries(t);
+      const std::int64_t rows = queries.count, q0 = queries.first;
       const std::int64_t rows_pad = round_up(rows, Traits::kRows);
-      load_query_tile(c, stats, seq, h, q0, rows, rows_pad, w);
+      load_query_tile(c, stats, seq, h, queries, rows_pad, w);
       const bool row_sums = fused && !stats.p_dp.empty();
       if (row_sums) std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
       const std::int64_t rel_width = c.rel_h_size + c.rel_w_size;
       float* rel_rows = fused && c.wants_drel()
                             ? &w.rel_all[at((g * round_up(seq.len_q, kQueryTile) + q0) * rel_width)]
                             : nullptr;
-      score_gradients<Traits>(c, band, seq.index, h, q0, rows, rows_pad, k0, cols, ncols, w,
-                              row_sums, seq.len_k <= kKeyTile, /*owns_rows=*/fused, rel_rows);
+      score_gradients<Traits>(c, tiles, t, seq.index, h, rows_pad, ncols, w, row_sums,
+                              cols == seq.len_k, /*owns_rows=*/fused, rel_rows);
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
       gemm<Traits>(ncols, dp, rows, w.ds.data(), 1, kKeyTile, w.q.data(), dp, dk, dp, true);
@@ -349,10 +365,27 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
     }
   }
   for (std::int64_t j = 0; j < cols; ++j) {
-    const std::int64_t token = seq.first_k + k0 + j;
+    const std::int64_t token = seq.first_k + keys.token(j);
     store_features(c.dk, c.dk.offset(seq.batch, token, kvh), c.head_dim, dk + j * dp, 1.0f);
     store_features(c.dv, c.dv.offset(seq.batch, token, kvh), c.value_dim, dv + j * dvp, 1.0f);
   }
+}
+
+// The dK / dV pass's task: keys k0 .. k0 + kKeyTile - 1 of kv head kvh (a neighborhood call's: key
+// box `start`).
+template <typename Traits>
+FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& seq,
+                               std::int64_t kvh, std::int64_t start, BackwardScratch& w,
+                               bool fused = false) {
+  if (c.neighborhood != nullptr) {
+    dkdv_rows<Traits>(c, stats, seq, kvh,
+                      NeighborhoodTiles::for_keys(*c.neighborhood, start, kQueryTile, w.na), w,
+                      false);
+    return;
+  }
+  const std::int64_t cols = std::min(kKeyTile, seq.len_k - start);
+  dkdv_rows<Traits>(c, stats, seq, kvh, BandTiles::for_keys(c, seq, start, cols, kQueryTile), w,
+                    fused);
 }
 
 // The fused structure's task: every key tile of kv head kvh, then the group's dQ rows.
@@ -509,8 +542,9 @@ void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& 
 // when there are at least two such tasks per hardware thread (the machine's, not the call's thread
 // count, so that results do not depend on FMHA_CPU_THREADS) and its dQ buffer stays small.
 bool use_fused(const Call& c) {
-  // The fused structure's tasks each take one sequence: a sum over the batch runs split.
-  if (c.dbias_over_batch) return false;
+  // The fused structure's tasks each take one sequence: a sum over the batch runs split; and it
+  // walks key tiles of a band.
+  if (c.dbias_over_batch || c.neighborhood != nullptr) return false;
   constexpr std::int64_t kMaxFusedBufferBytes = std::int64_t{64} << 20;
   std::int64_t tasks = 0, longest = 0;
   for (const Sequence& seq : c.sequences) {
@@ -548,14 +582,19 @@ void backward(const Call& c) {
     return;
   }
   std::vector<TileTask> dkdv, dq;
+  // A task starts at a first key / query, or at a neighborhood call's key / query box.
+  const NeighborhoodGeometry* na = c.neighborhood;
   for (std::size_t b = 0; b < c.sequences.size(); ++b) {
     const Sequence& seq = c.sequences[b];
     const auto sequence = static_cast<std::int64_t>(b);
-    for (std::int64_t k0 = 0; k0 < seq.len_k; k0 += kKeyTile) {
+    const std::int64_t key_end = na != nullptr ? na->boxes(na->key_box) : seq.len_k;
+    for (std::int64_t k0 = 0; k0 < key_end; k0 += na != nullptr ? 1 : kKeyTile) {
       for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh) dkdv.push_back({sequence, kvh, k0});
     }
     // With dbias over the batch, the first sequence's tasks take every sequence's rows.
-    for (std::int64_t q0 = 0; q0 < seq.len_q && (b == 0 || !c.dbias_over_batch); q0 += kQueryTile) {
+    const std::int64_t query_end = na != nullptr ? na->boxes(na->query_box) : seq.len_q;
+    for (std::int64_t q0 = 0; q0 < query_end && (b == 0 || !c.dbias_over_batch);
+         q0 += na != nullptr ? 1 : kQueryTile) {
       for (std::int64_t h = 0; h < c.heads; ++h) dq.push_back({sequence, h, q0});
     }
   }

@@ -1,8 +1,8 @@
 // Forward of the fast CPU backend: one task per (sequence, query head, tile of kForwardQueryTile
-// queries).
-// The task streams the key tiles its band can see through an fp32 online softmax (SPEC §10), so
-// no Lq x Lk buffer exists: S = Q K^T and O += P V are register-blocked products on fp32 tiles,
-// converted from the tensors' dtype once per tile.
+// queries, or a neighborhood call's box of kQueryTile).
+// The task streams the key tiles its mask lets it see (tiles.h) through an fp32 online softmax
+// (SPEC §10), so no Lq x Lk buffer exists: S = Q K^T and O += P V are register-blocked products on
+// fp32 tiles, converted from the tensors' dtype once per tile.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,7 +10,9 @@
 
 #include "cpu/backend.h"
 #include "cpu/kernels.h"
+#include "cpu/neighborhood.h"
 #include "cpu/parallel.h"
+#include "cpu/tiles.h"
 
 namespace fmha::cpu {
 namespace {
@@ -31,6 +33,7 @@ struct ForwardScratch {
   std::vector<float> s;     // [kForwardQueryTile, kKeyTile]: scores, then probabilities
   std::vector<float> o;     // [kForwardQueryTile, Dv rounded up]: unnormalised output
   std::vector<float> m, l;  // [kForwardQueryTile]: running maximum and normaliser
+  NeighborhoodScratch na;   // a neighborhood task's gathered tiles
 
   void allocate(const Call& c) {
     if (!q.empty()) return;
@@ -46,14 +49,14 @@ struct ForwardScratch {
   }
 };
 
-// Loads keys [k0, k0 + cols) of kv head kvh: K transposed into kt (columns cols .. ncols - 1
+// Loads the keys of `keys` of kv head kvh: K transposed into kt (columns keys.count .. ncols - 1
 // zeroed, the product reads them) and V row-major into v.
 FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int64_t kvh,
-                                   std::int64_t k0, std::int64_t cols, std::int64_t ncols,
-                                   float* k_rows, float* kt, float* v, std::int64_t ldv) {
-  const std::int64_t dim = c.head_dim;
+                                   const Tile& keys, std::int64_t ncols, float* k_rows, float* kt,
+                                   float* v, std::int64_t ldv) {
+  const std::int64_t dim = c.head_dim, cols = keys.count;
   for (std::int64_t j = 0; j < cols; ++j) {
-    const std::int64_t token = seq.first_k + k0 + j;
+    const std::int64_t token = seq.first_k + keys.token(j);
     load_features(c.k, c.k.offset(seq.batch, token, kvh), dim, 1.0f, k_rows + j * dim, 1);
     load_features(c.v, c.v.offset(seq.batch, token, kvh), c.value_dim, 1.0f, v + j * ldv, 1);
   }
@@ -65,35 +68,37 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int6
   }
 }
 
-// Softcap, the additive bias and rel-pos (SPEC §2), then the mask: entries the band hides and
-// padding columns become -inf. Query i, keys k0 .. k0 + cols - 1 of batch b, head h.
-FMHA_CPU_INLINE void finish_scores(const Call& c, const Band& band, std::int64_t b, std::int64_t h,
-                                   std::int64_t i, std::int64_t k0, std::int64_t cols,
-                                   std::int64_t ncols, bool full, float* row) {
+// Softcap, the additive bias and rel-pos (SPEC §2), then the mask: entries the tiles' mask hides
+// and padding columns become -inf. Row r of tile pair t (batch index b, head h).
+template <typename Tiles>
+FMHA_CPU_INLINE void finish_scores(const Call& c, const Tiles& tiles, std::int64_t b,
+                                   std::int64_t h, std::int64_t t, std::int64_t r,
+                                   std::int64_t cols, std::int64_t ncols, bool full, float* row) {
   if (c.softcap > 0.0f) {
     for (std::int64_t j = 0; j < cols; ++j) row[j] = c.softcap * std::tanh(row[j] / c.softcap);
   }
-  add_score_terms(c, b, h, i, k0, cols, row);
-  if (!full) band.mask_row(i, k0, cols, row);
+  tiles.add_terms(c, b, h, t, r, row);
+  if (!full) tiles.hide(t, r, row);
   for (std::int64_t j = cols; j < ncols; ++j) row[j] = kNegInf;
 }
 
-template <typename Traits>
+// The queries of `tiles` (at most kForwardQueryTile) of head h against its key tiles.
+template <typename Traits, typename Tiles>
 FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64_t h,
-                                  std::int64_t q0, ForwardScratch& w) {
+                                  const Tiles& tiles, ForwardScratch& w) {
   using V = typename Traits::V;
   const std::int64_t dim = c.head_dim, dv = round_up(c.value_dim, kLanes);
-  const std::int64_t rows = std::min(kForwardQueryTile, seq.len_q - q0);
+  const Tile queries = tiles.queries(0);
+  const std::int64_t rows = queries.count;
   const std::int64_t rows_pad = round_up(rows, Traits::kRows);
   const std::int64_t kvh = h / c.group();
-  const Band band = Band::of(*c.options, seq.len_q, seq.len_k);
   float* q = w.q.data();
   float* s = w.s.data();
   float* o = w.o.data();
 
   for (std::int64_t r = 0; r < rows; ++r) {
-    load_features(c.q, c.q.offset(seq.batch, seq.first_q + q0 + r, h), dim, c.scale, q + r * dim,
-                  1);
+    load_features(c.q, c.q.offset(seq.batch, seq.first_q + queries.token(r), h), dim, c.scale,
+                  q + r * dim, 1);
   }
   for (std::int64_t x = rows * dim; x < rows_pad * dim; ++x) q[x] = 0.0f;
   // A sink is a logit with no value: the running maximum starts at it with exp(0) = 1 summed.
@@ -104,21 +109,21 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
   }
   for (std::int64_t x = 0; x < rows_pad * dv; ++x) o[x] = 0.0f;
 
-  const std::int64_t first = band.first_key(q0), last = band.last_key(q0 + rows - 1, seq.len_k);
-  for (std::int64_t k0 = first / kKeyTile * kKeyTile; k0 <= last; k0 += kKeyTile) {
-    const std::int64_t cols = std::min(kKeyTile, seq.len_k - k0);
+  for (std::int64_t t = 0; t < tiles.count(); ++t) {
+    const Tile keys = tiles.keys(t);
+    const std::int64_t cols = keys.count;
     const std::int64_t ncols = round_up(cols, kLanes);
-    load_key_tile(c, seq, kvh, k0, cols, ncols, w.k.data(), w.kt.data(), w.v.data(), dv);
+    load_key_tile(c, seq, kvh, keys, ncols, w.k.data(), w.kt.data(), w.v.data(), dv);
     gemm<Traits>(rows_pad, ncols, dim, q, dim, 1, w.kt.data(), kKeyTile, s, kKeyTile, false);
 
-    const bool full = band.covers(q0, rows, k0, cols);
+    const bool full = tiles.full(t);
     for (std::int64_t r = 0; r < rows_pad; ++r) {
       float* row = s + r * kKeyTile;
       if (r >= rows) {  // padding rows: zero probabilities keep their products finite
         for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
         continue;
       }
-      finish_scores(c, band, seq.index, h, q0 + r, k0, cols, ncols, full, row);
+      finish_scores(c, tiles, seq.index, h, t, r, cols, ncols, full, row);
       // Online softmax (SPEC §10): rescale what came before to the new running maximum.
       typename V::F tile_max = V::broadcast(kNegInf);
       for (std::int64_t j = 0; j < ncols; j += V::kWidth)
@@ -149,7 +154,7 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
   }
 
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t token = seq.first_q + q0 + r;
+    const std::int64_t token = seq.first_q + queries.token(r);
     const float m = w.m[static_cast<std::size_t>(r)], l = w.l[static_cast<std::size_t>(r)];
     // A row that sees no key and no sink has l = 0: out 0, lse -inf (SPEC §10).
     const float inverse = l > 0.0f ? 1.0f / l : 0.0f;
@@ -160,23 +165,37 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
   }
 }
 
+// One task: queries q0 .. q0 + kForwardQueryTile - 1 of a band, or query box `start` of a
+// neighborhood grid.
+template <typename Traits>
+FMHA_CPU_INLINE void forward_task(const Call& c, const Sequence& seq, std::int64_t h,
+                                  std::int64_t start, ForwardScratch& w) {
+  if (c.neighborhood != nullptr) {
+    forward_tile<Traits>(c, seq, h, NeighborhoodTiles::for_queries(*c.neighborhood, start, w.na),
+                         w);
+    return;
+  }
+  const std::int64_t rows = std::min(kForwardQueryTile, seq.len_q - start);
+  forward_tile<Traits>(c, seq, h, BandTiles::for_queries(c, seq, start, rows), w);
+}
+
 using ForwardTileFn = void (*)(const Call&, const Sequence&, std::int64_t, std::int64_t,
                                ForwardScratch&);
 
 void forward_tile_portable(const Call& c, const Sequence& seq, std::int64_t h, std::int64_t q0,
                            ForwardScratch& w) {
-  forward_tile<PortableTraits>(c, seq, h, q0, w);
+  forward_task<PortableTraits>(c, seq, h, q0, w);
 }
 
 #if FMHA_CPU_X86
 FMHA_CPU_TARGET_AVX2 void forward_tile_avx2(const Call& c, const Sequence& seq, std::int64_t h,
                                             std::int64_t q0, ForwardScratch& w) {
-  forward_tile<Avx2Traits>(c, seq, h, q0, w);
+  forward_task<Avx2Traits>(c, seq, h, q0, w);
 }
 
 FMHA_CPU_TARGET_AVX512 void forward_tile_avx512(const Call& c, const Sequence& seq, std::int64_t h,
                                                 std::int64_t q0, ForwardScratch& w) {
-  forward_tile<Avx512Traits>(c, seq, h, q0, w);
+  forward_task<Avx512Traits>(c, seq, h, q0, w);
 }
 #endif
 
@@ -189,9 +208,10 @@ ForwardTileFn forward_tile_for(Isa isa) {
   return forward_tile_portable;
 }
 
-// One task of the forward: a query tile of one head of one sequence.
+// One task of the forward: a query tile (a first query, or a neighborhood box) of one head of one
+// sequence.
 struct ForwardTask {
-  std::int64_t sequence, head, q0;
+  std::int64_t sequence, head, start;
 };
 
 }  // namespace
@@ -200,16 +220,20 @@ void forward(const Call& c) {
   const ForwardTileFn tile = forward_tile_for(selected_isa());
   std::vector<ForwardTask> tasks;
   for (std::size_t b = 0; b < c.sequences.size(); ++b) {
-    for (std::int64_t q0 = 0; q0 < c.sequences[b].len_q; q0 += kForwardQueryTile) {
+    const std::int64_t step = c.neighborhood != nullptr ? 1 : kForwardQueryTile;
+    const std::int64_t end = c.neighborhood != nullptr
+                                 ? c.neighborhood->boxes(c.neighborhood->query_box)
+                                 : c.sequences[b].len_q;
+    for (std::int64_t start = 0; start < end; start += step) {
       for (std::int64_t h = 0; h < c.heads; ++h)
-        tasks.push_back({static_cast<std::int64_t>(b), h, q0});
+        tasks.push_back({static_cast<std::int64_t>(b), h, start});
     }
   }
   // Under a causal mask later tiles see more keys: handing them out first balances the threads.
   // The order changes who computes a tile, never how.
   if (c.options->causal) {
     std::stable_sort(tasks.begin(), tasks.end(),
-                     [](const ForwardTask& a, const ForwardTask& b) { return a.q0 > b.q0; });
+                     [](const ForwardTask& a, const ForwardTask& b) { return a.start > b.start; });
   }
   const auto count = static_cast<std::int64_t>(tasks.size());
   std::vector<ForwardScratch> scratch(static_cast<std::size_t>(worker_count(count, c.threads)));
@@ -217,7 +241,7 @@ void forward(const Call& c) {
     const ForwardTask& task = tasks[static_cast<std::size_t>(t)];
     ForwardScratch& w = scratch[static_cast<std::size_t>(worker)];
     w.allocate(c);
-    tile(c, c.sequences[static_cast<std::size_t>(task.sequence)], task.head, task.q0, w);
+    tile(c, c.sequences[static_cast<std::size_t>(task.sequence)], task.head, task.start, w);
   });
 }
 

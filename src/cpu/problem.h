@@ -12,6 +12,8 @@
 
 namespace fmha::cpu {
 
+struct NeighborhoodGeometry;  // neighborhood.h
+
 // A token-major tensor: element (sequence batch b, token t, head h, feature d) sits at
 // b * batch_stride + t * token_stride + h * head_stride + d * feature_stride. Dense tensors
 // [B, L, H, D] index t inside the batch; packed varlen tensors [total, H, D] have no batch stride
@@ -116,6 +118,9 @@ struct Call {
   float scale = 1.0f;
   float softcap = 0.0f;
   const AttentionOptions* options = nullptr;         // the call's; Band::of reads its masks
+  // Neighborhood calls (SPEC §6): the grid's geometry; each sequence is one batch's grid, its
+  // tokens row-major. Null for dense and varlen calls, whose masks are bands.
+  const NeighborhoodGeometry* neighborhood = nullptr;
   BackwardImpl backward_impl = BackwardImpl::kAuto;  // fused or split backward (backward.cpp)
   int threads = 1;                                   // resolved thread count (parallel.h)
   std::vector<Sequence> sequences;

@@ -67,3 +67,42 @@ def test_one_key_and_a_sink_in_bf16():
     from test_fuzz import ValidDraw, _check_valid
 
     _check_valid(ValidDraw(276, "cpu"), "cpu", 276)
+
+
+def _run_na(func, q, k, v, kernel, dilation, causal, sinks):
+    q, k, v, sinks = (t.detach().clone().requires_grad_(True) for t in (q, k, v, sinks))
+    out, lse = func(q, k, v, kernel, dilation, causal, sinks=sinks, return_lse=True)
+    (out.square().sum() + lse.sum()).backward()
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad, sinks.grad
+
+
+@pytest.mark.parametrize("func, grid, kernel, dilation, causal", [
+    (fmha.na1d, (150,), 31, 2, False),
+    (fmha.na2d, (13, 21), (5, 4), (2, 3), (False, True)),
+    (fmha.na3d, (5, 9, 7), (3, 3, 2), (1, 2, 3), (True, False, False)),
+])
+def test_neighborhood_on_the_fast_backend(func, grid, kernel, dilation, causal):
+    """NA 1-D / 2-D / 3-D with GQA and sinks: the fast backend (auto) against float64 at SPEC §13's
+    fp32 tolerance, its bits not the reference's, and the same bits on 1 and 2 threads."""
+    torch.manual_seed(2)
+    q = torch.randn(2, *grid, 4, 40)
+    k, v = (torch.randn(2, *grid, 2, 40) for _ in range(2))
+    sinks = torch.randn(4)
+    args = (kernel, dilation, causal)
+    exact = _run_na(func, q.double(), k.double(), v.double(), *args, sinks)
+    before = torch.get_num_threads()
+    try:
+        fast = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            fast.append(_run_na(func, q, k, v, *args, sinks))
+    finally:
+        torch.set_num_threads(before)
+    fmha.set_cpu_backend("reference")
+    reference = _run_na(func, q, k, v, *args, sinks)
+    names = ("out", "lse", "dq", "dk", "dv", "dsinks")
+    for name, e, one, two in zip(names, exact, *fast):
+        error = (one.double() - e).norm() / e.norm()
+        assert error < 1e-5, f"{name}: relative error {error:.3g}"
+        assert torch.equal(one, two), f"{name} differs between 1 and 2 threads"
+    assert not torch.equal(fast[0][0], reference[0]), "auto ran the reference"

@@ -1,0 +1,91 @@
+// The tiles a task of the fast CPU kernels pairs: its own tile of queries (forward, dQ) or of keys
+// (dK / dV), and the tiles of the other side that some token of its own tile sees, in a fixed
+// order. A mask policy answers, for each pair, whether every score is visible (the hot loop then
+// skips the mask) and otherwise hides a row's invisible scores.
+//   BandTiles (dense, varlen): consecutive tokens; a band of keys per query (problem.h).
+//   NeighborhoodTiles (SPEC §6): gathered tokens; query boxes of the grid and the boxes of keys
+//   they see (neighborhood.h).
+// Both expose the same members, so one kernel template serves both.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/kernels.h"
+#include "cpu/problem.h"
+
+namespace fmha::cpu {
+
+// Tokens of one sequence: `first`, first + 1, ... (gathered == nullptr) or gathered[0 .. count).
+struct Tile {
+  std::int64_t first = 0, count = 0;
+  const std::int64_t* gathered = nullptr;
+
+  std::int64_t token(std::int64_t j) const { return gathered != nullptr ? gathered[j] : first + j; }
+};
+
+// Causal masks and windows: the key tiles of kKeyTile a query tile sees, or the query tiles of
+// `query_tile` rows that see a key tile.
+class BandTiles {
+ public:
+  static BandTiles for_queries(const Call& c, const Sequence& seq, std::int64_t q0,
+                               std::int64_t rows) {
+    BandTiles t(c, seq, {.first = q0, .count = rows}, true, kKeyTile);
+    const std::int64_t first = t.band_.first_key(q0);
+    const std::int64_t last = t.band_.last_key(q0 + rows - 1, seq.len_k);
+    t.start_ = first / kKeyTile * kKeyTile;
+    t.count_ = last < t.start_ ? 0 : (last - t.start_) / kKeyTile + 1;
+    return t;
+  }
+  static BandTiles for_keys(const Call& c, const Sequence& seq, std::int64_t k0,
+                            std::int64_t cols, std::int64_t query_tile) {
+    BandTiles t(c, seq, {.first = k0, .count = cols}, false, query_tile);
+    const std::int64_t first = t.band_.first_query(k0);
+    const std::int64_t last = t.band_.last_query(k0 + cols - 1, seq.len_q);
+    t.start_ = first / query_tile * query_tile;
+    t.count_ = last < t.start_ ? 0 : (last - t.start_) / query_tile + 1;
+    return t;
+  }
+
+  std::int64_t count() const { return count_; }
+  Tile queries(std::int64_t t) const { return fixed_is_queries_ ? fixed_ : other(t, len_q_); }
+  Tile keys(std::int64_t t) const { return fixed_is_queries_ ? other(t, len_k_) : fixed_; }
+  bool full(std::int64_t t) const {
+    const Tile q = queries(t), k = keys(t);
+    return band_.covers(q.first, q.count, k.first, k.count);
+  }
+  // Row r of pair t's queries: its hidden scores set to -inf.
+  void hide(std::int64_t t, std::int64_t r, float* row) const {
+    const Tile q = queries(t), k = keys(t);
+    band_.mask_row(q.first + r, k.first, k.count, row);
+  }
+  // The bias and rel-pos of row r of pair t (batch index b, head h).
+  void add_terms(const Call& c, std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t r,
+                 float* row) const {
+    const Tile q = queries(t), k = keys(t);
+    add_score_terms(c, b, h, q.first + r, k.first, k.count, row);
+  }
+
+ private:
+  BandTiles(const Call& c, const Sequence& seq, Tile fixed, bool fixed_is_queries,
+            std::int64_t step)
+      : band_(Band::of(*c.options, seq.len_q, seq.len_k)),
+        fixed_(fixed),
+        fixed_is_queries_(fixed_is_queries),
+        step_(step),
+        len_q_(seq.len_q),
+        len_k_(seq.len_k) {}
+
+  Tile other(std::int64_t t, std::int64_t length) const {
+    const std::int64_t first = start_ + t * step_;
+    return {.first = first, .count = std::min(step_, length - first)};
+  }
+
+  Band band_;
+  Tile fixed_;
+  bool fixed_is_queries_;
+  std::int64_t step_, len_q_, len_k_;
+  std::int64_t start_ = 0, count_ = 0;
+};
+
+}  // namespace fmha::cpu
