@@ -4,7 +4,8 @@
 // its (head-dim bucket, policy): kCopyWarpgroup below.
 //
 // With a copy warpgroup (range tiles of the plain, window, rel-pos and bias policies, and the
-// token tiles of neighborhood attention without score modifiers, up to D 128).
+// token tiles of neighborhood attention without score modifiers, up to D 128; above, range tiles
+// of the plain and window policies).
 // The block has a third warpgroup (threads 256..383) that does nothing but copy, and keeps 40
 // registers so that the math warpgroups can have 232 (setmaxnreg; ptxas gives each branch of the
 // role split its own budget). It copies Q, then group j = K(j), V(j - 1) into stage slot j %
@@ -54,8 +55,8 @@
 // 19.6 -> 23.6, 57.0 -> 58.4.
 //
 // Without a copy warpgroup (neighborhood attention with score modifiers, the score modifiers'
-// general policy, and head dims above 128, whose math warpgroups need every register of a
-// 256-thread block):
+// general policy, and above D 128 the bias and rel-pos register forms and token tiles, whose math
+// warpgroups need every register of a 256-thread block):
 // copies are issued by all threads with cp.async in groups: group j = K(j) (and its bias tile)
 // and V(j - 1); groups 0 .. stages - 2 before the loop, group u + stages - 1 right after
 // rendezvous u. Rendezvous u (named barrier kPipelineBarrier, all threads; each thread first
@@ -102,12 +103,17 @@ template <typename Policy>
 inline constexpr bool kStagesScores = kGeneralForm<Policy>;
 
 // Whether a copy warpgroup feeds the stages (above): the policies whose softmax reads nothing
-// staged per tile, in the ping-pong buckets (up to D 128), where the math warpgroups keep enough
-// registers beside it; not neighborhood attention with score modifiers (bias and rel-pos by
-// token), which spilled 500 bytes at D 128 with one (ptxas, 2026-11-27).
+// staged per tile, where the math warpgroups keep enough registers beside it: up to D 128 all of
+// them but neighborhood attention with score modifiers (bias and rel-pos by token), which spilled
+// 500 bytes at D 128 with one (ptxas, 2026-11-27); above, the plain and window policies on range
+// tiles, whose output accumulator (up to 128 registers) and overlapped softmax fit in 224.
+// Measured on an H100 (2026-11-28, bf16, D 256, kernel alone, against all threads copying, a block
+// a tile): L 512 366 -> 434 TFLOP/s, L 2048 489 -> 628, L 8192 527 -> 687, causal L 512 233 ->
+// 252, causal L 2048 409 -> 521. Ping-pong on top of it: level to 3% slower (tile_sizes.h).
 template <int kD, typename Policy>
 inline constexpr bool kCopyWarpgroup =
-    !kGeneralForm<Policy> && !kNeighborhoodModifiersForm<Policy> && kD <= 128;
+    !kGeneralForm<Policy> && !kNeighborhoodModifiersForm<Policy> &&
+    (kD <= 128 || (!Policy::Mask::kTokenTiles && !kBiasForm<Policy> && !kRelPosForm<Policy>));
 // Whether the copy warpgroup also stages the bias of each main key tile (the bias policy's
 // staged form, score_bias.cuh), by TMA into a ring of kBiasStages tiles that the math warps'
 // softmax reads and hands back (bias_full / bias_empty); where no tensor map describes the bias
@@ -134,13 +140,15 @@ inline constexpr int kMathRegisters = 232;
 // and none in the math threads, 64 / 216 15 and 2 in the math threads.
 inline constexpr int kTokenCopyRegisters = 56;
 inline constexpr int kTokenMathRegisters = 224;
-template <typename Policy>
+// Above D 128 as token tiles: the copy threads (range loaders at four rows a pass) spilled 900
+// bytes at 40 registers, 610 at 56 (ptxas, D 256; the math threads none at 224).
+template <int kD, typename Policy>
 constexpr int copy_registers() {
-  return Policy::Mask::kTokenTiles ? kTokenCopyRegisters : kCopyRegisters;
+  return Policy::Mask::kTokenTiles || kD > 128 ? kTokenCopyRegisters : kCopyRegisters;
 }
-template <typename Policy>
+template <int kD, typename Policy>
 constexpr int math_registers() {
-  return Policy::Mask::kTokenTiles ? kTokenMathRegisters : kMathRegisters;
+  return Policy::Mask::kTokenTiles || kD > 128 ? kTokenMathRegisters : kMathRegisters;
 }
 
 // Whether the first phase issues P V too, with P = 0 against a zeroed V stage, so that it runs

@@ -463,7 +463,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         exp_scale = Scores::kExpScale;  // its scores come in natural units
       }
 
-      const bool follower = kPingPong && warpgroup == 1;
+      [[maybe_unused]] const bool follower = kPingPong && warpgroup == 1;
       // Whether the products take the bucket's whole head dim: else S skips its last k-step, which
       // would hold zero columns only, and with kNarrowPv P V its last 16 output columns, when the
       // value dim leaves them empty too (else both keep them).
@@ -763,11 +763,12 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       // tile's Q is read (q_empty): by its last product where the output has a tile of its own
       // (before that tile's last phase and epilogue, under which the next tile's first groups
       // land), else by its epilogue.
-      // The threads that copy with cp.async: a multiple of the head dim, so that the range loaders
-      // (16-byte chunks, whole rows, 8 rows a pass) apply: 96 of the 128 at D 96. The general
-      // copies inside the tile loop spilled the copy threads (Q's at D 128: 544 bytes at 40
-      // registers; D 96 800 bytes).
-      constexpr int kCopiers = kCopyThreads / kD * kD;
+      // The threads that copy with cp.async: up to D 128 a multiple of the head dim, so that the
+      // range loaders (16-byte chunks, whole rows, 8 rows a pass) apply: 96 of the 128 at D 96.
+      // The general copies inside the tile loop spilled the copy threads (Q's at D 128: 544 bytes
+      // at 40 registers; D 96 800 bytes). Above D 128 four rows a pass (80 .. 128 threads), which
+      // the range loaders take too.
+      constexpr int kCopiers = kD <= kCopyThreads ? kCopyThreads / kD * kD : kD / 2;
       const bool copier = kCopiers == kCopyThreads || copy_thread < kCopiers;
       const KvLoaders<kN, kD, kCopiers> loaders{{k_range, p.k_row_stride, p.head_dim, copy_thread},
                                                 {v_range, p.v_row_stride, p.value_dim, copy_thread},
@@ -800,8 +801,10 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         } else if (kTokenTiles) {
           load_rows_async<kM, kD, kCopiers>(smem_q, q, p.q_row_stride, qb->token, p.head_dim,
                                             p.vector_loads, copy_thread);
-        } else if (p.vector_loads) {
-          QLoader{q, p.q_row_stride, p.head_dim, copy_thread}.load(smem_q, 0, rows);
+        } else if (QLoader::kUsable && p.vector_loads) {
+          if constexpr (QLoader::kUsable) {
+            QLoader{q, p.q_row_stride, p.head_dim, copy_thread}.load(smem_q, 0, rows);
+          }
         } else {
           load_tile_async<kM, kD, kCopiers>(smem_q, q, p.q_row_stride, rows, p.head_dim,
                                             p.vector_loads, copy_thread);
@@ -909,11 +912,11 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       }
     };
     if (threadIdx.x >= kThreads) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(copy_registers<Policy>()));
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(copy_registers<kD, Policy>()));
       for_each_tile(std::true_type{});
       tile::cp_async_wait_all();  // no thread leaves with copies in flight
     } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(math_registers<Policy>()));
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(math_registers<kD, Policy>()));
       for_each_tile(std::false_type{});
       // The follower arrived after each of its phases: the leader's wait for the last one.
       if (kPingPong && warpgroup == 0 && phases_done > 0) {

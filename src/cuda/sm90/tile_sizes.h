@@ -61,7 +61,8 @@ constexpr int bias_tile_bytes(int head_dim_bucket) {
 // H100 (bf16, 16k tokens): D 64 forward +9 to +15% (259 -> 296 TFLOP/s at L 4096). Up to D 128,
 // masks included since partial tiles test one column interval a row (mask_policies.cuh; the
 // per-element test spilled 124 bytes at D 128 with it); above, the output accumulator leaves no
-// room. Policies that stage per-tile data for the softmax (the score modifiers' bias tiles)
+// room without a copy warpgroup, and with one it does not pay (H100, 2026-11-28, D 256 plain:
+// level at L 512, 1-3% slower from L 2048). Policies that stage per-tile data for the softmax (the score modifiers' bias tiles)
 // never ping-pong: the follower's softmax of tile u runs after the rendezvous that frees tile u's
 // stage.
 constexpr bool ping_pong(int head_dim_bucket) {

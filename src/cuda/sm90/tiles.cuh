@@ -104,21 +104,25 @@ __device__ __forceinline__ void load_rows_async(std::uint32_t dst, const std::ui
 // one tile per iteration: each thread's source pointer, row step and destination offset are set
 // up once, so a tile costs its copies plus a few additions instead of the 64-bit row arithmetic
 // of load_mapped_rows_async (about 100 instructions a warp per K or V tile at D 64, profiled).
-// Usable where each thread copies one column chunk of whole swizzle periods of rows (kUsable)
+// Usable where each thread copies one column chunk of rows a whole swizzle period apart, or half
+// of one (a row step of 4, above D 128: its destinations alternate between two offsets) (kUsable),
 // and rows are 16-byte aligned (vector_loads); callers fall back to load_tile_async otherwise.
 template <int kRows, int kD, int kThreads>
 struct RangeTileLoader {
   using Tile = SwizzledTile<kRows, kD>;
   static constexpr int kChunks = kD / 8;
   static constexpr int kRowStep = kThreads / kChunks;
-  static constexpr bool kUsable =
-      kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0;
+  // Destination offsets a thread alternates between: 1, or 2 for a row step of 4.
+  static constexpr int kOffsets = kRowStep % 8 == 0 ? 1 : 2;
+  static constexpr bool kUsable = kThreads % kChunks == 0 &&
+                                  (kRowStep % 8 == 0 || kRowStep == 4) &&
+                                  kRows % (kRowStep * kOffsets) == 0;
 
   const std::uint16_t* base;   // row 0 of the range (the address of zero-filled copies)
   const std::uint16_t* first;  // this thread's chunk of its first row of tile 0
   std::int64_t row_step;       // elements between this thread's rows
   std::int64_t tile_step;      // elements between tiles
-  std::uint32_t smem_offset;   // this thread's first chunk in a tile's layout
+  std::uint32_t smem_offset[kOffsets];  // this thread's first chunks in a tile's layout
   int first_row;               // this thread's first row of a tile
   bool column_inside;          // this thread's chunk holds columns < cols
 
@@ -131,7 +135,10 @@ struct RangeTileLoader {
     first = gmem + first_row * row_stride + c * 8;
     row_step = kRowStep * row_stride;
     tile_step = kRows * row_stride;
-    smem_offset = Tile::chunk_offset(first_row, c);
+#pragma unroll
+    for (int i = 0; i < kOffsets; ++i) {
+      smem_offset[i] = Tile::chunk_offset(first_row + i * kRowStep, c);
+    }
     column_inside = c * 8 < cols;
   }
 
@@ -144,12 +151,14 @@ struct RangeTileLoader {
   // (another head's rows, say: offsets need not be whole tiles).
   __device__ __forceinline__ void load_at(std::uint32_t dst, std::int64_t offset,
                                           int valid_rows) const {
-    static_assert(kUsable, "one column chunk of whole swizzle periods per thread");
+    static_assert(kUsable, "one column chunk of whole or half swizzle periods per thread");
     const std::uint16_t* src = first + offset;
 #pragma unroll
     for (int it = 0; it < kRows / kRowStep; ++it) {
       const bool inside = column_inside && first_row + it * kRowStep < valid_rows;
-      tile::cp_async_16(dst + smem_offset + it * kRowStep * Tile::kSwizzleBytes,
+      // Rows kRowStep * kOffsets apart share a swizzle phase.
+      tile::cp_async_16(dst + smem_offset[it % kOffsets] +
+                            (it / kOffsets) * kRowStep * kOffsets * Tile::kSwizzleBytes,
                         inside ? src : base, inside ? 16 : 0);
       src += row_step;
     }
