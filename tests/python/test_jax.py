@@ -445,6 +445,74 @@ def test_vmap_over_extra_leading_axes():
     assert_close(summed, per_example.sum(0), 1e-5, "dsinks summed over the vmapped axis")
 
 
+def _loop_reference(f, in_axes, args):
+    """f over the leading axis of the mapped args, one element at a time (no vmap)."""
+    size = next(a.shape[0] for a, ax in zip(args, in_axes) if ax == 0)
+    outs = [f(*(a[i] if ax == 0 else a for a, ax in zip(args, in_axes))) for i in range(size)]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+
+
+VMAP_CASES = {
+    # name: (in_axes of q, k, v, bias, sinks), bias shape, sinks
+    "q_only_bias_b1": ((0, None, None, None, None), (1, 4, 1, 13)),
+    "kv_only_full_bias": ((None, 0, 0, None, None), (2, 4, 9, 13)),
+    "all_batched_bias": ((0, 0, 0, 0, None), (1, 4, 9, 13)),
+    "batched_sinks": ((0, None, None, None, 0), (4, 1, 13)),
+}
+
+
+@pytest.mark.parametrize("case", list(VMAP_CASES))
+def test_vmap_folds_into_the_batch(case):
+    in_axes, bias_shape = VMAP_CASES[case]
+    size = 3
+    q, k, v = qkv().values()
+    args = [q, k, v, randn(20, bias_shape), randn(21, (4,))]
+    args = [jnp.stack([a * (1 + 0.25 * i) for i in range(size)]) if ax == 0 else a
+            for a, ax in zip(args, in_axes)]  # fmt: skip
+
+    def f(q, k, v, bias, sinks):
+        out, lse = fj.attention(q, k, v, bias=bias, sinks=sinks, causal=True, return_lse=True)
+        return out, lse
+
+    def loss(q, k, v, bias, sinks):  # uses lse too, so dlse reaches the backward
+        out, lse = f(q, k, v, bias, sinks)
+        return jnp.sum(out * out) + jnp.sum(jnp.sin(lse))
+
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4))
+    got = jax.jit(jax.vmap(f, in_axes=in_axes))(*args)
+    want = _loop_reference(f, in_axes, args)
+    for name, g, w in zip(("out", "lse"), got, want):
+        assert_close(g, w, 1e-6, name)
+    got = jax.jit(jax.vmap(grad, in_axes=in_axes))(*args)  # per-example gradients
+    want = _loop_reference(grad, in_axes, args)
+    for name, g, w in zip(("dq", "dk", "dv", "dbias", "dsinks"), got, want):
+        assert_close(g, w, 1e-5, name)
+    # The gradient of a vmapped loss: unbatched inputs receive the sum over the elements.
+    summed = jax.jit(jax.grad(lambda *a: jax.vmap(loss, in_axes=in_axes)(*a).sum(),
+                              argnums=(0, 1, 2, 3, 4)))(*args)  # fmt: skip
+    for name, g, w, ax in zip(("dq", "dk", "dv", "dbias", "dsinks"), summed, want, in_axes):
+        assert_close(g, w if ax == 0 else w.sum(0), 1e-5, name)
+    # Folded: one forward call for the whole vmapped batch, no loop (except for vmapped sinks).
+    text = jax.jit(jax.vmap(f, in_axes=in_axes)).lower(*args).as_text()
+    assert text.count("fmha_attention_fwd") == 1
+    assert ("while" in text) == (in_axes[4] == 0)
+
+
+def test_vmap_neighborhood_and_merge():
+    q = randn(0, (3, 2, 6, 5, 4, 8))  # vmapped axis of 3 over [B, X1, X2, H, D]
+    f = lambda q: fj.na2d(q, q, q, kernel_size=3, return_lse=True)  # noqa: E731
+    got, want = jax.vmap(f)(q), _loop_reference(f, (0,), [q])
+    for name, g, w in zip(("out", "lse"), got, want):
+        assert_close(g, w, 1e-6, name)
+    g = jax.grad(lambda q: jax.vmap(f)(q)[0].sum())(q)
+    assert_close(g, _loop_reference(jax.grad(lambda q: f(q)[0].sum()), (0,), [q]), 1e-5, "dq")
+    out, lse = jax.vmap(f)(q)
+    out, lse = out.reshape(3, 2, 30, 4, 8), lse.reshape(3, 2, 4, 30)  # merge takes [B, L, H, D]
+    m = jax.vmap(lambda o, l_: fj.merge_attentions([o, o], [l_, l_]))(out, lse)
+    assert_close(m[0], out, 1e-6, "merged out")
+    assert_close(m[1], lse + np.log(2.0), 1e-6, "merged lse")
+
+
 def test_static_options_under_jit():
     q, k, v = qkv().values()
     f = jax.jit(fj.attention, static_argnames=("causal", "window", "scale"))

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
-from . import _ffi
+from . import _batching, _ffi
 
 
 class Layout(NamedTuple):
@@ -84,9 +84,31 @@ def backward(layout: Layout, static: _ffi.Static, q, k, v, layout_arrays, option
 # ---- custom_vjp ----------------------------------------------------------------------------------
 
 
+def _vmappable_forward(layout, static, q, k, v, layout_arrays, optional):
+    if layout == VARLEN:
+        return forward(layout, static, q, k, v, layout_arrays, optional)
+
+    def call(q, k, v, optional):
+        return forward(layout, static, q, k, v, (), optional)
+
+    return _batching.forward(call, q, k, v, optional)
+
+
+def _vmappable_backward(layout, static, q, k, v, layout_arrays, optional, out, lse, dout, dlse,
+                        needs):  # fmt: skip
+    if layout == VARLEN:
+        return backward(layout, static, q, k, v, layout_arrays, optional, out, lse, dout, dlse,
+                        needs)  # fmt: skip
+
+    def call(q, k, v, optional, out, lse, dout, dlse, needs):
+        return backward(layout, static, q, k, v, (), optional, out, lse, dout, dlse, needs)
+
+    return _batching.backward(call, q, k, v, optional, out, lse, dout, dlse, needs)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def attend(layout: Layout, static: _ffi.Static, q, k, v, layout_arrays, optional):
-    return forward(layout, static, q, k, v, layout_arrays, optional)
+    return _vmappable_forward(layout, static, q, k, v, layout_arrays, optional)
 
 
 def _value(x):
@@ -98,7 +120,7 @@ def _attend_fwd(layout, static, q, k, v, layout_arrays, optional):
     q, k, v = _value(q), _value(k), _value(v)
     layout_arrays = tuple(_value(x) for x in layout_arrays)
     optional = tuple(None if x is None else _value(x) for x in optional)
-    out, lse = forward(layout, static, q, k, v, layout_arrays, optional)
+    out, lse = _vmappable_forward(layout, static, q, k, v, layout_arrays, optional)
     # `needs` is static: kept in the residuals' tree structure (None or an empty tuple).
     flags = tuple(() if need else None for need in needs)
     return (out, lse), (q, k, v, layout_arrays, optional, out, lse, flags)
@@ -112,7 +134,7 @@ def _attend_bwd(layout, static, residuals, cotangents):
         dout = jnp.zeros(out.shape, out.dtype)
     if isinstance(dlse, SymbolicZero):
         dlse = None
-    dq, dk, dv, optional_grads = backward(
+    dq, dk, dv, optional_grads = _vmappable_backward(
         layout, static, q, k, v, layout_arrays, optional, out, lse, dout, dlse, needs
     )
     return dq, dk, dv, tuple(None for _ in layout_arrays), optional_grads
@@ -148,8 +170,8 @@ def rel_full(rel, rows):
 
 
 def score_rows(layout: Layout, q):
-    if layout is DENSE and q.ndim == 4:
+    if layout == DENSE and q.ndim == 4:
         return (q.shape[0], q.shape[2], q.shape[1])
-    if layout is NEIGHBORHOOD and q.ndim >= 3:
+    if layout == NEIGHBORHOOD and q.ndim >= 3:
         return (q.shape[0], q.shape[-2], math.prod(q.shape[1:-2]))
     return None

@@ -138,8 +138,8 @@ def call(entry: str, args: Sequence, results: Sequence[jax.ShapeDtypeStruct], va
     """Checks the call on its shapes (unless check=False), then stages the handler's call."""
     if check:
         raise_for_status(*_jax_ffi.check(entry, _described(args), _described(results), values))
-    # Under vmap each element runs as its own call (a loop): the public functions fold vmapped
-    # axes into the batch themselves where they can (python/fmha/jax/_batching.py).
+    # Under vmap each element runs as its own call (a loop); dense and neighborhood calls fold
+    # the vmapped axis into the batch before they get here (_batching.py).
     return jax.ffi.ffi_call(_TARGET_PREFIX + entry, list(results), vmap_method="sequential")(
         *args, **_ffi_attrs(values)
     )
