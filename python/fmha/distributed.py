@@ -638,6 +638,10 @@ def attention(
         if sinks.shape != (q.shape[2],):
             raise ValueError(f"fmha.distributed: sinks has shape {tuple(sinks.shape)}; "
                              f"expected [{q.shape[2]}] (one per query head)")  # fmt: skip
+        accepted = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+        if sinks.dtype not in accepted or sinks.device != q.device:
+            raise TypeError(f"fmha.distributed: sinks has dtype {sinks.dtype} on {sinks.device}; "
+                            f"expected float32 on {q.device} (or float64 when q is float64)")  # fmt: skip
 
     world, rank = _world(group)
     if lengths is None:
