@@ -513,6 +513,31 @@ def test_vmap_neighborhood_and_merge():
     assert_close(m[1], lse + np.log(2.0), 1e-6, "merged lse")
 
 
+def test_shard_map_over_the_batch():
+    # Two CPU devices need a fresh process (XLA_FLAGS is read when jax starts).
+    code = """
+import jax, jax.numpy as jnp, numpy as np
+import fmha.jax as fj
+from jax.sharding import Mesh, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("b",))
+rng = np.random.default_rng(0)
+q = jnp.asarray(rng.standard_normal((4, 16, 2, 8)), jnp.float32)
+sinks = jnp.asarray(rng.standard_normal(2), jnp.float32)
+f = lambda q, s: fj.attention(q, q, q, causal=True, sinks=s)
+g = jax.shard_map(f, mesh=mesh, in_specs=(P("b"), P()), out_specs=P("b"), check_vma=False)
+np.testing.assert_allclose(jax.jit(g)(q, sinks), f(q, sinks), rtol=0, atol=0)
+grads = jax.jit(jax.grad(lambda q, s: g(q, s).sum(), argnums=(0, 1)))(q, sinks)
+want = jax.grad(lambda q, s: f(q, s).sum(), argnums=(0, 1))(q, sinks)
+for a, b in zip(grads, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+"""
+    if not hasattr(jax, "shard_map"):
+        pytest.skip("jax.shard_map needs a newer jax")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_package_root(), *sys.path]),
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+
+
 def test_static_options_under_jit():
     q, k, v = qkv().values()
     f = jax.jit(fj.attention, static_argnames=("causal", "window", "scale"))
@@ -543,10 +568,13 @@ def test_errors_carry_the_library_message():
         fj.na1d(q, k, v, kernel_size=(3, 3))
 
 
+def _package_root() -> str:
+    """The directory that holds the fmha package (fmha/jax/__init__.py three levels down)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(fj.__file__))))
+
+
 def test_import_does_not_import_torch():
-    # The directory that holds the fmha package (fmha/jax/__init__.py three levels down).
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(fj.__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, *sys.path]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_package_root(), *sys.path]))
     code = (
         "import sys, fmha.jax as fj, jax.numpy as jnp\n"
         "x = jnp.ones((1, 4, 2, 8), jnp.float32)\n"
