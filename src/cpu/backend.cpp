@@ -206,11 +206,16 @@ bool sums_over_batch(const TensorView& dbias, const detail::ProblemShape& shape)
 }
 
 // A neighborhood call without bias or rel-pos (their gathered keys are not consecutive), every
-// tensor's grid flattened by one token stride.
+// tensor's grid flattened by one token stride, and axes whose group-major coordinates (below twice
+// the axis) fit the int32 the mask compares.
 template <typename Params>
 bool supports_neighborhood(const Params& p, const detail::ProblemShape& shape,
                            std::initializer_list<const TensorView*> rows,
                            std::initializer_list<const TensorView*> stats) {
+  constexpr std::int64_t kMaxAxis = std::int64_t{1} << 30;
+  for (int r = 0; r < shape.grid_rank; ++r) {
+    if (shape.grid[static_cast<std::size_t>(r)] >= kMaxAxis) return false;
+  }
   std::int64_t stride = 0;
   for (const TensorView* t : rows) {
     if (!flat_grid_stride(*t, 1, shape.grid_rank, &stride)) return false;

@@ -7,8 +7,6 @@
 namespace fmha::cpu {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
 std::int64_t pow2_ceil(std::int64_t x) {
   std::int64_t p = 1;
   while (p < x) p *= 2;
@@ -155,33 +153,21 @@ void query_windows(const NeighborhoodGeometry& g, std::int64_t step, Neighborhoo
   }
 }
 
-// The segments of the gathered keys in tiles of `step`, and each tile's bounding box.
-void key_segments(std::int64_t step, NeighborhoodScratch& s) {
+// The gathered keys' coordinates, and the bounding box of each tile of `step` keys.
+void key_coordinates(std::int64_t step, NeighborhoodScratch& s) {
   const auto count = static_cast<std::int64_t>(s.k_tokens.size());
-  s.segments.clear();
-  s.first_segment.clear();
   s.key_bounds.clear();
+  for (int r = 0; r < 3; ++r) s.key_y[r].resize(static_cast<std::size_t>(count));
   for (std::int64_t j = 0; j < count; ++j) {
     const std::int64_t* y = &s.coords[static_cast<std::size_t>(3 * j)];
-    const std::int64_t column = j % step;
-    if (column == 0) {
-      s.first_segment.push_back(static_cast<std::int64_t>(s.segments.size()));
-      s.key_bounds.push_back({{y[0], y[1], y[2]}, {y[0], y[1], y[2]}});
-    }
+    if (j % step == 0) s.key_bounds.push_back({{y[0], y[1], y[2]}, {y[0], y[1], y[2]}});
     NeighborhoodScratch::Window& bounds = s.key_bounds.back();
     for (int r = 0; r < 3; ++r) {
       bounds.lo[r] = std::min(bounds.lo[r], y[r]);
       bounds.hi[r] = std::max(bounds.hi[r], y[r]);
-    }
-    NeighborhoodScratch::Segment* last = column == 0 ? nullptr : &s.segments.back();
-    if (last != nullptr && last->y[0] == y[0] && last->y[1] == y[1] &&
-        last->y[2] + last->length == y[2]) {
-      ++last->length;
-    } else {
-      s.segments.push_back({.begin = column, .length = 1, .y = {y[0], y[1], y[2]}});
+      s.key_y[r][static_cast<std::size_t>(j)] = static_cast<std::int32_t>(y[r]);
     }
   }
-  s.first_segment.push_back(static_cast<std::int64_t>(s.segments.size()));
 }
 
 }  // namespace
@@ -214,7 +200,7 @@ NeighborhoodTiles NeighborhoodTiles::for_queries(const NeighborhoodGeometry& g, 
   gather(g, lo, hi, s.q_tokens, s.coords);
   query_windows(g, kQueryTile, s);
   gather(g, region_lo, region_hi, s.k_tokens, s.coords);
-  key_segments(kKeyTile, s);
+  key_coordinates(kKeyTile, s);
   NeighborhoodTiles t;
   t.s_ = &s;
   t.fixed_is_queries_ = true;
@@ -228,7 +214,7 @@ NeighborhoodTiles NeighborhoodTiles::for_keys(const NeighborhoodGeometry& g, std
   std::int64_t lo[3], hi[3], region_lo[3], region_hi[3];
   box_and_region(g, g.key_box, box, g.seen_by, lo, hi, region_lo, region_hi);
   gather(g, lo, hi, s.k_tokens, s.coords);
-  key_segments(kKeyTile, s);
+  key_coordinates(kKeyTile, s);
   gather(g, region_lo, region_hi, s.q_tokens, s.coords);
   query_windows(g, query_tile, s);
   NeighborhoodTiles t;
@@ -246,25 +232,6 @@ bool NeighborhoodTiles::full(std::int64_t t) const {
     if (k.lo[r] < q.lo[r] || k.hi[r] > q.hi[r]) return false;
   }
   return true;
-}
-
-void NeighborhoodTiles::hide(std::int64_t t, std::int64_t r, float* row) const {
-  const std::int64_t query = fixed_is_queries_ ? r : t * step_ + r;
-  const NeighborhoodScratch::Window& w = s_->windows[static_cast<std::size_t>(query)];
-  const std::int64_t tile = key_tile(t);
-  const std::int64_t end = s_->first_segment[static_cast<std::size_t>(tile + 1)];
-  for (std::int64_t i = s_->first_segment[static_cast<std::size_t>(tile)]; i < end; ++i) {
-    const NeighborhoodScratch::Segment& seg = s_->segments[static_cast<std::size_t>(i)];
-    float* run = row + seg.begin;
-    std::int64_t begin = seg.length, stop = seg.length;  // the visible part [begin, stop)
-    if (seg.y[0] >= w.lo[0] && seg.y[0] <= w.hi[0] && seg.y[1] >= w.lo[1] &&
-        seg.y[1] <= w.hi[1]) {
-      begin = std::clamp<std::int64_t>(w.lo[2] - seg.y[2], 0, seg.length);
-      stop = std::clamp<std::int64_t>(w.hi[2] - seg.y[2] + 1, begin, seg.length);
-    }
-    std::fill(run, run + begin, kNegInf);
-    std::fill(run + stop, run + seg.length, kNegInf);
-  }
 }
 
 }  // namespace fmha::cpu
