@@ -55,8 +55,12 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(fn, device: str, warmup: int, repeats: int) -> float:
-    """The slowest rank's median of `repeats` calls; ranks start each call together (barrier)."""
+def time_ms(fn, device: str, warmup: int, repeats: int, grad: bool = True) -> float:
+    """The slowest rank's median of `repeats` calls; ranks start each call together (barrier).
+    grad=False: under torch.no_grad() (forward timings: nothing kept for a backward)."""
+    if not grad:
+        with torch.no_grad():
+            return time_ms(fn, device, warmup, repeats)
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -259,7 +263,7 @@ def rows_for(args, device, S, H, Hkv, D, dtype, log):
                 q1.grad = k1.grad = v1.grad = None
                 out.backward(dout1)
 
-        ms = time_ms(run1, device, args.warmup, args.repeats)
+        ms = time_ms(run1, device, args.warmup, args.repeats, direction != "fwd")
         single[direction] = causal_flops(B, H, S1, D, direction) / (ms * 1e-3) / 1e12
         rows.append(dict(base, impl="fmha single GPU", form="-", direction=direction, S=S1, ms=ms,
                          tflops_per_gpu=single[direction]))  # fmt: skip
@@ -270,11 +274,12 @@ def rows_for(args, device, S, H, Hkv, D, dtype, log):
     for form in args.forms:
         for direction in args.directions:
             call = fmha_call(q, k, v, dout, form, lengths, direction)
-            ms = time_ms(call, device, args.warmup, args.repeats)
+            grad = direction != "fwd"
+            ms = time_ms(call, device, args.warmup, args.repeats, grad)
             with replaced(cp, "dist", _NoTransfers()):
-                ms_compute = time_ms(call, device, args.warmup, args.repeats)
+                ms_compute = time_ms(call, device, args.warmup, args.repeats, grad)
             with replaced(cp, "_ops", _NoKernels()):
-                ms_comm = time_ms(call, device, args.warmup, args.repeats)
+                ms_comm = time_ms(call, device, args.warmup, args.repeats, grad)
             tflops = causal_flops(B, H, S, D, direction) / world / (ms * 1e-3) / 1e12
             hidden = (ms_compute + ms_comm - ms) / ms_comm if ms_comm > 0 else float("nan")
             rows.append(dict(base, impl="fmha.distributed", form=form, direction=direction, ms=ms,
@@ -301,7 +306,8 @@ def rows_for(args, device, S, H, Hkv, D, dtype, log):
                 if peer == "allgather_sdpa":
                     call = allgather_sdpa_call(qt, kt, vt, doutt, segs, direction, backend)
                     ms, out = _watched(args, label, lambda: (time_ms(call, device, args.warmup,
-                                                                     args.repeats), call()))  # fmt: skip
+                                                                     args.repeats, direction != "fwd"),
+                                                             call()))  # fmt: skip
                 else:
                     ms, out = _watched(args, label, lambda: torch_cp(args, device, segs, qt, kt, vt,
                                                                     doutt, direction, backend))  # fmt: skip
@@ -327,14 +333,19 @@ def _watched(args, label, fn):
         faulthandler.cancel_dump_traceback_later()
 
 
+_MESH = None
+
+
 def torch_cp(args, device, segs, q, k, v, dout, direction, backend):
     """PyTorch's context parallelism: the whole q/k/v on every rank, sharded in place (head-tail
     load balance, the same zigzag as fmha.distributed's) by context_parallel, SDPA inside."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
 
-    world = dist.get_world_size()
-    mesh = init_device_mesh(device, (world,))
+    global _MESH
+    if _MESH is None:  # one mesh for the run (each init_device_mesh may make process groups)
+        _MESH = init_device_mesh(device, (dist.get_world_size(),))
+    mesh = _MESH
     # context_parallel shards its buffers itself: give it the whole sequences (rebuilt from
     # every rank's zigzag shard, so that both libraries see the same values).
     full = [cp.unshard(t.detach(), layout="zigzag", dim=2) for t in (q, k, v)]
@@ -352,7 +363,7 @@ def torch_cp(args, device, segs, q, k, v, dout, direction, backend):
                     out.backward(buffers[3])
             return out
 
-        ms = time_ms(run, device, args.warmup, args.repeats)
+        ms = time_ms(run, device, args.warmup, args.repeats, direction != "fwd")
         out = run()
     return ms, out
 
@@ -416,6 +427,7 @@ def main() -> None:
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    dist.barrier()  # no rank tears its connections down while another still uses them
     dist.destroy_process_group()
 
 
