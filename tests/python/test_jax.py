@@ -508,9 +508,20 @@ def test_vmap_neighborhood_and_merge():
     assert_close(g, _loop_reference(jax.grad(lambda q: f(q)[0].sum()), (0,), [q]), 1e-5, "dq")
     out, lse = jax.vmap(f)(q)
     out, lse = out.reshape(3, 2, 30, 4, 8), lse.reshape(3, 2, 4, 30)  # merge takes [B, L, H, D]
-    m = jax.vmap(lambda o, l_: fj.merge_attentions([o, o], [l_, l_]))(out, lse)
-    assert_close(m[0], out, 1e-6, "merged out")
+    merge = jax.vmap(lambda o, l_: fj.merge_attentions([o, o * 2], [l_, l_]))
+    m = merge(out, lse)
+    assert_close(m[0], out * 1.5, 1e-6, "merged out")
     assert_close(m[1], lse + np.log(2.0), 1e-6, "merged lse")
+    assert "while" not in jax.jit(merge).lower(out, lse).as_text()  # folded into the batch
+    d = jax.grad(lambda o, l_: jnp.sum(merge(o, l_)[0] ** 2) + jnp.sum(merge(o, l_)[1]),
+                 argnums=(0, 1))(out, lse)  # fmt: skip
+    def loss(o, l_):
+        m_out, m_lse = fj.merge_attentions([o, o * 2], [l_, l_])
+        return jnp.sum(m_out**2) + jnp.sum(m_lse)
+
+    want = _loop_reference(jax.grad(loss, argnums=(0, 1)), (0, 0), [out, lse])
+    assert_close(d[0], want[0], 1e-6, "dout part")
+    assert_close(d[1], want[1], 1e-6, "dlse part")
 
 
 def test_shard_map_over_the_batch():

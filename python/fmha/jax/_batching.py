@@ -15,7 +15,8 @@ functions whose rule reshapes every operand from [V, B, ...] to [V * B, ...] and
   reduction of the size of out; vmapped sinks (a different [H] per element) run element by
   element (jax.lax.map).
 
-Varlen calls are not folded (their batch is the offsets); they run element by element.
+merge_attentions folds every operand the same way (all have the batch first). Varlen calls are not
+folded (their batch is the offsets); they run element by element.
 """
 
 from __future__ import annotations
@@ -178,3 +179,21 @@ def backward(call, q, k, v, optional, out, lse, dout, dlse, needs):
                              tuple(x for x in optional if x is not None))  # fmt: skip
     it = iter(computed)
     return dq, dk, dv, tuple(next(it) if p and n else None for p, n in zip(present, needs))
+
+
+def folded(call):
+    """call(*arrays) -> arrays, each with the batch first and nothing summed over it (merge):
+    under vmap, every operand and result is folded as above."""
+
+    @custom_vmap
+    def f(*arrays):
+        return call(*arrays)
+
+    @f.def_vmap
+    def rule(size, in_batched, *arrays):
+        results = call(*(_fold(x, b, size, x.shape[1] if b else x.shape[0])
+                         for x, b in zip(arrays, in_batched)))  # fmt: skip
+        results = jax.tree.map(lambda r: _unfold(r, size), results)
+        return results, jax.tree.map(lambda _: True, results)
+
+    return f

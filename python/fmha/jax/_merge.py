@@ -6,21 +6,44 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
-from . import _ffi
+from . import _batching, _ffi
 
 _STATIC = _ffi.Static()
 
 
+def _like(x) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def _forward_call(num_parts: int):
+    """outs[n], lses[n] -> (out, lse): shaped like the first part (the check refuses others)."""
+
+    def call(*arrays):
+        values = _ffi.attrs(_STATIC, num_parts=num_parts)
+        results = (_like(arrays[0]), _like(arrays[num_parts]))
+        return tuple(_ffi.call("merge_fwd", arrays, results, values))
+
+    return _batching.folded(call)
+
+
+def _backward_call(num_parts: int, has_dlse: bool):
+    """outs[n], lses[n], out, lse, dout, [dlse] -> douts[n], dlses[n]."""
+
+    def call(*arrays):
+        values = _ffi.attrs(_STATIC, num_parts=num_parts, has_dlse=has_dlse)
+        results = [_like(x) for x in arrays[: 2 * num_parts]]
+        return tuple(_ffi.call("merge_bwd", arrays, results, values))
+
+    return _batching.folded(call)
+
+
 def _forward(outs: tuple, lses: tuple):
-    if not outs:
-        _ffi.raise_for_status(1, "fmha: merge_attentions got no parts; expected at least one")
-    values = _ffi.attrs(_STATIC, num_parts=len(outs))
-    results = (
-        jax.ShapeDtypeStruct(outs[0].shape, outs[0].dtype),
-        jax.ShapeDtypeStruct(lses[0].shape, lses[0].dtype) if lses else
-        jax.ShapeDtypeStruct((0,), jnp.float32),
-    )  # fmt: skip
-    out, lse = _ffi.call("merge_fwd", (*outs, *lses), results, values)
+    if not outs or len(lses) != len(outs):
+        _ffi.raise_for_status(
+            1, f"fmha: merge_attentions got {len(outs)} outs and {len(lses)} lses; expected "
+            "the same number of each, at least one",
+        )  # fmt: skip
+    out, lse = _forward_call(len(outs))(*outs, *lses)
     return out, lse
 
 
@@ -40,12 +63,9 @@ def _merge_bwd(residuals, cotangents):
     dout, dlse = cotangents
     if isinstance(dout, SymbolicZero):
         dout = jnp.zeros(out.shape, out.dtype)
-    if isinstance(dlse, SymbolicZero):
-        dlse = None
-    values = _ffi.attrs(_STATIC, num_parts=len(outs), has_dlse=dlse is not None)
-    args = (*outs, *lses, out, lse, dout, *(() if dlse is None else (dlse,)))
-    results = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (*outs, *lses)]
-    grads = _ffi.call("merge_bwd", args, results, values)
+    has_dlse = not isinstance(dlse, SymbolicZero)
+    args = (*outs, *lses, out, lse, dout, *((dlse,) if has_dlse else ()))
+    grads = _backward_call(len(outs), has_dlse)(*args)
     return tuple(grads[: len(outs)]), tuple(grads[len(outs) :])
 
 
