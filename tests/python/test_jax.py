@@ -577,6 +577,10 @@ def test_errors_carry_the_library_message():
         fj.attention(q, k, v, bias=jnp.zeros((3, 9, 13), jnp.float32))
     with pytest.raises(ValueError, match="kernel_size"):
         fj.na1d(q, k, v, kernel_size=(3, 3))
+    with pytest.raises(TypeError, match="fmha: q must be an array, got str"):
+        fj.attention("q", k, v)
+    with pytest.raises(ValueError, match="merge_attentions got 2 outs and 1 lses"):
+        fj.merge_attentions([q, q], [q])
 
 
 def _package_root() -> str:

@@ -91,12 +91,10 @@ def _pair(value, name: str, what: str) -> tuple:
 def _array(x, name: str):
     if x is None:
         return None
-    if not isinstance(x, (jax.Array, jax.core.Tracer)) and not hasattr(x, "__jax_array__"):
-        try:
-            x = jnp.asarray(x)
-        except TypeError:
-            raise TypeError(f"fmha: {name} must be an array, got {type(x).__name__}") from None
-    x = jnp.asarray(x)
+    try:
+        x = jnp.asarray(x)
+    except TypeError:
+        raise TypeError(f"fmha: {name} must be an array, got {type(x).__name__}") from None
     _ffi.dtype_name(x, name)
     return x
 
