@@ -263,6 +263,18 @@ def _run_helpers(world: int) -> dict:
         c = cp.attention(q.requires_grad_(), k, v, causal=True, layout="zigzag")
     d = cp.attention(q, k, v, causal=True, layout="zigzag")
     checks["no-grad-path"] = torch.equal(c, d.detach()) and not c.requires_grad and d.requires_grad
+
+    # Under torch.compile the call runs eagerly between two graphs (a graph break).
+    def model(q, k, v):
+        return cp.attention(q * 2, k, v, causal=True, layout="zigzag").sum(-1)
+
+    qg = q.detach().requires_grad_()
+    compiled = torch.compile(model, backend="eager")(qg, k, v)
+    compiled.sum().backward()
+    qe = q.detach().requires_grad_()
+    eager = model(qe, k, v)
+    eager.sum().backward()
+    checks["torch-compile"] = torch.equal(compiled, eager) and torch.equal(qg.grad, qe.grad)
     return checks
 
 
