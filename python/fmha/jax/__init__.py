@@ -93,7 +93,7 @@ def _array(x, name: str):
         return None
     try:
         x = jnp.asarray(x)
-    except TypeError:
+    except (TypeError, ValueError):  # a string parses as a number or fails with ValueError
         raise TypeError(f"fmha: {name} must be an array, got {type(x).__name__}") from None
     _ffi.dtype_name(x, name)
     return x
