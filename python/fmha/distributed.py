@@ -12,10 +12,11 @@ queries; the backward returns each rank the gradients of its own shards. Two for
   one call per query segment; the backward reduce-scatters dK/dV. Memory: the whole K/V.
 
 Each block is computed by fmha's own kernels (out + lse) and merged by SPEC §12's rule in fp32;
-the backward is a custom autograd.Function that recomputes every block with fmha's backward given
-the merged out and lse (and dlse): no per-step activations are kept, so memory does not grow
-with the number of ranks. docs/distributed.md has the details, the rule between the forms and
-the limits.
+the backward is a custom autograd.Function that recomputes every block with fmha's backward. On
+CUDA each block's backward gets the merged out and lse (and dlse), so nothing per block is kept
+and memory does not grow with the number of ranks; on other devices it gets the chain rule
+through the merge, from each block's own out and lse kept from the forward (_block_grads says
+why). docs/distributed.md has the details, the rule between the forms and the limits.
 """
 
 from __future__ import annotations
