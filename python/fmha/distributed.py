@@ -386,7 +386,7 @@ def _merge_into(out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> N
     safe = torch.where(torch.isneginf(merged), torch.zeros_like(merged), merged)
     w_acc = torch.exp(lse_acc - safe).transpose(1, 2).unsqueeze(-1)
     w_new = torch.exp(lse - safe).transpose(1, 2).unsqueeze(-1)
-    out_acc.mul_(w_acc).add_(out.to(out_acc.dtype) * w_new)
+    out_acc.mul_(w_acc).addcmul_(out, w_new)  # out in its own dtype: no fp32 copy of it
     lse_acc.copy_(merged)
 
 
