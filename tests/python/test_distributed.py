@@ -77,6 +77,8 @@ CASES = {
     "uneven-ring": dict(lengths=_uneven, causal=True, Lq=37, Lk=37),
     "uneven-allgather": dict(lengths=_uneven, causal=True, form="allgather", Lq=37, Lk=37),
     "empty-shard-ring": dict(lengths=_with_empty, window=(3, 7), Lq=23, Lk=23),
+    "no-keys-ring": dict(Lq=10, Lk=0, sinks=True),
+    "no-keys-allgather": dict(Lq=10, Lk=0, form="allgather"),
     "dv-differs-scale": dict(D=8, Dv=12, scale=0.7, causal=True, layout="zigzag"),
     "float64-ring": dict(dtype=torch.float64, causal=True, layout="zigzag", sinks=True, softcap=2.0,
                          H=4, Hkv=2),
