@@ -12,8 +12,9 @@ same shapes, one process per GPU. Reports, per form and direction:
   / t_comm (1: all of it overlapped, 0: none);
 - the peers: 'torch_cp' (context_parallel around SDPA with --sdpa-backend, K/V heads repeated to
   H for GQA: its ring ops take equal heads) and 'allgather_sdpa' (K/V all-gathered, each zigzag
-  query chunk against its visible keys by SDPA with a lower-right causal mask; backward
-  reduce-scatters dK/dV), each under a watchdog that prints every rank's stack when a run takes
+  query chunk against its visible keys by SDPA with a lower-right causal mask, which SDPA runs on
+  its flash or efficient backends only, so those replace cuDNN there; backward reduce-scatters
+  dK/dV), each under a watchdog that prints every rank's stack when a run takes
   longer than --peer-timeout seconds, after a probe at --probe-seq tokens.
 
     torchrun --nproc-per-node 2 bench/context_parallel.py                     # the grid
@@ -224,9 +225,10 @@ def sdpa_backend(name: str, device: str):
 
     if device != "cuda":
         return contextlib.nullcontext
-    chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-              "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]  # fmt: skip
-    return lambda: sdpa_kernel([chosen])
+    by_name = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+               "efficient": SDPBackend.EFFICIENT_ATTENTION}  # fmt: skip
+    chosen = [by_name[part] for part in name.split("+")]
+    return lambda: sdpa_kernel(chosen)
 
 
 # ---- One shape -----------------------------------------------------------------------------------
@@ -304,7 +306,15 @@ def rows_for(args, device, S, H, Hkv, D, dtype, log):
             label = f"{peer} ({args.sdpa_backend})"
             try:
                 if peer == "allgather_sdpa":
-                    call = allgather_sdpa_call(qt, kt, vt, doutt, segs, direction, backend)
+                    # A query chunk against its key prefix needs a lower-right causal mask, which
+                    # SDPA runs on flash or efficient only (CausalBias): for cuDNN it would
+                    # materialise the [n, end] mask. So this peer runs flash/efficient then.
+                    ag_backend = args.sdpa_backend
+                    if ag_backend == "cudnn":
+                        ag_backend = "flash+efficient"
+                    label = f"{peer} ({ag_backend})"
+                    call = allgather_sdpa_call(qt, kt, vt, doutt, segs, direction,
+                                               sdpa_backend(ag_backend, device))  # fmt: skip
                     ms, out = _watched(args, label, lambda: (time_ms(call, device, args.warmup,
                                                                      args.repeats, direction != "fwd"),
                                                              call()))  # fmt: skip
@@ -388,10 +398,10 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="report each peer's max |diff| vs fmha")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU smoke run)")
     parser.add_argument("--json", default=None)
+    if parser.parse_known_args()[0].smoke:  # other defaults; arguments given still win
+        parser.set_defaults(seq_lens="96,130", heads="4/2,2/2", head_dim=16, dtype="float32",
+                            repeats=2, warmup=1, probe_seq=0, check=True)  # fmt: skip
     args = parser.parse_args()
-    if args.smoke:
-        args.seq_lens, args.heads, args.head_dim = "96,130", "4/2,2/2", 16
-        args.dtype, args.repeats, args.warmup, args.probe_seq, args.check = "float32", 2, 1, 0, True
     args.forms = [f for f in args.forms.split(",") if f]
     args.directions = [d for d in args.directions.split(",") if d]
     args.peers = [p for p in args.peers.split(",") if p]
