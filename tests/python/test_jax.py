@@ -308,6 +308,22 @@ def test_backend_options(options):
             lambda q, k, v: reference(q, k, v, visible=visible), inputs)  # fmt: skip
 
 
+def test_deterministic_is_bitwise_reproducible():
+    inputs = {**qkv(), "bias": randn(7, (4, 9, 13))}
+
+    def grads(q, k, v, bias):
+        def loss(q, k, v, bias):
+            out, lse = fj.attention(q, k, v, bias=bias, causal=True, return_lse=True,
+                                    deterministic=True)  # fmt: skip
+            return jnp.sum(out * out) + jnp.sum(lse)
+
+        return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, bias)
+
+    first, second = jax.jit(grads)(**inputs), jax.jit(grads)(**inputs)
+    for a, b in zip(first, second):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_only_out_or_only_lse_differentiated():
     inputs = qkv()
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
@@ -334,22 +350,27 @@ def test_varlen():
     starts_q, starts_k = np.cumsum([0, *lens_q]).tolist(), np.cumsum([0, *lens_k]).tolist()
     cu_q, cu_k = jnp.asarray(starts_q, jnp.int32), jnp.asarray(starts_k, jnp.int32)
     H, Hkv, D = 4, 2, 8
+    B = len(lens_q)
     inputs = {"q": randn(0, (sum(lens_q), H, D)), "k": randn(1, (sum(lens_k), Hkv, D)),
-              "v": randn(2, (sum(lens_k), Hkv, D)), "sinks": randn(3, (H,))}  # fmt: skip
+              "v": randn(2, (sum(lens_k), Hkv, D)), "sinks": randn(3, (H,)),
+              "bias": randn(4, (B, H, max(lens_q), max(lens_k))),
+              "extra_k": randn(5, (B, 2, Hkv, D)), "extra_v": randn(6, (B, 2, Hkv, D))}  # fmt: skip
 
-    def ours(q, k, v, sinks):
+    def ours(q, k, v, sinks, bias, extra_k, extra_v):
         return fj.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                   causal_alignment="bottom_right", sinks=sinks,
-                                   return_lse=True)  # fmt: skip
+                                   causal_alignment="bottom_right", sinks=sinks, bias=bias,
+                                   extra_kv=(extra_k, extra_v), return_lse=True)  # fmt: skip
 
-    def ref(q, k, v, sinks):
+    def ref(q, k, v, sinks, bias, extra_k, extra_v):
         outs, lses = [], []
-        for b in range(len(lens_q)):
+        for b in range(B):
             qs = q[starts_q[b] : starts_q[b + 1]][None]
             ks = k[starts_k[b] : starts_k[b + 1]][None]
             vs = v[starts_k[b] : starts_k[b + 1]][None]
             visible = mask_causal_window(lens_q[b], lens_k[b], True, True)
-            o, l_ = reference(qs, ks, vs, sinks=sinks, visible=visible)
+            o, l_ = reference(qs, ks, vs, sinks=sinks, visible=visible,
+                              bias=bias[b : b + 1, :, : lens_q[b], : lens_k[b]],
+                              extra_kv=(extra_k[b : b + 1], extra_v[b : b + 1]))  # fmt: skip
             outs.append(o[0])
             lses.append(l_[0])
         return jnp.concatenate(outs, 0), jnp.concatenate(lses, -1)
@@ -384,15 +405,16 @@ def test_neighborhood(case):
                                 per_axis(opts.get("is_causal", False)))  # fmt: skip
     B, H, Hkv, D = 2, 4, 2, 8
     inputs = {"q": randn(0, (B, *grid, H, D)), "k": randn(1, (B, *grid, Hkv, D)),
-              "v": randn(2, (B, *grid, Hkv, D)), "sinks": randn(3, (H,))}  # fmt: skip
+              "v": randn(2, (B, *grid, Hkv, D)), "sinks": randn(3, (H,)),
+              "extra_k": randn(4, (B, 3, Hkv, D)), "extra_v": randn(5, (B, 3, Hkv, D))}  # fmt: skip
 
-    def ours(q, k, v, sinks):
-        return fn(q, k, v, sinks=sinks, return_lse=True, **opts)
+    def ours(q, k, v, sinks, extra_k, extra_v):
+        return fn(q, k, v, sinks=sinks, extra_kv=(extra_k, extra_v), return_lse=True, **opts)
 
-    def ref(q, k, v, sinks):
+    def ref(q, k, v, sinks, extra_k, extra_v):
         N = math.prod(grid)
         flat = [x.reshape(B, N, *x.shape[-2:]) for x in (q, k, v)]
-        o, l_ = reference(*flat, sinks=sinks, visible=visible)
+        o, l_ = reference(*flat, sinks=sinks, extra_kv=(extra_k, extra_v), visible=visible)
         return o.reshape(B, *grid, H, D), l_.reshape(B, H, *grid)
 
     compare(ours, ref, inputs)
