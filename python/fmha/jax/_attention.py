@@ -8,7 +8,8 @@ shapes). It returns (out, lse), both differentiable: dlse reaches the backward w
 
 symbolic_zeros=True lets the forward see which inputs are differentiated (CustomVJPPrimal.
 perturbed): the backward computes only the optional gradients that are needed, and passes dlse
-only when one flows in.
+only when one flows in. Dense and neighborhood calls go through _batching, which folds a vmapped
+axis into the batch.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def backward(layout: Layout, static: _ffi.Static, q, k, v, layout_arrays, option
     values = _ffi.attrs(static, inputs=inputs, grads=grads, has_dlse=dlse is not None)
     args = (q, k, v, *layout_arrays, out, lse, dout, *(() if dlse is None else (dlse,)),
             *(x for x in optional if x is not None))  # fmt: skip
-    wanted = [x for x, bit in zip(optional, range(len(optional))) if grads >> bit & 1]
+    wanted = [x for i, x in enumerate(optional) if grads >> i & 1]
     results = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *wanted)]
     computed = iter(_ffi.call(layout.name + "_bwd", args, results, values,
                               check=layout.check_on_trace))  # fmt: skip
