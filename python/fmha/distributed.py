@@ -390,27 +390,42 @@ def _merge_into(out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> N
     lse_acc.copy_(merged)
 
 
-def _forward(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], keep_blocks: bool):
+def _extra_call(q: Tensor, extra) -> Optional[_Call]:
+    """The call of the extra keys (SPEC §7: every query sees them, unmasked), or None."""
+    if extra is None or q.shape[1] == 0 or extra[0].shape[1] == 0:
+        return None
+    return _Call(0, q.shape[1], 0, extra[0].shape[1], None)
+
+
+def _forward(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], extra,
+             keep_blocks: bool):  # fmt: skip
     """(out, lse, blocks): blocks holds every call's own (out, lse) in call order when
-    keep_blocks (the 'merge' backward needs them), else None."""
+    keep_blocks (the 'merge' backward needs them), else None. extra: (extra_k, extra_v) or None."""
     B, Lq, H, _ = q.shape
     acc = _acc_dtype(q.dtype)
     out_acc = q.new_zeros((B, Lq, H, v.shape[-1]), dtype=acc)
     lse_acc = q.new_full((B, H, Lq), -math.inf, dtype=acc)
     blocks = [] if keep_blocks else None
     written = torch.zeros(Lq, dtype=torch.bool)  # rows that hold a part already (host side)
+
+    def run(c: _Call, kb: Tensor, vb: Tensor) -> None:
+        out, lse = _ops.forward(_ops._Dense, q[:, c.q0 : c.q1], kb[:, c.k0 : c.k1],
+                                vb[:, c.k0 : c.k1], (), _block_options(plan, c), fake=False)  # fmt: skip
+        if written[c.q0 : c.q1].any():
+            _merge_into(out_acc[:, c.q0 : c.q1], lse_acc[:, :, c.q0 : c.q1], out, lse)
+        else:  # the rows' first part: the merge with nothing is a copy
+            out_acc[:, c.q0 : c.q1] = out
+            lse_acc[:, :, c.q0 : c.q1] = lse
+            written[c.q0 : c.q1] = True
+        if keep_blocks:
+            blocks.append((out, lse))
+
+    extra_call = _extra_call(q, extra)
+    if extra_call is not None:  # first, before any transfer: one call of every local query
+        run(extra_call, *extra)
     for k_segs, kb, vb in _kv_blocks(plan, k, v):
         for c in plan.calls(k_segs):
-            out, lse = _ops.forward(_ops._Dense, q[:, c.q0 : c.q1], kb[:, c.k0 : c.k1],
-                                    vb[:, c.k0 : c.k1], (), _block_options(plan, c), fake=False)  # fmt: skip
-            if written[c.q0 : c.q1].any():
-                _merge_into(out_acc[:, c.q0 : c.q1], lse_acc[:, :, c.q0 : c.q1], out, lse)
-            else:  # the rows' first part: the merge with nothing is a copy
-                out_acc[:, c.q0 : c.q1] = out
-                lse_acc[:, :, c.q0 : c.q1] = lse
-                written[c.q0 : c.q1] = True
-            if keep_blocks:
-                blocks.append((out, lse))
+            run(c, kb, vb)
     if sinks is not None:
         # Applied once, to the merged result: the sink joins every query's normaliser once.
         sink = sinks.to(acc).view(1, H, 1)
@@ -454,9 +469,10 @@ def _block_grads(plan, c, kb, vb, q, dout, dlse, out, lse, delta, block):
     )[:3]  # fmt: skip
 
 
-def _backward(plan: _Plan, dout, dlse, q, k, v, out, lse, sinks, need_sinks: bool, blocks):
-    """dq, dk, dv (and dsinks) from every block's backward (_block_grads): the blocks' dq add up
-    on this rank; their dk/dv add up over the ranks (SPEC §11)."""
+def _backward(plan: _Plan, dout, dlse, q, k, v, out, lse, sinks, need_sinks: bool, extra, blocks):
+    """dq, dk, dv, dsinks, dextra_k, dextra_v from every block's backward (_block_grads): the
+    blocks' dq add up on this rank; their dk/dv add up over the ranks (SPEC §11). dsinks and the
+    extra keys' gradients are this rank's parts."""
     acc = _acc_dtype(q.dtype)
     delta = _row_dot(dout, out, acc)  # Delta = dout . out - dlse, [B, H, Lq]
     if dlse is not None:
@@ -467,6 +483,16 @@ def _backward(plan: _Plan, dout, dlse, q, k, v, out, lse, sinks, need_sinks: boo
     grad_requests, in_flight, incoming = [], None, None
     dk = dv = None
     block_iter = iter(blocks) if blocks is not None else None
+    dextra = (None, None)
+    if extra is not None:
+        extra_call = _extra_call(q, extra)
+        if extra_call is None:
+            dextra = (torch.zeros_like(extra[0]), torch.zeros_like(extra[1]))
+        else:
+            block = next(block_iter) if block_iter is not None else None
+            dq_c, *dextra = _block_grads(plan, extra_call, *extra, q, dout, dlse, out, lse, delta,
+                                         block)  # fmt: skip
+            dq_acc += dq_c
     for step, (k_segs, kb, vb) in enumerate(_kv_blocks(plan, k, v)):
         dk_part = torch.zeros_like(kb, dtype=acc)
         dv_part = torch.zeros_like(vb, dtype=acc)
@@ -504,32 +530,33 @@ def _backward(plan: _Plan, dout, dlse, q, k, v, out, lse, sinks, need_sinks: boo
         p_sink = torch.exp(sinks.to(acc).view(1, -1, 1) - lse.to(acc))
         dsinks = (-(p_sink * delta).sum((0, 2))).to(sinks.dtype)
     del in_flight
-    return dq_acc.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
+    return dq_acc.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks, *dextra
 
 
 class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, plan):
+    def forward(ctx, q, k, v, sinks, extra_k, extra_v, plan):
         ctx.set_materialize_grads(False)
         merge = plan.backward == "merge"
-        out, lse, blocks = _forward(plan, q, k, v, sinks, keep_blocks=merge)
+        extra = None if extra_k is None else (extra_k, extra_v)
+        out, lse, blocks = _forward(plan, q, k, v, sinks, extra, keep_blocks=merge)
         flat = [t for block in blocks for t in block] if merge else []
-        ctx.save_for_backward(q, k, v, sinks, out, lse, *flat)
+        ctx.save_for_backward(q, k, v, sinks, extra_k, extra_v, out, lse, *flat)
         ctx.plan = plan
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
-        q, k, v, sinks, out, lse, *flat = ctx.saved_tensors
+        q, k, v, sinks, extra_k, extra_v, out, lse, *flat = ctx.saved_tensors
         plan = ctx.plan
         blocks = list(zip(flat[0::2], flat[1::2])) if plan.backward == "merge" else None
         if dout is None:
             dout = torch.zeros_like(out)
         need_sinks = sinks is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dsinks = _backward(plan, dout, dlse, q, k, v, out, lse, sinks, need_sinks,
-                                       blocks)  # fmt: skip
-        return dq, dk, dv, dsinks, None
+        extra = None if extra_k is None else (extra_k, extra_v)
+        grads = _backward(plan, dout, dlse, q, k, v, out, lse, sinks, need_sinks, extra, blocks)
+        return (*grads, None)
 
 
 # ---- The rule between the forms ------------------------------------------------------------------
@@ -605,11 +632,13 @@ def attention(
     lengths: (q lengths, k lengths) of every rank's shard; by default one small all-gather
     learns them (a host synchronisation on GPUs). scale, causal, causal_alignment (of the whole
     sequence: bottom-right aligns the last query with the last key), window, softcap, sinks,
-    deterministic, backward_impl and allow_tf32 as in fmha.attention. sinks' gradient is this
-    rank's part (its queries'): sum it over the group as any replicated parameter's.
-    bias, rel_pos and extra_kv are not supported across shards (NotImplementedError).
+    deterministic, backward_impl and allow_tf32 as in fmha.attention. extra_kv=(extra_k
+    [B, R, Hkv, D], extra_v [B, R, Hkv, Dv]): keys every query sees (SPEC §7), the same on every
+    rank. The gradients of sinks and extra_kv are this rank's parts (its queries'): sum them over
+    the group as any replicated parameter's. bias and rel_pos are not supported across shards
+    (NotImplementedError).
     """
-    for name, value in (("bias", bias), ("rel_pos", rel_pos), ("extra_kv", extra_kv)):
+    for name, value in (("bias", bias), ("rel_pos", rel_pos)):
         if value is not None:
             raise NotImplementedError(f"fmha.distributed: {name} is not supported across shards")
     _check_layout(layout)
@@ -644,6 +673,20 @@ def attention(
             raise TypeError(f"fmha.distributed: sinks has dtype {sinks.dtype} on {sinks.device}; "
                             f"expected float32 on {q.device} (or float64 when q is float64)")  # fmt: skip
 
+    extra = None
+    if extra_kv is not None:
+        extra_k, extra_v = _api._pair(extra_kv, "extra_kv", "(extra_k, extra_v) of tensors")
+        extra = (_api._tensor(extra_k, "extra_k"), _api._tensor(extra_v, "extra_v"))
+        want = ((q.shape[0], None, k.shape[2], q.shape[3]), (q.shape[0], None, k.shape[2], v.shape[3]))
+        for name, t, shape in zip(("extra_k", "extra_v"), extra, want):
+            if t.dim() != 4 or any(w is not None and w != n for w, n in zip(shape, t.shape)) or (
+                    t.shape[1] != extra[0].shape[1]):  # fmt: skip
+                raise ValueError(f"fmha.distributed: {name} has shape {tuple(t.shape)}; expected "
+                                 f"[{shape[0]}, R, {shape[2]}, {shape[3]}]")  # fmt: skip
+            if t.dtype != q.dtype or t.device != q.device:
+                raise TypeError(f"fmha.distributed: {name} has dtype {t.dtype} on {t.device}; "
+                                f"expected {q.dtype} on {q.device}")  # fmt: skip
+
     world, rank = _world(group)
     if lengths is None:
         q_lens, k_lens = _gather_lengths(group, q.device, [q.shape[1], k.shape[1]])
@@ -674,12 +717,13 @@ def attention(
     if form == "auto":
         form = _choose_form(plan, q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.element_size())
     plan = plan._replace(form=form, backward=_BACKWARD_MODE.get(q.device.type, "merge"))
+    extra_k, extra_v = extra if extra is not None else (None, None)
     if not (torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, sinks))):  # fmt: skip
+            t is not None and t.requires_grad for t in (q, k, v, sinks, extra_k, extra_v))):  # fmt: skip
         with torch.no_grad():
-            out, lse, _ = _forward(plan, q, k, v, sinks, keep_blocks=False)
+            out, lse, _ = _forward(plan, q, k, v, sinks, extra, keep_blocks=False)
     else:
-        out, lse = _ContextParallelAttention.apply(q, k, v, sinks, plan)
+        out, lse = _ContextParallelAttention.apply(q, k, v, sinks, extra_k, extra_v, plan)
     return (out, lse) if return_lse else out
 
 

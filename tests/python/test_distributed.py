@@ -79,6 +79,14 @@ CASES = {
     "empty-shard-ring": dict(lengths=_with_empty, window=(3, 7), Lq=23, Lk=23),
     "no-keys-ring": dict(Lq=10, Lk=0, sinks=True),
     "no-keys-allgather": dict(Lq=10, Lk=0, form="allgather"),
+    "extra-kv-ring": dict(extra=3, causal=True, layout="zigzag", H=4, Hkv=2, sinks=True),
+    "extra-kv-allgather": dict(extra=2, window=(3, 3), form="allgather", softcap=2.5),
+    "extra-kv-no-keys": dict(extra=2, Lq=9, Lk=0),
+    "extra-kv-bfloat16-direct": dict(extra=70, dtype=torch.bfloat16, backward="direct", causal=True,
+                                     layout="zigzag", Lq=lambda w: 140 * w, Lk=lambda w: 140 * w, B=1,
+                                     H=2),
+    "extra-kv-float64": dict(extra=2, dtype=torch.float64, causal=True, align="bottom_right", Lq=20,
+                             Lk=26),
     "dv-differs-scale": dict(D=8, Dv=12, scale=0.7, causal=True, layout="zigzag"),
     "float64-ring": dict(dtype=torch.float64, causal=True, layout="zigzag", sinks=True, softcap=2.0,
                          H=4, Hkv=2),
@@ -92,7 +100,7 @@ CASES = {
     "auto-form-no-lse": dict(form="auto", causal=True, layout="zigzag", lse=False),
     # The backward that CUDA takes ('direct': every block's backward gets the merged out and lse),
     # run here on the fast CPU backend, which reads Delta from the given out (as CUDA does) when
-    # a call has more keys than its one key tile (64): so blocks of 70+ keys.
+    # a call has more keys than its one key tile (64): so blocks of 70+ keys (and 70 extra keys).
     "direct-backward-causal-zigzag": dict(backward="direct", layout="zigzag", causal=True, sinks=True,
                                           Lq=lambda w: 140 * w, Lk=lambda w: 140 * w, B=1, H=2, Hkv=1),
     "direct-backward-window-allgather": dict(backward="direct", form="allgather", window=(90, 0),
@@ -110,29 +118,41 @@ def _rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-def _single_process(q, k, v, sinks, dout, dlse, opts, want_lse) -> dict:
+def _leaves(extra):
+    return None if extra is None else tuple(t.clone().requires_grad_() for t in extra)
+
+
+def _extra_grads(results: dict, extra) -> None:
+    if extra is not None:
+        results["dextra_k"], results["dextra_v"] = extra[0].grad, extra[1].grad
+
+
+def _single_process(q, k, v, sinks, extra, dout, dlse, opts, want_lse) -> dict:
     """fmha.attention on the whole sequence: every result and gradient."""
     inputs = [t.clone().requires_grad_() for t in (q, k, v)]
     sinks = sinks.clone().requires_grad_() if sinks is not None else None
-    out, lse = fmha.attention(*inputs, sinks=sinks, return_lse=True, **opts)
+    extra = _leaves(extra)
+    out, lse = fmha.attention(*inputs, sinks=sinks, extra_kv=extra, return_lse=True, **opts)
     torch.autograd.backward([out, lse] if want_lse else [out], [dout, dlse] if want_lse else [dout])
     results = dict(out=out.detach(), dq=inputs[0].grad, dk=inputs[1].grad, dv=inputs[2].grad)
     if want_lse:
         results["lse"] = lse.detach()
     if sinks is not None:
         results["dsinks"] = sinks.grad
+    _extra_grads(results, extra)
     return results
 
 
-def _naive(q, k, v, sinks, dout, dlse, opts, want_lse) -> dict:
+def _naive(q, k, v, sinks, extra, dout, dlse, opts, want_lse) -> dict:
     """The naive implementation of tests/python/attention_reference.py in q's dtype: what SPEC §13
     measures fp16 / bf16 results against."""
     inputs = [t.clone().requires_grad_() for t in (q, k, v)]
     sinks = sinks.clone().requires_grad_() if sinks is not None else None
+    extra = _leaves(extra)
     mask = sequence_mask(q.shape[1], k.shape[1], causal=opts["causal"],
                          alignment=opts["causal_alignment"], window=opts["window"])  # fmt: skip
     out, lse = naive_attention(*inputs, scale=opts["scale"], softcap=opts["softcap"], mask=mask,
-                               sinks=sinks)  # fmt: skip
+                               sinks=sinks, extra_kv=extra)  # fmt: skip
     finite_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     torch.autograd.backward([out, finite_lse] if want_lse else [out],
                             [dout, dlse.to(lse.dtype)] if want_lse else [dout])  # fmt: skip
@@ -141,6 +161,7 @@ def _naive(q, k, v, sinks, dout, dlse, opts, want_lse) -> dict:
         results["lse"] = lse.detach()
     if sinks is not None:
         results["dsinks"] = sinks.grad
+    _extra_grads(results, extra)
     return results
 
 
@@ -158,15 +179,20 @@ def _run_case(spec: dict, world: int) -> dict:
     dout = torch.randn(B, Lq, H, Dv, generator=g).to(dtype)
     dlse = torch.randn(B, H, Lq, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
     sinks = torch.randn(H, generator=g) if spec.get("sinks") else None
+    R = spec.get("extra", 0)
+    extra = None
+    if R:
+        extra = (torch.randn(B, R, Hkv, D, generator=g).to(dtype), torch.randn(B, R, Hkv, Dv, generator=g).to(dtype))
 
     if dtype in LOW_PRECISION:
         # SPEC §13: error against float64 <= 2 x a naive same-dtype implementation's + 1e-4.
         wide = [t.double() for t in (q, k, v, dout, dlse)]
-        reference = _single_process(*wide[:3], sinks, *wide[3:], opts, want_lse)
-        naive = _naive(q, k, v, sinks, dout, dlse, opts, want_lse)
+        wide_extra = None if extra is None else tuple(t.double() for t in extra)
+        reference = _single_process(*wide[:3], sinks, wide_extra, *wide[3:], opts, want_lse)
+        naive = _naive(q, k, v, sinks, extra, dout, dlse, opts, want_lse)
         tolerance = {n: 2 * _rel_error(naive[n], reference[n]) + 1e-4 for n in reference}
     else:
-        reference = _single_process(q, k, v, sinks, dout, dlse, opts, want_lse)
+        reference = _single_process(q, k, v, sinks, extra, dout, dlse, opts, want_lse)
         tolerance = {n: TOLERANCE[dtype] for n in reference}
     tolerance["dsinks"] = max(tolerance.get("dsinks", 0.0), TOLERANCE[torch.float32])  # sinks are fp32
 
@@ -178,12 +204,13 @@ def _run_case(spec: dict, world: int) -> dict:
         mine = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in mine]
     mine = [t.detach().requires_grad_() for t in mine]
     shard_sinks = sinks.clone().requires_grad_() if sinks is not None else None
+    shard_extra = _leaves(extra)
     modes = dict(cp._BACKWARD_MODE)
     if "backward" in spec:
         cp._BACKWARD_MODE["cpu"] = spec["backward"]
     try:
-        result = cp.attention(*mine, layout=layout, form=form, sinks=shard_sinks, return_lse=want_lse,
-                              **opts)  # fmt: skip
+        result = cp.attention(*mine, layout=layout, form=form, sinks=shard_sinks, extra_kv=shard_extra,
+                              return_lse=want_lse, **opts)  # fmt: skip
     finally:
         cp._BACKWARD_MODE.clear()
         cp._BACKWARD_MODE.update(modes)
@@ -204,6 +231,10 @@ def _run_case(spec: dict, world: int) -> dict:
     if sinks is not None:
         whole["dsinks"] = shard_sinks.grad.clone()
         dist.all_reduce(whole["dsinks"])  # each rank holds its queries' part
+    if extra is not None:  # likewise
+        for name, t in zip(("dextra_k", "dextra_v"), shard_extra):
+            whole[name] = t.grad.clone()
+            dist.all_reduce(whole[name])
     errors = {n: _rel_error(whole[n], reference[n]) for n in whole}
     # This rank's out against its own shard of the single-process one (shard and unshard agree).
     errors["out-local"] = _rel_error(out, cp.shard(reference["out"], layout=layout, lengths=q_lens))
@@ -217,6 +248,7 @@ def _run_refusals(world: int) -> dict:
     raised = {}
     for name, call in (
         ("bias", lambda: cp.attention(x, x, x, bias=torch.zeros(1))),
+        ("extra-kv-heads", lambda: cp.attention(x, x, x, extra_kv=(x[:, :2, :1], x[:, :2, :1]))),
         ("varlen", lambda: cp.attention_varlen(x[0], x[0], x[0])),
         ("bad-layout", lambda: cp.attention(x, x, x, layout="ring")),
         ("bad-form", lambda: cp.attention(x, x, x, form="p2p")),
@@ -342,6 +374,7 @@ def test_refusals(world: int) -> None:
     for report in _reports(world):
         assert report["refusals"] == {
             "bias": "NotImplementedError",
+            "extra-kv-heads": "ValueError",
             "varlen": "NotImplementedError",
             "bad-layout": "ValueError",
             "bad-form": "ValueError",
