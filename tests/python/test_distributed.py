@@ -298,6 +298,17 @@ def _run_helpers(world: int) -> dict:
     d = cp.attention(q, k, v, causal=True, layout="zigzag")
     checks["no-grad-path"] = torch.equal(c, d.detach()) and not c.requires_grad and d.requires_grad
 
+    # deterministic=True: bitwise the same results and gradients on a second run (fixed order of
+    # calls, merges and transfers).
+    runs = []
+    for _ in range(2):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        for form in ("ring", "allgather"):
+            out = cp.attention(*leaves, causal=True, layout="zigzag", form=form, deterministic=True)
+            out.backward(torch.ones_like(out))
+        runs.append([out.detach()] + [t.grad for t in leaves])
+    checks["deterministic"] = all(torch.equal(a, b) for a, b in zip(*runs))
+
     # Under torch.compile the call runs eagerly between two graphs (a graph break).
     def model(q, k, v):
         return cp.attention(q * 2, k, v, causal=True, layout="zigzag").sum(-1)
