@@ -1,6 +1,6 @@
-"""Context parallelism: fmha.distributed (ring and all-gather forms, zigzag layout) against PyTorch's
-own context parallelism (torch.distributed.tensor.experimental.context_parallel around SDPA) on the
-same shapes, one process per GPU. Reports, per form and direction:
+"""Context parallelism: fmha.distributed (ring and all-gather forms, zigzag layout) against
+PyTorch's own context parallelism (torch.distributed.tensor.experimental.context_parallel around
+SDPA) on the same shapes, one process per GPU. Reports, per form and direction:
 
 - per-GPU TFLOP/s (FLOPs over visible score entries only, fwd = 4 B H S^2/2 D for causal,
   fwd+bwd = 3.5x that, divided by the GPU count), the slowest rank's median time;
@@ -18,8 +18,8 @@ same shapes, one process per GPU. Reports, per form and direction:
   longer than --peer-timeout seconds, after a probe at --probe-seq tokens.
 
     torchrun --nproc-per-node 2 bench/context_parallel.py                     # the issue's grid
-    torchrun --nproc-per-node 4 bench/context_parallel.py --seq-lens 131072,524288 --heads 32/8,16/16
-    torchrun --nproc-per-node 2 bench/context_parallel.py --device cpu --smoke  # exercises the script
+    torchrun --nproc-per-node 4 bench/context_parallel.py --seq-lens 131072,524288 --json cp4.json
+    torchrun --nproc-per-node 2 bench/context_parallel.py --device cpu --smoke  # the script runs
 
 --json PATH writes every row (rank 0). The CPU run (gloo, fmha's CPU backend) only checks that
 the script works and that every path agrees with fmha.distributed (--check): its times mean
@@ -208,8 +208,9 @@ def allgather_sdpa_call(q, k, v, dout, segs, direction: str, backend):
             for start, n in mine:
                 end = start + n  # the chunk's queries see keys 0 .. end - 1, lower-right causal
                 qc = q[:, :, off : off + n]
-                outs.append(F.scaled_dot_product_attention(
-                    qc, kf[:, :, :end], vf[:, :, :end], attn_mask=causal_lower_right(n, end)))  # fmt: skip
+                mask = causal_lower_right(n, end)
+                outs.append(F.scaled_dot_product_attention(qc, kf[:, :, :end], vf[:, :, :end],
+                                                           attn_mask=mask))  # fmt: skip
                 off += n
         out = torch.cat(outs, 2)
         if direction != "fwd":
@@ -254,7 +255,8 @@ def rows_for(args, device, S, H, Hkv, D, dtype, log):
                 device=torch.cuda.get_device_name() if device == "cuda" else "cpu")  # fmt: skip
 
     # Single-GPU fmha at the same visible entries per GPU, on every GPU at once.
-    S1 = max(1, round(S / math.sqrt(world) / 128) * 128) if S >= 1024 else max(1, round(S / math.sqrt(world)))
+    S1 = S / math.sqrt(world)
+    S1 = max(1, round(S1 / 128) * 128 if S >= 1024 else round(S1))
     q1, k1, v1 = (rand(B, S1, h, D).requires_grad_() for h in (H, Hkv, Hkv))
     dout1 = rand(B, S1, H, D)
     single = {}
@@ -315,12 +317,17 @@ def rows_for(args, device, S, H, Hkv, D, dtype, log):
                     label = f"{peer} ({ag_backend})"
                     call = allgather_sdpa_call(qt, kt, vt, doutt, segs, direction,
                                                sdpa_backend(ag_backend, device))  # fmt: skip
-                    ms, out = _watched(args, label, lambda: (time_ms(call, device, args.warmup,
-                                                                     args.repeats, direction != "fwd"),
-                                                             call()))  # fmt: skip
+                    grad = direction != "fwd"
+
+                    def measure():
+                        return time_ms(call, device, args.warmup, args.repeats, grad), call()
+
                 else:
-                    ms, out = _watched(args, label, lambda: torch_cp(args, device, segs, qt, kt, vt,
-                                                                    doutt, direction, backend))  # fmt: skip
+
+                    def measure():
+                        return torch_cp(args, device, segs, qt, kt, vt, doutt, direction, backend)
+
+                ms, out = _watched(args, label, measure)
                 tflops = causal_flops(B, H, S, D, direction) / world / (ms * 1e-3) / 1e12
                 row = dict(base, impl=label, form="-", direction=direction, ms=ms,
                            tflops_per_gpu=tflops, scaling=tflops / single[direction])  # fmt: skip
@@ -328,7 +335,8 @@ def rows_for(args, device, S, H, Hkv, D, dtype, log):
                     row["max_diff_vs_fmha"] = float((out.detach().transpose(1, 2).float()
                                                      - reference).abs().max())  # fmt: skip
             except Exception as e:  # noqa: BLE001 (a peer that fails is a result)
-                row = dict(base, impl=label, direction=direction, error=f"{type(e).__name__}: {e}"[:300])
+                error = f"{type(e).__name__}: {e}"[:300]
+                row = dict(base, impl=label, direction=direction, error=error)
             rows.append(row)
             log(row)
     return rows
@@ -395,7 +403,8 @@ def main() -> None:
     parser.add_argument("--peer-timeout", type=float, default=300.0)
     parser.add_argument("--probe-seq", type=int, default=8192,
                         help="each peer first runs at this length (0: no probe)")
-    parser.add_argument("--check", action="store_true", help="report each peer's max |diff| vs fmha")
+    parser.add_argument("--check", action="store_true",
+                        help="report each peer's max |diff| from fmha")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU smoke run)")
     parser.add_argument("--json", default=None)
     if parser.parse_known_args()[0].smoke:  # other defaults; arguments given still win
@@ -410,14 +419,14 @@ def main() -> None:
     if device == "cuda":
         # One GPU per process: without this every rank would use GPU 0, and NCCL hangs.
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo",
-                            timeout=datetime.timedelta(seconds=max(600, 2 * args.peer_timeout)))  # fmt: skip
+    timeout = datetime.timedelta(seconds=max(600, 2 * args.peer_timeout))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=timeout)
     rank = dist.get_rank()
 
     def log(row):
         if rank == 0:
-            print(json.dumps({k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in row.items()}),
-                  flush=True)  # fmt: skip
+            shown = {k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in row.items()}
+            print(json.dumps(shown), flush=True)
 
     if rank == 0:
         print(f"# {datetime.date.today()} torch {torch.__version__} fmha {fmha.__version__} "
@@ -428,7 +437,9 @@ def main() -> None:
         H, Hkv = (int(x) for x in pair.split("/"))
         if args.probe_seq:
             probe = argparse.Namespace(**{**vars(args), "forms": [], "repeats": 2, "warmup": 1})
-            for row in rows_for(probe, device, args.probe_seq, H, Hkv, args.head_dim, dtype, lambda r: None):
+            probe_rows = rows_for(probe, device, args.probe_seq, H, Hkv, args.head_dim, dtype,
+                                  lambda r: None)  # fmt: skip
+            for row in probe_rows:
                 row["probe"] = True
                 rows.append(row)
                 log(row)

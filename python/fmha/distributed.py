@@ -69,7 +69,10 @@ def _chunks(seq_len: int, count: int) -> list[tuple[int, int]]:
 
 
 def layout_segments(
-    seq_len: int, world_size: int, layout: str = "contiguous", lengths: Optional[Sequence[int]] = None
+    seq_len: int,
+    world_size: int,
+    layout: str = "contiguous",
+    lengths: Optional[Sequence[int]] = None,
 ) -> list[list[tuple[int, int]]]:
     """For every rank, the (start, length) segments of the sequence it holds, in the order its
     shard stores them.
@@ -99,7 +102,9 @@ def layout_segments(
 
 def _check_layout(layout) -> None:
     if layout not in LAYOUTS:
-        raise ValueError(f"fmha.distributed: layout is {layout!r}; accepted: 'contiguous', 'zigzag'")
+        raise ValueError(
+            f"fmha.distributed: layout is {layout!r}; accepted: 'contiguous', 'zigzag'"
+        )
 
 
 def _world(group) -> tuple[int, int]:
@@ -116,7 +121,9 @@ def shard_positions(
     return torch.cat([torch.arange(s, s + n, device=device) for s, n in segs])
 
 
-def shard(x: Tensor, group=None, *, layout: str = "contiguous", dim: int = 1, lengths=None) -> Tensor:
+def shard(
+    x: Tensor, group=None, *, layout: str = "contiguous", dim: int = 1, lengths=None
+) -> Tensor:
     """This rank's shard (a copy) of x, the whole sequence along dim, which every rank holds."""
     world, rank = _world(group)
     segs = layout_segments(x.shape[dim], world, layout, lengths)[rank]
@@ -409,8 +416,9 @@ def _forward(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tenso
     written = torch.zeros(Lq, dtype=torch.bool)  # rows that hold a part already (host side)
 
     def run(c: _Call, kb: Tensor, vb: Tensor) -> None:
-        out, lse = _ops.forward(_ops._Dense, q[:, c.q0 : c.q1], kb[:, c.k0 : c.k1],
-                                vb[:, c.k0 : c.k1], (), _block_options(plan, c), fake=False)  # fmt: skip
+        rows, keys = slice(c.q0, c.q1), slice(c.k0, c.k1)
+        out, lse = _ops.forward(_ops._Dense, q[:, rows], kb[:, keys], vb[:, keys], (),
+                                _block_options(plan, c), fake=False)  # fmt: skip
         if written[c.q0 : c.q1].any():
             _merge_into(out_acc[:, c.q0 : c.q1], lse_acc[:, :, c.q0 : c.q1], out, lse)
         else:  # the rows' first part: the merge with nothing is a copy
@@ -643,7 +651,9 @@ def attention(
             raise NotImplementedError(f"fmha.distributed: {name} is not supported across shards")
     _check_layout(layout)
     if form not in FORMS:
-        raise ValueError(f"fmha.distributed: form is {form!r}; accepted: 'auto', 'ring', 'allgather'")
+        raise ValueError(
+            f"fmha.distributed: form is {form!r}; accepted: 'auto', 'ring', 'allgather'"
+        )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             raise ValueError(f"fmha.distributed: {name} must be a 4-D tensor [B, L, heads, dim]")
@@ -654,8 +664,10 @@ def attention(
         )
     # What the block calls would refuse is refused here, before any transfer is posted.
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        raise TypeError(f"fmha.distributed: q, k, v must share dtype and device; got "
-                        f"{q.dtype}/{q.device}, {k.dtype}/{k.device}, {v.dtype}/{v.device}")  # fmt: skip
+        raise TypeError(
+            f"fmha.distributed: q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
+            f"{k.dtype}/{k.device}, {v.dtype}/{v.device}"
+        )
     if q.shape[3] != k.shape[3] or k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         raise ValueError(f"fmha.distributed: q {tuple(q.shape)} and k {tuple(k.shape)}: the head "
                          f"dims must agree and q heads be a multiple of k heads")  # fmt: skip
@@ -670,14 +682,17 @@ def attention(
                              f"expected [{q.shape[2]}] (one per query head)")  # fmt: skip
         accepted = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
         if sinks.dtype not in accepted or sinks.device != q.device:
-            raise TypeError(f"fmha.distributed: sinks has dtype {sinks.dtype} on {sinks.device}; "
-                            f"expected float32 on {q.device} (or float64 when q is float64)")  # fmt: skip
+            raise TypeError(
+                f"fmha.distributed: sinks has dtype {sinks.dtype} on {sinks.device}; expected "
+                f"float32 on {q.device} (or float64 when q is float64)"
+            )
 
     extra = None
     if extra_kv is not None:
         extra_k, extra_v = _api._pair(extra_kv, "extra_kv", "(extra_k, extra_v) of tensors")
         extra = (_api._tensor(extra_k, "extra_k"), _api._tensor(extra_v, "extra_v"))
-        want = ((q.shape[0], None, k.shape[2], q.shape[3]), (q.shape[0], None, k.shape[2], v.shape[3]))
+        B, Hkv = q.shape[0], k.shape[2]
+        want = ((B, None, Hkv, q.shape[3]), (B, None, Hkv, v.shape[3]))
         for name, t, shape in zip(("extra_k", "extra_v"), extra, want):
             if t.dim() != 4 or any(w is not None and w != n for w, n in zip(shape, t.shape)) or (
                     t.shape[1] != extra[0].shape[1]):  # fmt: skip
@@ -718,8 +733,8 @@ def attention(
         form = _choose_form(plan, q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.element_size())
     plan = plan._replace(form=form, backward=_BACKWARD_MODE.get(q.device.type, "merge"))
     extra_k, extra_v = extra if extra is not None else (None, None)
-    if not (torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, sinks, extra_k, extra_v))):  # fmt: skip
+    inputs = (q, k, v, sinks, extra_k, extra_v)
+    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)):
         with torch.no_grad():
             out, lse, _ = _forward(plan, q, k, v, sinks, extra, keep_blocks=False)
     else:

@@ -83,8 +83,8 @@ CASES = {
     "extra-kv-allgather": dict(extra=2, window=(3, 3), form="allgather", softcap=2.5),
     "extra-kv-no-keys": dict(extra=2, Lq=9, Lk=0),
     "extra-kv-bfloat16-direct": dict(extra=70, dtype=torch.bfloat16, backward="direct", causal=True,
-                                     layout="zigzag", Lq=lambda w: 140 * w, Lk=lambda w: 140 * w, B=1,
-                                     H=2),
+                                     layout="zigzag", Lq=lambda w: 140 * w,
+                                     Lk=lambda w: 140 * w, B=1, H=2),
     "extra-kv-float64": dict(extra=2, dtype=torch.float64, causal=True, align="bottom_right", Lq=20,
                              Lk=26),
     "dv-differs-scale": dict(D=8, Dv=12, scale=0.7, causal=True, layout="zigzag"),
@@ -101,8 +101,9 @@ CASES = {
     # The backward that CUDA takes ('direct': every block's backward gets the merged out and lse),
     # run here on the fast CPU backend, which reads Delta from the given out (as CUDA does) when
     # a call has more keys than its one key tile (64): so blocks of 70+ keys (and 70 extra keys).
-    "direct-backward-causal-zigzag": dict(backward="direct", layout="zigzag", causal=True, sinks=True,
-                                          Lq=lambda w: 140 * w, Lk=lambda w: 140 * w, B=1, H=2, Hkv=1),
+    "direct-backward-causal-zigzag": dict(backward="direct", layout="zigzag", causal=True,
+                                          sinks=True, Lq=lambda w: 140 * w, Lk=lambda w: 140 * w,
+                                          B=1, H=2, Hkv=1),
     "direct-backward-window-allgather": dict(backward="direct", form="allgather", window=(90, 0),
                                              Lq=lambda w: 70 * w + 3, Lk=lambda w: 70 * w + 3, B=1,
                                              H=2),
@@ -168,21 +169,26 @@ def _naive(q, k, v, sinks, extra, dout, dlse, opts, want_lse) -> dict:
 def _run_case(spec: dict, world: int) -> dict:
     g = torch.Generator().manual_seed(len(spec) * 7919 + world)
     B, H, Hkv = spec.get("B", 2), spec.get("H", 4), spec.get("Hkv", spec.get("H", 4))
-    Lq, Lk, D = (x(world) if callable(x) else x for x in (spec.get("Lq", 24), spec.get("Lk", 24), spec.get("D", 8)))
+    Lq, Lk = (x(world) if callable(x) else x for x in (spec.get("Lq", 24), spec.get("Lk", 24)))
+    D = spec.get("D", 8)
     Dv, dtype = spec.get("Dv", D), spec.get("dtype", torch.float32)
-    layout, form, want_lse = spec.get("layout", "contiguous"), spec.get("form", "ring"), spec.get("lse", True)
+    layout, form = spec.get("layout", "contiguous"), spec.get("form", "ring")
+    want_lse = spec.get("lse", True)
     opts = dict(causal=spec.get("causal", False), causal_alignment=spec.get("align", "top_left"),
-                window=spec.get("window"), softcap=spec.get("softcap", 0.0), scale=spec.get("scale"))
+                window=spec.get("window"), softcap=spec.get("softcap", 0.0),
+                scale=spec.get("scale"))  # fmt: skip
     q = torch.randn(B, Lq, H, D, generator=g).to(dtype)
     k = torch.randn(B, Lk, Hkv, D, generator=g).to(dtype)
     v = torch.randn(B, Lk, Hkv, Dv, generator=g).to(dtype)
     dout = torch.randn(B, Lq, H, Dv, generator=g).to(dtype)
-    dlse = torch.randn(B, H, Lq, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    stats_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    dlse = torch.randn(B, H, Lq, generator=g, dtype=stats_dtype)
     sinks = torch.randn(H, generator=g) if spec.get("sinks") else None
     R = spec.get("extra", 0)
     extra = None
     if R:
-        extra = (torch.randn(B, R, Hkv, D, generator=g).to(dtype), torch.randn(B, R, Hkv, Dv, generator=g).to(dtype))
+        extra = (torch.randn(B, R, Hkv, D, generator=g).to(dtype),
+                 torch.randn(B, R, Hkv, Dv, generator=g).to(dtype))
 
     if dtype in LOW_PRECISION:
         # SPEC §13: error against float64 <= 2 x a naive same-dtype implementation's + 1e-4.
@@ -194,12 +200,14 @@ def _run_case(spec: dict, world: int) -> dict:
     else:
         reference = _single_process(q, k, v, sinks, extra, dout, dlse, opts, want_lse)
         tolerance = {n: TOLERANCE[dtype] for n in reference}
-    tolerance["dsinks"] = max(tolerance.get("dsinks", 0.0), TOLERANCE[torch.float32])  # sinks are fp32
+    # sinks, and so dsinks, are fp32
+    tolerance["dsinks"] = max(tolerance.get("dsinks", 0.0), TOLERANCE[torch.float32])
 
     lengths = spec.get("lengths")
     q_lens = lengths(Lq, world) if lengths else None
     k_lens = lengths(Lk, world) if lengths else None
-    mine = [cp.shard(t, layout=layout, lengths=n) for t, n in ((q, q_lens), (k, k_lens), (v, k_lens))]
+    mine = [cp.shard(t, layout=layout, lengths=n)
+            for t, n in ((q, q_lens), (k, k_lens), (v, k_lens))]  # fmt: skip
     if spec.get("strided"):  # [B, H, L, D] storage seen as [B, L, H, D], as models pass it
         mine = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in mine]
     mine = [t.detach().requires_grad_() for t in mine]
@@ -209,8 +217,8 @@ def _run_case(spec: dict, world: int) -> dict:
     if "backward" in spec:
         cp._BACKWARD_MODE["cpu"] = spec["backward"]
     try:
-        result = cp.attention(*mine, layout=layout, form=form, sinks=shard_sinks, extra_kv=shard_extra,
-                              return_lse=want_lse, **opts)  # fmt: skip
+        result = cp.attention(*mine, layout=layout, form=form, sinks=shard_sinks,
+                              extra_kv=shard_extra, return_lse=want_lse, **opts)  # fmt: skip
     finally:
         cp._BACKWARD_MODE.clear()
         cp._BACKWARD_MODE.update(modes)
@@ -278,7 +286,8 @@ def _run_helpers(world: int) -> dict:
             x = torch.randn(3, 2, S, 5, generator=g)
             mine = cp.shard(x, layout=layout, dim=2)
             positions = cp.shard_positions(S, layout=layout)
-            expected = [i for s, n in cp.layout_segments(S, world, layout)[rank] for i in range(s, s + n)]
+            segs = cp.layout_segments(S, world, layout)[rank]
+            expected = [i for s, n in segs for i in range(s, s + n)]
             checks[f"positions-{layout}-{S}"] = positions.tolist() == expected
             checks[f"shard-{layout}-{S}"] = torch.equal(mine, x[:, :, positions])
             checks[f"unshard-{layout}-{S}"] = torch.equal(cp.unshard(mine, layout=layout, dim=2), x)
@@ -413,7 +422,9 @@ def test_layout_segments() -> None:
     # 10 rows in 4 zigzag chunks of 3, 3, 2, 2: rank 0 holds chunks 0 and 3, rank 1 chunks 1, 2.
     assert cp.layout_segments(10, 2, "zigzag") == [[(0, 3), (8, 2)], [(3, 3), (6, 2)]]
     assert cp.layout_segments(10, 3, "contiguous") == [[(0, 4)], [(4, 3)], [(7, 3)]]
-    assert cp.layout_segments(9, 3, "contiguous", lengths=[0, 2, 7]) == [[(0, 0)], [(0, 2)], [(2, 7)]]
+    assert cp.layout_segments(9, 3, "contiguous", lengths=[0, 2, 7]) == [
+        [(0, 0)], [(0, 2)], [(2, 7)]
+    ]
     for world in (1, 2, 3, 4):
         for n in (0, 1, 7, 16, 33):
             for layout in cp.LAYOUTS:
@@ -436,7 +447,9 @@ def test_block_calls_express_the_mask() -> None:
                 want = torch.zeros(ql, kl, dtype=torch.bool)
                 for i in range(ql):
                     for j in range(kl):
-                        want[i, j] = (left < 0 or j >= i + delta - left) and (right < 0 or j <= i + delta + right)
+                        want[i, j] = (left < 0 or j >= i + delta - left) and (
+                            right < 0 or j <= i + delta + right
+                        )
                 call = cp._block_call(0, ql, 0, kl, delta, left, right)
                 got = torch.zeros(ql, kl, dtype=torch.bool)
                 if call is not None:
@@ -451,7 +464,9 @@ def test_block_calls_express_the_mask() -> None:
 
 def test_choose_form() -> None:
     # GQA 32/8 at 128k on 2 ranks: the gathered K/V is small next to the work: all-gather.
-    assert cp.choose_form([65536] * 2, [65536] * 2, 32, 8, 128, layout="zigzag", causal=True) == "allgather"
+    gqa = cp.choose_form([65536] * 2, [65536] * 2, 32, 8, 128, layout="zigzag", causal=True)
+    assert gqa == "allgather"
     # MHA 16 on 4 ranks at 128k: ring.
-    assert cp.choose_form([32768] * 4, [32768] * 4, 16, 16, 128, layout="zigzag", causal=True) == "ring"
+    mha = cp.choose_form([32768] * 4, [32768] * 4, 16, 16, 128, layout="zigzag", causal=True)
+    assert mha == "ring"
     assert cp.choose_form([100], [100], 4, 4, 8) == "ring"  # one rank: no transfer at all
