@@ -131,8 +131,9 @@ void fit_threads_to_work(Call* c, double products) {
   }
   const double flops = products * pairs * static_cast<double>(c->heads) *
                        static_cast<double>(c->head_dim + c->value_dim);
-  const double useful = std::max(1.0, flops / kFlopsPerThread);
-  if (useful < c->threads) c->threads = static_cast<int>(useful);
+  const double useful = std::min(std::max(1.0, flops / kFlopsPerThread), 1024.0);
+  c->work_threads = static_cast<int>(useful);
+  if (useful < c->threads) c->threads = c->work_threads;
 }
 // Products a pair costs: the forward's two (2 FLOPs per multiply-add), the backward's five.
 constexpr double kForwardFlops = 2.0, kBackwardFlops = 5.0;

@@ -539,8 +539,11 @@ void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& 
 }
 
 // The fused structure saves 2 of 7 products but has only sequences x kv heads tasks: kAuto takes it
-// when there are at least two such tasks per hardware thread (the machine's, not the call's thread
-// count, so that results do not depend on FMHA_CPU_THREADS) and its dQ buffer stays small.
+// when its dQ buffer stays small and there are at least two such tasks per thread that can run
+// (the machine's hardware threads, or fewer where the problem's size warrants fewer: not the
+// call's thread count, so that results do not depend on FMHA_CPU_THREADS), or a single thread
+// runs: a problem too small for a second thread (below backend.cpp's 6 MFLOP a thread) is better
+// served by 5 products than by the split's parallelism.
 bool use_fused(const Call& c) {
   // The fused structure's tasks each take one sequence: a sum over the batch runs split; and it
   // walks key tiles of a band.
@@ -562,8 +565,9 @@ bool use_fused(const Call& c) {
     case BackwardImpl::kAuto:
       break;
   }
-  const std::int64_t hardware = std::max<std::int64_t>(std::thread::hardware_concurrency(), 1);
-  return tasks >= 2 * hardware;
+  const std::int64_t runnable = std::min<std::int64_t>(
+      std::max<std::int64_t>(std::thread::hardware_concurrency(), 1), c.work_threads);
+  return runnable <= 1 || tasks >= 2 * runnable;
 }
 
 }  // namespace

@@ -123,6 +123,9 @@ struct Call {
   const NeighborhoodGeometry* neighborhood = nullptr;
   BackwardImpl backward_impl = BackwardImpl::kAuto;  // fused or split backward (backward.cpp)
   int threads = 1;                                   // resolved thread count (parallel.h)
+  // The threads the problem's size warrants (backend.cpp), whatever the request: a choice made from
+  // it keeps the results independent of the thread count.
+  int work_threads = 1;
   std::vector<Sequence> sequences;
   Operand q, k, v, out, lse;  // lse optional in the forward, required by the backward
   Operand dout, dlse;         // backward inputs; dlse optional

@@ -48,20 +48,24 @@ class BandTiles {
   }
 
   std::int64_t count() const { return count_; }
-  Tile queries(std::int64_t t) const { return fixed_is_queries_ ? fixed_ : other(t, len_q_); }
-  Tile keys(std::int64_t t) const { return fixed_is_queries_ ? other(t, len_k_) : fixed_; }
-  bool full(std::int64_t t) const {
+  FMHA_CPU_INLINE Tile queries(std::int64_t t) const {
+    return fixed_is_queries_ ? fixed_ : other(t, len_q_);
+  }
+  FMHA_CPU_INLINE Tile keys(std::int64_t t) const {
+    return fixed_is_queries_ ? other(t, len_k_) : fixed_;
+  }
+  FMHA_CPU_INLINE bool full(std::int64_t t) const {
     const Tile q = queries(t), k = keys(t);
     return band_.covers(q.first, q.count, k.first, k.count);
   }
   // Row r of pair t's queries: its hidden scores set to -inf.
-  void hide(std::int64_t t, std::int64_t r, float* row) const {
+  FMHA_CPU_INLINE void hide(std::int64_t t, std::int64_t r, float* row) const {
     const Tile q = queries(t), k = keys(t);
     band_.mask_row(q.first + r, k.first, k.count, row);
   }
   // The bias and rel-pos of row r of pair t (batch index b, head h).
-  void add_terms(const Call& c, std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t r,
-                 float* row) const {
+  FMHA_CPU_INLINE void add_terms(const Call& c, std::int64_t b, std::int64_t h, std::int64_t t,
+                                 std::int64_t r, float* row) const {
     const Tile q = queries(t), k = keys(t);
     add_score_terms(c, b, h, q.first + r, k.first, k.count, row);
   }
@@ -76,7 +80,7 @@ class BandTiles {
         len_q_(seq.len_q),
         len_k_(seq.len_k) {}
 
-  Tile other(std::int64_t t, std::int64_t length) const {
+  FMHA_CPU_INLINE Tile other(std::int64_t t, std::int64_t length) const {
     const std::int64_t first = start_ + t * step_;
     return {.first = first, .count = std::min(step_, length - first)};
   }
