@@ -34,11 +34,10 @@ from typing import Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 
-from .. import _jax_ffi
 from . import _attention, _ffi, _merge
 from ._attention import DENSE, NEIGHBORHOOD, VARLEN
 
-__version__ = _jax_ffi.version()
+__version__ = _ffi.version()
 __all__ = ["attention", "attention_varlen", "na1d", "na2d", "na3d", "merge_attentions"]
 
 _ALIGNMENTS = ("top_left", "bottom_right")

@@ -21,7 +21,14 @@ from typing import NamedTuple, Optional, Sequence
 import jax
 import numpy as np
 
-from .. import _jax_ffi
+try:
+    from .. import _jax_ffi
+except ImportError as error:
+    raise ImportError(
+        "fmha.jax needs the extension fmha._jax_ffi, which this build of fmha does not have: it is "
+        "built when the Python that builds fmha imports jax (pip install jax, then pip install "
+        "--no-build-isolation .); see docs/jax.md"
+    ) from error
 
 _TARGET_PREFIX = "fmha_"
 _STATUS_OK, _STATUS_INVALID, _STATUS_NOT_SUPPORTED = 0, 1, 2
@@ -30,6 +37,10 @@ _STATUS_OK, _STATUS_INVALID, _STATUS_NOT_SUPPORTED = 0, 1, 2
 OPTIONAL_INPUTS = ("bias", "rel_h", "rel_w", "sinks", "extra_k", "extra_v")
 _BACKWARD_IMPLS = {"auto": 0, "fused": 1, "split": 2}
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "int32")
+
+
+def version() -> str:
+    return _jax_ffi.version()
 
 
 def _register() -> None:
