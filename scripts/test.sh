@@ -37,4 +37,9 @@ echo "== Python: install the package, run pytest"
 cuda=OFF
 [ "$gpu" = 1 ] && cuda=AUTO
 "$PYTHON" -m pip install -q --no-build-isolation -C cmake.define.FMHA_ENABLE_CUDA=$cuda .
+# With jax importable the package must contain the JAX front end (tests/python/test_jax.py skips
+# without it, so this is where a build that left it out fails).
+if "$PYTHON" -c "import jax" 2>/dev/null; then
+  "$PYTHON" -c "import fmha.jax" && echo "fmha.jax: built"
+fi
 "$PYTHON" -m pytest -q tests/python
