@@ -124,11 +124,30 @@ constexpr bool bias_ring() {
   return kBiasForm<Policy> && kCopyWarpgroup<kD, Policy> && kD <= 64;
 }
 inline constexpr int kBiasStages = 2;
+// Math warpgroups of a forward kernel: tile_sizes.h's two, or three (192 query rows, one copy
+// warpgroup) for the plain policy up to D 64, where a tile's exponentials take as long as its
+// products and two warpgroups, two math warps a scheduler, leave the tensor cores idle about
+// half of the time. Measured on an H100 (2026-11-28, bf16, D 64, kernel alone, against two in
+// ping-pong): L 512 298 -> 329 TFLOP/s, L 2048 380 -> 475, L 8192 406 -> 503, SAM-B 392 -> 511.
+// Not under masks: the causal mask lost 17% at L 512 (192-row tiles hold more masked work on the
+// diagonal, and three warpgroups run without ping-pong), 3% at L 2048.
+template <int kD, typename Policy>
+constexpr int fwd_warp_groups() {
+  return kD <= 64 && std::is_same_v<Policy, PolicyPlain> ? 3 : warp_groups(kD);
+}
+template <int kD, typename Policy>
+constexpr int fwd_block_m() {
+  return fwd_warp_groups<kD, Policy>() * 64;
+}
+template <int kD, typename Policy>
+constexpr int fwd_threads() {  // the math threads
+  return fwd_warp_groups<kD, Policy>() * 128;
+}
 // Threads of a forward block: the math warpgroups, and the copy warpgroup after them.
 inline constexpr int kCopyThreads = 128;
 template <int kD, typename Policy>
 constexpr int block_threads() {
-  return threads(kD) + (kCopyWarpgroup<kD, Policy> ? kCopyThreads : 0);
+  return fwd_threads<kD, Policy>() + (kCopyWarpgroup<kD, Policy> ? kCopyThreads : 0);
 }
 // Registers a thread of each role keeps (setmaxnreg): 128 x 40 + 256 x 232 of the 65536. Measured
 // against 24 / 240 on an H200 (2026-11-26): D 64 1-3% slower, D 128 level to 5% slower at L 512,
@@ -142,12 +161,18 @@ inline constexpr int kTokenCopyRegisters = 56;
 inline constexpr int kTokenMathRegisters = 224;
 // Above D 128 as token tiles: the copy threads (range loaders at four rows a pass) spilled 900
 // bytes at 40 registers, 610 at 56 (ptxas, D 256; the math threads none at 224).
+// Three math warpgroups: 128 x 24 + 384 x 160 (ptxas, 2026-11-28, D 64 plain: no spill in the math
+// threads).
+inline constexpr int kWideCopyRegisters = 24;
+inline constexpr int kWideMathRegisters = 160;
 template <int kD, typename Policy>
 constexpr int copy_registers() {
+  if constexpr (fwd_warp_groups<kD, Policy>() == 3) return kWideCopyRegisters;
   return Policy::Mask::kTokenTiles || kD > 128 ? kTokenCopyRegisters : kCopyRegisters;
 }
 template <int kD, typename Policy>
 constexpr int math_registers() {
+  if constexpr (fwd_warp_groups<kD, Policy>() == 3) return kWideMathRegisters;
   return Policy::Mask::kTokenTiles || kD > 128 ? kTokenMathRegisters : kMathRegisters;
 }
 

@@ -20,7 +20,8 @@ inline constexpr int kSmemAlignSlack = 1024;
 // memory and fills the column tables for (set_token_tiles). Two query boxes where a copy
 // warpgroup stages the next grid tile's under the current one's math.
 template <int kD, typename Policy>
-using FwdTokenTiles = TokenTileSmem<block_m(kD), block_n(kD), kCopyWarpgroup<kD, Policy> ? 2 : 1>;
+using FwdTokenTiles =
+    TokenTileSmem<fwd_block_m<kD, Policy>(), block_n(kD), kCopyWarpgroup<kD, Policy> ? 2 : 1>;
 
 // K/V stages of a policy: tile_sizes.h's, one fewer for token tiles where their bookkeeping does
 // not fit beside three (D = 128 and 224, where three leave 2 KB; 236 KB was refused on an H100),
@@ -33,7 +34,7 @@ constexpr int stages_of() {
   if constexpr (kCopyWarpgroup<kD, Policy> && kD == 128) return 2;
   constexpr int stages = kv_stages(kD, kStagesScores<Policy>);
   constexpr int bytes =
-      SwizzledTile<block_m(kD), kD>::kBytes + 2 * stages * SwizzledTile<block_n(kD), kD>::kBytes +
+      SwizzledTile<fwd_block_m<kD, Policy>(), kD>::kBytes + 2 * stages * SwizzledTile<block_n(kD), kD>::kBytes +
       kSmemAlignSlack + static_cast<int>(sizeof(FwdTokenTiles<kD, Policy>)) +
       (kCopyWarpgroup<kD, Policy> ? static_cast<int>(sizeof(StageBarriers<3>)) : 0) +
       (kCopyWarpgroup<kD, Policy> && kFirstPhasePv<kD, Policy>
@@ -52,7 +53,7 @@ constexpr bool zero_v_tile() {
 // Q, the K/V stages and the zero V tile.
 template <int kD, typename Policy>
 constexpr int input_smem_bytes() {
-  return SwizzledTile<block_m(kD), kD>::kBytes +
+  return SwizzledTile<fwd_block_m<kD, Policy>(), kD>::kBytes +
          (2 * stages_of<kD, Policy>() + (zero_v_tile<kD, Policy>() ? 1 : 0)) *
              SwizzledTile<block_n(kD), kD>::kBytes;
 }
@@ -64,7 +65,7 @@ constexpr int input_smem_bytes() {
 template <int kD, typename Policy>
 constexpr bool output_tile() {
   return kCopyWarpgroup<kD, Policy> &&
-         input_smem_bytes<kD, Policy>() + SwizzledTile<block_m(kD), kD>::kBytes + kSmemAlignSlack +
+         input_smem_bytes<kD, Policy>() + SwizzledTile<fwd_block_m<kD, Policy>(), kD>::kBytes + kSmemAlignSlack +
                  static_cast<int>(sizeof(StageBarriers<3>)) +
                  (Policy::Mask::kTokenTiles ? static_cast<int>(sizeof(FwdTokenTiles<kD, Policy>))
                                             : 0) <=
@@ -81,7 +82,7 @@ using BiasTile = SwizzledTile<block_m(kD), block_n(kD)>;
 template <int kD, typename Policy>
 constexpr int bias_ring_offset() {
   return input_smem_bytes<kD, Policy>() +
-         (output_tile<kD, Policy>() ? SwizzledTile<block_m(kD), kD>::kBytes : 0);
+         (output_tile<kD, Policy>() ? SwizzledTile<fwd_block_m<kD, Policy>(), kD>::kBytes : 0);
 }
 
 // Shared memory of Q, the K/V stages, the zero V tile, the output tile and the staged bias ring;

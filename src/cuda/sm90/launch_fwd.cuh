@@ -27,7 +27,7 @@ template <typename T, int kD, typename Policy>
 Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   ForwardParams p = params;
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
-  constexpr int kM = block_m(kD);
+  constexpr int kM = fwd_block_m<kD, Policy>();
   // Token tiles keep their bookkeeping after the K/V stages, and stage neither bias nor rel-pos
   // (their rows are no ranges of the sequence).
   int smem = tile_smem_bytes<kD, Policy>() + kSmemAlignSlack +
@@ -57,7 +57,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     // SAM-style rel-pos: stage the block's rel_h | rel_w rows in shared memory when they fit.
     const int pitch =
         detail::rel_staged_pitch((p.seqlen_k + p.rel_w_size - 1) / p.rel_w_size, p.rel_w_size);
-    const std::int64_t staged = std::int64_t{block_m(kD)} * pitch * 2;
+    const std::int64_t staged = std::int64_t{kM} * pitch * 2;
     if (smem + staged <= max_smem) {
       p.rel_staged_pitch = pitch;
       smem += static_cast<int>(staged);

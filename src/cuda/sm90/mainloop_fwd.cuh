@@ -1,6 +1,6 @@
 // The sm90 forward kernel (wgmma; TMA or cp.async copies; sm_90a only).
 //
-// A grid tile is block_m(D) query rows of one (batch, head), computed by warpgroups of 64 rows
+// A grid tile is fwd_block_m(D, policy) query rows of one (batch, head), computed by warpgroups of 64 rows
 // each; a block computes one, or with a copy warpgroup a run of them (persistent blocks,
 // forward_pipeline.cuh). For each it walks the key tiles that its mask policy leaves visible, then
 // the extra-key tiles, with the same policies, online softmax and epilogue contract as the sm80
@@ -64,8 +64,8 @@ template <typename T, int kD, typename Policy>
 __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     forward_kernel(const __grid_constant__ ForwardParams p,
                    const __grid_constant__ ForwardTileMaps maps) {
-  constexpr int kM = block_m(kD);
-  constexpr int kThreads = threads(kD);  // the math threads
+  constexpr int kM = fwd_block_m<kD, Policy>();
+  constexpr int kThreads = fwd_threads<kD, Policy>();  // the math threads
   constexpr bool kCopyWarps = kCopyWarpgroup<kD, Policy>;
   constexpr int kN = block_n(kD);
   constexpr int kStages = stages_of<kD, Policy>();
@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   constexpr int kCopyArrivals = kStagedBoxes ? 2 : 1;
   // Ping-pong (tile_sizes.h) where the softmax reads nothing that a rendezvous frees: the staged
   // bias tiles of the score modifiers would be overwritten under the follower's softmax.
-  constexpr bool kPingPong = ping_pong(kD) && !kGeneralForm<Policy>;
+  constexpr bool kPingPong =
+      ping_pong(kD) && !kGeneralForm<Policy> && fwd_warp_groups<kD, Policy>() == 2;
   // P V short of the bucket's last 16 output columns where the value dim leaves them empty
   // (tile_sizes.h), with a copy warpgroup: the general policy, at 255 registers, spilled 56 bytes
   // more with the phase kind it adds.

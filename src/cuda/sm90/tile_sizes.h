@@ -8,7 +8,9 @@ namespace fmha::cuda::sm90 {
 // K/V tile once for all of them, and while one warpgroup runs its softmax the other keeps the
 // tensor cores busy. Measured on an H100 (bf16, D 64, 16k tokens): three warpgroups (192 rows,
 // 96-key tiles, 168 registers) gain 3-9% from L 8192 on but lose 10-20% below L 4096 and under
-// causal masks (larger blocks: fewer of them, more masked work on the diagonal), so two.
+// causal masks (larger blocks: fewer of them, more masked work on the diagonal), so two; with the
+// copy warpgroup and persistent blocks the plain policy takes three up to D 64
+// (forward_pipeline.cuh: fwd_warp_groups).
 constexpr int warp_groups(int) {
   return 2;
 }
