@@ -183,8 +183,8 @@ TEST(CpuBackend, StridedLayoutsAndOptionalOutputs) {
 
 // The dense calls with an additive bias (full, broadcast by size-1 dimensions or by stride 0) and
 // SAM's decomposed rel-pos, on the fast backend: the forward, and the backward with dbias / drel
-// when they have no broadcast dimension or dbias sums over the batch alone, or without the
-// gradients (each case runs both ways; other broadcast gradients run on the reference).
+// when they have no broadcast dimension or dbias sums over the batch and / or the heads, or without
+// the gradients (each case runs both ways; other broadcast gradients run on the reference).
 TEST(CpuBackend, DenseBiasAndRelPos) {
   std::uint64_t seed = 240;
   auto check_forward = [&](AttentionCase c) {
@@ -226,8 +226,12 @@ TEST(CpuBackend, DenseBiasAndRelPos) {
     c.options.softcap = 4.0f;
     check_forward(c);
     c.bias.zero_stride = true;  // the same broadcast by stride 0
-    c.bias.broadcast = {true, true, false, false};
+    c.bias.broadcast = {true, true, false, false};  // dbias sums over the batch and the heads
     c.sinks = true;
+    check_forward(c);
+    c.bias.zero_stride = false;
+    c.bias.broadcast = {false, true, false, false};  // [B, 1, Lq, Lk]: over the heads
+    c.options.causal = false;
     check_forward(c);
   }
   // SAM-style: keys on an Hk x Wk grid, rel_h / rel_w per query row, with and without a bias.
@@ -405,6 +409,10 @@ TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
     expect_thread_count_independent(biased);
     biased.bias.broadcast = {true, false, false, false};  // dbias summed over the batch
     expect_thread_count_independent(biased);
+    biased.bias.broadcast = {false, true, false, false};  // over the heads
+    expect_thread_count_independent(biased);
+    biased.bias.broadcast = {true, true, false, false};  // over both
+    expect_thread_count_independent(biased);
     biased.bias.broadcast = {false, false, false, false};
     biased.bias.given = false;  // rel-pos and its gradients over a 10 x 20 key grid
     biased.rel_hk = 10;
@@ -492,8 +500,8 @@ TEST(CpuBackend, CoverageRule) {
   extra.extra_k = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
   EXPECT_FALSE(fmha::cpu::supports(extra, DType::kFloat32));
 
-  // The backward's gradients: dbias full-size or summed over the batch alone, not over heads;
-  // none in the varlen backward.
+  // The backward's gradients: dbias full-size or summed over the batch and / or the heads, not
+  // over query rows; none in the varlen backward.
   fmha::detail::ProblemShape shape;
   shape.batch = 2, shape.heads = 3, shape.seqlen_q = 4, shape.seqlen_k = 5;
   fmha::AttentionBackwardParams dense;
@@ -503,6 +511,10 @@ TEST(CpuBackend, CoverageRule) {
   dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 3, 4, 5});
   EXPECT_TRUE(fmha::cpu::supports(dense, shape));
   dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 1, 4, 5});
+  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
+  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 4, 5});
+  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
+  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 3, 1, 5});
   EXPECT_FALSE(fmha::cpu::supports(dense, shape));
   fmha::VarlenBackwardParams varlen;
   varlen.q = dense.q;

@@ -198,12 +198,25 @@ bool full_size(const TensorView& grad, const std::int64_t (&sizes)[4], int first
   return true;
 }
 
-// dbias broadcast over the batch and full elsewhere: summed over the batch by one task per (head,
-// query tile), in sequence order (backward.cpp).
-bool sums_over_batch(const TensorView& dbias, const detail::ProblemShape& shape) {
-  const std::int64_t sizes[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
-  return shape.batch > 1 && (dbias.shape[0] == 1 || dbias.stride[0] == 0) &&
-         full_size(dbias, sizes, 1);
+// Whether dbias sums over the batch (dimension 0) or the heads (1): broadcast there, by a size of 1
+// or a stride of 0, over more than one batch / head.
+bool sums_over(const TensorView& dbias, int d, std::int64_t size) {
+  const auto u = static_cast<std::size_t>(d);
+  return size > 1 && (dbias.shape[u] == 1 || dbias.stride[u] == 0);
+}
+
+// dbias broadcast over the batch and / or the heads and full elsewhere: summed by one task per
+// query tile (and per head / sequence it does not sum over), in sequence then head order
+// (backward.cpp).
+bool sums_over_batch_or_heads(const TensorView& dbias, const detail::ProblemShape& shape) {
+  const bool batch = sums_over(dbias, 0, shape.batch), heads = sums_over(dbias, 1, shape.heads);
+  const std::int64_t full[4] = {batch ? dbias.shape[0] : shape.batch,
+                                heads ? dbias.shape[1] : shape.heads, shape.seqlen_q,
+                                shape.seqlen_k};
+  TensorView rest = dbias;  // the dimensions it does not sum over must be full
+  if (batch) rest.stride[0] = 1;
+  if (heads) rest.stride[1] = 1;
+  return (batch || heads) && full_size(rest, full);
 }
 
 // A neighborhood call without bias or rel-pos (their gathered keys are not consecutive), every
@@ -252,7 +265,8 @@ bool supports(const AttentionBackwardParams& p, const detail::ProblemShape& shap
   const std::int64_t rel_h[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_h_size};
   const std::int64_t rel_w[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_w_size};
   return supports(p.options, p.q.dtype) &&
-         (!g.dbias.defined() || full_size(g.dbias, problem) || sums_over_batch(g.dbias, shape)) &&
+         (!g.dbias.defined() || full_size(g.dbias, problem) ||
+          sums_over_batch_or_heads(g.dbias, shape)) &&
          (!g.drel_h.defined() || full_size(g.drel_h, rel_h)) &&
          (!g.drel_w.defined() || full_size(g.drel_w, rel_w));
 }
@@ -308,7 +322,9 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   c.backward_impl = p.backward_impl;
   if (p.grads.dbias.defined()) {
     c.dbias = score_term(p.grads.dbias);
-    c.dbias_over_batch = sums_over_batch(p.grads.dbias, shape);
+    const bool summed = sums_over_batch_or_heads(p.grads.dbias, shape);
+    c.dbias_over_batch = summed && sums_over(p.grads.dbias, 0, shape.batch);
+    c.dbias_over_heads = summed && sums_over(p.grads.dbias, 1, shape.heads);
   }
   c.drel_h = score_term(p.grads.drel_h);
   c.drel_w = score_term(p.grads.drel_w);

@@ -297,8 +297,8 @@ FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq
 }
 
 // The dQ pass's task: one sequence's query tile from q0 (a neighborhood call's: query box
-// `start`); with dbias over the batch, that tile of every sequence (a dense call's are alike),
-// their dS summed in sequence order, then stored.
+// `start`); with dbias over the batch and / or the heads, that tile of every sequence (a dense
+// call's are alike) and / or head, their dS summed in sequence then head order, then stored.
 template <typename Traits>
 FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
                              std::int64_t start, BackwardScratch& w) {
@@ -308,17 +308,25 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     return;
   }
   const std::int64_t q0 = start, rows = std::min(kQueryTile, seq.len_q - q0);
-  if (!c.dbias_over_batch) {
+  if (!c.dbias_over_batch && !c.dbias_over_heads) {
     dq_rows<Traits>(c, stats, seq, h, BandTiles::for_queries(c, seq, q0, rows), w, nullptr);
     return;
   }
   w.dbias_sum.assign(at(rows * seq.len_k), 0.0f);
-  for (const Sequence& each : c.sequences) {
-    dq_rows<Traits>(c, stats, each, h, BandTiles::for_queries(c, each, q0, rows), w,
-                    w.dbias_sum.data());
+  const std::size_t first_seq = c.dbias_over_batch ? 0 : at(seq.index);
+  const std::size_t end_seq = c.dbias_over_batch ? c.sequences.size() : first_seq + 1;
+  for (std::size_t b = first_seq; b < end_seq; ++b) {
+    const Sequence& each = c.sequences[b];
+    const BandTiles tiles = BandTiles::for_queries(c, each, q0, rows);
+    for (std::int64_t g = c.dbias_over_heads ? 0 : h; g < (c.dbias_over_heads ? c.heads : h + 1);
+         ++g) {
+      dq_rows<Traits>(c, stats, each, g, tiles, w, w.dbias_sum.data());
+    }
   }
+  // The summed dimensions have stride 0 (ScoreTerm): this row is every one of them.
   for (std::int64_t r = 0; r < rows; ++r) {
-    store_strided(c.dbias, c.dbias.row(0, h, q0 + r), seq.len_k, &w.dbias_sum[at(r * seq.len_k)]);
+    store_strided(c.dbias, c.dbias.row(seq.index, h, q0 + r), seq.len_k,
+                  &w.dbias_sum[at(r * seq.len_k)]);
   }
 }
 
@@ -547,7 +555,7 @@ void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& 
 bool use_fused(const Call& c) {
   // The fused structure's tasks each take one sequence: a sum over the batch runs split; and it
   // walks key tiles of a band.
-  if (c.dbias_over_batch || c.neighborhood != nullptr) return false;
+  if (c.dbias_over_batch || c.dbias_over_heads || c.neighborhood != nullptr) return false;
   constexpr std::int64_t kMaxFusedBufferBytes = std::int64_t{64} << 20;
   std::int64_t tasks = 0, longest = 0;
   for (const Sequence& seq : c.sequences) {
@@ -595,11 +603,13 @@ void backward(const Call& c) {
     for (std::int64_t k0 = 0; k0 < key_end; k0 += na != nullptr ? 1 : kKeyTile) {
       for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh) dkdv.push_back({sequence, kvh, k0});
     }
-    // With dbias over the batch, the first sequence's tasks take every sequence's rows.
+    // With dbias over the batch (the heads), the first sequence's (head's) tasks take every
+    // sequence's (head's) rows.
     const std::int64_t query_end = na != nullptr ? na->boxes(na->query_box) : seq.len_q;
     for (std::int64_t q0 = 0; q0 < query_end && (b == 0 || !c.dbias_over_batch);
          q0 += na != nullptr ? 1 : kQueryTile) {
-      for (std::int64_t h = 0; h < c.heads; ++h) dq.push_back({sequence, h, q0});
+      for (std::int64_t h = 0; h < (c.dbias_over_heads ? 1 : c.heads); ++h)
+        dq.push_back({sequence, h, q0});
     }
   }
   run_tiles(c, std::move(dkdv), fns.dkdv, stats);

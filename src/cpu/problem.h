@@ -135,9 +135,10 @@ struct Call {
   // The bias's gradient, only when it has no broadcast dimension: each element belongs to one
   // (b, h, i, j), written by the task that owns query row i (backward.cpp).
   ScoreTerm dbias;
-  // dbias broadcast over the batch only ([1, H, Lq, Lk] of a dense call): the sum over the batch,
-  // taken by one task per (head, query tile) over every sequence in order (backward.cpp).
-  bool dbias_over_batch = false;
+  // dbias broadcast over the batch and / or the heads ([1, H, Lq, Lk], [B, 1, Lq, Lk] or
+  // [1, 1, Lq, Lk] of a dense call): the sum over them, taken by one task per query tile (and per
+  // head, sequence it does not sum over) over its sequences and heads in order (backward.cpp).
+  bool dbias_over_batch = false, dbias_over_heads = false;
   // rel_h / rel_w's gradients under the same condition: row i's sums over its keys' grid columns /
   // rows, accumulated in fp32 by the task that owns the row (rel_h_size = Hk).
   ScoreTerm drel_h, drel_w;
