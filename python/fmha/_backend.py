@@ -1,6 +1,7 @@
 """The backend that runs calls on CPU tensors (SPEC §18), chosen process-wide: "auto" (the default)
-runs the fast CPU backend for what it covers (dense and varlen attention in float32 / float16 /
-bfloat16 without bias, rel-pos or extra keys) and the float64 reference for the rest; "reference"
+runs the fast CPU backend for what it covers (dense, varlen and neighborhood attention in float32 /
+float16 / bfloat16 without extra keys; see docs/api-python.md, Devices) and the float64 reference for
+the rest; "reference"
 runs every CPU call on the reference. CUDA tensors are not affected."""
 
 from __future__ import annotations
