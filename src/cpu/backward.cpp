@@ -206,10 +206,11 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
     float* slope = &w.slope[at(r * kKeyTile)];
     if (r < rows) {
       if (softcap) {
-        for (std::int64_t j = 0; j < cols; ++j) {
-          const float t = std::tanh(prow[j] / c.softcap);
-          prow[j] = c.softcap * t;
-          slope[j] = 1.0f - t * t;
+        const float inverse = 1.0f / c.softcap;
+        for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
+          const typename V::F t = V::tanh(V::load(prow + j) * inverse);
+          V::store(prow + j, t * c.softcap);
+          V::store(slope + j, 1.0f - t * t);
         }
       }
       tiles.add_terms(c, b, h, t, r, prow);

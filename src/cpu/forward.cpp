@@ -70,12 +70,14 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int6
 
 // Softcap, the additive bias and rel-pos (SPEC §2), then the mask: entries the tiles' mask hides
 // and padding columns become -inf. Row r of tile pair t (batch index b, head h).
-template <typename Tiles>
+template <typename V, typename Tiles>
 FMHA_CPU_INLINE void finish_scores(const Call& c, const Tiles& tiles, std::int64_t b,
                                    std::int64_t h, std::int64_t t, std::int64_t r,
                                    std::int64_t cols, std::int64_t ncols, bool full, float* row) {
   if (c.softcap > 0.0f) {
-    for (std::int64_t j = 0; j < cols; ++j) row[j] = c.softcap * std::tanh(row[j] / c.softcap);
+    const float inverse = 1.0f / c.softcap;
+    for (std::int64_t j = 0; j < ncols; j += V::kWidth)
+      V::store(row + j, V::tanh(V::load(row + j) * inverse) * c.softcap);
   }
   tiles.add_terms(c, b, h, t, r, row);
   if (!full) tiles.hide(t, r, row);
@@ -123,7 +125,7 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
         for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
         continue;
       }
-      finish_scores(c, tiles, seq.index, h, t, r, cols, ncols, full, row);
+      finish_scores<V>(c, tiles, seq.index, h, t, r, cols, ncols, full, row);
       // Online softmax (SPEC §10): rescale what came before to the new running maximum.
       typename V::F tile_max = V::broadcast(kNegInf);
       for (std::int64_t j = 0; j < ncols; j += V::kWidth)
