@@ -91,8 +91,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/block_coords.cuh"
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/sm90/policy_forms.h"
+#include "cuda/sm90/tile_copies.cuh"
 #include "cuda/sm90/tile_sizes.h"
 #include "cuda/sm90/tiles.cuh"
 
@@ -218,5 +220,75 @@ struct KvLoaders {
   Loader k, v;
   int thread;
 };
+
+// Sets up the barriers of a block with a copy warpgroup (thread 0; the block barrier after it
+// publishes them): a stage's and Q's `full` complete on kCopyArrivals arrivals a copy thread, a
+// stage's `empty` on one a math warp, Q's `empty` on one a math thread; the tile ring's on its
+// announcing thread and one a warp; the bias ring's (kBiasRing) on the copying thread's and one a
+// math thread.
+template <int kStages, int kMathThreads, int kCopyArrivals, bool kBiasRing>
+__device__ __forceinline__ void init_stage_barriers(StageBarriers<kStages>* bars) {
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    barrier_init(&bars->full[s], kCopyArrivals * kCopyThreads);
+    barrier_init(&bars->empty[s], kMathThreads / 32);
+  }
+  barrier_init(&bars->q_full, kCopyArrivals * kCopyThreads);
+  barrier_init(&bars->q_empty, kMathThreads);
+  for (int buffer = 0; buffer < 2; ++buffer) {
+    barrier_init(&bars->query_box_empty[buffer], kMathThreads / 32);
+  }
+  for (int slot = 0; slot < 2; ++slot) {
+    barrier_init(&bars->tile_full[slot], 1);
+    barrier_init(&bars->tile_empty[slot], (kMathThreads + kCopyThreads) / 32);
+  }
+  if constexpr (kBiasRing) {
+    for (int slot = 0; slot < kBiasStages; ++slot) {
+      barrier_init(&bars->bias_full[slot], 1);
+      barrier_init(&bars->bias_empty[slot], kMathThreads);
+    }
+  }
+  ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+}
+
+// A persistent block's walk over the launch's grid tiles (the launcher starts at most one block an
+// SM), from grid tile blockIdx.x on, in the order the hardware would start the tiles' own blocks:
+// run_tile(index, grid) for each. Tiles of equal work go round robin: block i takes tiles i, i +
+// blocks, ... Under masks that make their work unequal (p.tile_counter set) a block takes the next
+// tile not yet taken when it is done with one, as the hardware would start blocks: the copy
+// warpgroup's thread 0 takes it (an atomic add on the counter, which the launcher zeroed) once it
+// has issued the copies of its current tile, and announces it to the block in a ring of two slots
+// (tile ordinal k in slot k % 2, read by lane 0 of every warp). Every thread of the block walks,
+// in its role (kCopyRole: the copy warpgroup).
+template <bool kCopyRole, int kMathThreads, int kStages, typename RunTile>
+__device__ __forceinline__ void walk_grid_tiles(const ForwardParams& p,
+                                                StageBarriers<kStages>* bars, int lane,
+                                                RunTile&& run_tile) {
+  const dim3 tiles(p.tile_grid[0], p.tile_grid[1], p.tile_grid[2]);
+  const unsigned num_grid_tiles = tiles.x * tiles.y * tiles.z;
+  unsigned t = blockIdx.x;
+  for (int k = 1; t < num_grid_tiles; ++k) {  // k: the ordinal of the next tile
+    run_tile(tile_index(t, tiles), tiles);
+    if (p.tile_counter == nullptr) {
+      t += gridDim.x;
+      continue;
+    }
+    const int slot = k % 2;
+    if (kCopyRole && threadIdx.x == kMathThreads) {
+      const unsigned next = gridDim.x + atomicAdd(p.tile_counter, 1u);
+      if (k >= 3) barrier_wait(&bars->tile_empty[slot], ((k - 3) / 2) & 1);
+      bars->tile[slot] = next;
+      barrier_arrive(&bars->tile_full[slot]);
+    }
+    // Lane 0 of each warp reads the slot, frees it and hands the tile to its warp.
+    unsigned next = 0;
+    if (lane == 0) {
+      barrier_wait(&bars->tile_full[slot], ((k - 1) / 2) & 1);
+      next = *static_cast<volatile unsigned*>(&bars->tile[slot]);
+      barrier_arrive(&bars->tile_empty[slot]);
+    }
+    t = __shfl_sync(0xffffffffu, next, 0);
+  }
+}
 
 }  // namespace fmha::cuda::sm90

@@ -139,27 +139,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   if constexpr (kCopyWarps) {
     bars = reinterpret_cast<StageBarriers<kStages>*>(smem_q_ptr + kBarriersOffset);
     if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) {
-        barrier_init(&bars->full[s], kCopyArrivals * kCopyThreads);
-        barrier_init(&bars->empty[s], kThreads / 32);
-      }
-      barrier_init(&bars->q_full, kCopyArrivals * kCopyThreads);
-      barrier_init(&bars->q_empty, kThreads);
-      for (int buffer = 0; buffer < 2; ++buffer) {
-        barrier_init(&bars->query_box_empty[buffer], kThreads / 32);
-      }
-      for (int slot = 0; slot < 2; ++slot) {
-        barrier_init(&bars->tile_full[slot], 1);
-        barrier_init(&bars->tile_empty[slot], (kThreads + kCopyThreads) / 32);
-      }
-      if constexpr (bias_ring<kD, Policy>()) {
-        for (int slot = 0; slot < kBiasStages; ++slot) {
-          barrier_init(&bars->bias_full[slot], 1);
-          barrier_init(&bars->bias_empty[slot], kThreads);
-        }
-      }
-      ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+      init_stage_barriers<kStages, kThreads, kCopyArrivals, bias_ring<kD, Policy>()>(bars);
     }
     if constexpr (zero_v_tile<kD, Policy>()) {
       // Read by the first phase of every grid tile (P = 0 against it; garbage could hold NaN, and
@@ -876,49 +856,20 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   };  // run_tile
 
   if constexpr (kCopyWarps) {
-    // Persistent blocks (the launcher starts at most one an SM), each from grid tile blockIdx.x
-    // on, in the order the hardware would start the tiles' own blocks. Tiles of equal work go
-    // round robin: block i takes tiles i, i + blocks, ... Under masks that make their work unequal
-    // (p.tile_counter set) a block takes the next tile not yet taken when it is done with one, as
-    // the hardware would start blocks: the copy warpgroup's thread 0 takes it (an atomic add on
-    // the counter, which the launcher zeroed) once it has issued the copies of its current tile,
-    // and announces it to the block in a ring of two slots (tile ordinal k in slot k % 2, read by
-    // lane 0 of every warp). The roles split once (ptxas gives each branch of one if / else the
-    // registers its setmaxnreg sets).
-    const dim3 tiles(p.tile_grid[0], p.tile_grid[1], p.tile_grid[2]);
-    const unsigned num_grid_tiles = tiles.x * tiles.y * tiles.z;
-    auto for_each_tile = [&](auto copy_role) {
-      unsigned t = blockIdx.x;
-      for (int k = 1; t < num_grid_tiles; ++k) {  // k: the ordinal of the next tile
-        run_tile(block_coords<kBiasForm<Policy>>(p, tile_index(t, tiles), tiles), copy_role);
-        if (p.tile_counter == nullptr) {
-          t += gridDim.x;
-          continue;
-        }
-        const int slot = k % 2;
-        if (decltype(copy_role)::value && threadIdx.x == kThreads) {
-          const unsigned next = gridDim.x + atomicAdd(p.tile_counter, 1u);
-          if (k >= 3) barrier_wait(&bars->tile_empty[slot], ((k - 3) / 2) & 1);
-          bars->tile[slot] = next;
-          barrier_arrive(&bars->tile_full[slot]);
-        }
-        // Lane 0 of each warp reads the slot, frees it and hands the tile to its warp.
-        unsigned next = 0;
-        if (lane == 0) {
-          barrier_wait(&bars->tile_full[slot], ((k - 1) / 2) & 1);
-          next = *static_cast<volatile unsigned*>(&bars->tile[slot]);
-          barrier_arrive(&bars->tile_empty[slot]);
-        }
-        t = __shfl_sync(0xffffffffu, next, 0);
-      }
+    // Persistent blocks (forward_pipeline.cuh: walk_grid_tiles). The roles split once (ptxas gives
+    // each branch of one if / else the registers its setmaxnreg sets).
+    auto tile_runner = [&](auto copy_role) {
+      return [&, copy_role](uint3 index, dim3 tiles) {
+        run_tile(block_coords<kBiasForm<Policy>>(p, index, tiles), copy_role);
+      };
     };
     if (threadIdx.x >= kThreads) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(copy_registers<kD, Policy>()));
-      for_each_tile(std::true_type{});
+      walk_grid_tiles<true, kThreads>(p, bars, lane, tile_runner(std::true_type{}));
       tile::cp_async_wait_all();  // no thread leaves with copies in flight
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(math_registers<kD, Policy>()));
-      for_each_tile(std::false_type{});
+      walk_grid_tiles<false, kThreads>(p, bars, lane, tile_runner(std::false_type{}));
       // The follower arrived after each of its phases: the leader's wait for the last one.
       if (kPingPong && warpgroup == 0 && phases_done > 0) {
         named_barrier_sync<kTurnBackBarrier, kThreads>();
