@@ -293,14 +293,9 @@ TEST(CpuBackend, Varlen) {
 AttentionCase na_case(int dims, std::array<std::int64_t, 3> grid,
                       std::array<std::int64_t, 3> kernel, std::array<std::int64_t, 3> dilation,
                       std::array<bool, 3> causal) {
-  AttentionCase c;
+  AttentionCase c = dense_case(1, 1, 40, 24);  // H 4, Hkv 2, dlse
   c.kind = Kind::kNeighborhood;
   c.batch = 2;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 40;
-  c.value_dim = 24;
-  c.dlse = true;
   c.grid = grid;
   c.neighborhood = {.num_dims = dims, .kernel_size = kernel, .dilation = dilation, .causal = causal};
   return c;

@@ -364,10 +364,11 @@ void run(const VarlenBackwardParams& p, const detail::ProblemShape& shape) {
   backward(c);
 }
 
-void run(const NeighborhoodForwardParams& p, const detail::ProblemShape& shape) {
+// A neighborhood call over `geometry` with the operands its forward and backward share.
+template <typename Params>
+Call neighborhood_call(const Params& p, const detail::ProblemShape& shape,
+                       const NeighborhoodGeometry& geometry) {
   Call c = dense_call(p.options, shape);
-  const NeighborhoodGeometry geometry =
-      NeighborhoodGeometry::of(p.neighborhood, shape.grid_rank, shape.grid);
   c.neighborhood = &geometry;
   const int rank = shape.grid_rank;
   c.q = grid_rows(p.q, rank);
@@ -375,21 +376,22 @@ void run(const NeighborhoodForwardParams& p, const detail::ProblemShape& shape) 
   c.v = grid_rows(p.v, rank);
   c.out = grid_rows(p.out, rank);
   c.lse = grid_stats(p.lse, rank);
+  return c;
+}
+
+void run(const NeighborhoodForwardParams& p, const detail::ProblemShape& shape) {
+  const NeighborhoodGeometry geometry =
+      NeighborhoodGeometry::of(p.neighborhood, shape.grid_rank, shape.grid);
+  Call c = neighborhood_call(p, shape, geometry);
   fit_threads_to_work(&c, kForwardFlops);
   forward(c);
 }
 
 void run(const NeighborhoodBackwardParams& p, const detail::ProblemShape& shape) {
-  Call c = dense_call(p.options, shape);
   const NeighborhoodGeometry geometry =
       NeighborhoodGeometry::of(p.neighborhood, shape.grid_rank, shape.grid);
-  c.neighborhood = &geometry;
+  Call c = neighborhood_call(p, shape, geometry);
   const int rank = shape.grid_rank;
-  c.q = grid_rows(p.q, rank);
-  c.k = grid_rows(p.k, rank);
-  c.v = grid_rows(p.v, rank);
-  c.out = grid_rows(p.out, rank);
-  c.lse = grid_stats(p.lse, rank);
   c.dout = grid_rows(p.dout, rank);
   c.dlse = grid_stats(p.dlse, rank);
   c.dq = grid_rows(p.grads.dq, rank);

@@ -195,33 +195,43 @@ std::int64_t NeighborhoodGeometry::boxes(const std::int64_t (&shape)[3]) const {
 
 NeighborhoodTiles NeighborhoodTiles::for_queries(const NeighborhoodGeometry& g, std::int64_t box,
                                                  NeighborhoodScratch& s) {
-  std::int64_t lo[3], hi[3], region_lo[3], region_hi[3];
-  box_and_region(g, g.query_box, box, g.window, lo, hi, region_lo, region_hi);
-  gather(g, lo, hi, s.q_tokens, s.coords);
-  query_windows(g, kQueryTile, s);
-  gather(g, region_lo, region_hi, s.k_tokens, s.coords);
-  key_coordinates(kKeyTile, s);
-  NeighborhoodTiles t;
-  t.s_ = &s;
-  t.fixed_is_queries_ = true;
-  t.step_ = kKeyTile;
-  t.count_ = s.q_tokens.empty() ? 0 : static_cast<std::int64_t>(s.key_bounds.size());
-  return t;
+  return build(g, box, true, kQueryTile, s);
 }
 
 NeighborhoodTiles NeighborhoodTiles::for_keys(const NeighborhoodGeometry& g, std::int64_t box,
                                               std::int64_t query_tile, NeighborhoodScratch& s) {
+  return build(g, box, false, query_tile, s);
+}
+
+NeighborhoodTiles NeighborhoodTiles::build(const NeighborhoodGeometry& g, std::int64_t box,
+                                           bool queries_fixed, std::int64_t query_tile,
+                                           NeighborhoodScratch& s) {
   std::int64_t lo[3], hi[3], region_lo[3], region_hi[3];
-  box_and_region(g, g.key_box, box, g.seen_by, lo, hi, region_lo, region_hi);
-  gather(g, lo, hi, s.k_tokens, s.coords);
-  key_coordinates(kKeyTile, s);
-  gather(g, region_lo, region_hi, s.q_tokens, s.coords);
-  query_windows(g, query_tile, s);
+  box_and_region(g, queries_fixed ? g.query_box : g.key_box, box,
+                 queries_fixed ? g.window : g.seen_by, lo, hi, region_lo, region_hi);
+  // Gathering overwrites s.coords: each side's tables are built right after its gathering.
+  const auto gather_queries = [&](const std::int64_t(&from)[3], const std::int64_t(&to)[3]) {
+    gather(g, from, to, s.q_tokens, s.coords);
+    query_windows(g, query_tile, s);
+  };
+  const auto gather_keys = [&](const std::int64_t(&from)[3], const std::int64_t(&to)[3]) {
+    gather(g, from, to, s.k_tokens, s.coords);
+    key_coordinates(kKeyTile, s);
+  };
+  if (queries_fixed) {
+    gather_queries(lo, hi);
+    gather_keys(region_lo, region_hi);
+  } else {
+    gather_keys(lo, hi);
+    gather_queries(region_lo, region_hi);
+  }
   NeighborhoodTiles t;
   t.s_ = &s;
-  t.fixed_is_queries_ = false;
-  t.step_ = query_tile;
-  t.count_ = s.k_tokens.empty() ? 0 : static_cast<std::int64_t>(s.query_common.size());
+  t.fixed_is_queries_ = queries_fixed;
+  t.step_ = queries_fixed ? kKeyTile : query_tile;
+  const bool empty = queries_fixed ? s.q_tokens.empty() : s.k_tokens.empty();
+  const std::size_t others = queries_fixed ? s.key_bounds.size() : s.query_common.size();
+  t.count_ = empty ? 0 : static_cast<std::int64_t>(others);
   return t;
 }
 

@@ -117,6 +117,9 @@ class NeighborhoodTiles {
     const auto size = static_cast<std::int64_t>(tokens.size());
     return {.first = 0, .count = std::min(most, size - first), .gathered = tokens.data() + first};
   }
+  static NeighborhoodTiles build(const NeighborhoodGeometry& g, std::int64_t box,
+                                 bool queries_fixed, std::int64_t query_tile,
+                                 NeighborhoodScratch& s);
   // The tile pair t's query tile and key tile indices.
   std::int64_t query_tile(std::int64_t t) const { return fixed_is_queries_ ? 0 : t; }
   std::int64_t key_tile(std::int64_t t) const { return fixed_is_queries_ ? t : 0; }

@@ -30,21 +30,15 @@ class BandTiles {
  public:
   static BandTiles for_queries(const Call& c, const Sequence& seq, std::int64_t q0,
                                std::int64_t rows) {
-    BandTiles t(c, seq, {.first = q0, .count = rows}, true, kKeyTile);
-    const std::int64_t first = t.band_.first_key(q0);
-    const std::int64_t last = t.band_.last_key(q0 + rows - 1, seq.len_k);
-    t.start_ = first / kKeyTile * kKeyTile;
-    t.count_ = last < t.start_ ? 0 : (last - t.start_) / kKeyTile + 1;
-    return t;
+    const Band band = Band::of(*c.options, seq.len_q, seq.len_k);
+    return BandTiles(band, seq, {.first = q0, .count = rows}, true, kKeyTile, band.first_key(q0),
+                     band.last_key(q0 + rows - 1, seq.len_k));
   }
   static BandTiles for_keys(const Call& c, const Sequence& seq, std::int64_t k0,
                             std::int64_t cols, std::int64_t query_tile) {
-    BandTiles t(c, seq, {.first = k0, .count = cols}, false, query_tile);
-    const std::int64_t first = t.band_.first_query(k0);
-    const std::int64_t last = t.band_.last_query(k0 + cols - 1, seq.len_q);
-    t.start_ = first / query_tile * query_tile;
-    t.count_ = last < t.start_ ? 0 : (last - t.start_) / query_tile + 1;
-    return t;
+    const Band band = Band::of(*c.options, seq.len_q, seq.len_k);
+    return BandTiles(band, seq, {.first = k0, .count = cols}, false, query_tile,
+                     band.first_query(k0), band.last_query(k0 + cols - 1, seq.len_q));
   }
 
   std::int64_t count() const { return count_; }
@@ -71,14 +65,17 @@ class BandTiles {
   }
 
  private:
-  BandTiles(const Call& c, const Sequence& seq, Tile fixed, bool fixed_is_queries,
-            std::int64_t step)
-      : band_(Band::of(*c.options, seq.len_q, seq.len_k)),
+  // The other side's tiles of `step` tokens from the one holding `first` to the one holding `last`.
+  BandTiles(const Band& band, const Sequence& seq, Tile fixed, bool fixed_is_queries,
+            std::int64_t step, std::int64_t first, std::int64_t last)
+      : band_(band),
         fixed_(fixed),
         fixed_is_queries_(fixed_is_queries),
         step_(step),
         len_q_(seq.len_q),
-        len_k_(seq.len_k) {}
+        len_k_(seq.len_k),
+        start_(first / step * step),
+        count_(last < start_ ? 0 : (last - start_) / step + 1) {}
 
   FMHA_CPU_INLINE Tile other(std::int64_t t, std::int64_t length) const {
     const std::int64_t first = start_ + t * step_;
@@ -89,7 +86,7 @@ class BandTiles {
   Tile fixed_;
   bool fixed_is_queries_;
   std::int64_t step_, len_q_, len_k_;
-  std::int64_t start_ = 0, count_ = 0;
+  std::int64_t start_, count_;
 };
 
 }  // namespace fmha::cpu
