@@ -5,20 +5,52 @@
 //
 // Checked on an H100 (2026-11-27) against the CPU reference (tests/cuda/test_cuda_kv_cache.cpp, also
 // under compute-sanitizer memcheck) and against fp32 SDPA (bench/kv_cache_decode.py).
+//
+// Two attention kernels: the CUDA-core kernel (kv_cache_kernels.cuh), the default, and the
+// tensor-core kernel (kv_cache_mma.cuh), selected with FMHA_KV_CACHE_KERNEL=mma (read once per
+// process). The tensor-core kernel has been compiled for sm_80 and sm_90a but not yet run on a GPU;
+// it becomes the default once the GPU suite (which runs every case under both) has passed. A
+// problem whose tensor-core layout does not fit the device's shared memory runs the CUDA-core one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
 #include "cuda/device_guard.h"
 #include "cuda/kv_cache_backend.h"
-#include "cuda/kv_cache_kernels.cuh"
+#include "cuda/kv_cache_launch.cuh"
 
 namespace fmha::cuda {
+
+namespace {
+
+// -1: no override (the environment decides); else a KvCacheKernel.
+std::atomic<int> kernel_override{-1};
+
+}  // namespace
+
+KvCacheKernel kv_cache_kernel() {
+  const int forced = kernel_override.load(std::memory_order_relaxed);
+  if (forced >= 0) return static_cast<KvCacheKernel>(forced);
+  static const KvCacheKernel from_env = [] {
+    const char* value = std::getenv("FMHA_KV_CACHE_KERNEL");
+    return value != nullptr && std::strcmp(value, "mma") == 0 ? KvCacheKernel::kTensorCores
+                                                               : KvCacheKernel::kCudaCores;
+  }();
+  return from_env;
+}
+
+void override_kv_cache_kernel(const KvCacheKernel* kernel) {
+  kernel_override.store(kernel != nullptr ? static_cast<int>(*kernel) : -1, std::memory_order_relaxed);
+}
+
 namespace {
 
 using kv_cache::kKeys;
@@ -44,6 +76,9 @@ struct DeviceInfo {
   int threads_per_sm = 0;
   int registers_per_sm = 0;
   int kernel_registers = 0;  // per thread, of the attention kernel (both dtypes compile alike)
+  int max_shared_optin = 0;  // dynamic shared memory a block may take after cudaFuncSetAttribute
+  int reserved_per_block = 0;
+  int mma_registers[3] = {};  // of the tensor-core kernel, per head-dim bucket (64, 128, 256)
 };
 
 constexpr int kMaxDevices = 64;
@@ -66,7 +101,17 @@ Status device_info(int device, DeviceInfo* info) {
       e = cudaDeviceGetAttribute(&d.threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device);
     if (e == cudaSuccess)
       e = cudaDeviceGetAttribute(&d.registers_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&d.max_shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&d.reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock, device);
     if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
+    // The tensor-core kernel's shared-memory limit, raised once per device (never per call).
+    e = kv_cache::allow_mma_shared<__half>(d.max_shared_optin);
+    if (e == cudaSuccess) e = kv_cache::allow_mma_shared<__nv_bfloat16>(d.max_shared_optin);
+    if (e != cudaSuccess) return cuda_error("cudaFuncSetAttribute failed", e);
+    for (int n = 0; n < 3 && e == cudaSuccess; ++n) e = kv_cache::mma_registers(64 << n, &d.mma_registers[n]);
+    if (e != cudaSuccess) return cuda_error("cudaFuncGetAttributes failed", e);
     cudaFuncAttributes attributes{};
     e = cudaFuncGetAttributes(&attributes, kv_cache::kv_cache_attention_kernel<__half>);
     if (e != cudaSuccess) return cuda_error("cudaFuncGetAttributes failed", e);
@@ -90,16 +135,40 @@ std::int64_t row_tiles(const detail::ProblemShape& s) {
   return ceil_div(std::max<std::int64_t>(s.seqlen_q, 1) * (s.heads / s.kv_heads), kRows);
 }
 
-// Splits the rule asks for: enough blocks to fill every SM at the kernel's occupancy, with each
-// split keeping at least two tiles of keys of a full cache. A first rule, to be measured.
-int rule_splits(const detail::KvCacheShape& shape, const DeviceInfo& info) {
+// Which attention kernel a call runs, and its dynamic shared memory.
+struct Plan {
+  int mma_stages = 0;  // > 0: the tensor-core kernel with that many stages
+  int shared = 0;
+};
+
+Plan make_plan(const detail::ProblemShape& s, const DeviceInfo& info) {
+  Plan plan;
+  const int D = static_cast<int>(s.head_dim), Dv = static_cast<int>(s.value_dim);
+  if (kv_cache_kernel() == KvCacheKernel::kTensorCores) {
+    plan.mma_stages = kv_cache::mma_stages(D, Dv, info.max_shared_optin);
+  }
+  plan.shared = plan.mma_stages > 0 ? kv_cache::mma_layout(D, Dv, plan.mma_stages).total : shared_bytes(s);
+  return plan;
+}
+
+// Splits the rule asks for. CUDA-core kernel: enough blocks to fill every SM at the kernel's
+// occupancy, with each split keeping at least two tiles of keys of a full cache (a first rule, not
+// tuned). Tensor-core kernel: kv_cache::split_rule (waves x keys per split).
+int rule_splits(const detail::KvCacheShape& shape, const DeviceInfo& info, const Plan& plan) {
   const detail::ProblemShape& s = shape.attention;
+  const std::int64_t blocks = std::max<std::int64_t>(s.batch * s.kv_heads * row_tiles(s), 1);
+  if (plan.mma_stages > 0) {
+    const int bucket = kv_cache::mma_bucket(static_cast<int>(s.head_dim), static_cast<int>(s.value_dim));
+    const int per_sm = kv_cache::mma_blocks_per_sm(plan.shared, info.reserved_per_block, info.shared_per_sm,
+                                                   info.mma_registers[kv_cache::bucket_index(bucket)],
+                                                   info.registers_per_sm, info.threads_per_sm);
+    return kv_cache::split_rule(blocks, shape.cache.capacity, static_cast<std::int64_t>(info.sms) * per_sm);
+  }
   const int by_threads = info.threads_per_sm / kThreads;
-  const int by_shared = info.shared_per_sm / std::max(shared_bytes(s), 1);
+  const int by_shared = info.shared_per_sm / std::max(plan.shared, 1);
   const int by_registers = info.registers_per_sm / std::max(info.kernel_registers * kThreads, 1);
   const int per_sm = std::max(std::min({by_threads, by_shared, by_registers}), 1);
   const std::int64_t resident = static_cast<std::int64_t>(info.sms) * per_sm;
-  const std::int64_t blocks = std::max<std::int64_t>(s.batch * s.kv_heads * row_tiles(s), 1);
   const std::int64_t wanted = ceil_div(resident, blocks);
   const std::int64_t useful = std::max<std::int64_t>(ceil_div(shape.cache.capacity, 2 * kKeys), 1);
   return static_cast<int>(std::clamp<std::int64_t>(std::min(wanted, useful), 1, kMaxSplits));
@@ -114,9 +183,9 @@ std::size_t split_bytes(const detail::ProblemShape& s, int splits) {
 }
 
 int requested_splits(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
-                     const DeviceInfo& info) {
+                     const DeviceInfo& info, const Plan& plan) {
   if (p.num_splits > 0) return std::min(p.num_splits, kMaxSplits);
-  return rule_splits(shape, info);
+  return rule_splits(shape, info, plan);
 }
 
 // Every row of a cache tensor [pages, rows, Hkv, features] starts on 16 bytes and holds whole
@@ -196,18 +265,6 @@ KvCacheKernelParams make_params(const KvCacheForwardParams& p, const detail::KvC
   return k;
 }
 
-template <typename T>
-cudaError_t launch_attention(const KvCacheKernelParams& k, int shared, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(k.batch) * k.kv_heads * k.row_tiles, k.num_splits);
-  kv_cache::kv_cache_attention_kernel<T><<<grid, kThreads, shared, stream>>>(k);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || k.num_splits <= 1) return e;
-  const std::int64_t rows = k.total_q * k.heads;
-  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(rows, kv_cache::kWarps), 1 << 20));
-  kv_cache::kv_cache_combine_kernel<T><<<blocks, kThreads, 0, stream>>>(k);
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 Status kv_cache_workspace_size(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
@@ -218,7 +275,7 @@ Status kv_cache_workspace_size(const KvCacheForwardParams& p, const detail::KvCa
   FMHA_RETURN_IF_ERROR(guard.enter(p.q.device.index));
   DeviceInfo info;
   FMHA_RETURN_IF_ERROR(device_info(p.q.device.index, &info));
-  *bytes = split_bytes(shape.attention, requested_splits(p, shape, info));
+  *bytes = split_bytes(shape.attention, requested_splits(p, shape, info, make_plan(shape.attention, info)));
   return Status::ok_status();
 }
 
@@ -237,7 +294,8 @@ Status run(const KvCacheForwardParams& p, const detail::KvCacheShape& shape, voi
   FMHA_RETURN_IF_ERROR(device_info(p.q.device.index, &info));
 
   KvCacheKernelParams k = make_params(p, shape);
-  int splits = requested_splits(p, shape, info);
+  const Plan plan = make_plan(s, info);
+  int splits = requested_splits(p, shape, info, plan);
   const std::size_t available = p.workspace != nullptr ? p.workspace_bytes : 0;
   while (splits > 1 && split_bytes(s, splits) > available) --splits;  // a small workspace: fewer
   k.num_splits = splits;
@@ -247,11 +305,11 @@ Status run(const KvCacheForwardParams& p, const detail::KvCacheShape& shape, voi
     k.partial_out = static_cast<float*>(p.workspace);
     k.partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) + out_bytes);
   }
-  const int shared = shared_bytes(s);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  const cudaError_t e = p.q.dtype == DType::kFloat16
-                            ? launch_attention<__half>(k, shared, cuda_stream)
-                            : launch_attention<__nv_bfloat16>(k, shared, cuda_stream);
+  const cudaError_t e =
+      p.q.dtype == DType::kFloat16
+          ? kv_cache::launch_attention<__half>(k, plan.mma_stages, plan.shared, cuda_stream)
+          : kv_cache::launch_attention<__nv_bfloat16>(k, plan.mma_stages, plan.shared, cuda_stream);
   if (e != cudaSuccess) return cuda_error("the KV-cache attention kernel failed to launch", e);
   return Status::ok_status();
 }

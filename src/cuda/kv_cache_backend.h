@@ -15,4 +15,14 @@ Status run(const KvCacheAppendParams& p, const detail::KvCacheShape& shape, void
 Status kv_cache_workspace_size(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
                                std::size_t* bytes);
 
+// The attention kernel of a call: kCudaCores (kv_cache_kernels.cuh, the default) or kTensorCores
+// (kv_cache_mma.cuh, with FMHA_KV_CACHE_KERNEL=mma; compiled, not yet run on a GPU). The
+// environment is read once per process.
+enum class KvCacheKernel { kCudaCores = 0, kTensorCores = 1 };
+KvCacheKernel kv_cache_kernel();
+
+// For tests: forces `*kernel` on later calls of this process, or with nullptr gives the choice back
+// to the environment. Not for concurrent use with calls on other threads.
+void override_kv_cache_kernel(const KvCacheKernel* kernel);
+
 }  // namespace fmha::cuda
