@@ -3,6 +3,8 @@
 // and unused pages hold NaN, outputs are poisoned with NaN; paged == contiguous bitwise at the same
 // split count; split counts 1, several and the library's choice; the append; bad device block tables
 // and lengths (clamped: no fault, run under compute-sanitizer); capture into a CUDA graph.
+// Every case runs under both attention kernels (a test parameter): the CUDA-core kernel and the
+// tensor-core kernel of FMHA_KV_CACHE_KERNEL=mma (override_kv_cache_kernel, for the whole test).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +16,7 @@
 
 #include "cuda/cuda_device_copy.h"
 #include "cuda/cuda_forward_case.h"
+#include "cuda/kv_cache_backend.h"
 #include "kv_cache_case.h"
 
 namespace fmha_cuda_test {
@@ -22,6 +25,7 @@ namespace {
 using fmha_test::HostTensor;
 using fmha_test::KvCase;
 using fmha_test::KvCaseData;
+using fmha::cuda::KvCacheKernel;
 
 #define SKIP_WITHOUT_GPU() \
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device present"
@@ -118,6 +122,23 @@ void check_layouts(KvCase c, int splits, std::uint64_t seed, std::initializer_li
   }
 }
 
+// The suite, once per attention kernel: the parameter is forced for the whole test.
+class CudaKvCache : public ::testing::TestWithParam<KvCacheKernel> {
+ protected:
+  void SetUp() override {
+    const KvCacheKernel kernel = GetParam();
+    fmha::cuda::override_kv_cache_kernel(&kernel);
+  }
+  void TearDown() override { fmha::cuda::override_kv_cache_kernel(nullptr); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaKvCache,
+                         ::testing::Values(KvCacheKernel::kCudaCores, KvCacheKernel::kTensorCores),
+                         [](const ::testing::TestParamInfo<KvCacheKernel>& info) {
+                           return std::string(info.param == KvCacheKernel::kTensorCores ? "TensorCores"
+                                                                                         : "CudaCores");
+                         });
+
 KvCase decode_case(DType dtype, std::int64_t heads, std::int64_t kv_heads, std::int64_t dim) {
   KvCase c;
   c.dtype = dtype;
@@ -130,7 +151,7 @@ KvCase decode_case(DType dtype, std::int64_t heads, std::int64_t kv_heads, std::
   return c;
 }
 
-TEST(CudaKvCache, DecodeHeadGroupsAndDims) {
+TEST_P(CudaKvCache, DecodeHeadGroupsAndDims) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 1;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16})
@@ -138,7 +159,7 @@ TEST(CudaKvCache, DecodeHeadGroupsAndDims) {
       for (std::int64_t dim : {64, 128}) check_layouts(decode_case(dtype, heads, kv_heads, dim), 0, ++seed, {16});
 }
 
-TEST(CudaKvCache, OddDimsAndPageSizes) {
+TEST_P(CudaKvCache, OddDimsAndPageSizes) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 100;
   for (auto [dim, value_dim] : {std::pair{17, 17}, std::pair{40, 24}, std::pair{256, 256}, std::pair{96, 200}}) {
@@ -148,7 +169,7 @@ TEST(CudaKvCache, OddDimsAndPageSizes) {
   }
 }
 
-TEST(CudaKvCache, ShortQueriesEveryOption) {
+TEST_P(CudaKvCache, ShortQueriesEveryOption) {
   SKIP_WITHOUT_GPU();
   KvCase base = decode_case(DType::kFloat16, 6, 3, 64);
   base.cache_lens = {0, 3, 170, 40, 9};
@@ -170,7 +191,21 @@ TEST(CudaKvCache, ShortQueriesEveryOption) {
   }
 }
 
-TEST(CudaKvCache, PackedQueriesChunkedPrefill) {
+// Long caches: many key tiles through the copy pipeline (every stage of the ring reused), splits
+// that start mid-page, lengths one past a tile and a page.
+TEST_P(CudaKvCache, LongCachesManyTiles) {
+  SKIP_WITHOUT_GPU();
+  KvCase c = decode_case(DType::kBFloat16, 32, 8, 128);
+  c.cache_lens = {5000, 4097, 64, 65};
+  for (int splits : {1, 7, 0}) check_layouts(c, splits, 350 + splits, {16, 256});
+  c = decode_case(DType::kFloat16, 8, 2, 64);
+  c.cache_lens = {3001, 1};
+  c.seqlen_q = 3;
+  c.options.window_left = 700;
+  for (int splits : {1, 5}) check_layouts(c, splits, 360 + splits, {7, 64});
+}
+
+TEST_P(CudaKvCache, PackedQueriesChunkedPrefill) {
   SKIP_WITHOUT_GPU();
   KvCase c = decode_case(DType::kBFloat16, 8, 2, 128);
   c.cache_lens = {90, 4, 7, 0, 300};
@@ -179,7 +214,7 @@ TEST(CudaKvCache, PackedQueriesChunkedPrefill) {
   for (int splits : {1, 5, 0}) check_layouts(c, splits, 300 + splits, {16, 64});
 }
 
-TEST(CudaKvCache, EmptyCachesAndWorkspaceFallback) {
+TEST_P(CudaKvCache, EmptyCachesAndWorkspaceFallback) {
   SKIP_WITHOUT_GPU();
   KvCase c = decode_case(DType::kFloat16, 4, 2, 64);
   c.cache_lens = {0, 0};
@@ -208,7 +243,7 @@ TEST(CudaKvCache, EmptyCachesAndWorkspaceFallback) {
 // Bad block tables and lengths in device memory are not read by the host; the kernels clamp them.
 // Nothing is checked of the numbers, only that nothing faults (compute-sanitizer memcheck: no access
 // outside the tensors).
-TEST(CudaKvCache, BadDeviceTablesAreClamped) {
+TEST_P(CudaKvCache, BadDeviceTablesAreClamped) {
   SKIP_WITHOUT_GPU();
   KvCase c = decode_case(DType::kFloat16, 8, 2, 64);
   c.page_size = 16;
@@ -252,7 +287,7 @@ TEST(CudaKvCache, BadDeviceTablesAreClamped) {
 }
 
 // Append on the device, then attend: the same result as the case whose cache held the tokens.
-TEST(CudaKvCache, AppendThenAttend) {
+TEST_P(CudaKvCache, AppendThenAttend) {
   SKIP_WITHOUT_GPU();
   for (std::int64_t page_size : {0, 16}) {
     KvCase full = decode_case(DType::kBFloat16, 8, 2, 64);
@@ -300,7 +335,7 @@ TEST(CudaKvCache, AppendThenAttend) {
 }
 
 // A paged decode call captured into a CUDA graph and replayed gives the eager call's result.
-TEST(CudaKvCache, CudaGraphCapture) {
+TEST_P(CudaKvCache, CudaGraphCapture) {
   SKIP_WITHOUT_GPU();
   KvCase c = decode_case(DType::kBFloat16, 8, 2, 128);
   c.page_size = 64;
