@@ -79,6 +79,7 @@ struct DeviceInfo {
   int max_shared_optin = 0;  // dynamic shared memory a block may take after cudaFuncSetAttribute
   int reserved_per_block = 0;
   int mma_registers[3] = {};  // of the tensor-core kernel, per head-dim bucket (64, 128, 256)
+  bool mma_ready = false;     // the two above are set, the kernel's shared-memory limit raised
 };
 
 constexpr int kMaxDevices = 64;
@@ -106,18 +107,23 @@ Status device_info(int device, DeviceInfo* info) {
     if (e == cudaSuccess)
       e = cudaDeviceGetAttribute(&d.reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock, device);
     if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
-    // The tensor-core kernel's shared-memory limit, raised once per device (never per call).
-    e = kv_cache::allow_mma_shared<__half>(d.max_shared_optin);
-    if (e == cudaSuccess) e = kv_cache::allow_mma_shared<__nv_bfloat16>(d.max_shared_optin);
-    if (e != cudaSuccess) return cuda_error("cudaFuncSetAttribute failed", e);
-    for (int n = 0; n < 3 && e == cudaSuccess; ++n) e = kv_cache::mma_registers(64 << n, &d.mma_registers[n]);
-    if (e != cudaSuccess) return cuda_error("cudaFuncGetAttributes failed", e);
     cudaFuncAttributes attributes{};
     e = cudaFuncGetAttributes(&attributes, kv_cache::kv_cache_attention_kernel<__half>);
     if (e != cudaSuccess) return cuda_error("cudaFuncGetAttributes failed", e);
     d.kernel_registers = attributes.numRegs;
     cache[device] = d;
     known[device] = true;
+  }
+  // The tensor-core kernel, the first time a call on this device selects it: its shared-memory limit
+  // raised (once per device, never per call) and its registers read.
+  if (!cache[device].mma_ready && kv_cache_kernel() == KvCacheKernel::kTensorCores) {
+    DeviceInfo& d = cache[device];
+    cudaError_t e = kv_cache::allow_mma_shared<__half>(d.max_shared_optin);
+    if (e == cudaSuccess) e = kv_cache::allow_mma_shared<__nv_bfloat16>(d.max_shared_optin);
+    if (e != cudaSuccess) return cuda_error("cudaFuncSetAttribute failed", e);
+    for (int n = 0; n < 3 && e == cudaSuccess; ++n) e = kv_cache::mma_registers(64 << n, &d.mma_registers[n]);
+    if (e != cudaSuccess) return cuda_error("cudaFuncGetAttributes failed", e);
+    d.mma_ready = true;
   }
   *info = cache[device];
   return Status::ok_status();
@@ -144,7 +150,7 @@ struct Plan {
 Plan make_plan(const detail::ProblemShape& s, const DeviceInfo& info) {
   Plan plan;
   const int D = static_cast<int>(s.head_dim), Dv = static_cast<int>(s.value_dim);
-  if (kv_cache_kernel() == KvCacheKernel::kTensorCores) {
+  if (info.mma_ready && kv_cache_kernel() == KvCacheKernel::kTensorCores) {
     plan.mma_stages = kv_cache::mma_stages(D, Dv, info.max_shared_optin);
   }
   plan.shared = plan.mma_stages > 0 ? kv_cache::mma_layout(D, Dv, plan.mma_stages).total : shared_bytes(s);
