@@ -183,8 +183,9 @@ TEST(CpuBackend, StridedLayoutsAndOptionalOutputs) {
 
 // The dense calls with an additive bias (full, broadcast by size-1 dimensions or by stride 0) and
 // SAM's decomposed rel-pos, on the fast backend: the forward, and the backward with dbias / drel
-// when they have no broadcast dimension or dbias sums over the batch and / or the heads, or without
-// the gradients (each case runs both ways; other broadcast gradients run on the reference).
+// (dbias full-size or summed over any of its broadcast dimensions, drel without a broadcast
+// dimension), or without the gradients (each case runs both ways; a broadcast drel runs on the
+// reference).
 TEST(CpuBackend, DenseBiasAndRelPos) {
   std::uint64_t seed = 240;
   auto check_forward = [&](AttentionCase c) {
@@ -232,6 +233,11 @@ TEST(CpuBackend, DenseBiasAndRelPos) {
     c.bias.zero_stride = false;
     c.bias.broadcast = {false, true, false, false};  // [B, 1, Lq, Lk]: over the heads
     c.options.causal = false;
+    check_forward(c);
+    c.bias.broadcast = {false, false, false, true};  // [B, H, Lq, 1]: over the keys
+    check_forward(c);
+    c.bias.broadcast = {true, true, true, false};  // [1, 1, 1, Lk]: a learned key bias
+    c.options.causal = true;
     check_forward(c);
   }
   // SAM-style: keys on an Hk x Wk grid, rel_h / rel_w per query row, with and without a bias.
@@ -408,6 +414,10 @@ TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
     expect_thread_count_independent(biased);
     biased.bias.broadcast = {true, true, false, false};  // over both
     expect_thread_count_independent(biased);
+    biased.bias.broadcast = {false, false, true, false};  // over query rows
+    expect_thread_count_independent(biased);
+    biased.bias.broadcast = {false, true, false, true};  // over the heads and the keys
+    expect_thread_count_independent(biased);
     biased.bias.broadcast = {false, false, false, false};
     biased.bias.given = false;  // rel-pos and its gradients over a 10 x 20 key grid
     biased.rel_hk = 10;
@@ -495,8 +505,8 @@ TEST(CpuBackend, CoverageRule) {
   extra.extra_k = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
   EXPECT_FALSE(fmha::cpu::supports(extra, DType::kFloat32));
 
-  // The backward's gradients: dbias full-size or summed over the batch and / or the heads, not
-  // over query rows; none in the varlen backward.
+  // The backward's gradients: dbias full-size or summed over any broadcast dimensions; none in the
+  // varlen backward.
   fmha::detail::ProblemShape shape;
   shape.batch = 2, shape.heads = 3, shape.seqlen_q = 4, shape.seqlen_k = 5;
   fmha::AttentionBackwardParams dense;
@@ -510,7 +520,9 @@ TEST(CpuBackend, CoverageRule) {
   dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 4, 5});
   EXPECT_TRUE(fmha::cpu::supports(dense, shape));
   dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 3, 1, 5});
-  EXPECT_FALSE(fmha::cpu::supports(dense, shape));
+  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
+  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 4, 1});
+  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
   fmha::VarlenBackwardParams varlen;
   varlen.q = dense.q;
   EXPECT_TRUE(fmha::cpu::supports(varlen, shape));

@@ -198,25 +198,22 @@ bool full_size(const TensorView& grad, const std::int64_t (&sizes)[4], int first
   return true;
 }
 
-// Whether dbias sums over the batch (dimension 0) or the heads (1): broadcast there, by a size of 1
-// or a stride of 0, over more than one batch / head.
-bool sums_over(const TensorView& dbias, int d, std::int64_t size) {
-  const auto u = static_cast<std::size_t>(d);
-  return size > 1 && (dbias.shape[u] == 1 || dbias.stride[u] == 0);
-}
-
-// dbias broadcast over the batch and / or the heads and full elsewhere: summed by one task per
-// query tile (and per head / sequence it does not sum over), in sequence then head order
-// (backward.cpp).
-bool sums_over_batch_or_heads(const TensorView& dbias, const detail::ProblemShape& shape) {
-  const bool batch = sums_over(dbias, 0, shape.batch), heads = sums_over(dbias, 1, shape.heads);
-  const std::int64_t full[4] = {batch ? dbias.shape[0] : shape.batch,
-                                heads ? dbias.shape[1] : shape.heads, shape.seqlen_q,
-                                shape.seqlen_k};
+// The dimensions of [B, H, Lq, Lk] that dbias sums over: broadcast there, by a size of 1 or a
+// stride of 0, over more than one batch / head / row / key. True when it sums over one at least and
+// is full elsewhere; the dQ pass sums them in a fixed order (backward.cpp).
+bool summed_dims(const TensorView& dbias, const detail::ProblemShape& shape, bool (&sums)[4]) {
+  const std::int64_t sizes[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
+  std::int64_t full[4];
   TensorView rest = dbias;  // the dimensions it does not sum over must be full
-  if (batch) rest.stride[0] = 1;
-  if (heads) rest.stride[1] = 1;
-  return (batch || heads) && full_size(rest, full);
+  bool any = false;
+  for (int d = 0; d < 4; ++d) {
+    const auto u = static_cast<std::size_t>(d);
+    sums[d] = sizes[d] > 1 && (dbias.shape[u] == 1 || dbias.stride[u] == 0);
+    any = any || sums[d];
+    full[d] = sums[d] ? dbias.shape[u] : sizes[d];
+    if (sums[d]) rest.stride[u] = 1;
+  }
+  return any && full_size(rest, full);
 }
 
 // A neighborhood call without bias or rel-pos (their gathered keys are not consecutive), every
@@ -264,9 +261,10 @@ bool supports(const AttentionBackwardParams& p, const detail::ProblemShape& shap
   const std::int64_t problem[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k};
   const std::int64_t rel_h[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_h_size};
   const std::int64_t rel_w[4] = {shape.batch, shape.heads, shape.seqlen_q, shape.rel_w_size};
+  bool sums[4];
   return supports(p.options, p.q.dtype) &&
          (!g.dbias.defined() || full_size(g.dbias, problem) ||
-          sums_over_batch_or_heads(g.dbias, shape)) &&
+          summed_dims(g.dbias, shape, sums)) &&
          (!g.drel_h.defined() || full_size(g.drel_h, rel_h)) &&
          (!g.drel_w.defined() || full_size(g.drel_w, rel_w));
 }
@@ -322,9 +320,9 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   c.backward_impl = p.backward_impl;
   if (p.grads.dbias.defined()) {
     c.dbias = score_term(p.grads.dbias);
-    const bool summed = sums_over_batch_or_heads(p.grads.dbias, shape);
-    c.dbias_over_batch = summed && sums_over(p.grads.dbias, 0, shape.batch);
-    c.dbias_over_heads = summed && sums_over(p.grads.dbias, 1, shape.heads);
+    if (!summed_dims(p.grads.dbias, shape, c.dbias_sums)) {
+      for (bool& sum : c.dbias_sums) sum = false;
+    }
   }
   c.drel_h = score_term(p.grads.drel_h);
   c.drel_w = score_term(p.grads.drel_w);

@@ -67,7 +67,7 @@ struct BackwardScratch {
   // drel: each owned row's sums, Hk of rel_h's then Wk of rel_w's: the dQ pass's tile, or the
   // fused task's [group, Lq up to kQueryTile] rows.
   std::vector<float> rel, rel_all;
-  std::vector<float> dbias_sum;  // dbias over the batch: the task's rows x Lk
+  std::vector<float> dbias_sum;  // a summed dbias: the task's rows (or one) x Lk (or one)
   NeighborhoodScratch na;        // a neighborhood task's gathered tiles
 
   void allocate(const Call& c) {
@@ -187,7 +187,7 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
                                      std::int64_t ncols, BackwardScratch& w, bool row_sums,
                                      bool exact_delta, bool owns_rows, float* rel_rows = nullptr,
                                      float* dbias_sum = nullptr,
-                                     std::int64_t dbias_sum_stride = 0) {
+                                     std::int64_t dbias_sum_width = 0) {
   using V = typename Traits::V;
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
   const Tile queries = tiles.queries(t), keys = tiles.keys(t);
@@ -236,9 +236,12 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
       if (softcap && !dbias && !drel) grad *= V::load(slope + j);
       V::store(dsrow + j, grad);
     }
-    if (dbias && dbias_sum != nullptr) {  // a sum over the batch, in the task's order
-      float* sum = dbias_sum + r * dbias_sum_stride + k0;
-      for (std::int64_t j = 0; j < cols; ++j) sum[j] += dsrow[j];
+    if (dbias && dbias_sum != nullptr) {  // a sum over broadcast dimensions, in the task's order
+      // Summed rows share one row of the sum, summed keys one column.
+      const std::int64_t col_stride = c.dbias_sums[3] ? 0 : 1;
+      const std::int64_t row_stride = c.dbias_sums[2] ? 0 : dbias_sum_width;
+      float* sum = dbias_sum + r * row_stride + k0 * col_stride;
+      for (std::int64_t j = 0; j < cols; ++j) sum[j * col_stride] += dsrow[j];
     } else if (dbias) {
       store_strided(c.dbias, c.dbias.row(b, h, queries.token(r)) + k0 * c.dbias.stride[3], cols,
                     dsrow);
@@ -283,7 +286,7 @@ FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq
     load_key_tile(c, seq, kvh, keys, ncols, w, true);
     score_gradients<Traits>(c, tiles, t, seq.index, h, rows_pad, ncols, w, row_sums,
                             keys.count == seq.len_k, /*owns_rows=*/true, rel_rows, dbias_sum,
-                            seq.len_k);
+                            c.dbias_sums[3] ? 1 : seq.len_k);
     gemm<Traits>(rows_pad, dp, keys.count, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp,
                  true);
   }
@@ -298,8 +301,9 @@ FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq
 }
 
 // The dQ pass's task: one sequence's query tile from q0 (a neighborhood call's: query box
-// `start`); with dbias over the batch and / or the heads, that tile of every sequence (a dense
-// call's are alike) and / or head, their dS summed in sequence then head order, then stored.
+// `start`); with a summed dbias, that tile of every sequence it sums over (a dense call's are
+// alike), of every head, and every query tile (from q0 = 0), their dS summed in sequence, head,
+// tile and row order, then stored.
 template <typename Traits>
 FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
                              std::int64_t start, BackwardScratch& w) {
@@ -309,25 +313,28 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
     return;
   }
   const std::int64_t q0 = start, rows = std::min(kQueryTile, seq.len_q - q0);
-  if (!c.dbias_over_batch && !c.dbias_over_heads) {
+  if (!c.dbias_summed()) {
     dq_rows<Traits>(c, stats, seq, h, BandTiles::for_queries(c, seq, q0, rows), w, nullptr);
     return;
   }
-  w.dbias_sum.assign(at(rows * seq.len_k), 0.0f);
-  const std::size_t first_seq = c.dbias_over_batch ? 0 : at(seq.index);
-  const std::size_t end_seq = c.dbias_over_batch ? c.sequences.size() : first_seq + 1;
+  const bool* sums = c.dbias_sums;
+  const std::int64_t height = sums[2] ? 1 : rows, width = sums[3] ? 1 : seq.len_k;
+  w.dbias_sum.assign(at(height * width), 0.0f);
+  const std::size_t first_seq = sums[0] ? 0 : at(seq.index);
+  const std::size_t end_seq = sums[0] ? c.sequences.size() : first_seq + 1;
   for (std::size_t b = first_seq; b < end_seq; ++b) {
     const Sequence& each = c.sequences[b];
-    const BandTiles tiles = BandTiles::for_queries(c, each, q0, rows);
-    for (std::int64_t g = c.dbias_over_heads ? 0 : h; g < (c.dbias_over_heads ? c.heads : h + 1);
-         ++g) {
-      dq_rows<Traits>(c, stats, each, g, tiles, w, w.dbias_sum.data());
+    for (std::int64_t g = sums[1] ? 0 : h; g < (sums[1] ? c.heads : h + 1); ++g) {
+      for (std::int64_t q = q0; q < (sums[2] ? each.len_q : q0 + 1); q += kQueryTile) {
+        const std::int64_t tile_rows = std::min(kQueryTile, each.len_q - q);
+        dq_rows<Traits>(c, stats, each, g, BandTiles::for_queries(c, each, q, tile_rows), w,
+                        w.dbias_sum.data());
+      }
     }
   }
-  // The summed dimensions have stride 0 (ScoreTerm): this row is every one of them.
-  for (std::int64_t r = 0; r < rows; ++r) {
-    store_strided(c.dbias, c.dbias.row(seq.index, h, q0 + r), seq.len_k,
-                  &w.dbias_sum[at(r * seq.len_k)]);
+  // The summed dimensions have stride 0 (ScoreTerm): these rows are every one of them.
+  for (std::int64_t r = 0; r < height; ++r) {
+    store_strided(c.dbias, c.dbias.row(seq.index, h, q0 + r), width, &w.dbias_sum[at(r * width)]);
   }
 }
 
@@ -556,7 +563,7 @@ void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& 
 bool use_fused(const Call& c) {
   // The fused structure's tasks each take one sequence: a sum over the batch runs split; and it
   // walks key tiles of a band.
-  if (c.dbias_over_batch || c.dbias_over_heads || c.neighborhood != nullptr) return false;
+  if (c.dbias_summed() || c.neighborhood != nullptr) return false;
   constexpr std::int64_t kMaxFusedBufferBytes = std::int64_t{64} << 20;
   std::int64_t tasks = 0, longest = 0;
   for (const Sequence& seq : c.sequences) {
@@ -604,12 +611,13 @@ void backward(const Call& c) {
     for (std::int64_t k0 = 0; k0 < key_end; k0 += na != nullptr ? 1 : kKeyTile) {
       for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh) dkdv.push_back({sequence, kvh, k0});
     }
-    // With dbias over the batch (the heads), the first sequence's (head's) tasks take every
-    // sequence's (head's) rows.
+    // With a dbias summed over the batch (heads, query rows), the first sequence's (head's, query
+    // tile's) tasks take every sequence's (head's, tile's) rows.
     const std::int64_t query_end = na != nullptr ? na->boxes(na->query_box) : seq.len_q;
-    for (std::int64_t q0 = 0; q0 < query_end && (b == 0 || !c.dbias_over_batch);
+    for (std::int64_t q0 = 0; q0 < query_end && (b == 0 || !c.dbias_sums[0]) &&
+                              (q0 == 0 || !c.dbias_sums[2]);
          q0 += na != nullptr ? 1 : kQueryTile) {
-      for (std::int64_t h = 0; h < (c.dbias_over_heads ? 1 : c.heads); ++h)
+      for (std::int64_t h = 0; h < (c.dbias_sums[1] ? 1 : c.heads); ++h)
         dq.push_back({sequence, h, q0});
     }
   }

@@ -135,10 +135,15 @@ struct Call {
   // The bias's gradient, only when it has no broadcast dimension: each element belongs to one
   // (b, h, i, j), written by the task that owns query row i (backward.cpp).
   ScoreTerm dbias;
-  // dbias broadcast over the batch and / or the heads ([1, H, Lq, Lk], [B, 1, Lq, Lk] or
-  // [1, 1, Lq, Lk] of a dense call): the sum over them, taken by one task per query tile (and per
-  // head, sequence it does not sum over) over its sequences and heads in order (backward.cpp).
-  bool dbias_over_batch = false, dbias_over_heads = false;
+  // dbias broadcast over some of [batch, heads, query rows, keys] ([1, H, Lq, Lk], [B, 1, 1, Lk],
+  // ... of a dense call): the sum over them, taken by one dQ-pass task per query tile, head and
+  // sequence it does not sum over, which takes the sequences, heads and query tiles it sums in order
+  // (backward.cpp). All false: dbias has no broadcast dimension.
+  bool dbias_sums[4] = {false, false, false, false};
+
+  bool dbias_summed() const {
+    return dbias_sums[0] || dbias_sums[1] || dbias_sums[2] || dbias_sums[3];
+  }
   // rel_h / rel_w's gradients under the same condition: row i's sums over its keys' grid columns /
   // rows, accumulated in fp32 by the task that owns the row (rel_h_size = Hk).
   ScoreTerm drel_h, drel_w;
