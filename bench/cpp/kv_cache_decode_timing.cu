@@ -79,7 +79,8 @@ Device query_device() {
   return d;
 }
 
-// The CUDA-core kernel's split rule, as kv_cache.cu applies it.
+// The CUDA-core kernel's split rule of kv_cache.cu, its blocks per SM from the occupancy calculator
+// (kv_cache.cu derives them from the device limits: the same count here).
 int cuda_core_splits(const Device& dev, std::int64_t blocks, std::int64_t capacity, int shared) {
   int per_sm = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
