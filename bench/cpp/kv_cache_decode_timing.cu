@@ -80,7 +80,8 @@ Device query_device() {
 }
 
 // The CUDA-core kernel's split rule of kv_cache.cu, its blocks per SM from the occupancy calculator
-// (kv_cache.cu derives them from the device limits: the same count here).
+// (kv_cache.cu derives them from the device limits without the 1 KB a block reserves: at most one
+// block an SM apart).
 int cuda_core_splits(const Device& dev, std::int64_t blocks, std::int64_t capacity, int shared) {
   int per_sm = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
