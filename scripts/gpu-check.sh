@@ -13,6 +13,7 @@
 #   BENCH_RUNS="standard|--cases D64 --impls fmha,sdpa-flash;na|--impls fmha,flex" \
 #     STEPS="build cuda-tests bench" bash scripts/gpu-check.sh   # several bench runs, one process each
 #   STEPS="build fuzz" FUZZ_VALID=50000 bash scripts/gpu-check.sh   # the long fuzzing run (optional step)
+#   STEPS="kernel-timing" bash scripts/gpu-check.sh   # the kernels alone (bench/cpp; optional step)
 # A failed cuda-tests step skips the bench and ncu steps (their device time would time a broken build;
 # GATE=0 runs them anyway).
 set -uo pipefail
@@ -179,6 +180,28 @@ bench() {
   return $status
 }
 
+# The kernels alone, an optional step (bench/cpp, built here with nvcc, no library): the sm90 forward
+# at the head-dim buckets of TIMING_BUCKETS, and the KV cache's split-KV kernels, whose tool also
+# checks the tensor-core kernel's out and lse against the CUDA-core kernel's (exit 1 on a mismatch).
+kernel_timing() {
+  local b status=0 nvcc_args=(-std=c++17 --expt-relaxed-constexpr -O3
+    -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude -Ibench/cpp)
+  mkdir -p build-gpu/timing
+  for b in ${TIMING_BUCKETS:-64 128 256}; do
+    nvcc "${nvcc_args[@]}" -DFMHA_TIMING_BUCKET="$b" -DFMHA_TIMING_D="$b" \
+      -o "build-gpu/timing/sm90-forward-timing-$b" bench/cpp/sm90_forward_timing.cu \
+      src/cuda/workspace_pool.cu -lcuda &
+  done
+  nvcc "${nvcc_args[@]}" -o build-gpu/timing/kv-cache-decode-timing \
+    bench/cpp/kv_cache_decode_timing.cu &
+  wait
+  for b in ${TIMING_BUCKETS:-64 128 256}; do
+    timeout "${TIMING_SECONDS:-120}" "build-gpu/timing/sm90-forward-timing-$b" || status=1
+  done
+  timeout "${TIMING_SECONDS:-120}" build-gpu/timing/kv-cache-decode-timing || status=1
+  return $status
+}
+
 # Nsight Compute on one launch per "case:kernel" of NCU_CASES (scripts/ncu-kernels.sh).
 ncu_profiles() {
   pip_ready || return 1
@@ -209,6 +232,7 @@ has python && run_step python python_tests
 has fuzz && run_step fuzz fuzz
 has bench && run_step bench bench
 has ncu && run_step ncu ncu_profiles
+has kernel-timing && run_step kernel-timing kernel_timing
 
 echo
 echo "== gpu-check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
@@ -217,6 +241,7 @@ for summary in "$OUT"/bench/summary.txt "$OUT"/bench/*/summary.txt; do
   [ -f "$summary" ] && { echo; cat "$summary"; }
 done
 has ncu && { echo; grep -v "^ncu\|^==PROF==" "$OUT/ncu.log" | tail -n 60; }
+has kernel-timing && { echo; grep -E "TFLOP/s|TB/s|diff|FAIL|error" "$OUT/kernel-timing.log" | tail -n 80; }
 # One archive of everything, for runners that fetch only a handful of files.
 tar -czf "$RESULTS/gpu-check.tgz" -C "$RESULTS" gpu-check && [ -n "${PACK_ONLY:-}" ] && rm -rf "$OUT"
 exit 0
