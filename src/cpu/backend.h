@@ -3,9 +3,8 @@
 // masks (both alignments), windows, neighborhood masks (1-D / 2-D / 3-D, dilation, per-axis
 // causality; key tiles no query of a box sees are never visited), GQA / MQA, Dv != D, softcap,
 // sinks, lse / dlse, an additive bias and SAM's decomposed rel-pos (dense calls; varlen calls a
-// bias), with dbias and drel in the dense backward when they have no broadcast dimension (dbias
-// also summed over the batch alone). What it does not take (other broadcast gradients, a varlen
-// dbias, extra keys, float64, a neighborhood call with bias or rel-pos or a grid whose axes one
+// bias), with dbias of any broadcast shape and drel without a broadcast dimension in the dense
+// backward. What it does not take (a broadcast drel, a varlen dbias, extra keys, float64, a neighborhood call with bias or rel-pos or a grid whose axes one
 // token stride does not flatten, merge) runs on the float64 reference.
 #pragma once
 
@@ -18,8 +17,8 @@ namespace fmha::cpu {
 // The options and dtype every entry point takes: fp32 / fp16 / bf16 inputs without extra keys.
 bool supports(const AttentionOptions& options, DType dtype);
 // Whether the fast backend computes a validated call (dispatch runs the rest on the reference):
-// the options above; in the dense backward dbias / drel_h / drel_w without a broadcast dimension,
-// or dbias summed over the batch alone; in the varlen backward no dbias; neighborhood calls without
+// the options above; in the dense backward drel_h / drel_w without a broadcast dimension (dbias of
+// any shape); in the varlen backward no dbias; neighborhood calls without
 // bias and rel-pos, each tensor's grid flattened by one token stride.
 bool supports(const AttentionForwardParams& p, const detail::ProblemShape& shape);
 bool supports(const AttentionBackwardParams& p, const detail::ProblemShape& shape);
