@@ -25,7 +25,7 @@ ARCHS=${FMHA_CUDA_ARCHITECTURES:-90a-real}
 # Fewer head-dim buckets build faster (e.g. "64;128" for a quick benchmark; the GPU tests need all;
 # PIP_BUCKETS narrows only the Python package, for the benchmark).
 BUCKETS=${FMHA_HEAD_DIM_BUCKETS:-"32;64;96;128;160;192;224;256"}
-STEPS=${STEPS:-"build cuda-tests sm80-tests cp-async-tests persistent-tests sanitizer stress python bench"}
+STEPS=${STEPS:-"build cuda-tests sm80-tests cp-async-tests persistent-tests long-rows-tests sanitizer stress python bench"}
 SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*:*WideHeads*:*Float32Sm90Planes*"}
 JOBS=$(nproc)
 GTEST_SRC=${GTEST_SRC:-$PWD/.gpu/googletest}
@@ -93,6 +93,12 @@ sm80_tests() {
 cp_async_tests() {
   FMHA_SM90_TMA=0 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
       --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward.Bias*:-*Float32*"
+}
+# The sm90 forward's 80-key tiles for plain attention over long rows at D 256 (FMHA_SM90_LONG_ROWS=1,
+# not yet the default): the forward tests, and the backward's that run the forward at D 256.
+long_rows_tests() {
+  FMHA_SM90_LONG_ROWS=1 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
+      --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward.WideHeads*:-*Float32*"
 }
 # The sm90 forward's blocks with a copy warpgroup are persistent: one block an SM walks several
 # tiles, carrying stage slots and barrier phases from tile to tile. The tests' grids are small
@@ -197,6 +203,9 @@ kernel_timing() {
   wait
   for b in ${TIMING_BUCKETS:-64 128 256}; do
     timeout "${TIMING_SECONDS:-120}" "build-gpu/timing/sm90-forward-timing-$b" || status=1
+    # D 256 again with the 80-key tiles of long rows (from 1024 keys; not yet the default).
+    [ "$b" = 256 ] && { FMHA_SM90_LONG_ROWS=1 timeout "${TIMING_SECONDS:-120}" \
+      "build-gpu/timing/sm90-forward-timing-$b" | sed 's/^/long-rows /' || status=1; }
   done
   timeout "${TIMING_SECONDS:-120}" build-gpu/timing/kv-cache-decode-timing || status=1
   return $status
@@ -226,6 +235,7 @@ fi
 has sm80-tests && run_step sm80-tests sm80_tests
 has cp-async-tests && run_step cp-async-tests cp_async_tests
 has persistent-tests && run_step persistent-tests persistent_tests
+has long-rows-tests && run_step long-rows-tests long_rows_tests
 has sanitizer && run_step sanitizer sanitizer
 has stress && run_step stress stress
 has python && run_step python python_tests

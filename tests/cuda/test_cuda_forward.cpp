@@ -321,6 +321,24 @@ TEST(CudaForward, Varlen) {
   check_forward(c, 113);
 }
 
+// Plain attention over 1024 keys or more at D 256 runs the sm90 forward's 80-key tiles
+// (PolicyPlainLongRows): a partial last tile, GQA, Dv != D, unaligned head dims, sinks and extra
+// keys, a batch, and varlen whose longest sequence takes them while others are short.
+TEST(CudaForward, LongRowsAtD256) {
+  SKIP_WITHOUT_GPU();
+  check_forward(shape_case(DType::kBFloat16, 130, 1103, 256, 256, 4, 2), 91);
+  check_forward(shape_case(DType::kFloat16, 65, 1024, 256, 256, 2, 1, 2), 92);
+  check_forward(shape_case(DType::kBFloat16, 33, 1201, 250, 200, 2, 1), 93);
+  ForwardCase c = shape_case(DType::kFloat16, 200, 1040, 256, 256, 4, 4);
+  c.sinks = true;
+  c.extra = 90;  // two 80-key tiles of extra keys, the second partial
+  check_forward(c, 94);
+  ForwardCase v = shape_case(DType::kBFloat16, 0, 0, 256, 256, 4, 2);
+  v.varlen_q = {17, 300, 1};
+  v.varlen_k = {1100, 33, 0};
+  check_forward(v, 95);
+}
+
 TEST(CudaForward, LongCausalWithEverything) {
   SKIP_WITHOUT_GPU();
   ForwardCase c = shape_case(DType::kBFloat16, 1023, 1023, 80, 80, 2, 1);

@@ -1,6 +1,7 @@
 // Switches for measuring and testing, read from the environment: NAME=0 turns off a behaviour that
-// is on by default (FMHA_SM90_TMA, FMHA_HEAD_SECTIONS, FMHA_DQ_OVERLAP). Callers keep the answer
-// in a function-local static, so each is read once per process.
+// is on by default (FMHA_SM90_TMA, FMHA_HEAD_SECTIONS, FMHA_DQ_OVERLAP), NAME=1 turns on one that is
+// not yet (FMHA_SM90_LONG_ROWS). Callers keep the answer in a function-local static, so each is
+// read once per process.
 #pragma once
 
 #include <cstdlib>
@@ -11,6 +12,11 @@ namespace fmha::cuda {
 inline bool switched_off_by_env(const char* name) {
   const char* value = std::getenv(name);
   return value != nullptr && std::string_view(value) == "0";
+}
+
+inline bool switched_on_by_env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::string_view(value) == "1";
 }
 
 }  // namespace fmha::cuda

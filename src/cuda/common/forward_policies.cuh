@@ -18,6 +18,14 @@ struct PolicyPlain {
   using Scores = ScoreScale;
 };
 
+// Plain attention over long rows: the plain policy in the sm90 forward's wider key tiles at D 256
+// (sm90/forward_pipeline.cuh: fwd_block_n), which its launch picks from the key count.
+struct PolicyPlainLongRows {
+  using Mask = MaskNone;
+  template <typename T>
+  using Scores = ScoreScale;
+};
+
 // Causal and windows without score modifiers: the general policy's mask with the plain policy's
 // scores, so the most common masked case does not pay the modifiers' registers.
 struct PolicyWindow {

@@ -92,6 +92,7 @@
 #include <type_traits>
 
 #include "cuda/common/block_coords.cuh"
+#include "cuda/common/env_switch.h"
 #include "cuda/common/forward_policies.cuh"
 #include "cuda/sm90/policy_forms.h"
 #include "cuda/sm90/tile_copies.cuh"
@@ -145,6 +146,23 @@ template <int kD, typename Policy>
 constexpr int fwd_threads() {  // the math threads
   return fwd_warp_groups<kD, Policy>() * 128;
 }
+// Keys per tile of a forward kernel: tile_sizes.h's block_n, or 80 for plain attention over long
+// rows at D 256 (PolicyPlainLongRows, two stages: 224 of the 227 KB), where S = Q K^T at n 64, both
+// operands in shared memory, needs about as many bytes a clock as the SM's shared memory delivers
+// and n 80 reads Q a fifth less often. Measured on an H100 (2026-11-28, bf16, kernel alone, against
+// 64-key tiles): L 2048 628 -> 656 TFLOP/s, L 8192 682-692 -> 713, SAM-B's shape 615-632 -> 720;
+// L 512 434 -> 400 (a last tile of 32 keys in 80), hence from kLongRowKeys keys on. Not yet run
+// against the tests: taken only with FMHA_SM90_LONG_ROWS=1 (read once) until it has.
+template <int kD, typename Policy>
+constexpr int fwd_block_n() {
+  return kD == 256 && std::is_same_v<Policy, PolicyPlainLongRows> ? 80 : block_n(kD);
+}
+inline constexpr std::int64_t kLongRowKeys = 1024;
+inline bool long_row_tiles_enabled() {
+  static const bool enabled = switched_on_by_env("FMHA_SM90_LONG_ROWS");
+  return enabled;
+}
+
 // Threads of a forward block: the math warpgroups, and the copy warpgroup after them.
 inline constexpr int kCopyThreads = 128;
 template <int kD, typename Policy>

@@ -21,7 +21,7 @@ inline constexpr int kSmemAlignSlack = 1024;
 // warpgroup stages the next grid tile's under the current one's math.
 template <int kD, typename Policy>
 using FwdTokenTiles =
-    TokenTileSmem<fwd_block_m<kD, Policy>(), block_n(kD), kCopyWarpgroup<kD, Policy> ? 2 : 1>;
+    TokenTileSmem<fwd_block_m<kD, Policy>(), fwd_block_n<kD, Policy>(), kCopyWarpgroup<kD, Policy> ? 2 : 1>;
 
 // K/V stages of a policy: tile_sizes.h's, one fewer for token tiles where their bookkeeping does
 // not fit beside three (D = 128 and 224, where three leave 2 KB; 236 KB was refused on an H100),
@@ -34,11 +34,11 @@ constexpr int stages_of() {
   if constexpr (kCopyWarpgroup<kD, Policy> && kD == 128) return 2;
   constexpr int stages = kv_stages(kD, kStagesScores<Policy>);
   constexpr int bytes =
-      SwizzledTile<fwd_block_m<kD, Policy>(), kD>::kBytes + 2 * stages * SwizzledTile<block_n(kD), kD>::kBytes +
+      SwizzledTile<fwd_block_m<kD, Policy>(), kD>::kBytes + 2 * stages * SwizzledTile<fwd_block_n<kD, Policy>(), kD>::kBytes +
       kSmemAlignSlack + static_cast<int>(sizeof(FwdTokenTiles<kD, Policy>)) +
       (kCopyWarpgroup<kD, Policy> ? static_cast<int>(sizeof(StageBarriers<3>)) : 0) +
       (kCopyWarpgroup<kD, Policy> && kFirstPhasePv<kD, Policy>
-           ? SwizzledTile<block_n(kD), kD>::kBytes
+           ? SwizzledTile<fwd_block_n<kD, Policy>(), kD>::kBytes
            : 0);
   return Policy::Mask::kTokenTiles && bytes > kMaxBlockSmem ? stages - 1 : stages;
 }
@@ -55,7 +55,7 @@ template <int kD, typename Policy>
 constexpr int input_smem_bytes() {
   return SwizzledTile<fwd_block_m<kD, Policy>(), kD>::kBytes +
          (2 * stages_of<kD, Policy>() + (zero_v_tile<kD, Policy>() ? 1 : 0)) *
-             SwizzledTile<block_n(kD), kD>::kBytes;
+             SwizzledTile<fwd_block_n<kD, Policy>(), kD>::kBytes;
 }
 
 // Whether a block with a copy warpgroup stages its output rows in a tile of their own (where

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/sm90/launch_fwd.h"
 #include "cuda/sm90/launch_limits.h"
@@ -26,6 +27,12 @@ inline int rel_staged_pitch(std::int64_t rel_h_size, std::int64_t rel_w_size) {
 template <typename T, int kD, typename Policy>
 Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   ForwardParams p = params;
+  if constexpr (std::is_same_v<Policy, PolicyPlain> &&
+                fwd_block_n<kD, PolicyPlainLongRows>() != block_n(kD)) {
+    if (p.seqlen_k >= kLongRowKeys && long_row_tiles_enabled()) {
+      return launch_forward<T, kD, PolicyPlainLongRows>(params, stream);
+    }
+  }
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
   constexpr int kM = fwd_block_m<kD, Policy>();
   // Token tiles keep their bookkeeping after the K/V stages, and stage neither bias nor rel-pos
@@ -69,7 +76,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   if constexpr (kCopyWarpgroup<kD, Policy>) {
     smem += static_cast<int>(sizeof(StageBarriers<stages_of<kD, Policy>()>));
     using QTile = SwizzledTile<kM, kD>;
-    constexpr int kN = block_n(kD);
+    constexpr int kN = fwd_block_n<kD, Policy>();
     maps.usable = !kTokenTiles && tma_enabled() && p.cu_seqlens_q == nullptr &&
                   encode_rows_map(&maps.q, p.q, p.head_dim, p.seqlen_q, p.heads, p.batch,
                                   p.q_row_stride, p.q_head_stride, p.q_batch_stride,

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   constexpr int kM = fwd_block_m<kD, Policy>();
   constexpr int kThreads = fwd_threads<kD, Policy>();  // the math threads
   constexpr bool kCopyWarps = kCopyWarpgroup<kD, Policy>;
-  constexpr int kN = block_n(kD);
+  constexpr int kN = fwd_block_n<kD, Policy>();
   constexpr int kStages = stages_of<kD, Policy>();
   constexpr int kScoreTiles = kN / 8;  // n8 accumulator tiles of a warp's 16 x kN scores
   constexpr int kOutTiles = kD / 8;    // n8 accumulator tiles of a warp's 16 x kD output
