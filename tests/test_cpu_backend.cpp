@@ -59,8 +59,7 @@ std::vector<std::string> runnable_isas() {
 }
 
 // The case runs on the fast backend (not silently on the reference), and passes the oracle's
-// checks on every ISA variant, with the split and the fused backward (a neighborhood call's is
-// split).
+// checks on every ISA variant, with the split and the fused backward.
 void check_fast(AttentionCase c, std::uint64_t seed) {
   SCOPED_TRACE(c.describe());
   ASSERT_TRUE(fmha::cpu::supports(c.options, c.dtype))
@@ -72,7 +71,6 @@ void check_fast(AttentionCase c, std::uint64_t seed) {
     for (auto impl : {fmha::BackwardImpl::kSplit, fmha::BackwardImpl::kFused}) {
       c.backward_impl = impl;
       check_case(c, seed);
-      if (c.kind == Kind::kNeighborhood) break;  // its backward always runs split
     }
   }
 }

@@ -4,11 +4,11 @@
 //     dK/dV: one task per (sequence, kv head, key tile): the query tiles of every query head of
 //            the group that see the tile, in order, recomputing P from the forward's lse;
 //     dQ:    one task per (sequence, query head, query tile): the key tiles it sees, in order;
-//            a neighborhood call's tiles are boxes of its grid and the tiles they see, gathered
-//            (tiles.h, neighborhood.h), and it always runs split;
 //   fused: one task per (sequence, kv head) runs the dK/dV loop over all its key tiles and adds
 //          dS K into a private fp32 dQ of the group's rows: 5 products per tile pair instead of 7,
 //          but only sequences x kv heads tasks, and a dQ buffer of group x Lq x D floats.
+// A neighborhood call's tiles are boxes of its grid and the tiles they see, gathered (tiles.h,
+// neighborhood.h); its fused dQ adds each gathered query's row of a tile to the query's own row.
 // The structure depends on the problem and backward_impl only (backward()), never on threads.
 // Delta = dout . out - dlse (SPEC §11) is computed once per row before both, except where every key
 // of the sequence sits in the tile: there the tile's own sum_j P dP - dlse is at hand before dS is
@@ -61,6 +61,7 @@ struct BackwardScratch {
   std::vector<float> slope;  // [kQueryTile, kKeyTile]: softcap's 1 - tanh^2
   std::vector<float> acc_a;  // dQ [kQueryTile, D up] or dK [kKeyTile, D up]
   std::vector<float> acc_b;  // dV [kKeyTile, Dv up]
+  std::vector<float> dq_part;  // fused, gathered query tiles: a tile's dQ [kQueryTile, D up]
   std::vector<float> lse, delta, dlse, p_dp;  // [kQueryTile]
   std::vector<float> dq_all,
       p_dp_all;  // fused: dQ [group, Lq up to kQueryTile, D up], sums of P dP
@@ -84,6 +85,7 @@ struct BackwardScratch {
     slope.assign(at(kQueryTile * kKeyTile), 1.0f);
     acc_a.assign(at(tile * dp), 0.0f);
     acc_b.assign(at(kKeyTile * dvp), 0.0f);
+    dq_part.assign(at(kQueryTile * dp), 0.0f);
     lse.assign(at(kQueryTile), 0.0f);
     delta.assign(at(kQueryTile), 0.0f);
     dlse.assign(at(kQueryTile), 0.0f);
@@ -338,8 +340,8 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
   }
 }
 
-// dK and dV of the keys of `tiles` against its query tiles; fused (band tiles only), also dQ (and
-// the sums of P dP) of every query tile it meets, into w.dq_all (and w.p_dp_all).
+// dK and dV of the keys of `tiles` against its query tiles; fused, also dQ (and the sums of P dP)
+// of every query tile it meets, into w.dq_all (and w.p_dp_all), each query at its token's row.
 template <typename Traits, typename Tiles>
 FMHA_CPU_INLINE void dkdv_rows(const Call& c, RowStats& stats, const Sequence& seq,
                                std::int64_t kvh, const Tiles& tiles, BackwardScratch& w,
@@ -371,12 +373,24 @@ FMHA_CPU_INLINE void dkdv_rows(const Call& c, RowStats& stats, const Sequence& s
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
       gemm<Traits>(ncols, dp, rows, w.ds.data(), 1, kKeyTile, w.q.data(), dp, dk, dp, true);
-      if (fused) {  // dQ rows of head g from q0; rows past Lq are padding, their dS' is 0
-        const std::int64_t first_row = g * round_up(seq.len_q, kQueryTile) + q0;
+      const std::int64_t head_rows = g * round_up(seq.len_q, kQueryTile);
+      if (fused && queries.gathered == nullptr) {
+        // dQ rows of head g from q0; rows past Lq are padding, their dS' is 0.
+        const std::int64_t first_row = head_rows + q0;
         gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp,
                      &w.dq_all[at(first_row * dp)], dp, true);
         for (std::int64_t r = 0; r < rows && row_sums; ++r)
           w.p_dp_all[at(first_row + r)] += w.p_dp[at(r)];
+      } else if (fused) {  // gathered queries: the tile's dQ, then added to each query's row
+        gemm<Traits>(rows_pad, dp, cols, w.ds.data(), kKeyTile, 1, w.k.data(), dp,
+                     w.dq_part.data(), dp, false);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t row = head_rows + queries.token(r);
+          float* dq_row = &w.dq_all[at(row * dp)];
+          const float* part = &w.dq_part[at(r * dp)];
+          for (std::int64_t d = 0; d < dp; ++d) dq_row[d] += part[d];
+          if (row_sums) w.p_dp_all[at(row)] += w.p_dp[at(r)];
+        }
       }
     }
   }
@@ -396,7 +410,7 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
   if (c.neighborhood != nullptr) {
     dkdv_rows<Traits>(c, stats, seq, kvh,
                       NeighborhoodTiles::for_keys(*c.neighborhood, start, kQueryTile, w.na), w,
-                      false);
+                      fused);
     return;
   }
   const std::int64_t cols = std::min(kKeyTile, seq.len_k - start);
@@ -420,8 +434,11 @@ FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& 
   }
   const std::int64_t rel_width = c.rel_h_size + c.rel_w_size;
   if (c.wants_drel()) w.rel_all.assign(at(c.group() * rows_per_head * rel_width), 0.0f);
-  for (std::int64_t k0 = 0; k0 < seq.len_k; k0 += kKeyTile)
-    dkdv_tile<Traits>(c, stats, seq, kvh, k0, w, true);
+  // Key tiles from k0, or a neighborhood call's key boxes.
+  const NeighborhoodGeometry* na = c.neighborhood;
+  const std::int64_t end = na != nullptr ? na->boxes(na->key_box) : seq.len_k;
+  for (std::int64_t start = 0; start < end; start += na != nullptr ? 1 : kKeyTile)
+    dkdv_tile<Traits>(c, stats, seq, kvh, start, w, true);
   for (std::int64_t g = 0; g < c.group(); ++g) {
     const std::int64_t h = kvh * c.group() + g;
     for (std::int64_t i = 0; i < seq.len_q; ++i) {
@@ -561,9 +578,8 @@ void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& 
 // runs: a problem too small for a second thread (below backend.cpp's 6 MFLOP a thread) is better
 // served by 5 products than by the split's parallelism.
 bool use_fused(const Call& c) {
-  // The fused structure's tasks each take one sequence: a sum over the batch runs split; and it
-  // walks key tiles of a band.
-  if (c.dbias_summed() || c.neighborhood != nullptr) return false;
+  // The fused structure's tasks each own their rows: a summed dbias runs split.
+  if (c.dbias_summed()) return false;
   constexpr std::int64_t kMaxFusedBufferBytes = std::int64_t{64} << 20;
   std::int64_t tasks = 0, longest = 0;
   for (const Sequence& seq : c.sequences) {
