@@ -201,3 +201,42 @@ def test_queue_us_spins_on_cuda_and_is_ignored_on_cpu(tmp_path, device):
         timer = Timer("cuda", TimerSettings(queue_us=50))
         assert timer._queue_cycles > 0
         assert timer.measure(lambda i: None)["median_ms"] >= 0
+
+
+def test_decode_suite_times_contiguous_and_paged_caches_against_sdpa(tmp_path):
+    """The decode suite on CPU, one small case: fmha on a contiguous cache and on pages (16, and
+    256 which leaves the last page partly filled), SDPA's math backend and naive on the same
+    keys; every row checked against the reference and rated in TB/s."""
+    out = tmp_path / "results"
+    rc = main(["--suite", "decode", "--device", "cpu", "--out", str(out), "--impls",
+               "fmha,sdpa-math,naive", "--cases", "^GQA 8/2 D64 B4 L1000$", "--page-sizes",
+               "16,256", "--budget-ms", "1", "--min-reps", "2", "--max-reps", "2"])
+    data = json.loads((out / "decode.json").read_text())
+    assert data["meta"]["suite"] == "decode" and "bytes" in data["meta"]
+    records = data["records"]
+    assert [r["impl"] for r in records] == ["fmha", "fmha-paged16", "fmha-paged256",
+                                            "sdpa-math", "naive"]
+    case = cases.decode("t", B=4, H=8, Hkv=2, L=1000, D=64, dtype="fp32")
+    expected_bytes = (4 * 1000 * 2 * 128 + 4 * 8 * 128) * 4
+    for r in records:
+        assert r["case"] == "GQA 8/2 D64 B4 L1000" and r["direction"] == "fwd"
+        assert r["status"] == "ok" and r["check_ok"], r
+        assert set(r["check_errors"]) == {"out"}
+        assert r["bytes"] == expected_bytes == flops.bytes_moved(case, 4)
+        assert r["tbps"] == pytest.approx(r["bytes"] / (r["median_ms"] * 1e-3) / 1e12)
+        assert r["vs_best_peer"] > 0
+    assert rc == 0
+    summary = (out / "summary.txt").read_text()
+    assert "TB/s" in summary and " fmha-paged16 " in summary
+    markdown = (out / "decode.md").read_text()
+    assert "TB/s (of copy)" in markdown
+    assert "| GQA 8/2 D64 B4 L1000 | fmha-paged256 | fwd |" in markdown
+
+
+def test_decode_cases_cover_the_issue_grid():
+    gpu = cases.suite_cases("decode", "cuda")
+    assert len(gpu) == 3 * 3 * 3 * 3  # heads x D x B x L
+    assert {(c.H, c.hkv) for c in gpu} == {(32, 8), (32, 32), (32, 1)}
+    assert all(c.Lq == 1 and c.directions == ("fwd",) and c.dtype == "bf16" for c in gpu)
+    assert {c.Lk for c in gpu} == {4096, 32768, 131072} and {c.B for c in gpu} == {1, 8, 64}
+    assert all(flops.visible_pairs(c) == c.B * c.H * c.Lk for c in gpu)

@@ -4,7 +4,9 @@
   python -m fmha.bench --suite standard --out DIR    # dense grid, TFLOP/s plots
   python -m fmha.bench --suite memory                # peak memory of fwd+bwd vs sequence length
 
-Suites: standard, features, na, memory, quick (see cases.py). Results go to
+  python -m fmha.bench --suite decode                # decode over a KV cache, contiguous and paged
+
+Suites: standard, features, na, memory, quick, decode (see cases.py). Results go to
 bench/results/<device-name>/<suite>.{json,md,png} unless --out says otherwise.
 """
 from __future__ import annotations
@@ -21,8 +23,8 @@ import sys
 import torch
 
 from . import report
-from .cases import DIRECTIONS, SUITES, is_memory_suite, suite_cases
-from .impls import Settings, all_impls
+from .cases import DIRECTIONS, SUITES, is_decode_suite, is_memory_suite, suite_cases
+from .impls import Settings, all_impls, decode_impls
 from .runner import RunSettings, run_suite
 from .timing import Timer, TimerSettings
 
@@ -39,6 +41,38 @@ def device_name(device: str) -> str:
     except OSError:
         pass
     return f"CPU {name.strip()}".strip()
+
+
+def fits_memory(case, fraction: float) -> bool:
+    """Whether a decode case's K + V fit in `fraction` of the current GPU's memory."""
+    from .flops import bytes_moved
+    from .reference import TORCH_DTYPES
+
+    cache = bytes_moved(case, TORCH_DTYPES[case.dtype].itemsize)
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return cache <= fraction * total
+
+
+def copy_bandwidth_tbps(device: str) -> float:
+    """TB/s of a 1 GiB device-to-device copy (bytes read + written, median of 20 by CUDA events):
+    the card's practical bandwidth, which decode rates are read against."""
+    from .timing import percentile
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / (percentile(times, 50) * 1e-3) / 1e12
 
 
 def fmha_version() -> str:
@@ -67,6 +101,13 @@ def parse_args(argv):
                         "as the peers (their forward rows time the same forward twice); each row "
                         "keeps its own 'vs best peer' ratio, the summary has one line per fmha "
                         "implementation and the exit status covers both")
+    p.add_argument("--page-sizes", default="16,64,256",
+                   help="decode suite: page sizes of the paged caches fmha is timed on, besides "
+                        "the contiguous cache (default 16,64,256)")
+    p.add_argument("--max-cache-fraction", type=float, default=0.3,
+                   help="decode suite on CUDA: cases whose K + V take more than this fraction of "
+                        "the GPU's memory are skipped (a paged copy and SDPA's contiguous copy "
+                        "sit beside the cache; default 0.3)")
     p.add_argument("--cases", help="regular expression selecting case names")
     p.add_argument("--directions", default=",".join(DIRECTIONS),
                    help="comma-separated subset of fwd,bwd,fwd+bwd")
@@ -111,7 +152,10 @@ def build(args):
     settings = Settings(device=device, materialize_limit_bytes=limit, flex_on_cpu=args.flex_cpu,
                         flex_dynamic={"auto": None, "on": True, "off": False}[args.flex_dynamic],
                         backward_impl=args.backward_impl)
-    impls = all_impls(settings)
+    if is_decode_suite(args.suite):
+        impls = decode_impls(settings, tuple(int(x) for x in args.page_sizes.split(",") if x))
+    else:
+        impls = all_impls(settings)
     if args.impls:
         wanted = [s.strip() for s in args.impls.split(",") if s.strip()]
         unknown = set(wanted) - {i.name for i in impls} - {"fmha"}
@@ -133,6 +177,10 @@ def build(args):
     for case in suite_cases(args.suite, device):
         if args.cases and not re.search(args.cases, case.name):
             continue
+        if cuda and case.kind == "decode" and not fits_memory(case, args.max_cache_fraction):
+            print(f"fmha.bench: {case.name} skipped: its K + V take more than "
+                  f"{args.max_cache_fraction:g} of the GPU's memory", file=sys.stderr)
+            continue
         kept = tuple(d for d in case.directions if d in directions)
         if kept:
             cases.append(dataclasses.replace(case, directions=kept))
@@ -150,6 +198,7 @@ def main(argv=None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     memory = is_memory_suite(args.suite)
     timer = Timer(device, timer_settings)
+    checked_gradients = "" if is_decode_suite(args.suite) else " and every gradient"
     meta = {
         "suite": args.suite, "device": device, "device_name": name,
         "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
@@ -167,7 +216,7 @@ def main(argv=None) -> int:
         "flex": "torch.compile(flex_attention, dynamic="
                 f"{ {'auto': None, 'on': True, 'off': False}[args.flex_dynamic]})",
         "check": ("off" if not run_settings.check else
-                  "norm-wise relative error of out and every gradient against a "
+                  f"norm-wise relative error of out{checked_gradients} against a "
                   f"{'fp64' if device == 'cpu' else 'fp32'} materialised reference; tolerance "
                   "fp32 1e-5, fp16/bf16 2 x the naive peer's error + 1e-4 (SPEC §13) or, "
                   "without naive, 1e-2 / 3e-2"),
@@ -177,8 +226,12 @@ def main(argv=None) -> int:
     }
     print(f"fmha.bench: {args.suite} suite, {len(cases)} cases x {len(impls)} implementations on "
           f"{name} (torch {torch.__version__}, fmha {meta['fmha_version']})", file=sys.stderr)
+    if is_decode_suite(args.suite):
+        meta["bytes"] = report.BYTES_CONVENTION
+        if device == "cuda":
+            meta["copy_bandwidth_tbps"] = copy_bandwidth_tbps(device)
     records = run_suite(cases, impls, run_settings, timer, memory, desc=args.suite)
-    report.add_ratios(records)
+    report.add_ratios(records, meta.get("copy_bandwidth_tbps"))
     summary = report.format_summary(records, memory)
     print(report.format_table(records, memory))
     base = os.path.join(out_dir, args.suite)

@@ -18,7 +18,7 @@ BACKWARD_FLOP_FACTOR = 2.5
 @dataclasses.dataclass(frozen=True)
 class Case:
     name: str
-    kind: str = "dense"  # "dense", "varlen" or "na"
+    kind: str = "dense"  # "dense", "varlen", "na" or "decode" (Lq 1 over a KV cache of Lk tokens)
     B: int = 1
     H: int = 1
     Hkv: Optional[int] = None  # None: same as H
@@ -84,6 +84,12 @@ def na(name, *, B, H, grid, kernel, dilation=None, causal=None, D, **kw) -> Case
 def varlen(name, *, seqlens, H, D, **kw) -> Case:
     return Case(name=name, kind="varlen", B=len(seqlens), H=H, Lq=max(seqlens), Lk=max(seqlens),
                 D=D, seqlens=tuple(seqlens), **kw)
+
+
+def decode(name, *, B, H, Hkv, L, D, **kw) -> Case:
+    """One query token a sequence over a KV cache of L tokens (forward only: serving)."""
+    return Case(name=name, kind="decode", B=B, H=H, Hkv=Hkv, Lq=1, Lk=L, D=D,
+                directions=("fwd",), seq_len=L, **kw)
 
 
 def _varlen_lengths(total: int, count: int, seed: int = 0) -> tuple:
@@ -165,6 +171,27 @@ def _memory_gpu() -> list:
             for L in (1024, 2048, 4096, 8192, 16384, 32768)]
 
 
+# Decode: issue 33's grid. Heads (H, Hkv): GQA 32/8, MHA 32/32, MQA 32/1.
+DECODE_HEADS = (("GQA", 32, 8), ("MHA", 32, 32), ("MQA", 32, 1))
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def _decode_gpu() -> list:
+    """bf16 decode, B 1 / 8 / 64 x L 4k / 32k / 128k, D 64 / 128 / 256, every head layout; the
+    command line drops the cases whose cache does not fit the GPU (__main__.fits_memory)."""
+    cases = []
+    for label, H, Hkv in DECODE_HEADS:
+        for D in (64, 128, 256):
+            for B in (1, 8, 64):
+                for L in (4096, 32768, 131072):
+                    cases.append(decode(f"{label} {H}/{Hkv} D{D} B{B} L{_tokens(L)}", B=B, H=H,
+                                        Hkv=Hkv, L=L, D=D))
+    return cases
+
+
 def _quick_gpu() -> list:
     std = {c.name: c for c in _standard_gpu()}
     feats = {c.name: c for c in _features_gpu()}
@@ -242,13 +269,26 @@ def _quick_cpu() -> list:
     ]
 
 
-SUITES = ("standard", "features", "na", "memory", "quick")
+def _decode_cpu() -> list:
+    """The decode grid's head layouts at 8 query heads (GQA 8/2, MHA 8/8, MQA 8/1), fp32, short
+    caches; L 1000 leaves the last page of every page size partly filled."""
+    cases = []
+    for label, H, Hkv in (("GQA", 8, 2), ("MHA", 8, 8), ("MQA", 8, 1)):
+        for D in (64, 128):
+            for B, L in ((1, 4096), (4, 1000)):
+                cases.append(decode(f"{label} {H}/{Hkv} D{D} B{B} L{_tokens(L)}", B=B, H=H,
+                                    Hkv=Hkv, L=L, D=D, dtype="fp32"))
+    return cases
+
+
+SUITES = ("standard", "features", "na", "memory", "quick", "decode")
 _BUILDERS = {
     ("standard", "cuda"): _standard_gpu, ("standard", "cpu"): _standard_cpu,
     ("features", "cuda"): _features_gpu, ("features", "cpu"): _features_cpu,
     ("na", "cuda"): _na_gpu, ("na", "cpu"): _na_cpu,
     ("memory", "cuda"): _memory_gpu, ("memory", "cpu"): _memory_cpu,
     ("quick", "cuda"): _quick_gpu, ("quick", "cpu"): _quick_cpu,
+    ("decode", "cuda"): _decode_gpu, ("decode", "cpu"): _decode_cpu,
 }
 
 
@@ -261,3 +301,7 @@ def suite_cases(suite: str, device: str) -> list:
 
 def is_memory_suite(suite: str) -> bool:
     return suite == "memory"
+
+
+def is_decode_suite(suite: str) -> bool:
+    return suite == "decode"

@@ -80,3 +80,11 @@ def direction_flops(case: Case, direction: str) -> float:
     if direction == "fwd+bwd":
         return (1.0 + BACKWARD_FLOP_FACTOR) * fwd
     raise ValueError(f"fmha.bench: unknown direction {direction!r}")
+
+
+def bytes_moved(case: Case, element_size: int) -> int:
+    """Bytes a decode call must move at least: every key and value of the cache read once, the
+    queries read and the output written once (what bounds a decode kernel, not its FLOPs)."""
+    cache = case.B * case.Lk * case.hkv * (case.D + case.dv)
+    queries_and_out = case.B * case.Lq * case.H * (case.D + case.dv)
+    return (cache + queries_and_out) * element_size

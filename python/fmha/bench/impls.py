@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Callable
 
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from . import masks
 from .cases import Case
-from .reference import grad_names, materialized_attention, score_bytes
+from .reference import TORCH_DTYPES, grad_names, materialized_attention, score_bytes
 
 
 class NotAvailable(Exception):
@@ -30,6 +31,7 @@ class Prepared:
     leaves: dict  # name -> native-layout leaf tensor that receives a gradient
     dout: torch.Tensor  # output gradient in the native layout
     to_common: Callable[[str, torch.Tensor], torch.Tensor]  # native -> common layout, by name
+    note: str = ""  # how the implementation was run, when it is not the obvious way (reports)
 
     def __post_init__(self):
         # Inference runs get tensors that do not require grad (same storage), as a model under
@@ -167,6 +169,8 @@ class Naive(Impl):
 
 def _check_materialize(case: Case, settings: Settings):
     need = score_bytes(case, 4)
+    if case.kind == "decode":  # the naive GQA expands K and V to every query head
+        need += case.B * case.Lk * case.H * (case.D + case.dv) * t_itemsize(case)
     if need > settings.materialize_limit_bytes:
         raise NotAvailable(f"would materialise {need / 2**30:.1f} GiB of fp32 scores "
                            f"(limit {settings.materialize_limit_bytes / 2**30:.1f} GiB)")
@@ -219,6 +223,9 @@ class Sdpa(Impl):
             bool_mask = None
         gqa = case.H != case.hkv
         backend = self.backend
+        note = ""
+        if case.kind == "decode" and gqa:
+            gqa, note = self._decode_heads(case, x, backend)
 
         def forward(x):
             bias = x["bias"] if case.bias_grad else fixed_bias
@@ -232,7 +239,30 @@ class Sdpa(Impl):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(x["q"], x["k"], x["v"], attn_mask=mask,
                                                       is_causal=use_is_causal, enable_gqa=gqa)
-        return Prepared(forward, x, leaves, dout, to_common)
+        return Prepared(forward, x, leaves, dout, to_common, note=note)
+
+    def _decode_heads(self, case, x, backend) -> tuple:
+        """GQA in decode: enable_gqa (K and V read once a group) where the backend takes it;
+        otherwise K and V expanded to every query head, in place in x, as a model without
+        enable_gqa would (the copy made here, untimed). Returns (enable_gqa, note)."""
+        from torch.nn.attention import sdpa_kernel
+        try:
+            with torch.no_grad(), warnings.catch_warnings(), sdpa_kernel(backend):
+                warnings.simplefilter("ignore")
+                F.scaled_dot_product_attention(x["q"].detach(), x["k"].detach(),
+                                               x["v"].detach(), enable_gqa=True)
+            return True, ""
+        except RuntimeError as e:
+            refusal = str(e).strip().splitlines()[0][:120] if str(e).strip() else "refused"
+        group = case.H // case.hkv
+        expanded = case.B * case.Lk * case.H * (case.D + case.dv) * t_itemsize(case)
+        if expanded > self.settings.materialize_limit_bytes:
+            raise NotAvailable(f"enable_gqa refused ({refusal}); K/V expanded to every head "
+                               f"would take {expanded / 2**30:.1f} GiB")
+        for name in ("k", "v"):
+            x[name] = x[name].detach().repeat_interleave(group, dim=1).requires_grad_(
+                x[name].requires_grad)
+        return False, f"K/V expanded to {case.H} heads (enable_gqa refused)"
 
 
 _FLEX = {}
@@ -337,6 +367,68 @@ class Flex(Impl):
             return flex(x["q"], x["k"], x["v"], score_mod=score_mods[id(x)],
                         block_mask=block_mask, scale=scale, enable_gqa=gqa)
         return Prepared(forward, x, leaves, dout, to_common)
+
+
+def t_itemsize(case: Case) -> int:
+    return TORCH_DTYPES[case.dtype].itemsize
+
+
+class FmhaKvCache(Impl):
+    """fmha.attention_with_kvcache on the case's keys: a contiguous cache [B, L, Hkv, D] (page_size
+    0) or the same keys in pages of page_size tokens, shuffled over the pool as a serving engine's
+    allocator leaves them, with a block table [B, ceil(L / page_size)] (the last page of each
+    sequence partly filled when page_size does not divide L)."""
+    is_peer = False
+
+    def __init__(self, settings: Settings, page_size: int = 0):
+        super().__init__(settings)
+        self.page_size = page_size
+        self.name = f"fmha-paged{page_size}" if page_size else "fmha"
+
+    def prepare(self, case, t):
+        try:
+            import fmha
+        except ImportError as e:
+            raise NotAvailable(f"import fmha failed: {e}") from None
+        if case.kind != "decode":
+            raise NotAvailable("a KV cache case (decode suite) only")
+        q, k, v = t["q"], t["k"], t["v"]
+        device = q.device
+        seqlens = torch.full((case.B,), case.Lk, dtype=torch.int32, device=device)
+        table = None
+        if self.page_size:
+            k, v, table = _paged(k, v, self.page_size, seed=case.B * 7919 + case.Lk)
+        inputs = {"q": q, "k": k, "v": v}
+
+        def forward(x):
+            return fmha.attention_with_kvcache(x["q"], x["k"], x["v"], seqlens,
+                                               block_table=table)
+        return Prepared(forward, inputs, {}, t["dout"], lambda name, x: x)
+
+
+def _paged(k, v, page_size: int, seed: int) -> tuple:
+    """k, v [B, L, Hkv, *] as pages [B * P, page_size, Hkv, *] in a random order (P = ceil(L /
+    page_size), rows past L zero) and the block table [B, P] int32 that finds them."""
+    B, L = k.shape[:2]
+    per_seq = -(-L // page_size)
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(B * per_seq, generator=gen).to(k.device)
+
+    def scatter(x):
+        padded = x.new_zeros(B, per_seq * page_size, *x.shape[2:])
+        padded[:, :L] = x
+        pages = torch.empty_like(padded).view(B * per_seq, page_size, *x.shape[2:])
+        pages[order] = padded.view(B * per_seq, page_size, *x.shape[2:])
+        return pages
+    return scatter(k), scatter(v), order.view(B, per_seq).to(torch.int32)
+
+
+def decode_impls(settings: Settings, page_sizes=(16, 64, 256)) -> list:
+    """The decode suite's implementations: fmha on a contiguous cache and on pages of each size,
+    then SDPA's backends (contiguous [B, H, L, D] copies) and the naive peer."""
+    return ([FmhaKvCache(settings)] + [FmhaKvCache(settings, p) for p in page_sizes]
+            + [Sdpa(settings, b) for b in ("CUDNN_ATTENTION", "FLASH_ATTENTION",
+                                            "EFFICIENT_ATTENTION", "MATH")] + [Naive(settings)])
 
 
 def all_impls(settings: Settings) -> list:

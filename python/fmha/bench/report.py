@@ -10,12 +10,22 @@ FLOP_CONVENTION = ("FLOPs count visible (query, key) pairs only: forward = 2 * p
                    "backward = 2.5 x forward by convention; fwd+bwd = 3.5 x forward.")
 
 
+BYTES_CONVENTION = ("decode: TB/s = (every key and value of the cache read once + the queries "
+                    "read and the output written once) / median time; a paged cache counts the "
+                    "same bytes as the contiguous one.")
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def add_ratios(records: list) -> None:
-    """Sets vs_best_peer = TFLOP/s / best peer TFLOP/s (same case and direction) on timed rows."""
+def add_ratios(records: list, copy_tbps=None) -> None:
+    """Sets vs_best_peer = TFLOP/s / best peer TFLOP/s (same case and direction) on timed rows,
+    and of_copy = TB/s / the card's copy bandwidth on rows that carry TB/s when it was measured."""
+    if copy_tbps:
+        for r in records:
+            if r["status"] == "ok" and r.get("tbps"):
+                r["of_copy"] = r["tbps"] / copy_tbps
     best = {}
     for r in records:
         if r["is_peer"] and r["status"] == "ok" and r.get("tflops"):
@@ -46,14 +56,23 @@ def _row(r: dict, memory: bool) -> list:
         return [r["case"], r["impl"], r["direction"], f"{r['peak_extra_bytes'] / 2**20:.1f}",
                 _check_text(r)]
     ratio = f"{r['vs_best_peer']:.2f}x" if r.get("vs_best_peer") else "-"
+    rate = f"{r['tflops']:.3g}"
+    if r.get("tbps") is not None:  # decode: bytes a second, and the share of the copy bandwidth
+        rate = f"{r['tbps']:.3g}" + (f" ({r['of_copy']:.0%})" if r.get("of_copy") else "")
     return [r["case"], r["impl"], r["direction"], f"{r['median_ms']:.3f}",
-            f"{r['p10_ms']:.3f}-{r['p90_ms']:.3f}", f"{r['tflops']:.3g}", ratio, _check_text(r)]
+            f"{r['p10_ms']:.3f}-{r['p90_ms']:.3f}", rate, ratio, _check_text(r)]
 
 
-def _headers(memory: bool) -> list:
+def _is_bandwidth(records: list) -> bool:
+    """Whether the records are decode rows, rated in TB/s rather than TFLOP/s."""
+    return any(r.get("bytes") for r in records)
+
+
+def _headers(memory: bool, bandwidth: bool = False) -> list:
     if memory:
         return ["case", "impl", "dir", "peak extra MiB", "check"]
-    return ["case", "impl", "dir", "median ms", "p10-p90 ms", "TFLOP/s", "vs best peer", "check"]
+    rate = "TB/s (of copy)" if bandwidth else "TFLOP/s"
+    return ["case", "impl", "dir", "median ms", "p10-p90 ms", rate, "vs best peer", "check"]
 
 
 def _collapse(records: list) -> list:
@@ -77,7 +96,7 @@ def _collapse(records: list) -> list:
 
 def format_table(records: list, memory: bool, reason_width: int = 70) -> str:
     """Fixed-width text table; n/a rows carry their reason in place of the numbers."""
-    headers = _headers(memory)
+    headers = _headers(memory, _is_bandwidth(records))
     rows = [_row(r, memory) for r in _collapse(records)]
     widths = [len(h) for h in headers]
     for row in rows:
@@ -104,12 +123,13 @@ def format_summary(records: list, memory: bool) -> str:
     """One line per (case, direction) and fmha implementation: fmha against the best peer (fastest,
     or least memory). With several fmha implementations (--backward-impl both) each line names
     its own."""
-    key = "peak_extra_bytes" if memory else "tflops"
+    bandwidth = _is_bandwidth(records)
+    key = "peak_extra_bytes" if memory else "tbps" if bandwidth else "tflops"
     lines = []
     width = max([len(r["case"]) for r in records] + [4])
     named = len({r["impl"] for r in records if not r["is_peer"]}) > 1
     ours_width = 26 if named else 12
-    unit = "MiB" if memory else "TFLOP/s"
+    unit = "MiB" if memory else "TB/s" if bandwidth else "TFLOP/s"
     ratio_name = "peer/fmha" if memory else "fmha/peer"
     lines.append(f"{'case'.ljust(width)}  {'dir':<7}  {'fmha ' + unit:<{ours_width}} "
                  f"{'best peer ' + unit:<26} {ratio_name:<9}  check")
@@ -150,8 +170,14 @@ def write_markdown(path: str, meta: dict, records: list, memory: bool, plots: li
                 "date_utc", "timing", "flex", "check"):
         lines.append(f"- **{key.replace('_', ' ')}**: `{meta.get(key)}`" if key == "command"
                      else f"- **{key.replace('_', ' ')}**: {meta.get(key)}")
-    lines += [f"- **FLOPs**: {FLOP_CONVENTION}", ""]
-    headers = _headers(memory)
+    lines.append(f"- **FLOPs**: {FLOP_CONVENTION}")
+    if meta.get("bytes"):
+        lines.append(f"- **bytes**: {meta['bytes']}")
+    if meta.get("copy_bandwidth_tbps"):
+        lines.append(f"- **copy bandwidth**: {meta['copy_bandwidth_tbps']:.2f} TB/s (a 1 GiB "
+                     "device-to-device copy, bytes read + written; the TB/s column's percentages)")
+    lines.append("")
+    headers = _headers(memory, _is_bandwidth(records))
     lines.append("| " + " | ".join(headers) + " |")
     lines.append("|" + "|".join("---" for _ in headers) + "|")
     for r in _collapse(records):

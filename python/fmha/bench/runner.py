@@ -16,7 +16,8 @@ import torch
 from . import flops
 from .cases import Case
 from .impls import Impl, NotAvailable, Prepared
-from .reference import grad_names, make_inputs, materialized_attention, relative_error
+from .reference import (TORCH_DTYPES, grad_names, make_inputs, materialized_attention,
+                        relative_error)
 from .timing import Timer
 
 # Largest allowed norm-wise relative error against the fp32 (CUDA) / fp64 (CPU) reference, for the
@@ -87,9 +88,22 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
+def checks_gradients(case: Case) -> bool:
+    """Whether any timed direction of the case has a backward (else only the output is checked)."""
+    return any(d != "fwd" for d in case.directions)
+
+
 def reference_outputs(case: Case, t: dict, device: str) -> dict:
-    """Output and gradients in fp32 (CUDA) / fp64 (CPU), query rows chunked and recomputed."""
+    """Output and gradients in fp32 (CUDA) / fp64 (CPU), query rows chunked and recomputed. A
+    forward-only case gets the output alone, one sequence at a time (a decode case's cache in
+    fp32 would not fit beside the cache itself)."""
     dtype = torch.float64 if device == "cpu" else torch.float32
+    if not checks_gradients(case):
+        with torch.no_grad():
+            outs = [materialized_attention(case, {n: x[b:b + 1] if n in ("q", "k", "v") else x
+                                                  for n, x in t.items()},
+                                           compute_dtype=dtype) for b in range(t["q"].shape[0])]
+        return {"out": torch.cat(outs)}
     leaves = {n: t[n].detach().to(dtype).requires_grad_() for n in grad_names(case)}
     inputs = dict(t, **leaves)
     row_bytes = case.B * case.H * case.Lk * dtype.itemsize * 4
@@ -107,6 +121,8 @@ def _record(case: Case, impl: Impl, direction: str, **fields) -> dict:
     rec = {"case": case.name, "impl": impl.name, "is_peer": impl.is_peer, "direction": direction,
            "status": "ok", "reason": "", "params": case.describe(), "group": case.group,
            "seq_len": case.seq_len or case.Lq, "flops": flops.direction_flops(case, direction)}
+    if case.kind == "decode":
+        rec["bytes"] = flops.bytes_moved(case, TORCH_DTYPES[case.dtype].itemsize)
     rec.update(fields)
     return rec
 
@@ -138,8 +154,9 @@ class CaseRunner:
     def _prepare_all(self, impl, case, input_sets):
         return [impl.prepare(case, t) for t in input_sets]
 
-    def _check_run(self, p: Prepared, ref) -> tuple:
+    def _check_run(self, p: Prepared, ref, gradients: bool = True) -> tuple:
         """Untimed forward, then forward + backward (also the first warm-up): errors by name.
+        gradients=False (a forward-only case) skips the second.
 
         Returns (errors, backward_error): backward_error is the exception that stopped the
         differentiable forward or the backward, or None; a failing plain forward propagates."""
@@ -149,6 +166,8 @@ class CaseRunner:
         if ref is not None:
             errors["out"] = relative_error(p.to_common("out", out), ref["out"])
         del out
+        if not gradients:
+            return errors, None
         try:
             with torch.enable_grad():
                 out = p.run(grad=True)
@@ -197,7 +216,7 @@ class CaseRunner:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 prepared = self._prepare_all(impl, case, input_sets)
-                errors, bwd_error = self._check_run(prepared[0], ref)
+                errors, bwd_error = self._check_run(prepared[0], ref, checks_gradients(case))
         except NotAvailable as e:
             return all_na(str(e))
         except NotImplementedError as e:
@@ -226,8 +245,11 @@ class CaseRunner:
                     fields.update(self._peak_memory(prepared[0]))
                 else:
                     fields.update(self._time(direction, prepared))
-                    fields["tflops"] = flops.direction_flops(case, direction) / (
-                        fields["median_ms"] * 1e-3) / 1e12
+                    seconds = fields["median_ms"] * 1e-3
+                    fields["tflops"] = flops.direction_flops(case, direction) / seconds / 1e12
+                    if case.kind == "decode":
+                        fields["tbps"] = flops.bytes_moved(
+                            case, TORCH_DTYPES[case.dtype].itemsize) / seconds / 1e12
             except NotAvailable as e:
                 records.append(_record(case, impl, direction, status="n/a", reason=str(e)))
                 continue
@@ -240,6 +262,8 @@ class CaseRunner:
                 records.append(_record(case, impl, direction, status="n/a" if impl.is_peer
                                        or _is_oom(e) else "fail", reason=reason))
                 continue
+            if prepared[0].note:
+                fields["note"] = prepared[0].note
             records.append(_record(case, impl, direction, **fields))
         return records
 
