@@ -509,18 +509,13 @@ TEST(CpuBackend, CoverageRule) {
   shape.batch = 2, shape.heads = 3, shape.seqlen_q = 4, shape.seqlen_k = 5;
   fmha::AttentionBackwardParams dense;
   dense.q = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 4, 3, 8});
-  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 3, 4, 5});
-  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
-  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 3, 4, 5});
-  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
-  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 1, 4, 5});
-  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
-  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 4, 5});
-  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
-  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {2, 3, 1, 5});
-  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
-  dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 4, 1});
-  EXPECT_TRUE(fmha::cpu::supports(dense, shape));
+  const std::array<std::int64_t, 4> dbias_shapes[] = {
+      {2, 3, 4, 5}, {1, 3, 4, 5}, {2, 1, 4, 5}, {1, 1, 4, 5}, {2, 3, 1, 5}, {1, 1, 4, 1}};
+  for (const auto& s : dbias_shapes) {
+    dense.grads.dbias = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, 4, s.data());
+    EXPECT_TRUE(fmha::cpu::supports(dense, shape))
+        << s[0] << " " << s[1] << " " << s[2] << " " << s[3];
+  }
   fmha::VarlenBackwardParams varlen;
   varlen.q = dense.q;
   EXPECT_TRUE(fmha::cpu::supports(varlen, shape));
