@@ -74,6 +74,8 @@ def _int(value, name: str) -> int:
 
 def _float(value, name: str) -> float:
     """A float argument; strings are refused (float() would parse them)."""
+    if type(value) is float:
+        return value
     if isinstance(value, (int, float)):
         return float(value)
     if not isinstance(value, (str, bytes)):
@@ -86,6 +88,8 @@ def _float(value, name: str) -> float:
 
 def _bool(value, name: str) -> bool:
     """A flag; strings are refused: their truth value ("False" is true) is never what was meant."""
+    if value is True or value is False:
+        return value
     if isinstance(value, (bool, int)) or value is None:
         return bool(value)
     if not isinstance(value, (str, bytes)):
@@ -94,6 +98,9 @@ def _bool(value, name: str) -> bool:
         except (TypeError, ValueError, RuntimeError):
             pass
     raise _refused(value, name, "a bool")
+
+
+_NO_TENSORS = (None,) * 6  # bias, rel_h, rel_w, sinks, extra_k, extra_v: none given
 
 
 def _options(
@@ -109,27 +116,34 @@ def _options(
     if window is not None:
         pair = _pair(window, "window", "(left, right) of ints, each >= 0 or -1 for unbounded")
         window_left, window_right = (_int(x, f"window[{i}]") for i, x in enumerate(pair))
-    rel_h = rel_w = extra_k = extra_v = None
-    if rel_pos is not None:
-        rel_h, rel_w = _pair(rel_pos, "rel_pos", "(rel_h, rel_w) of tensors")
-    if extra_kv is not None:
-        extra_k, extra_v = _pair(extra_kv, "extra_kv", "(extra_k, extra_v) of tensors")
+    if bias is None and rel_pos is None and sinks is None and extra_kv is None:
+        tensors = _NO_TENSORS  # the common call: nothing to look at
+    else:
+        rel_h = rel_w = extra_k = extra_v = None
+        if rel_pos is not None:
+            rel_h, rel_w = _pair(rel_pos, "rel_pos", "(rel_h, rel_w) of tensors")
+        if extra_kv is not None:
+            extra_k, extra_v = _pair(extra_kv, "extra_kv", "(extra_k, extra_v) of tensors")
+        tensors = (
+            _optional_tensor(bias, "bias", broadcast_last=True),
+            _optional_tensor(rel_h, "rel_h", broadcast_last=True),
+            _optional_tensor(rel_w, "rel_w", broadcast_last=True),
+            _optional_tensor(sinks, "sinks"),
+            _optional_tensor(extra_k, "extra_k"),
+            _optional_tensor(extra_v, "extra_v"),
+        )
+    # Positional, in the order of Options' fields: the tensors, then the scalars.
     return _ops.Options(
-        bias=_optional_tensor(bias, "bias", broadcast_last=True),
-        rel_h=_optional_tensor(rel_h, "rel_h", broadcast_last=True),
-        rel_w=_optional_tensor(rel_w, "rel_w", broadcast_last=True),
-        sinks=_optional_tensor(sinks, "sinks"),
-        extra_k=_optional_tensor(extra_k, "extra_k"),
-        extra_v=_optional_tensor(extra_v, "extra_v"),
-        scale=None if scale is None else _float(scale, "scale"),
-        softcap=_float(softcap, "softcap"),
-        causal=_bool(causal, "causal"),
-        bottom_right=causal_alignment == "bottom_right",
-        window_left=window_left,
-        window_right=window_right,
-        deterministic=_bool(deterministic, "deterministic"),
-        backward_impl=backward_impl,
-        allow_tf32=_bool(allow_tf32, "allow_tf32"),
+        *tensors,
+        None if scale is None else _float(scale, "scale"),
+        _float(softcap, "softcap"),
+        _bool(causal, "causal"),
+        causal_alignment == "bottom_right",
+        window_left,
+        window_right,
+        _bool(deterministic, "deterministic"),
+        backward_impl,
+        _bool(allow_tf32, "allow_tf32"),
     )
 
 

@@ -15,19 +15,22 @@ empty tensors, since a custom op cannot return None.
 
 Eager calls on plain tensors take a shorter way to the same functions (`call`): an
 autograd.Function per layout whose forward and backward run this module's forward() and backward()
-directly. torch's custom-op machinery (the dispatcher, the op's autograd wrapper and its Python
-layers) cost a forward call about 70 us of host time on an H200's machine (2026-11-27,
-bench/host_overhead.py), as much as the C++ call and its kernels' launch at short sequences. Under
+directly, or forward() alone when no gradient can flow. torch's custom-op machinery (the
+dispatcher, the op's autograd wrapper and its Python layers) cost a forward call about 70 us of
+host time on an H200's machine (2026-11-27, bench/host_overhead.py), as much as the C++ call and
+its kernels' launch at short sequences. Under
 torch.compile and torch.jit.trace, under dispatch modes or functorch transforms and on tensor
 subclasses (fake tensors among them) the ops run as before.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
 from typing import NamedTuple, Optional
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from . import _C, _backend, _bridge
@@ -52,6 +55,15 @@ class Options(NamedTuple):
 
 
 BACKWARD_IMPLS = ("auto", "fused", "split")
+
+
+_BACKWARD_IMPL_ENUMS = {name: getattr(_C.BackwardImpl, name) for name in BACKWARD_IMPLS}
+
+
+def _has_optional_tensors(o: "Options") -> bool:
+    """Whether a call has any of bias, rel_h, rel_w, sinks, extra_k, extra_v."""
+    return not (o.bias is None and o.rel_h is None and o.rel_w is None and o.sinks is None
+                and o.extra_k is None and o.extra_v is None)
 
 
 def check_backward_impl(name) -> None:
@@ -171,7 +183,8 @@ def _dense(t: Optional[Tensor]) -> Optional[Tensor]:
     layer needs unit stride on the last dimension, so such a tensor is materialised once."""
     if t is None or t.dim() == 0:
         return t
-    if t.stride(-1) == 1 and all(s != 0 for s in t.stride()):
+    stride = t.stride()
+    if stride[-1] == 1 and 0 not in stride:
         return t
     return t.contiguous()
 
@@ -181,7 +194,43 @@ def _broadcast_dims_are_size_one(t: Tensor) -> bool:
     return all(st != 0 or sz == 1 for sz, st in zip(t.shape, t.stride()))
 
 
+# AttentionOptions of calls without optional tensors, by their scalar fields (already normalised
+# to bool / int / float by the public functions or the op's schema), the CPU backend and thread
+# count: a parameter struct copies the options it is given, so one object serves every such call.
+_SCALAR_OPTIONS: dict = {}
+_SCALAR_OPTIONS_LIMIT = 64
+# Emptied before the interpreter unloads the extension, which would otherwise report the cached
+# objects as leaked.
+atexit.register(_SCALAR_OPTIONS.clear)
+
+
 def _c_options(o: Options, bias, rel_h, rel_w, planned: bool) -> _C.AttentionOptions:
+    if bias is None and rel_h is None and rel_w is None and o.sinks is None \
+            and o.extra_k is None and o.extra_v is None:
+        key = (*o[6:13], o.allow_tf32, _backend.get_cpu_backend(), torch.get_num_threads())
+        c = _SCALAR_OPTIONS.get(key)
+        if c is None:
+            c = _scalar_options(o)
+            if len(_SCALAR_OPTIONS) >= _SCALAR_OPTIONS_LIMIT:
+                _SCALAR_OPTIONS.clear()
+            _SCALAR_OPTIONS[key] = c
+        return c
+    c = _scalar_options(o)
+    # The tensors left out stay the default, empty views ('not given').
+    for name, t, broadcast in (
+        ("bias", bias, True),
+        ("rel_h", rel_h, True),
+        ("rel_w", rel_w, True),
+        ("sinks", o.sinks, False),
+        ("extra_k", o.extra_k, False),
+        ("extra_v", o.extra_v, False),
+    ):
+        if t is not None:
+            setattr(c, name, _bridge.view(t, name, planned=planned, broadcast=broadcast))
+    return c
+
+
+def _scalar_options(o: Options) -> _C.AttentionOptions:
     c = _C.AttentionOptions()
     c.scale = o.scale
     c.softcap = o.softcap
@@ -194,17 +243,6 @@ def _c_options(o: Options, bias, rel_h, rel_w, planned: bool) -> _C.AttentionOpt
     c.allow_tf32 = o.allow_tf32
     c.cpu_backend = getattr(_C.CpuBackend, _backend.get_cpu_backend())
     c.cpu_threads = torch.get_num_threads()  # the fast CPU backend uses torch's intra-op threads
-    # The tensors left out stay the default, empty views ('not given').
-    for name, t, broadcast in (
-        ("bias", bias, True),
-        ("rel_h", rel_h, True),
-        ("rel_w", rel_w, True),
-        ("sinks", o.sinks, False),
-        ("extra_k", o.extra_k, False),
-        ("extra_v", o.extra_v, False),
-    ):
-        if t is not None:
-            setattr(c, name, _bridge.view(t, name, planned=planned, broadcast=broadcast))
     return c
 
 
@@ -226,10 +264,10 @@ def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
     is checked by run() itself, before any memory is touched: the same check, one crossing into
     C++ instead of two (the outputs are allocated first, so a refused call frees them again)."""
     check_backward_impl(o.backward_impl)
-    out_shape = _out_shape(q, v)
     lse_shape = layout.lse_shape(q, layout_args)
     lse_dtype = _lse_dtype(q)
     if fake:
+        out_shape = _out_shape(q, v)
         layout_tensors = [a for a in layout_args if isinstance(a, Tensor)]
         optional = ("bias", "rel_h", "rel_w", "sinks", "extra_k", "extra_v")
         _bridge.check_devices(
@@ -244,7 +282,10 @@ def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
             params.lse = _bridge.planned_contiguous(lse_shape, lse_dtype, q.device, "lse")
             _bridge.check(params)  # refuse before allocating anything
         return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=lse_dtype)
-    out = q.new_empty(out_shape)
+    if q.dim() == v.dim() and q.dim() >= 1 and q.shape[-1] == v.shape[-1]:  # Dv == D: q's shape
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    else:
+        out = q.new_empty(_out_shape(q, v))
     lse = q.new_empty(lse_shape, dtype=lse_dtype)
     params = _params(layout, q, k, v, layout_args, o, planned=False)
     params.out = _bridge.view(out, "out")
@@ -279,9 +320,12 @@ def backward(
     tensors and may not alias); the eager path, which returns None for it, passes a callable
     returning None."""
     check_backward_impl(o.backward_impl)
-    need_bias, need_rel_h, need_rel_w, need_sinks, need_extra_k, need_extra_v = (
-        bool(n) and t is not None for n, t in zip(needs, o[:_NUM_OPTIONAL_GRADS])
-    )
+    if _has_optional_tensors(o):
+        need_bias, need_rel_h, need_rel_w, need_sinks, need_extra_k, need_extra_v = (
+            bool(n) and t is not None for n, t in zip(needs, o[:_NUM_OPTIONAL_GRADS])
+        )
+    else:  # the common call: no optional input, so no optional gradient
+        need_bias = need_rel_h = need_rel_w = need_sinks = need_extra_k = need_extra_v = False
 
     def empty():
         return q.new_empty(0) if unasked is None else unasked()
@@ -315,11 +359,13 @@ def backward(
     params.dout = _bridge.view(dout, "dout")
     if dlse is not None:
         params.dlse = _bridge.view(dlse, "dlse")
-    rows = layout.score_rows(q)
-    rel_h, drel_h_buffer, drel_h_full = _rel_pos_for_backward(o.rel_h, rows, need_rel_h)
-    rel_w, drel_w_buffer, drel_w_full = _rel_pos_for_backward(o.rel_w, rows, need_rel_w)
+    rel_h = rel_w = None
+    if o.rel_h is not None or o.rel_w is not None:
+        rows = layout.score_rows(q)
+        rel_h, drel_h_buffer, drel_h_full = _rel_pos_for_backward(o.rel_h, rows, need_rel_h)
+        rel_w, drel_w_buffer, drel_w_full = _rel_pos_for_backward(o.rel_w, rows, need_rel_w)
     params.options = _c_options(o, _as_4d(bias), rel_h, rel_w, planned=False)
-    params.backward_impl = getattr(_C.BackwardImpl, o.backward_impl)
+    params.backward_impl = _BACKWARD_IMPL_ENUMS[o.backward_impl]
     grads = _C.AttentionGradients()
     grads.dq = _bridge.view(dq, "dq")
     grads.dk = _bridge.view(dk, "dk")
@@ -327,15 +373,16 @@ def backward(
     # Gradients not asked for keep the default, empty views ('not given').
     if need_bias:
         grads.dbias = _bridge.view(_as_4d(dbias), "dbias", broadcast=True)
-    for name, buffer, need in (
-        ("drel_h", drel_h_buffer, need_rel_h),
-        ("drel_w", drel_w_buffer, need_rel_w),
-        ("dsinks", dsinks, need_sinks),
-        ("dextra_k", dextra_k, need_extra_k),
-        ("dextra_v", dextra_v, need_extra_v),
-    ):
-        if need:
-            setattr(grads, name, _bridge.view(buffer, name))
+    if need_rel_h:
+        grads.drel_h = _bridge.view(drel_h_buffer, "drel_h")
+    if need_rel_w:
+        grads.drel_w = _bridge.view(drel_w_buffer, "drel_w")
+    if need_sinks:
+        grads.dsinks = _bridge.view(dsinks, "dsinks")
+    if need_extra_k:
+        grads.dextra_k = _bridge.view(dextra_k, "dextra_k")
+    if need_extra_v:
+        grads.dextra_v = _bridge.view(dextra_v, "dextra_v")
     params.grads = grads
     _bridge.run(params, q.device)
     if need_rel_h:
@@ -543,32 +590,48 @@ def _none():
 
 def _eager_function(layout, num_layout_args: int):
     """The autograd.Function of a layout's eager calls: forward() and backward() of this module
-    with the inputs, ctx and gradients of the layout's ops (_setup_context, _make_backward)."""
-
-    def run_backward(dout, dlse, q, k, v, out, lse, *rest):  # the backward op's arguments
-        layout_args, needs = rest[:num_layout_args], rest[num_layout_args]
-        o = Options(*rest[num_layout_args + 1 :])
-        return backward(
-            layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False,
-            unasked=_none,
-        )  # fmt: skip
+    with the inputs and gradients of the layout's ops. Its ctx keeps less than the ops' glue
+    (_setup_context, _make_backward), which saves every input by position: q, k, v, out, lse
+    and the optional tensors go through save_for_backward (so in-place changes are caught),
+    varlen's offsets too, and the scalars stay on ctx as one tuple."""
+    n = num_layout_args
+    first_scalar = n + _NUM_OPTIONAL_GRADS
+    no_grads = (None,) * n
 
     class Eager(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, *rest):
             # Like the op's: gradients not flowing in stay None (no zeros made for an unused lse).
             ctx.set_materialize_grads(False)
-            layout_args, options = rest[:num_layout_args], Options(*rest[num_layout_args:])
+            layout_args, options = rest[:n], Options(*rest[n:])
             out, lse = forward(layout, q, k, v, layout_args, options, fake=False)
-            _setup_context(ctx, (q, k, v, *rest), (out, lse))
+            if n:
+                offsets = [a for a in layout_args if isinstance(a, Tensor)]
+                ctx.layout_args = [None if isinstance(a, Tensor) else a for a in layout_args]
+                ctx.save_for_backward(q, k, v, out, lse, *rest[n:first_scalar], *offsets)
+            else:
+                ctx.save_for_backward(q, k, v, out, lse, *rest[n:first_scalar])
+            ctx.scalars = rest[first_scalar:]
             return out, lse
 
-        # As the ops' backward, which has no autograd of its own: not differentiable again.
-        backward = staticmethod(
-            torch.autograd.function.once_differentiable(
-                _make_backward(run_backward, num_layout_args)
-            )
-        )
+        @staticmethod
+        @torch.autograd.function.once_differentiable  # as the ops' backward: no autograd of its own
+        def backward(ctx, dout, dlse):
+            q, k, v, out, lse, *saved = ctx.saved_tensors
+            o = Options(*saved[:_NUM_OPTIONAL_GRADS], *ctx.scalars)
+            layout_args = ()
+            if n:
+                offsets = iter(saved[_NUM_OPTIONAL_GRADS:])
+                layout_args = [next(offsets) if a is None else a for a in ctx.layout_args]
+            if dout is None:
+                dout = torch.zeros_like(out)
+            needs = ctx.needs_input_grad[3 + n : 3 + first_scalar]
+            # Gradients not asked for (or of options not given) come back as None.
+            grads = backward(
+                layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False,
+                unasked=_none,
+            )  # fmt: skip
+            return (*grads[:3], *no_grads, *grads[3:], *(None,) * len(ctx.scalars))
 
     return Eager
 
@@ -599,15 +662,31 @@ def _takes_eager_path(q: Tensor) -> bool:
     the C++ call behind the Function) and anything that observes ops (_no_op_observers)."""
     return (
         type(q) is Tensor
-        and q.device.type in ("cpu", "cuda")
+        and (q.is_cpu or q.is_cuda)
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
         and _no_op_observers()
     )
 
 
+_LAYOUTS = {attention_fwd: (_Dense, 0), attention_varlen_fwd: (_Varlen, 5),
+            neighborhood_fwd: (_Neighborhood, 3)}
+
+
 def call(op, q: Tensor, k: Tensor, v: Tensor, *args):
-    """A forward op's call with autograd: op(q, k, v, *args), or its eager Function's."""
-    if _takes_eager_path(q):
+    """A forward op's call with autograd: op(q, k, v, *args), or on the eager path its Function's,
+    or forward() itself when no gradient can flow (grad mode off, or no input that requires one):
+    the same outputs, without the Function's bookkeeping (about 5 us a call)."""
+    if not _takes_eager_path(q):
+        return op(q, k, v, *args)
+    layout, num_layout_args = _LAYOUTS[op]
+    if _forward_ad._current_level >= 0:  # forward-mode AD: the Function says what it lacks
         return _EAGER[op].apply(q, k, v, *args)
-    return op(q, k, v, *args)
+    if torch.is_grad_enabled():
+        if q.requires_grad or k.requires_grad or v.requires_grad:
+            return _EAGER[op].apply(q, k, v, *args)
+        for t in args[num_layout_args : num_layout_args + _NUM_OPTIONAL_GRADS]:
+            if t is not None and t.requires_grad:
+                return _EAGER[op].apply(q, k, v, *args)
+    options = Options(*args[num_layout_args:])
+    return forward(layout, q, k, v, args[:num_layout_args], options, fake=False)

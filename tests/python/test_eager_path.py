@@ -110,3 +110,54 @@ def test_tracing_records_the_op():
         traced = torch.jit.trace(lambda q, k, v: fmha.attention(q, k, v), (q, k, v))
     assert "fmha::attention_fwd" in str(traced.graph)
     assert torch.equal(traced(q, k, v), fmha.attention(q, k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_calls_without_gradients_skip_the_function(device):
+    # No input requires grad, or grad mode is off: forward() runs without the autograd.Function,
+    # with the same bits; an optional tensor that requires grad (sinks) still takes the Function.
+    q, k, v = (x.detach() for x in _inputs(device, (1, 7, 4, 16), (1, 9, 2, 16), seed=21))
+    expected, expected_lse = ops.attention_fwd(q, k, v, *_api._options(
+        None, True, "bottom_right", None, None, None, 0.0, None, None, False, "auto", False))
+    out, lse = fmha.attention(q, k, v, causal=True, causal_alignment="bottom_right",
+                              return_lse=True)
+    assert out.grad_fn is None and torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    sinks = torch.zeros(4, device=device, requires_grad=True)
+    out = fmha.attention(q, k, v, sinks=sinks)
+    assert out.grad_fn is not None
+    (dsinks,) = torch.autograd.grad(out.float().sum(), sinks)
+    assert dsinks.shape == (4,)
+    with torch.no_grad():
+        assert fmha.attention(q.requires_grad_(), k, v, sinks=sinks).grad_fn is None
+
+
+def test_options_follow_the_cpu_backend_and_threads(monkeypatch):
+    # The options of calls without optional tensors are reused between calls: a change of the CPU
+    # backend or of torch's thread count must still reach the next call.
+    seen = []
+    monkeypatch.setattr(fmha._bridge, "run",
+                        lambda params, device: seen.append((params.options.cpu_backend,
+                                                            params.options.cpu_threads)))
+    q = randn(1, 4, 2, 8, seed=3)
+    threads = torch.get_num_threads()
+    try:
+        fmha.attention(q, q, q)
+        fmha.set_cpu_backend("reference")
+        fmha.attention(q, q, q)
+        torch.set_num_threads(1)
+        fmha.attention(q, q, q)
+    finally:
+        fmha.set_cpu_backend("auto")
+        torch.set_num_threads(threads)
+    auto, reference = fmha._C.CpuBackend.auto, fmha._C.CpuBackend.reference
+    assert seen == [(auto, threads), (reference, threads), (reference, 1)]
+
+
+def test_forward_mode_ad_is_refused_as_before():
+    import torch.autograd.forward_ad as fwAD
+
+    q = randn(1, 4, 2, 8, seed=4)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(q, torch.ones_like(q))
+        with pytest.raises(NotImplementedError, match="jvp"):
+            fmha.attention(dual, q, q)
