@@ -334,9 +334,11 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
       }
     }
   }
-  // The summed dimensions have stride 0 (ScoreTerm): these rows are every one of them.
+  // The summed dimensions have stride 0 (ScoreTerm): these rows are every one of them. Without
+  // keys (Lk 0) the buffer is empty: a pointer into it, never a reference to an element.
   for (std::int64_t r = 0; r < height; ++r) {
-    store_strided(c.dbias, c.dbias.row(seq.index, h, q0 + r), width, &w.dbias_sum[at(r * width)]);
+    store_strided(c.dbias, c.dbias.row(seq.index, h, q0 + r), width,
+                  w.dbias_sum.data() + r * width);
   }
 }
 
