@@ -256,6 +256,85 @@ TEST(CpuBackend, DenseBiasAndRelPos) {
   check_forward(sam2);
 }
 
+AttentionCase na_case(int dims, std::array<std::int64_t, 3> grid,
+                      std::array<std::int64_t, 3> kernel, std::array<std::int64_t, 3> dilation,
+                      std::array<bool, 3> causal);
+
+// Extra keys (SPEC §7): keys every query sees after its sequence's, unmasked, without bias or
+// rel-pos, softcap applied; one key or a few, more than a key tile, with no sequence key at all;
+// with masks, sinks, GQA, bias, rel-pos and their gradients; without dextra_k / dextra_v.
+TEST(CpuBackend, ExtraKeys) {
+  std::uint64_t seed = 300;
+  AttentionCase c = dense_case(77, 130, 40, 24);
+  c.batch = 2;
+  c.extra = 3;
+  check_fast(c, ++seed);
+  c.extra = 70;  // two tiles of extra keys
+  c.options.causal = true;
+  c.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
+  c.sinks = true;
+  c.dtype = DType::kBFloat16;
+  check_fast(c, ++seed);
+  c.extra = 1;
+  c.options.causal = false;
+  c.options.window_left = 9;
+  c.options.window_right = 3;
+  c.options.softcap = 3.0f;
+  c.heads = 6;
+  c.kv_heads = 1;
+  c.dtype = DType::kFloat16;
+  check_fast(c, ++seed);
+  c.input_grads = false;  // dq, dk, dv only
+  check_fast(c, ++seed);
+  AttentionCase one_row = dense_case(1, 1, 72, 200);  // a single key tile of one key, all keys
+  one_row.extra = 5;
+  check_fast(one_row, ++seed);
+  one_row.seqlen_k = 0;  // only extra keys
+  one_row.seqlen_q = 130;
+  check_fast(one_row, ++seed);
+  // A bias and rel-pos (with their gradients) on the sequence's keys only.
+  AttentionCase biased = dense_case(60, 60, 32, 32);
+  biased.extra = 20;
+  biased.bias.given = true;
+  biased.options.causal = true;
+  check_fast(biased, ++seed);
+  biased.bias.broadcast = {true, false, true, false};  // a summed dbias
+  check_fast(biased, ++seed);
+  biased.bias.given = false;
+  biased.rel_hk = 6;
+  biased.options.softcap = 4.0f;
+  check_fast(biased, ++seed);
+  // Varlen: sequence b's extra keys are extra_k[b], empty sequences too.
+  AttentionCase varlen = dense_case(1, 1, 40, 24);
+  varlen.kind = Kind::kVarlen;
+  varlen.seqlens_q = {1, 0, 129, 70, 7};
+  varlen.seqlens_k = {5, 3, 129, 0, 150};
+  varlen.extra = 17;
+  varlen.sinks = true;
+  check_fast(varlen, ++seed);
+  varlen.options.causal = true;
+  varlen.dtype = DType::kBFloat16;
+  check_fast(varlen, ++seed);
+  // Neighborhood attention 2-D with extra keys.
+  AttentionCase na = na_case(2, {23, 19, 1}, {7, 5, 1}, {2, 1, 1}, {false, true, false});
+  na.extra = 4;
+  na.sinks = true;
+  check_fast(na, ++seed);
+  // The fp32 results are not the reference's bits: the calls did run on the fast backend.
+  for (AttentionCase each : {c, varlen, na}) {
+    each.dtype = DType::kFloat32;
+    CaseTensors fast = make_tensors(each, seed);
+    ASSERT_TRUE(run_forward(each, fast).ok());
+    ASSERT_TRUE(run_backward(each, fast).ok());
+    each.options.cpu_backend = fmha::CpuBackend::kReference;
+    CaseTensors reference = make_tensors(each, seed);
+    ASSERT_TRUE(run_forward(each, reference).ok());
+    ASSERT_TRUE(run_backward(each, reference).ok());
+    EXPECT_FALSE(reference.out.bitwise_equal(fast.out)) << each.describe();
+    EXPECT_FALSE(reference.dq.bitwise_equal(fast.dq)) << each.describe();
+  }
+}
+
 TEST(CpuBackend, Varlen) {
   AttentionCase c;
   c.kind = Kind::kVarlen;
@@ -374,7 +453,8 @@ void expect_thread_count_independent(const AttentionCase& c) {
       {"out", &CaseTensors::out}, {"lse", &CaseTensors::lse}, {"dq", &CaseTensors::dq},
       {"dk", &CaseTensors::dk},   {"dv", &CaseTensors::dv},   {"dsinks", &CaseTensors::dsinks},
       {"dbias", &CaseTensors::dbias}, {"drel_h", &CaseTensors::drel_h},
-      {"drel_w", &CaseTensors::drel_w}};
+      {"drel_w", &CaseTensors::drel_w}, {"dextra_k", &CaseTensors::dextra_k},
+      {"dextra_v", &CaseTensors::dextra_v}};
   for (std::size_t r = 1; r < runs.size(); ++r) {
     for (auto [name, member] : outputs) {
       EXPECT_TRUE((runs[0].*member).bitwise_equal(runs[r].*member))
@@ -421,6 +501,10 @@ TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
     biased.rel_hk = 10;
     expect_thread_count_independent(biased);
 
+    biased.rel_hk = 0;
+    biased.extra = 70;  // extra keys and their gradients
+    expect_thread_count_independent(biased);
+
     AttentionCase na = na_case(2, {23, 19, 1}, {7, 4, 1}, {2, 1, 1}, {false, true, false});
     na.backward_impl = impl;
     na.sinks = true;
@@ -431,6 +515,8 @@ TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
     varlen.dtype = DType::kFloat16;
     varlen.seqlens_q = {70, 0, 129, 3};
     varlen.seqlens_k = {150, 9, 65, 0};
+    expect_thread_count_independent(varlen);
+    varlen.extra = 5;
     expect_thread_count_independent(varlen);
   }
 }
@@ -501,7 +587,7 @@ TEST(CpuBackend, CoverageRule) {
   EXPECT_TRUE(fmha::cpu::supports(biased, DType::kFloat32));  // bias and rel-pos: taken
   fmha::AttentionOptions extra;
   extra.extra_k = fmha::TensorView::contiguous(&placeholder, DType::kFloat32, {1, 1, 1, 1});
-  EXPECT_FALSE(fmha::cpu::supports(extra, DType::kFloat32));
+  EXPECT_TRUE(fmha::cpu::supports(extra, DType::kFloat32));  // extra keys: taken
 
   // The backward's gradients: dbias full-size or summed over any broadcast dimensions; none in the
   // varlen backward.

@@ -25,7 +25,7 @@ enum class CausalAlignment : std::uint8_t {
 // Which backend runs a call on CPU tensors (SPEC §18); CUDA tensors ignore it.
 enum class CpuBackend : std::uint8_t {
   kAuto,       // the fast backend (src/cpu/) for what it covers: dense, varlen and neighborhood
-               // calls in fp32 / fp16 / bf16 without extra keys, with bias and rel-pos too (the
+               // calls in fp32 / fp16 / bf16, extra keys, bias and rel-pos too (the
                // dense backward's drel without a broadcast dimension, dbias of any shape; the
                // varlen backward no dbias; neighborhood calls neither); the reference for the rest
   kReference,  // the float64 reference for every call: every feature, slow, the tests' oracle

@@ -80,7 +80,18 @@ Call shared_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
   c.options = &o;
   c.threads = thread_count(o.cpu_threads);
   c.sinks = per_head(o.sinks);
+  // [B, R, Hkv, *]: the layout of dense rows, varlen calls' batch index the sequence's.
+  c.extra_k = dense_rows(o.extra_k);
+  c.extra_v = dense_rows(o.extra_v);
+  c.num_extra = o.extra_k.defined() ? shape.num_extra : 0;
   return c;
+}
+
+// The backward's dsinks, dextra_k and dextra_v (each optional).
+void set_sink_and_extra_gradients(Call* c, const AttentionGradients& g) {
+  c->dsinks = per_head(g.dsinks);
+  c->dextra_k = dense_rows(g.dextra_k);
+  c->dextra_v = dense_rows(g.dextra_v);
 }
 
 Call dense_call(const AttentionOptions& o, const detail::ProblemShape& shape) {
@@ -127,7 +138,7 @@ void fit_threads_to_work(Call* c, double products) {
     const std::int64_t keys = c->neighborhood != nullptr
                                   ? std::min(c->neighborhood->keys_per_query, s.len_k)
                                   : s.len_k;
-    pairs += static_cast<double>(s.len_q) * static_cast<double>(keys);
+    pairs += static_cast<double>(s.len_q) * static_cast<double>(keys + c->num_extra);
   }
   const double flops = products * pairs * static_cast<double>(c->heads) *
                        static_cast<double>(c->head_dim + c->value_dim);
@@ -183,7 +194,7 @@ const char* to_string(Isa isa) {
 bool supports(const AttentionOptions& o, DType dtype) {
   const bool dtype_ok =
       dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
-  return dtype_ok && !o.extra_k.defined();
+  return dtype_ok;
 }
 
 // A gradient (dbias, drel_h, drel_w) at full size with no dimension from `first` on broadcast by
@@ -316,7 +327,7 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   c.dq = dense_rows(p.grads.dq);
   c.dk = dense_rows(p.grads.dk);
   c.dv = dense_rows(p.grads.dv);
-  c.dsinks = per_head(p.grads.dsinks);
+  set_sink_and_extra_gradients(&c, p.grads);
   c.backward_impl = p.backward_impl;
   if (p.grads.dbias.defined()) {
     c.dbias = score_term(p.grads.dbias);
@@ -356,7 +367,7 @@ void run(const VarlenBackwardParams& p, const detail::ProblemShape& shape) {
   c.dq = packed_rows(p.grads.dq);
   c.dk = packed_rows(p.grads.dk);
   c.dv = packed_rows(p.grads.dv);
-  c.dsinks = per_head(p.grads.dsinks);
+  set_sink_and_extra_gradients(&c, p.grads);
   c.backward_impl = p.backward_impl;
   fit_threads_to_work(&c, kBackwardFlops);
   backward(c);
@@ -395,7 +406,7 @@ void run(const NeighborhoodBackwardParams& p, const detail::ProblemShape& shape)
   c.dq = grid_rows(p.grads.dq, rank);
   c.dk = grid_rows(p.grads.dk, rank);
   c.dv = grid_rows(p.grads.dv, rank);
-  c.dsinks = per_head(p.grads.dsinks);
+  set_sink_and_extra_gradients(&c, p.grads);
   c.backward_impl = p.backward_impl;
   fit_threads_to_work(&c, kBackwardFlops);
   backward(c);

@@ -2,10 +2,11 @@
 // dense, varlen and neighborhood calls in fp32 / fp16 / bf16, forward and backward, with causal
 // masks (both alignments), windows, neighborhood masks (1-D / 2-D / 3-D, dilation, per-axis
 // causality; key tiles no query of a box sees are never visited), GQA / MQA, Dv != D, softcap,
-// sinks, lse / dlse, an additive bias and SAM's decomposed rel-pos (dense calls; varlen calls a
-// bias), with dbias of any broadcast shape and drel without a broadcast dimension in the dense
-// backward. What it does not take (a broadcast drel, a varlen dbias, extra keys, float64, a neighborhood call with bias or rel-pos or a grid whose axes one
-// token stride does not flatten, merge) runs on the float64 reference.
+// sinks, extra keys with their gradients, lse / dlse, an additive bias and SAM's decomposed rel-pos
+// (dense calls; varlen calls a bias), with dbias of any broadcast shape and drel without a
+// broadcast dimension in the dense backward. What it does not take (a broadcast drel, a varlen
+// dbias, float64, a neighborhood call with bias or rel-pos or a grid whose axes one token stride
+// does not flatten, merge) runs on the float64 reference.
 #pragma once
 
 #include "api/problem.h"
@@ -14,7 +15,7 @@
 
 namespace fmha::cpu {
 
-// The options and dtype every entry point takes: fp32 / fp16 / bf16 inputs without extra keys.
+// The options and dtype every entry point takes: fp32 / fp16 / bf16 inputs (extra keys too).
 bool supports(const AttentionOptions& options, DType dtype);
 // Whether the fast backend computes a validated call (dispatch runs the rest on the reference):
 // the options above; in the dense backward drel_h / drel_w without a broadcast dimension (dbias of

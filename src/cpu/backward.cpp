@@ -4,6 +4,9 @@
 //     dK/dV: one task per (sequence, kv head, key tile): the query tiles of every query head of
 //            the group that see the tile, in order, recomputing P from the forward's lse;
 //     dQ:    one task per (sequence, query head, query tile): the key tiles it sees, in order;
+//   extra keys (SPEC §7): the dQ task's key tiles end with the sequence's extra keys; their
+//          dK/dV (dextra_k / dextra_v) take one task per (sequence, kv head, extra key tile) over
+//          every query tile of the group, or the fused task's last key tiles;
 //   fused: one task per (sequence, kv head) runs the dK/dV loop over all its key tiles and adds
 //          dS K into a private fp32 dQ of the group's rows: 5 products per tile pair instead of 7,
 //          but only sequences x kv heads tasks, and a dQ buffer of group x Lq x D floats.
@@ -119,19 +122,19 @@ FMHA_CPU_INLINE void load_query_tile(const Call& c, const RowStats& stats, const
   }
 }
 
-// Loads the keys of `keys` of kv head kvh: K^T and V^T (columns keys.count .. ncols - 1 zeroed)
-// and, with_rows, K row-major.
-FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int64_t kvh,
+// Loads the keys of `keys` (from `from`) of kv head kvh: K^T and V^T (columns keys.count ..
+// ncols - 1 zeroed) and, with_rows, K row-major.
+FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int64_t kvh,
                                    const Tile& keys, std::int64_t ncols, BackwardScratch& w,
                                    bool with_rows) {
   const std::int64_t dp = round_up(c.head_dim, kLanes), cols = keys.count;
   for (std::int64_t j = 0; j < cols; ++j) {
-    const std::int64_t token = seq.first_k + keys.token(j);
-    const std::int64_t k_offset = c.k.offset(seq.batch, token, kvh);
-    load_features(c.k, k_offset, c.head_dim, 1.0f, &w.kt[at(j)], kKeyTile);
-    load_features(c.v, c.v.offset(seq.batch, token, kvh), c.value_dim, 1.0f, &w.vt[at(j)],
-                  kKeyTile);
-    if (with_rows) load_features(c.k, k_offset, c.head_dim, 1.0f, &w.k[at(j * dp)], 1);
+    const std::int64_t token = from.first + keys.token(j);
+    const std::int64_t k_offset = from.k->offset(from.batch, token, kvh);
+    load_features(*from.k, k_offset, c.head_dim, 1.0f, &w.kt[at(j)], kKeyTile);
+    load_features(*from.v, from.v->offset(from.batch, token, kvh), c.value_dim, 1.0f,
+                  &w.vt[at(j)], kKeyTile);
+    if (with_rows) load_features(*from.k, k_offset, c.head_dim, 1.0f, &w.k[at(j * dp)], 1);
   }
   for (std::int64_t d = 0; d < c.head_dim; ++d)
     std::fill_n(&w.kt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
@@ -182,7 +185,7 @@ FMHA_CPU_INLINE void zero_dbias_row(const Call& c, std::int64_t b, std::int64_t 
 // its key tile, ncols columns): w.p = P and w.ds = dS' = P (dP - Delta) x softcap slope; the
 // scores recomputed with the bias and rel-pos too. Masked and padding entries get P = 0, hence
 // dS' = 0. With row_sums, w.p_dp[r] also gains the row's sum of P dP. dbias and drel are written
-// by band tiles only (backend.cpp keeps them off neighborhood calls).
+// by band tiles only (backend.cpp keeps them off neighborhood calls; extra keys have neither).
 template <typename Traits, typename Tiles>
 FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int64_t t,
                                      std::int64_t b, std::int64_t h, std::int64_t rows_pad,
@@ -231,8 +234,8 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
     // dS = P (dP - Delta) is the bias's gradient (SPEC §4), and summed over grid columns / rows
     // rel-pos's (SPEC §5), before softcap's slope: an owned row that writes them takes the slope
     // after.
-    const bool dbias = owns_rows && c.dbias.given() && r < rows;
-    const bool drel = rel_rows != nullptr && r < rows;
+    const bool dbias = !Tiles::kExtraKeys && owns_rows && c.dbias.given() && r < rows;
+    const bool drel = !Tiles::kExtraKeys && rel_rows != nullptr && r < rows;
     for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
       typename V::F grad = V::load(prow + j) * (V::load(dsrow + j) - delta);
       if (softcap && !dbias && !drel) grad *= V::load(slope + j);
@@ -257,8 +260,34 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
   }
 }
 
-// dQ of the queries of `tiles` (head h of one sequence) against its key tiles; dbias_sum: the
-// rows' dS added to it (a sum over the batch) instead of stored.
+// Whether the tile of `cols` keys holds every key a query of the sequence sees: the tile's own
+// sum of P dP is then Delta (score_gradients' exact_delta).
+FMHA_CPU_INLINE bool holds_every_key(const Call& c, const Sequence& seq, std::int64_t cols) {
+  return c.num_extra == 0 && cols == seq.len_k;
+}
+
+// The loaded query tile (rows_pad rows of head h) against the key tiles of `tiles`: dQ added to
+// `dq`, dbias, drel and the sums of P dP as dq_rows says.
+template <typename Traits, typename Tiles>
+FMHA_CPU_INLINE void dq_key_tiles(const Call& c, const Sequence& seq, std::int64_t h,
+                                  const Tiles& tiles, std::int64_t rows_pad, BackwardScratch& w,
+                                  bool row_sums, float* rel_rows, float* dbias_sum, float* dq) {
+  const std::int64_t dp = round_up(c.head_dim, kLanes);
+  const KeyRows from = key_rows<Tiles>(c, seq);
+  for (std::int64_t t = 0; t < tiles.count(); ++t) {
+    const Tile keys = tiles.keys(t);
+    const std::int64_t ncols = round_up(keys.count, kLanes);
+    load_key_tile(c, from, h / c.group(), keys, ncols, w, true);
+    score_gradients<Traits>(c, tiles, t, seq.index, h, rows_pad, ncols, w, row_sums,
+                            holds_every_key(c, seq, keys.count), /*owns_rows=*/true, rel_rows,
+                            dbias_sum, c.dbias_sums[3] ? 1 : seq.len_k);
+    gemm<Traits>(rows_pad, dp, keys.count, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp,
+                 true);
+  }
+}
+
+// dQ of the queries of `tiles` (head h of one sequence) against its key tiles and the extra keys;
+// dbias_sum: the rows' dS added to it (a sum over the batch) instead of stored.
 template <typename Traits, typename Tiles>
 FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
                              const Tiles& tiles, BackwardScratch& w, float* dbias_sum) {
@@ -266,7 +295,6 @@ FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq
   const Tile queries = tiles.queries(0);
   const std::int64_t rows = queries.count;
   const std::int64_t rows_pad = round_up(rows, Traits::kRows);
-  const std::int64_t kvh = h / c.group();
   float* dq = w.acc_a.data();
   load_query_tile(c, stats, seq, h, queries, rows_pad, w);
   std::fill_n(dq, rows_pad * dp, 0.0f);
@@ -282,15 +310,10 @@ FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq
   }
   std::fill_n(w.p_dp.data(), rows_pad, 0.0f);
   const bool row_sums = !stats.p_dp.empty();
-  for (std::int64_t t = 0; t < tiles.count(); ++t) {
-    const Tile keys = tiles.keys(t);
-    const std::int64_t ncols = round_up(keys.count, kLanes);
-    load_key_tile(c, seq, kvh, keys, ncols, w, true);
-    score_gradients<Traits>(c, tiles, t, seq.index, h, rows_pad, ncols, w, row_sums,
-                            keys.count == seq.len_k, /*owns_rows=*/true, rel_rows, dbias_sum,
-                            c.dbias_sums[3] ? 1 : seq.len_k);
-    gemm<Traits>(rows_pad, dp, keys.count, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp,
-                 true);
+  dq_key_tiles<Traits>(c, seq, h, tiles, rows_pad, w, row_sums, rel_rows, dbias_sum, dq);
+  if (c.num_extra > 0) {
+    dq_key_tiles<Traits>(c, seq, h, ExtraTiles::for_queries(c, queries), rows_pad, w, row_sums,
+                         rel_rows, dbias_sum, dq);
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = queries.token(r);
@@ -354,7 +377,8 @@ FMHA_CPU_INLINE void dkdv_rows(const Call& c, RowStats& stats, const Sequence& s
   const std::int64_t ncols = round_up(cols, kLanes);  // a multiple of every kRows
   float* dk = w.acc_a.data();
   float* dv = w.acc_b.data();
-  load_key_tile(c, seq, kvh, keys, ncols, w, fused);
+  const KeyRows from = key_rows<Tiles>(c, seq);
+  load_key_tile(c, from, kvh, keys, ncols, w, fused);
   std::fill_n(dk, ncols * dp, 0.0f);
   std::fill_n(dv, ncols * dvp, 0.0f);
   for (std::int64_t g = 0; g < c.group(); ++g) {
@@ -371,7 +395,8 @@ FMHA_CPU_INLINE void dkdv_rows(const Call& c, RowStats& stats, const Sequence& s
                             ? &w.rel_all[at((g * round_up(seq.len_q, kQueryTile) + q0) * rel_width)]
                             : nullptr;
       score_gradients<Traits>(c, tiles, t, seq.index, h, rows_pad, ncols, w, row_sums,
-                              cols == seq.len_k, /*owns_rows=*/fused, rel_rows);
+                              !Tiles::kExtraKeys && holds_every_key(c, seq, cols),
+                              /*owns_rows=*/fused, rel_rows);
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
       gemm<Traits>(ncols, dp, rows, w.ds.data(), 1, kKeyTile, w.q.data(), dp, dk, dp, true);
@@ -397,9 +422,15 @@ FMHA_CPU_INLINE void dkdv_rows(const Call& c, RowStats& stats, const Sequence& s
     }
   }
   for (std::int64_t j = 0; j < cols; ++j) {
-    const std::int64_t token = seq.first_k + keys.token(j);
-    store_features(c.dk, c.dk.offset(seq.batch, token, kvh), c.head_dim, dk + j * dp, 1.0f);
-    store_features(c.dv, c.dv.offset(seq.batch, token, kvh), c.value_dim, dv + j * dvp, 1.0f);
+    const std::int64_t token = from.first + keys.token(j);
+    if (from.dk->given()) {
+      store_features(*from.dk, from.dk->offset(from.batch, token, kvh), c.head_dim, dk + j * dp,
+                     1.0f);
+    }
+    if (from.dv->given()) {
+      store_features(*from.dv, from.dv->offset(from.batch, token, kvh), c.value_dim,
+                     dv + j * dvp, 1.0f);
+    }
   }
 }
 
@@ -420,7 +451,19 @@ FMHA_CPU_INLINE void dkdv_tile(const Call& c, RowStats& stats, const Sequence& s
                     fused);
 }
 
-// The fused structure's task: every key tile of kv head kvh, then the group's dQ rows.
+// The dK / dV pass's task over extra keys (SPEC §7): extra keys r0 .. r0 + kKeyTile - 1 of kv head
+// kvh against every query tile of the sequence, into dextra_k / dextra_v (when given).
+template <typename Traits>
+FMHA_CPU_INLINE void dextra_tile(const Call& c, RowStats& stats, const Sequence& seq,
+                                 std::int64_t kvh, std::int64_t r0, BackwardScratch& w,
+                                 bool fused = false) {
+  const std::int64_t cols = std::min(kKeyTile, c.num_extra - r0);
+  dkdv_rows<Traits>(c, stats, seq, kvh, ExtraTiles::for_keys(seq, r0, cols, kQueryTile), w,
+                    fused);
+}
+
+// The fused structure's task: every key tile of kv head kvh and its extra keys, then the group's dQ
+// rows.
 template <typename Traits>
 FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& seq,
                                 std::int64_t kvh, BackwardScratch& w) {
@@ -441,6 +484,8 @@ FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& 
   const std::int64_t end = na != nullptr ? na->boxes(na->key_box) : seq.len_k;
   for (std::int64_t start = 0; start < end; start += na != nullptr ? 1 : kKeyTile)
     dkdv_tile<Traits>(c, stats, seq, kvh, start, w, true);
+  for (std::int64_t r0 = 0; r0 < c.num_extra; r0 += kKeyTile)
+    dextra_tile<Traits>(c, stats, seq, kvh, r0, w, true);
   for (std::int64_t g = 0; g < c.group(); ++g) {
     const std::int64_t h = kvh * c.group() + g;
     for (std::int64_t i = 0; i < seq.len_q; ++i) {
@@ -464,6 +509,10 @@ void dkdv_tile_portable(const Call& c, RowStats& st, const Sequence& seq, std::i
                         std::int64_t k0, BackwardScratch& w) {
   dkdv_tile<PortableTraits>(c, st, seq, kvh, k0, w);
 }
+void dextra_tile_portable(const Call& c, RowStats& st, const Sequence& seq, std::int64_t kvh,
+                          std::int64_t r0, BackwardScratch& w) {
+  dextra_tile<PortableTraits>(c, st, seq, kvh, r0, w);
+}
 void fused_portable(const Call& c, RowStats& st, const Sequence& seq, std::int64_t kvh,
                     std::int64_t, BackwardScratch& w) {
   fused_task<PortableTraits>(c, st, seq, kvh, w);
@@ -478,6 +527,10 @@ FMHA_CPU_TARGET_AVX2 void dkdv_tile_avx2(const Call& c, RowStats& st, const Sequ
                                          std::int64_t kvh, std::int64_t k0, BackwardScratch& w) {
   dkdv_tile<Avx2Traits>(c, st, seq, kvh, k0, w);
 }
+FMHA_CPU_TARGET_AVX2 void dextra_tile_avx2(const Call& c, RowStats& st, const Sequence& seq,
+                                           std::int64_t kvh, std::int64_t r0, BackwardScratch& w) {
+  dextra_tile<Avx2Traits>(c, st, seq, kvh, r0, w);
+}
 FMHA_CPU_TARGET_AVX2 void fused_avx2(const Call& c, RowStats& st, const Sequence& seq,
                                      std::int64_t kvh, std::int64_t, BackwardScratch& w) {
   fused_task<Avx2Traits>(c, st, seq, kvh, w);
@@ -491,6 +544,11 @@ FMHA_CPU_TARGET_AVX512 void dkdv_tile_avx512(const Call& c, RowStats& st, const 
                                              BackwardScratch& w) {
   dkdv_tile<Avx512Traits>(c, st, seq, kvh, k0, w);
 }
+FMHA_CPU_TARGET_AVX512 void dextra_tile_avx512(const Call& c, RowStats& st, const Sequence& seq,
+                                               std::int64_t kvh, std::int64_t r0,
+                                               BackwardScratch& w) {
+  dextra_tile<Avx512Traits>(c, st, seq, kvh, r0, w);
+}
 FMHA_CPU_TARGET_AVX512 void fused_avx512(const Call& c, RowStats& st, const Sequence& seq,
                                          std::int64_t kvh, std::int64_t, BackwardScratch& w) {
   fused_task<Avx512Traits>(c, st, seq, kvh, w);
@@ -498,16 +556,18 @@ FMHA_CPU_TARGET_AVX512 void fused_avx512(const Call& c, RowStats& st, const Sequ
 #endif
 
 struct TileFns {
-  TileFn dq, dkdv, fused;
+  TileFn dq, dkdv, dextra, fused;
 };
 
 TileFns tile_fns_for(Isa isa) {
 #if FMHA_CPU_X86
-  if (isa == Isa::kAvx512) return {dq_tile_avx512, dkdv_tile_avx512, fused_avx512};
-  if (isa == Isa::kAvx2) return {dq_tile_avx2, dkdv_tile_avx2, fused_avx2};
+  if (isa == Isa::kAvx512) {
+    return {dq_tile_avx512, dkdv_tile_avx512, dextra_tile_avx512, fused_avx512};
+  }
+  if (isa == Isa::kAvx2) return {dq_tile_avx2, dkdv_tile_avx2, dextra_tile_avx2, fused_avx2};
 #endif
   (void)isa;
-  return {dq_tile_portable, dkdv_tile_portable, fused_portable};
+  return {dq_tile_portable, dkdv_tile_portable, dextra_tile_portable, fused_portable};
 }
 
 // lse and Delta of every row (one task per sequence and head).
@@ -559,17 +619,18 @@ void sink_gradients(const Call& c, const RowStats& stats) {
 }
 
 struct TileTask {
+  TileFn fn;
   std::int64_t sequence, head, start;  // head: query head (dQ) or kv head (dK/dV)
 };
 
-void run_tiles(const Call& c, std::vector<TileTask> tasks, TileFn fn, RowStats& stats) {
+void run_tiles(const Call& c, std::vector<TileTask> tasks, RowStats& stats) {
   const auto count = static_cast<std::int64_t>(tasks.size());
   std::vector<BackwardScratch> scratch(at(worker_count(count, c.threads)));
   parallel_for(count, c.threads, [&](std::int64_t t, int worker) {
     const TileTask& task = tasks[at(t)];
     BackwardScratch& w = scratch[at(worker)];
     w.allocate(c);
-    fn(c, stats, c.sequences[at(task.sequence)], task.head, task.start, w);
+    task.fn(c, stats, c.sequences[at(task.sequence)], task.head, task.start, w);
   });
 }
 
@@ -585,7 +646,7 @@ bool use_fused(const Call& c) {
   constexpr std::int64_t kMaxFusedBufferBytes = std::int64_t{64} << 20;
   std::int64_t tasks = 0, longest = 0;
   for (const Sequence& seq : c.sequences) {
-    if (seq.len_q > 0 && seq.len_k > 0) tasks += c.kv_heads;
+    if (seq.len_q > 0 && seq.len_k + c.num_extra > 0) tasks += c.kv_heads;
     longest = std::max(longest, seq.len_q);
   }
   const std::int64_t buffer_bytes = c.group() * round_up(longest, kQueryTile) *
@@ -613,9 +674,9 @@ void backward(const Call& c) {
     std::vector<TileTask> tasks;
     for (std::size_t b = 0; b < c.sequences.size(); ++b) {
       for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh)
-        tasks.push_back({static_cast<std::int64_t>(b), kvh, 0});
+        tasks.push_back({fns.fused, static_cast<std::int64_t>(b), kvh, 0});
     }
-    run_tiles(c, std::move(tasks), fns.fused, stats);
+    run_tiles(c, std::move(tasks), stats);
     if (c.dsinks.given()) sink_gradients(c, stats);
     return;
   }
@@ -627,7 +688,15 @@ void backward(const Call& c) {
     const auto sequence = static_cast<std::int64_t>(b);
     const std::int64_t key_end = na != nullptr ? na->boxes(na->key_box) : seq.len_k;
     for (std::int64_t k0 = 0; k0 < key_end; k0 += na != nullptr ? 1 : kKeyTile) {
-      for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh) dkdv.push_back({sequence, kvh, k0});
+      for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh)
+        dkdv.push_back({fns.dkdv, sequence, kvh, k0});
+    }
+    // Extra keys' tasks, when their gradients are asked: one per tile of them and kv head.
+    const bool dextra = c.dextra_k.given() || c.dextra_v.given();
+    for (std::int64_t r0 = 0; dextra && r0 < c.num_extra; r0 += kKeyTile) {
+      for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+        dkdv.push_back({fns.dextra, sequence, kvh, r0});
+      }
     }
     // With a dbias summed over the batch (heads, query rows), the first sequence's (head's, query
     // tile's) tasks take every sequence's (head's, tile's) rows.
@@ -636,11 +705,11 @@ void backward(const Call& c) {
                               (q0 == 0 || !c.dbias_sums[2]);
          q0 += na != nullptr ? 1 : kQueryTile) {
       for (std::int64_t h = 0; h < (c.dbias_sums[1] ? 1 : c.heads); ++h)
-        dq.push_back({sequence, h, q0});
+        dq.push_back({fns.dq, sequence, h, q0});
     }
   }
-  run_tiles(c, std::move(dkdv), fns.dkdv, stats);
-  run_tiles(c, std::move(dq), fns.dq, stats);
+  run_tiles(c, std::move(dkdv), stats);
+  run_tiles(c, std::move(dq), stats);
   if (c.dsinks.given()) sink_gradients(c, stats);
 }
 

@@ -1,8 +1,9 @@
 // Forward of the fast CPU backend: one task per (sequence, query head, tile of kForwardQueryTile
 // queries, or a neighborhood call's box of kQueryTile).
-// The task streams the key tiles its mask lets it see (tiles.h) through an fp32 online softmax
-// (SPEC §10), so no Lq x Lk buffer exists: S = Q K^T and O += P V are register-blocked products on
-// fp32 tiles, converted from the tensors' dtype once per tile.
+// The task streams the key tiles its mask lets it see (tiles.h), then the sequence's extra keys
+// (SPEC §7), through an fp32 online softmax (SPEC §10), so no Lq x Lk buffer exists: S = Q K^T and
+// O += P V are register-blocked products on fp32 tiles, converted from the tensors' dtype once per
+// tile.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -49,16 +50,17 @@ struct ForwardScratch {
   }
 };
 
-// Loads the keys of `keys` of kv head kvh: K transposed into kt (columns keys.count .. ncols - 1
-// zeroed, the product reads them) and V row-major into v.
-FMHA_CPU_INLINE void load_key_tile(const Call& c, const Sequence& seq, std::int64_t kvh,
+// Loads the keys of `keys` (from `from`) of kv head kvh: K transposed into kt (columns keys.count
+// .. ncols - 1 zeroed, the product reads them) and V row-major into v.
+FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int64_t kvh,
                                    const Tile& keys, std::int64_t ncols, float* k_rows, float* kt,
                                    float* v, std::int64_t ldv) {
   const std::int64_t dim = c.head_dim, cols = keys.count;
   for (std::int64_t j = 0; j < cols; ++j) {
-    const std::int64_t token = seq.first_k + keys.token(j);
-    load_features(c.k, c.k.offset(seq.batch, token, kvh), dim, 1.0f, k_rows + j * dim, 1);
-    load_features(c.v, c.v.offset(seq.batch, token, kvh), c.value_dim, 1.0f, v + j * ldv, 1);
+    const std::int64_t token = from.first + keys.token(j);
+    load_features(*from.k, from.k->offset(from.batch, token, kvh), dim, 1.0f, k_rows + j * dim, 1);
+    load_features(*from.v, from.v->offset(from.batch, token, kvh), c.value_dim, 1.0f, v + j * ldv,
+                  1);
   }
   // Transposed from the converted rows, which stay in L1: contiguous stores, cached loads.
   for (std::int64_t d = 0; d < dim; ++d) {
@@ -84,38 +86,23 @@ FMHA_CPU_INLINE void finish_scores(const Call& c, const Tiles& tiles, std::int64
   for (std::int64_t j = cols; j < ncols; ++j) row[j] = kNegInf;
 }
 
-// The queries of `tiles` (at most kForwardQueryTile) of head h against its key tiles.
+// The loaded queries (rows of them, rows_pad with padding) of head h against the key tiles of
+// `tiles`: the online softmax's running maximum w.m, normaliser w.l and unnormalised output w.o.
 template <typename Traits, typename Tiles>
-FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64_t h,
-                                  const Tiles& tiles, ForwardScratch& w) {
+FMHA_CPU_INLINE void attend(const Call& c, const Sequence& seq, std::int64_t h, const Tiles& tiles,
+                            std::int64_t rows, std::int64_t rows_pad, ForwardScratch& w) {
   using V = typename Traits::V;
   const std::int64_t dim = c.head_dim, dv = round_up(c.value_dim, kLanes);
-  const Tile queries = tiles.queries(0);
-  const std::int64_t rows = queries.count;
-  const std::int64_t rows_pad = round_up(rows, Traits::kRows);
   const std::int64_t kvh = h / c.group();
-  float* q = w.q.data();
+  const KeyRows from = key_rows<Tiles>(c, seq);
+  const float* q = w.q.data();
   float* s = w.s.data();
   float* o = w.o.data();
-
-  for (std::int64_t r = 0; r < rows; ++r) {
-    load_features(c.q, c.q.offset(seq.batch, seq.first_q + queries.token(r), h), dim, c.scale,
-                  q + r * dim, 1);
-  }
-  for (std::int64_t x = rows * dim; x < rows_pad * dim; ++x) q[x] = 0.0f;
-  // A sink is a logit with no value: the running maximum starts at it with exp(0) = 1 summed.
-  const float sink = c.sinks.given() ? load_stat(c.sinks, h * c.sinks.head_stride) : kNegInf;
-  for (std::int64_t r = 0; r < rows_pad; ++r) {
-    w.m[static_cast<std::size_t>(r)] = sink;
-    w.l[static_cast<std::size_t>(r)] = sink == kNegInf ? 0.0f : 1.0f;
-  }
-  for (std::int64_t x = 0; x < rows_pad * dv; ++x) o[x] = 0.0f;
-
   for (std::int64_t t = 0; t < tiles.count(); ++t) {
     const Tile keys = tiles.keys(t);
     const std::int64_t cols = keys.count;
     const std::int64_t ncols = round_up(cols, kLanes);
-    load_key_tile(c, seq, kvh, keys, ncols, w.k.data(), w.kt.data(), w.v.data(), dv);
+    load_key_tile(c, from, kvh, keys, ncols, w.k.data(), w.kt.data(), w.v.data(), dv);
     gemm<Traits>(rows_pad, ncols, dim, q, dim, 1, w.kt.data(), kKeyTile, s, kKeyTile, false);
 
     const bool full = tiles.full(t);
@@ -153,6 +140,37 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
       }
     }
     gemm<Traits>(rows_pad, dv, cols, s, kKeyTile, 1, w.v.data(), dv, o, dv, true);
+  }
+}
+
+// The queries of `tiles` (at most kForwardQueryTile) of head h against its key tiles, then the
+// sequence's extra keys.
+template <typename Traits, typename Tiles>
+FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64_t h,
+                                  const Tiles& tiles, ForwardScratch& w) {
+  const std::int64_t dim = c.head_dim, dv = round_up(c.value_dim, kLanes);
+  const Tile queries = tiles.queries(0);
+  const std::int64_t rows = queries.count;
+  const std::int64_t rows_pad = round_up(rows, Traits::kRows);
+  float* q = w.q.data();
+  float* o = w.o.data();
+
+  for (std::int64_t r = 0; r < rows; ++r) {
+    load_features(c.q, c.q.offset(seq.batch, seq.first_q + queries.token(r), h), dim, c.scale,
+                  q + r * dim, 1);
+  }
+  for (std::int64_t x = rows * dim; x < rows_pad * dim; ++x) q[x] = 0.0f;
+  // A sink is a logit with no value: the running maximum starts at it with exp(0) = 1 summed.
+  const float sink = c.sinks.given() ? load_stat(c.sinks, h * c.sinks.head_stride) : kNegInf;
+  for (std::int64_t r = 0; r < rows_pad; ++r) {
+    w.m[static_cast<std::size_t>(r)] = sink;
+    w.l[static_cast<std::size_t>(r)] = sink == kNegInf ? 0.0f : 1.0f;
+  }
+  for (std::int64_t x = 0; x < rows_pad * dv; ++x) o[x] = 0.0f;
+
+  attend<Traits>(c, seq, h, tiles, rows, rows_pad, w);
+  if (c.num_extra > 0) {
+    attend<Traits>(c, seq, h, ExtraTiles::for_queries(c, queries), rows, rows_pad, w);
   }
 
   for (std::int64_t r = 0; r < rows; ++r) {

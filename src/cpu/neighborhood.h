@@ -69,6 +69,7 @@ struct NeighborhoodScratch {
 
 class NeighborhoodTiles {
  public:
+  static constexpr bool kExtraKeys = false;
   // Query box `box` and the key tiles of kKeyTile its queries see.
   static NeighborhoodTiles for_queries(const NeighborhoodGeometry& g, std::int64_t box,
                                        NeighborhoodScratch& s);

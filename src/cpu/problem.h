@@ -131,6 +131,11 @@ struct Call {
   Operand dout, dlse;         // backward inputs; dlse optional
   Operand dq, dk, dv;         // backward outputs
   Operand sinks, dsinks;      // [H] fp32: head_stride only; optional
+  // Extra keys (SPEC §7) [B, R, Hkv, D | Dv], batch index the sequence's index (varlen too), and
+  // their gradients: keys every query sees after its sequence's, unmasked, without bias or rel-pos.
+  // Optional (num_extra 0 without them); dextra_k / dextra_v each optional in the backward.
+  Operand extra_k, extra_v, dextra_k, dextra_v;
+  std::int64_t num_extra = 0;
   ScoreTerm bias, rel_h, rel_w;  // dense calls only; optional
   // The bias's gradient, only when it has no broadcast dimension: each element belongs to one
   // (b, h, i, j), written by the task that owns query row i (backward.cpp).
