@@ -126,12 +126,14 @@ Call varlen_call(const Params& p, const detail::ProblemShape& shape) {
   return c;
 }
 
-// Waking a kept worker costs tens of microseconds, more than a tiny problem's whole computation.
-// On a 2-core AMD EPYC (2026-11-27, causal fp32 forward, H 2, D 32, a call from Python): 2 MFLOP
+// Handing tasks to a kept worker costs time a tiny problem does not repay. On a 2-core AMD EPYC
+// (2026-11-27, causal fp32 forward, H 2, D 32, a call from Python, sleeping workers): 2 MFLOP
 // (B 1, L 128) 102 us on 2 threads, 71 on one; 8 MFLOP 130 / 110; 17 MFLOP 160 / 178; 67 MFLOP
-// 297 / 450. A call takes one thread per kFlopsPerThread of its products (every pair counted, masks
-// or not), at least one; the results do not depend on the thread count (parallel.h).
-constexpr double kFlopsPerThread = 6e6;
+// 297 / 450. Since workers spin a while between calls (thread_pool.cpp), 2026-11-28 from C++ with
+// 30 us between calls: B 2 H 2 L 128 D 32 forward (8.4 MFLOP) 47-50 us on 2 threads, 75-78 on one.
+// A call takes one thread per kFlopsPerThread of its products (every pair counted, masks or not),
+// at least one; the results do not depend on the thread count (parallel.h).
+constexpr double kFlopsPerThread = 3e6;
 void fit_threads_to_work(Call* c, double products) {
   double pairs = 0.0;
   for (const Sequence& s : c->sequences) {

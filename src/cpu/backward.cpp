@@ -52,8 +52,11 @@ struct RowStats {
   std::vector<float> p_dp;  // sum over keys of P dP, written by the dQ pass when dsinks is asked
 };
 
-// One worker's tiles (see the file comment for the roles of each).
+// One worker's tiles (see the file comment for the roles of each), kept between calls by its
+// thread and allocated again when the head dims change, as the forward's (forward.cpp); a fused
+// task's buffers that grow with the sequence are released after the task when large.
 struct BackwardScratch {
+  std::int64_t head_dim = -1, value_dim = -1;  // the dims the tiles are laid out for
   std::vector<float> q;      // [kQueryTile, D rounded up to 16], scaled; padding columns 0
   std::vector<float> dout;   // [kQueryTile, Dv rounded up], padding columns 0
   std::vector<float> kt;     // [D, kKeyTile]
@@ -75,7 +78,9 @@ struct BackwardScratch {
   NeighborhoodScratch na;        // a neighborhood task's gathered tiles
 
   void allocate(const Call& c) {
-    if (!q.empty()) return;
+    if (head_dim == c.head_dim && value_dim == c.value_dim) return;
+    head_dim = c.head_dim;
+    value_dim = c.value_dim;
     const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
     const std::int64_t tile = std::max(kQueryTile, kKeyTile);
     q.assign(at(kQueryTile * dp), 0.0f);
@@ -496,6 +501,11 @@ FMHA_CPU_INLINE void fused_task(const Call& c, RowStats& stats, const Sequence& 
       if (c.wants_drel()) store_rel_sums(c, seq.index, h, i, &w.rel_all[at(row * rel_width)]);
     }
   }
+  // The thread keeps its scratch between calls: a long sequence's buffers are not kept.
+  constexpr std::size_t kKeptFloats = std::size_t{1} << 20;
+  for (std::vector<float>* buffer : {&w.dq_all, &w.p_dp_all, &w.rel_all}) {
+    if (buffer->capacity() > kKeptFloats) std::vector<float>().swap(*buffer);
+  }
 }
 
 using TileFn = void (*)(const Call&, RowStats&, const Sequence&, std::int64_t, std::int64_t,
@@ -625,10 +635,9 @@ struct TileTask {
 
 void run_tiles(const Call& c, std::vector<TileTask> tasks, RowStats& stats) {
   const auto count = static_cast<std::int64_t>(tasks.size());
-  std::vector<BackwardScratch> scratch(at(worker_count(count, c.threads)));
-  parallel_for(count, c.threads, [&](std::int64_t t, int worker) {
+  parallel_for(count, c.threads, [&](std::int64_t t, int) {
     const TileTask& task = tasks[at(t)];
-    BackwardScratch& w = scratch[at(worker)];
+    thread_local BackwardScratch w;
     w.allocate(c);
     task.fn(c, stats, c.sequences[at(task.sequence)], task.head, task.start, w);
   });

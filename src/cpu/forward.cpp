@@ -25,8 +25,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // (Zen 5, 2026-11-27), GFLOP per CPU second at D 64 / D 128: 64 rows 115 / 119, 256 rows 147 / 170.
 constexpr std::int64_t kForwardQueryTile = 256;
 
-// One worker's tiles, allocated once per call and reused by every task it runs.
+// One worker's tiles, reused by every task it runs. Each worker runs on a thread of its own
+// (parallel.h), which keeps them between calls (thread_local in forward()): allocating and zeroing
+// them at every call was a visible part of a tiny call. They are allocated again when a call's head
+// dims differ from the last call's (their padding columns are zeros that only the dims place).
 struct ForwardScratch {
+  std::int64_t head_dim = -1, value_dim = -1;  // the dims the tiles are laid out for
   std::vector<float> q;     // [kForwardQueryTile, D], scaled by the softmax scale
   std::vector<float> k;     // [kKeyTile, D]: K converted to fp32
   std::vector<float> kt;    // [D, kKeyTile]: K transposed, a row of keys per feature
@@ -37,7 +41,9 @@ struct ForwardScratch {
   NeighborhoodScratch na;   // a neighborhood task's gathered tiles
 
   void allocate(const Call& c) {
-    if (!q.empty()) return;
+    if (head_dim == c.head_dim && value_dim == c.value_dim) return;
+    head_dim = c.head_dim;
+    value_dim = c.value_dim;
     const std::int64_t dv = round_up(c.value_dim, kLanes);
     q.assign(static_cast<std::size_t>(kForwardQueryTile * c.head_dim), 0.0f);
     k.assign(static_cast<std::size_t>(kKeyTile * c.head_dim), 0.0f);
@@ -256,10 +262,9 @@ void forward(const Call& c) {
                      [](const ForwardTask& a, const ForwardTask& b) { return a.start > b.start; });
   }
   const auto count = static_cast<std::int64_t>(tasks.size());
-  std::vector<ForwardScratch> scratch(static_cast<std::size_t>(worker_count(count, c.threads)));
-  parallel_for(count, c.threads, [&](std::int64_t t, int worker) {
+  parallel_for(count, c.threads, [&](std::int64_t t, int) {
     const ForwardTask& task = tasks[static_cast<std::size_t>(t)];
-    ForwardScratch& w = scratch[static_cast<std::size_t>(worker)];
+    thread_local ForwardScratch w;
     w.allocate(c);
     tile(c, c.sequences[static_cast<std::size_t>(task.sequence)], task.head, task.start, w);
   });
