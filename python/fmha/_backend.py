@@ -1,6 +1,6 @@
 """The backend that runs calls on CPU tensors (SPEC §18), chosen process-wide: "auto" (the default)
 runs the fast CPU backend for what it covers (dense, varlen and neighborhood attention in float32 /
-float16 / bfloat16 without extra keys; see docs/api-python.md, Devices) and the float64 reference for
+float16 / bfloat16, extra keys included; see docs/api-python.md, Devices) and the float64 reference for
 the rest; "reference"
 runs every CPU call on the reference. CUDA tensors are not affected."""
 
