@@ -131,10 +131,18 @@ Call varlen_call(const Params& p, const detail::ProblemShape& shape) {
 // (B 1, L 128) 102 us on 2 threads, 71 on one; 8 MFLOP 130 / 110; 17 MFLOP 160 / 178; 67 MFLOP
 // 297 / 450. Since workers spin a while between calls (thread_pool.cpp), 2026-11-28 from C++ with
 // 30 us between calls: B 2 H 2 L 128 D 32 forward (8.4 MFLOP) 47-50 us on 2 threads, 75-78 on one.
-// A call takes one thread per kFlopsPerThread of its products (every pair counted, masks or not),
+// A call takes one thread per flops_per_thread of its products (every pair counted, masks or not),
 // at least one; the results do not depend on the thread count (parallel.h).
-constexpr double kFlopsPerThread = 3e6;
-void fit_threads_to_work(Call* c, double products) {
+struct Work {
+  double products;  // products a pair costs: 2 FLOPs per multiply-add
+  double flops_per_thread;
+};
+// The forward: two products, one thread per 3 MFLOP. The backward: five, one thread per 6 MFLOP,
+// which also keeps small problems on its fused structure (backward.cpp's use_fused looks at the
+// threads the size warrants): B1 H2 L128 D32 forward + backward on one thread 124 us fused, 159
+// split; on two threads the split gained nothing at that size.
+constexpr Work kForward{2.0, 3e6}, kBackward{5.0, 6e6};
+void fit_threads_to_work(Call* c, const Work& work) {
   double pairs = 0.0;
   for (const Sequence& s : c->sequences) {
     const std::int64_t keys = c->neighborhood != nullptr
@@ -142,14 +150,12 @@ void fit_threads_to_work(Call* c, double products) {
                                   : s.len_k;
     pairs += static_cast<double>(s.len_q) * static_cast<double>(keys + c->num_extra);
   }
-  const double flops = products * pairs * static_cast<double>(c->heads) *
+  const double flops = work.products * pairs * static_cast<double>(c->heads) *
                        static_cast<double>(c->head_dim + c->value_dim);
-  const double useful = std::min(std::max(1.0, flops / kFlopsPerThread), 1024.0);
+  const double useful = std::min(std::max(1.0, flops / work.flops_per_thread), 1024.0);
   c->work_threads = static_cast<int>(useful);
   if (useful < c->threads) c->threads = c->work_threads;
 }
-// Products a pair costs: the forward's two (2 FLOPs per multiply-add), the backward's five.
-constexpr double kForwardFlops = 2.0, kBackwardFlops = 5.0;
 
 bool isa_allowed(const char* name) {
   const char* env = std::getenv("FMHA_CPU_ISA");
@@ -312,7 +318,7 @@ void run(const AttentionForwardParams& p, const detail::ProblemShape& shape) {
   c.v = dense_rows(p.v);
   c.out = dense_rows(p.out);
   c.lse = dense_stats(p.lse);
-  fit_threads_to_work(&c, kForwardFlops);
+  fit_threads_to_work(&c, kForward);
   forward(c);
 }
 
@@ -340,7 +346,7 @@ void run(const AttentionBackwardParams& p, const detail::ProblemShape& shape) {
   c.drel_h = score_term(p.grads.drel_h);
   c.drel_w = score_term(p.grads.drel_w);
   c.rel_h_size = shape.rel_h_size;
-  fit_threads_to_work(&c, kBackwardFlops);
+  fit_threads_to_work(&c, kBackward);
   backward(c);
 }
 
@@ -352,7 +358,7 @@ void run(const VarlenForwardParams& p, const detail::ProblemShape& shape) {
   c.v = packed_rows(p.v);
   c.out = packed_rows(p.out);
   c.lse = packed_stats(p.lse);
-  fit_threads_to_work(&c, kForwardFlops);
+  fit_threads_to_work(&c, kForward);
   forward(c);
 }
 
@@ -371,7 +377,7 @@ void run(const VarlenBackwardParams& p, const detail::ProblemShape& shape) {
   c.dv = packed_rows(p.grads.dv);
   set_sink_and_extra_gradients(&c, p.grads);
   c.backward_impl = p.backward_impl;
-  fit_threads_to_work(&c, kBackwardFlops);
+  fit_threads_to_work(&c, kBackward);
   backward(c);
 }
 
@@ -394,7 +400,7 @@ void run(const NeighborhoodForwardParams& p, const detail::ProblemShape& shape) 
   const NeighborhoodGeometry geometry =
       NeighborhoodGeometry::of(p.neighborhood, shape.grid_rank, shape.grid);
   Call c = neighborhood_call(p, shape, geometry);
-  fit_threads_to_work(&c, kForwardFlops);
+  fit_threads_to_work(&c, kForward);
   forward(c);
 }
 
@@ -410,7 +416,7 @@ void run(const NeighborhoodBackwardParams& p, const detail::ProblemShape& shape)
   c.dv = grid_rows(p.grads.dv, rank);
   set_sink_and_extra_gradients(&c, p.grads);
   c.backward_impl = p.backward_impl;
-  fit_threads_to_work(&c, kBackwardFlops);
+  fit_threads_to_work(&c, kBackward);
   backward(c);
 }
 

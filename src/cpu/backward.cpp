@@ -647,7 +647,7 @@ void run_tiles(const Call& c, std::vector<TileTask> tasks, RowStats& stats) {
 // when its dQ buffer stays small and there are at least two such tasks per thread that can run
 // (the machine's hardware threads, or fewer where the problem's size warrants fewer: not the
 // call's thread count, so that results do not depend on FMHA_CPU_THREADS), or a single thread
-// runs: a problem too small for a second thread (below backend.cpp's 6 MFLOP a thread) is better
+// runs: a problem too small for a second thread (below backend.cpp's 6 MFLOP a backward thread) is better
 // served by 5 products than by the split's parallelism.
 bool use_fused(const Call& c) {
   // The fused structure's tasks each own their rows: a summed dbias runs split.
