@@ -26,6 +26,14 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_WARNINGS_AS_ERROR
 cmake --build build -j "$JOBS"
 ctest --test-dir build -j "$JOBS" --output-on-failure
 
+echo "== C++ under AddressSanitizer + UndefinedBehaviorSanitizer: a fuzz round"
+# The short pass of scripts/sanitize-cpu.sh (about 5.5 minutes on 2 cores, nearly all of it the
+# instrumented build): every entry point's valid draws against the oracle and invalid draws that
+# must be refused, under the portable kernels (which the sanitizers see whole) and the machine's
+# own. The whole suite and ThreadSanitizer: bash scripts/sanitize-cpu.sh.
+STEPS="asan-build asan-fuzz" FUZZ_SEEDS=20261128 FUZZ_VALID=1000 FUZZ_INVALID=10000 \
+  FUZZ_ISAS="portable native" JOBS=$JOBS bash scripts/sanitize-cpu.sh
+
 echo "== C++: install, then build a separate project against it with find_package(fmha)"
 cmake --install build --prefix build/install >/dev/null
 cmake -S examples/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
