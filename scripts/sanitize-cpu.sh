@@ -15,12 +15,12 @@
 # (TSAN_FILTER, with 4 threads for each CPU backend). A failing fuzz draw prints the command that
 # replays it; run that binary from build-asan/.
 #
-# Times on a 2-core AMD EPYC (Zen 5), GCC 12.2, 2026-11-28: asan-build 5m09s, asan-ctest 3m10s-7m51s
-# (by the machine's load), asan-fuzz 15-70 s per seed and ISA at 3000 valid / 50000 invalid draws,
-# tsan-build 5m08s, tsan-tests 13m53s. CI (scripts/test.sh) runs the short pass, asan-build and
-# asan-fuzz at 1000 / 10000 draws under the portable and the native kernels (about 5.5 minutes,
-# nearly all of it the build); the whole suite and ThreadSanitizer do not fit its budget: run them
-# before merging changes to src/cpu/, src/reference/, src/api/ or the tests' harness.
+# Times on a 2-core AMD EPYC (Zen 5), GCC 12.2, 2026-11-28: asan-build 3m44s-5m09s, asan-ctest
+# 3m10s-7m51s (by the machine's load), asan-fuzz 15-70 s per seed and ISA at 3000 valid / 50000
+# invalid draws, tsan-build 5m08s, tsan-tests 13m53s. CI (scripts/test.sh) runs the short pass,
+# asan-build and asan-fuzz at 1000 / 10000 draws under the portable and the native kernels (4-5.5
+# minutes, nearly all of it the build); the whole suite and ThreadSanitizer do not fit its budget:
+# run them before merging changes to src/cpu/, src/reference/, src/api/ or the tests' harness.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}

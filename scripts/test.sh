@@ -27,7 +27,7 @@ cmake --build build -j "$JOBS"
 ctest --test-dir build -j "$JOBS" --output-on-failure
 
 echo "== C++ under AddressSanitizer + UndefinedBehaviorSanitizer: a fuzz round"
-# The short pass of scripts/sanitize-cpu.sh (about 5.5 minutes on 2 cores, nearly all of it the
+# The short pass of scripts/sanitize-cpu.sh (4-5.5 minutes on 2 cores, nearly all of it the
 # instrumented build): every entry point's valid draws against the oracle and invalid draws that
 # must be refused, under the portable kernels (which the sanitizers see whole) and the machine's
 # own. The whole suite and ThreadSanitizer: bash scripts/sanitize-cpu.sh.
