@@ -199,7 +199,7 @@ const char* to_string(Isa isa) {
   return "unknown";
 }
 
-bool supports(const AttentionOptions& o, DType dtype) {
+bool supports(const AttentionOptions& /*options: every option is taken*/, DType dtype) {
   const bool dtype_ok =
       dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   return dtype_ok;
