@@ -141,6 +141,23 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
+// A row's finish where one split saw all its keys: the sink of head h folded into its running
+// (max2, sum) (log2 units); weight scales the unnormalised output, lse is in natural units (-inf
+// for a row that saw nothing).
+struct RowFinish {
+  float weight, lse;
+};
+__device__ inline RowFinish finish_row(const KvCacheKernelParams& p, int h, float max2, float sum) {
+  float total_max = max2, total = sum;
+  if (p.sinks != nullptr) {
+    const float sink2 = p.sinks[h * p.sinks_stride] * kLog2e;
+    total_max = fmaxf(max2, sink2);
+    total = (sum > 0.0f ? sum * exp2f(max2 - total_max) : 0.0f) + exp2f(sink2 - total_max);
+  }
+  return {total > 0.0f && sum > 0.0f ? exp2f(max2 - total_max) / total : 0.0f,
+          total > 0.0f ? (total_max + log2f(total)) * kLn2 : -INFINITY};
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     kv_cache_attention_kernel(const __grid_constant__ KvCacheKernelParams p) {
@@ -348,23 +365,17 @@ __global__ void __launch_bounds__(kThreads)
       if (tid == 0) p.partial_lse[part_row] = sum > 0.0f ? max2 + log2f(sum) : -INFINITY;
       continue;
     }
-    float total_max = max2, total = sum;
-    if (p.sinks != nullptr) {
-      const float sink2 = p.sinks[h * p.sinks_stride] * kLog2e;
-      total_max = fmaxf(max2, sink2);
-      total = (sum > 0.0f ? sum * exp2f(max2 - total_max) : 0.0f) + exp2f(sink2 - total_max);
-    }
-    const float weight = total > 0.0f && sum > 0.0f ? exp2f(max2 - total_max) / total : 0.0f;
+    const RowFinish finish = finish_row(p, h, max2, sum);
     const int out_b = p.cu_seqlens_q == nullptr ? b : 0;
     const std::int64_t token = p.cu_seqlens_q == nullptr ? i : q_first + i;
     T* out = static_cast<T*>(p.out) + row_offset(p.out_rows, out_b, token, h);
 #pragma unroll
     for (int c = 0; c < kColumnsPerThread; ++c) {
       const int d = tid + c * kThreads;
-      if (d < Dv) out[d] = from_float<T>(acc[r][c] * weight);
+      if (d < Dv) out[d] = from_float<T>(acc[r][c] * finish.weight);
     }
     if (tid == 0 && p.lse != nullptr) {
-      p.lse[row_offset(p.lse_rows, out_b, token, h)] = total > 0.0f ? (total_max + log2f(total)) * kLn2 : -INFINITY;
+      p.lse[row_offset(p.lse_rows, out_b, token, h)] = finish.lse;
     }
   }
 }

@@ -495,19 +495,12 @@ __global__ void __launch_bounds__(kMmaThreads)
       if (d == 0) p.partial_lse[part_row] = sum > 0.0f ? max2 + log2f(sum) : -INFINITY;
       continue;
     }
-    float total_max = max2, total = sum;
-    if (p.sinks != nullptr) {
-      const float sink2 = p.sinks[h * p.sinks_stride] * kLog2e;
-      total_max = fmaxf(max2, sink2);
-      total = (sum > 0.0f ? sum * exp2f(max2 - total_max) : 0.0f) + exp2f(sink2 - total_max);
-    }
-    const float weight = total > 0.0f && sum > 0.0f ? exp2f(max2 - total_max) / total : 0.0f;
+    const RowFinish finish = finish_row(p, h, max2, sum);
     const std::int64_t token = p.cu_seqlens_q == nullptr ? i : q_first + i;
     static_cast<T*>(p.out)[row_offset(p.out_rows, out_b, token, h) + d] =
-        from_float<T>(value * weight);
+        from_float<T>(value * finish.weight);
     if (d == 0 && p.lse != nullptr) {
-      p.lse[row_offset(p.lse_rows, out_b, token, h)] =
-          total > 0.0f ? (total_max + log2f(total)) * kLn2 : -INFINITY;
+      p.lse[row_offset(p.lse_rows, out_b, token, h)] = finish.lse;
     }
   }
 }
