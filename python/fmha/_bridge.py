@@ -127,15 +127,7 @@ def view(
     stride = t.stride()
     if broadcast:
         stride = [0 if size == 1 else st for size, st in zip(shape, stride)]
-    # _kind's look-ups inline: a view is made 5 times a forward and 9 times a backward.
-    if t.is_cpu:
-        kind = _CPU_KINDS.get(t.dtype)
-    elif t.is_cuda:
-        kind = _CUDA_KINDS.get((t.dtype, t.get_device()))
-    else:
-        kind = None
-    if kind is None:
-        kind = _kind(t, name)
+    kind = _kind(t, name)
     address = _PLANNED_ADDRESS if planned else t.data_ptr()
     return _C.TensorView(address, *kind, shape, stride)
 
