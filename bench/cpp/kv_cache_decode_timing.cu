@@ -1,10 +1,10 @@
 // kv-cache-decode-timing: the two KV-cache attention kernels (the CUDA-core kernel of
 // kv_cache_kernels.cuh and the tensor-core kernel of kv_cache_mma.cuh), each with its own split
-// rule and the combine, launched directly on the same random bf16 decode inputs: GQA 32/8, D 128,
-// one query token, B 1 / 8 x L 4k / 32k / 128k (every sequence full), a contiguous cache and paged
-// caches of 16 / 64 / 256-token pages (the pages of the pool in a random order). CUDA events around
-// each launch, the L2 flushed in between, the median of 30; bandwidth counts the K and V bytes read.
-// A device-to-device copy of 1 GiB gives the card's copy bandwidth for scale (read + write bytes).
+// rule and the combine, launched directly on the same random bf16 decode inputs (one query token,
+// every sequence full, causal), a contiguous cache or paged caches (the pages of the pool in a
+// random order). CUDA events around each launch, the L2 flushed in between, the median of 30;
+// bandwidth counts the K and V bytes read. A device-to-device copy of 1 GiB gives the card's copy
+// bandwidth for scale (read + write bytes).
 //
 // Correctness: the tensor-core kernel's out and lse are compared element-wise with the CUDA-core
 // kernel's (already checked against the float64 oracle by tests/cuda/test_cuda_kv_cache.cpp); the
@@ -14,9 +14,12 @@
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a
 //        -Isrc -Iinclude -Ibench/cpp -o kv-cache-decode-timing bench/cpp/kv_cache_decode_timing.cu
 //   (one line)
-//   ./kv-cache-decode-timing            # the whole grid
+//   ./kv-cache-decode-timing            # GQA 32/8 D 128: B 1 / 8 x L 4k / 32k / 128k x pages
 //   ./kv-cache-decode-timing quick      # B 1 L 128k and B 8 L 32k, contiguous and pages of 64
-//   ./kv-cache-decode-timing splits=N   # the tensor-core kernel with N splits instead of its rule
+//   ./kv-cache-decode-timing case=B,L,H,Hkv,D,page ...   # these cases only (page 0: contiguous)
+//   options: splits=N (the tensor-core kernel with N splits instead of its rule), stages=N
+//   (instead of mma_stages), tile_keys=64 (at D <= 64: 64-key tiles instead of the library's 128),
+//   fast (the tensor-core kernel alone, no comparison)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -39,8 +42,16 @@ namespace {
 using fmha::cuda::KvCacheKernelParams;
 namespace kv = fmha::cuda::kv_cache;
 
-constexpr int kHeads = 32, kKvHeads = 8, kDim = 128;
 constexpr int kTimedRuns = 30;
+
+struct Case {
+  int B = 1, L = 4096, H = 32, Hkv = 8, D = 128, page = 0;  // page 0: contiguous
+};
+
+struct Options {
+  int splits = 0, stages = 0, tile_keys = 0;  // 0: the library's choice
+  bool fast = false;                          // the tensor-core kernel alone
+};
 
 // Uniform in [-sqrt(3), sqrt(3)) (unit variance) from a hash of the index and the seed.
 __global__ void fill_random(__nv_bfloat16* data, std::size_t n, unsigned long long seed) {
@@ -107,15 +118,35 @@ double copy_bandwidth_tbs() {
 
 struct Result {
   float ms = 0.0f;
-  int splits = 0;
+  int splits = 0, stages = 0;
   std::vector<__nv_bfloat16> out;
   std::vector<float> lse;
 };
 
-// One decode case: B sequences of L keys, page_size 0 = contiguous.
-bool run_case(const Device& dev, int B, int L, int page_size, int forced_splits, double copy_tbs) {
-  const int H = kHeads, Hkv = kKvHeads, D = kDim;
-  std::mt19937 gen(1234u + unsigned(B) * 7u + unsigned(L) + unsigned(page_size));
+// The tensor-core kernel at bucket 64 with 64-key tiles (tile_keys=64), the library's other
+// choice, launched as kv_cache_launch.cuh's launch_attention launches the library's.
+template <int kRowTiles>
+void launch_d64_keys64(const KvCacheKernelParams& k, int stages, int shared) {
+  auto kernel = kv::kv_cache_mma_kernel<__nv_bfloat16, 64, kRowTiles, 64>;
+  static bool ready = false;
+  if (!ready) {
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    ready = true;
+  }
+  const dim3 grid(unsigned(kv::mma_grid_blocks(k, kRowTiles)), k.num_splits);
+  kernel<<<grid, kv::kMmaThreads, shared>>>(k, stages);
+  CHECK(cudaGetLastError());
+  if (k.num_splits > 1) {
+    const std::int64_t rows = k.total_q * k.heads;
+    kv::kv_cache_combine_kernel<__nv_bfloat16>
+        <<<unsigned((rows + kv::kWarps - 1) / kv::kWarps), kv::kThreads>>>(k);
+    CHECK(cudaGetLastError());
+  }
+}
+
+bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_tbs) {
+  const int B = c.B, L = c.L, H = c.H, Hkv = c.Hkv, D = c.D, page_size = c.page;
+  std::mt19937 gen(1234u + unsigned(B) * 7u + unsigned(L) + unsigned(page_size) + unsigned(H * Hkv * D));
   const std::int64_t rows = page_size > 0 ? page_size : L;  // rows per page
   const std::int64_t pages_per_seq = (L + rows - 1) / rows;
   const std::int64_t pool = std::int64_t(B) * pages_per_seq;
@@ -175,26 +206,30 @@ bool run_case(const Device& dev, int B, int L, int page_size, int forced_splits,
   k.has_upper = true;  // causal: the query is the last position
   k.upper = 0;
 
-  const std::int64_t blocks = std::int64_t(B) * Hkv * k.row_tiles;
+  const int bucket = kv::mma_bucket(D, D);
+  const bool keys64 = opt.tile_keys == 64 && bucket == 64;
+  const int tile_keys = keys64 ? 64 : kv::mma_tile_keys(bucket);
+  const int row_tiles = kv::mma_row_tiles(k.row_tiles, bucket);
   Result results[2];
-  for (int mma = 0; mma < 2; ++mma) {
+  for (int mma = opt.fast ? 1 : 0; mma < 2; ++mma) {
     int stages = 0, shared = 0, splits = 0;
     if (mma) {
-      stages = kv::mma_stages(D, D, dev.max_shared);
+      stages = opt.stages > 0 ? opt.stages : kv::mma_stages(D, D, dev.max_shared, row_tiles, tile_keys);
       if (stages == 0) {
         std::fprintf(stderr, "the tensor-core kernel does not fit this device's shared memory\n");
         std::exit(1);
       }
-      shared = kv::mma_layout(D, D, stages).total;
+      shared = kv::mma_layout(D, D, stages, row_tiles, tile_keys).total;
       int registers = 0;
-      CHECK(kv::mma_registers(kv::mma_bucket(D, D), &registers));
+      CHECK(kv::mma_registers(bucket, &registers));
       const int per_sm = kv::mma_blocks_per_sm(shared, dev.reserved, dev.shared_per_sm, registers,
                                                dev.registers_per_sm, dev.threads_per_sm);
-      splits = forced_splits > 0 ? forced_splits
-                                 : kv::split_rule(blocks, k.capacity, std::int64_t(dev.sms) * per_sm);
+      splits = opt.splits > 0 ? opt.splits
+                              : kv::split_rule(kv::mma_grid_blocks(k, row_tiles), k.capacity,
+                                               std::int64_t(dev.sms) * per_sm, tile_keys);
     } else {
       shared = kv::shared_layout(D, D, 2).total;
-      splits = cuda_core_splits(dev, blocks, k.capacity, shared);
+      splits = cuda_core_splits(dev, std::int64_t(B) * Hkv * k.row_tiles, k.capacity, shared);
     }
     k.num_splits = splits;
     const std::size_t part_rows = std::size_t(splits) * B * H;
@@ -202,6 +237,12 @@ bool run_case(const Device& dev, int B, int L, int page_size, int forced_splits,
     k.partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
                                              (part_rows * D * sizeof(float) + 15) / 16 * 16);
     auto launch = [&] {
+      if (mma && keys64) {
+        if (row_tiles == 1) launch_d64_keys64<1>(k, stages, shared);
+        else if (row_tiles == 2) launch_d64_keys64<2>(k, stages, shared);
+        else launch_d64_keys64<4>(k, stages, shared);
+        return;
+      }
       const cudaError_t e = kv::launch_attention<__nv_bfloat16>(k, stages, shared, 0);
       if (e != cudaSuccess) {
         std::fprintf(stderr, "launch failed: %s\n", cudaGetErrorString(e));
@@ -214,6 +255,7 @@ bool run_case(const Device& dev, int B, int L, int page_size, int forced_splits,
     Result& r = results[mma];
     r.ms = ms[kTimedRuns / 2];
     r.splits = splits;
+    r.stages = stages;
     r.out.resize(std::size_t(B) * H * D);
     r.lse.resize(std::size_t(B) * H);
     CHECK(cudaMemcpy(r.out.data(), out, r.out.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
@@ -222,26 +264,32 @@ bool run_case(const Device& dev, int B, int L, int page_size, int forced_splits,
 
   double largest = 0.0, out_diff = 0.0, lse_diff = 0.0;
   bool finite = true;
-  for (std::size_t i = 0; i < results[0].out.size(); ++i) {
-    const double a = __bfloat162float(results[0].out[i]), b = __bfloat162float(results[1].out[i]);
+  const Result& ref = results[opt.fast ? 1 : 0];
+  for (std::size_t i = 0; i < results[1].out.size(); ++i) {
+    const double a = __bfloat162float(ref.out[i]), b = __bfloat162float(results[1].out[i]);
     finite = finite && std::isfinite(a) && std::isfinite(b);
     largest = std::max(largest, std::fabs(a));
     out_diff = std::max(out_diff, std::fabs(a - b));
   }
-  for (std::size_t i = 0; i < results[0].lse.size(); ++i) {
-    finite = finite && std::isfinite(results[0].lse[i]) && std::isfinite(results[1].lse[i]);
-    lse_diff = std::max(lse_diff, double(std::fabs(results[0].lse[i] - results[1].lse[i])));
+  for (std::size_t i = 0; i < results[1].lse.size(); ++i) {
+    finite = finite && std::isfinite(ref.lse[i]) && std::isfinite(results[1].lse[i]);
+    lse_diff = std::max(lse_diff, double(std::fabs(ref.lse[i] - results[1].lse[i])));
   }
   const bool ok = finite && out_diff <= 2e-2 * largest && lse_diff <= 2e-2;
   const double bytes = double(B) * L * Hkv * (D + D) * sizeof(__nv_bfloat16);
-  const double old_tbs = bytes / (results[0].ms * 1e9), new_tbs = bytes / (results[1].ms * 1e9);
-  std::printf(
-      "B %d L %6d %-11s | cuda-core %7.3f ms %5.2f TB/s (%2d splits) | mma %7.3f ms %5.2f TB/s = %3.0f%% "
-      "of copy (%2d splits) | %5.2fx | max|out| %.3e, out diff %.3e, lse diff %.3e %s\n",
-      B, L, page_size > 0 ? ("page " + std::to_string(page_size)).c_str() : "contiguous",
-      results[0].ms, old_tbs, results[0].splits, results[1].ms, new_tbs, 100.0 * new_tbs / copy_tbs,
-      results[1].splits, results[0].ms / results[1].ms, largest, out_diff, lse_diff,
-      ok ? "ok" : "MISMATCH");
+  const double new_tbs = bytes / (results[1].ms * 1e9);
+  char shape[64];
+  std::snprintf(shape, sizeof(shape), "%d/%d D%d B%d L%d %s", H, Hkv, D, B, L,
+                page_size > 0 ? ("page" + std::to_string(page_size)).c_str() : "contig");
+  std::printf("%-34s |", shape);
+  if (!opt.fast) {
+    std::printf(" cuda-core %7.3f ms (%2d splits) |", results[0].ms, results[0].splits);
+  }
+  std::printf(" mma %7.3f ms %5.2f TB/s = %3.0f%% of copy (%2d splits, %d stages, %d keys, %d row tiles)",
+              results[1].ms, new_tbs, 100.0 * new_tbs / copy_tbs, results[1].splits,
+              results[1].stages, tile_keys, row_tiles);
+  if (!opt.fast) std::printf(" | %5.2fx | out diff %.2e, lse diff %.2e", results[0].ms / results[1].ms, out_diff, lse_diff);
+  std::printf(" %s\n", ok ? "ok" : "MISMATCH");
   std::fflush(stdout);
 
   CHECK(cudaFree(k_cache));
@@ -259,16 +307,42 @@ bool run_case(const Device& dev, int B, int L, int page_size, int forced_splits,
 
 int main(int argc, char** argv) {
   bool quick = false;
-  int forced_splits = 0;
+  Options opt;
+  std::vector<Case> cases;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg(argv[i]);
+    Case c;
     if (arg == "quick") {
       quick = true;
+    } else if (arg == "fast") {
+      opt.fast = true;
     } else if (arg.substr(0, 7) == "splits=") {
-      forced_splits = std::atoi(argv[i] + 7);
+      opt.splits = std::atoi(argv[i] + 7);
+    } else if (arg.substr(0, 7) == "stages=") {
+      opt.stages = std::atoi(argv[i] + 7);
+    } else if (arg.substr(0, 10) == "tile_keys=") {
+      opt.tile_keys = std::atoi(argv[i] + 10);
+    } else if (arg.substr(0, 5) == "case=" &&
+               std::sscanf(argv[i] + 5, "%d,%d,%d,%d,%d,%d", &c.B, &c.L, &c.H, &c.Hkv, &c.D,
+                           &c.page) == 6) {
+      cases.push_back(c);
     } else {
-      std::fprintf(stderr, "usage: %s [quick] [splits=N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [quick] [fast] [splits=N] [stages=N] [tile_keys=64] "
+                   "[case=B,L,H,Hkv,D,page ...]\n",
+                   argv[0]);
       return 2;
+    }
+  }
+  if (cases.empty()) {
+    for (int B : {1, 8}) {
+      for (int L : {4096, 32768, 131072}) {
+        if (quick && !((B == 1 && L == 131072) || (B == 8 && L == 32768))) continue;
+        for (int page_size : {0, 16, 64, 256}) {
+          if (quick && page_size != 0 && page_size != 64) continue;
+          cases.push_back({B, L, 32, 8, 128, page_size});
+        }
+      }
     }
   }
   const Device dev = query_device();
@@ -276,18 +350,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   const double copy_tbs = copy_bandwidth_tbs();
-  std::printf("%s, %d SMs; device-to-device copy %.2f TB/s; bf16 GQA %d/%d D %d, decode (Lq 1)\n",
-              prop.name, dev.sms, copy_tbs, kHeads, kKvHeads, kDim);
+  std::printf("%s, %d SMs; device-to-device copy %.2f TB/s; bf16 decode (Lq 1), H/Hkv\n", prop.name,
+              dev.sms, copy_tbs);
   bool ok = true;
-  for (int B : {1, 8}) {
-    for (int L : {4096, 32768, 131072}) {
-      if (quick && !((B == 1 && L == 131072) || (B == 8 && L == 32768))) continue;
-      for (int page_size : {0, 16, 64, 256}) {
-        if (quick && page_size != 0 && page_size != 64) continue;
-        ok = run_case(dev, B, L, page_size, forced_splits, copy_tbs) && ok;
-      }
-    }
-  }
+  for (const Case& c : cases) ok = run_case(dev, c, opt, copy_tbs) && ok;
   std::printf("%s\n", ok ? "all cases agree" : "MISMATCH between the kernels");
   return ok ? 0 : 1;
 }

@@ -6,11 +6,11 @@
 // Checked on an H100 (2026-11-27) against the CPU reference (tests/cuda/test_cuda_kv_cache.cpp, also
 // under compute-sanitizer memcheck) and against fp32 SDPA (bench/kv_cache_decode.py).
 //
-// Two attention kernels: the CUDA-core kernel (kv_cache_kernels.cuh), the default, and the
-// tensor-core kernel (kv_cache_mma.cuh), selected with FMHA_KV_CACHE_KERNEL=mma (read once per
-// process). The tensor-core kernel has been compiled for sm_80 and sm_90a but not yet run on a GPU;
-// it becomes the default once the GPU suite (which runs every case under both) has passed. A
-// problem whose tensor-core layout does not fit the device's shared memory runs the CUDA-core one.
+// Two attention kernels: the tensor-core kernel (kv_cache_mma.cuh), the default, and the CUDA-core
+// kernel (kv_cache_kernels.cuh), selected with FMHA_KV_CACHE_KERNEL=cuda-cores (read once per
+// process) and run wherever the tensor-core kernel's layout does not fit the device's shared
+// memory. Both passed the GPU suite on an H100 (2026-11-28), the tensor-core one 1.8-5.5x faster
+// (bench/cpp/kv_cache_decode_timing.cu, GQA 32/8, D 128).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -41,8 +41,8 @@ KvCacheKernel kv_cache_kernel() {
   if (forced >= 0) return static_cast<KvCacheKernel>(forced);
   static const KvCacheKernel from_env = [] {
     const char* value = std::getenv("FMHA_KV_CACHE_KERNEL");
-    return value != nullptr && std::strcmp(value, "mma") == 0 ? KvCacheKernel::kTensorCores
-                                                               : KvCacheKernel::kCudaCores;
+    return value != nullptr && std::strcmp(value, "cuda-cores") == 0 ? KvCacheKernel::kCudaCores
+                                                                      : KvCacheKernel::kTensorCores;
   }();
   return from_env;
 }
@@ -143,7 +143,8 @@ std::int64_t row_tiles(const detail::ProblemShape& s) {
 
 // Which attention kernel a call runs, and its dynamic shared memory.
 struct Plan {
-  int mma_stages = 0;  // > 0: the tensor-core kernel with that many stages
+  int mma_stages = 0;     // > 0: the tensor-core kernel with that many stages
+  int mma_row_tiles = 1;  // its row tiles a block (kv_cache::mma_row_tiles)
   int shared = 0;
 };
 
@@ -151,9 +152,12 @@ Plan make_plan(const detail::ProblemShape& s, const DeviceInfo& info) {
   Plan plan;
   const int D = static_cast<int>(s.head_dim), Dv = static_cast<int>(s.value_dim);
   if (info.mma_ready && kv_cache_kernel() == KvCacheKernel::kTensorCores) {
-    plan.mma_stages = kv_cache::mma_stages(D, Dv, info.max_shared_optin);
+    plan.mma_row_tiles = kv_cache::mma_row_tiles(static_cast<int>(std::min<std::int64_t>(row_tiles(s), 4)),
+                                                 kv_cache::mma_bucket(D, Dv));
+    plan.mma_stages = kv_cache::mma_stages(D, Dv, info.max_shared_optin, plan.mma_row_tiles);
   }
-  plan.shared = plan.mma_stages > 0 ? kv_cache::mma_layout(D, Dv, plan.mma_stages).total : shared_bytes(s);
+  plan.shared = plan.mma_stages > 0 ? kv_cache::mma_layout(D, Dv, plan.mma_stages, plan.mma_row_tiles).total
+                                    : shared_bytes(s);
   return plan;
 }
 
@@ -162,14 +166,17 @@ Plan make_plan(const detail::ProblemShape& s, const DeviceInfo& info) {
 // tuned). Tensor-core kernel: kv_cache::split_rule (waves x keys per split).
 int rule_splits(const detail::KvCacheShape& shape, const DeviceInfo& info, const Plan& plan) {
   const detail::ProblemShape& s = shape.attention;
-  const std::int64_t blocks = std::max<std::int64_t>(s.batch * s.kv_heads * row_tiles(s), 1);
   if (plan.mma_stages > 0) {
     const int bucket = kv_cache::mma_bucket(static_cast<int>(s.head_dim), static_cast<int>(s.value_dim));
+    const std::int64_t blocks = std::max<std::int64_t>(
+        s.batch * s.kv_heads * ceil_div(row_tiles(s), plan.mma_row_tiles), 1);
     const int per_sm = kv_cache::mma_blocks_per_sm(plan.shared, info.reserved_per_block, info.shared_per_sm,
                                                    info.mma_registers[kv_cache::bucket_index(bucket)],
                                                    info.registers_per_sm, info.threads_per_sm);
-    return kv_cache::split_rule(blocks, shape.cache.capacity, static_cast<std::int64_t>(info.sms) * per_sm);
+    return kv_cache::split_rule(blocks, shape.cache.capacity, static_cast<std::int64_t>(info.sms) * per_sm,
+                                kv_cache::mma_tile_keys(bucket));
   }
+  const std::int64_t blocks = std::max<std::int64_t>(s.batch * s.kv_heads * row_tiles(s), 1);
   const int by_threads = info.threads_per_sm / kThreads;
   const int by_shared = info.shared_per_sm / std::max(plan.shared, 1);
   const int by_registers = info.registers_per_sm / std::max(info.kernel_registers * kThreads, 1);

@@ -15,9 +15,9 @@ Status run(const KvCacheAppendParams& p, const detail::KvCacheShape& shape, void
 Status kv_cache_workspace_size(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
                                std::size_t* bytes);
 
-// The attention kernel of a call: kCudaCores (kv_cache_kernels.cuh, the default) or kTensorCores
-// (kv_cache_mma.cuh, with FMHA_KV_CACHE_KERNEL=mma; compiled, not yet run on a GPU). The
-// environment is read once per process.
+// The attention kernel of a call: kTensorCores (kv_cache_mma.cuh, the default) or kCudaCores
+// (kv_cache_kernels.cuh, with FMHA_KV_CACHE_KERNEL=cuda-cores). The environment is read once per
+// process.
 enum class KvCacheKernel { kCudaCores = 0, kTensorCores = 1 };
 KvCacheKernel kv_cache_kernel();
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/kv_cache_kernels.cuh"
 #include "cuda/kv_cache_mma.cuh"
@@ -19,30 +20,46 @@ inline int bucket_index(int bucket) {
   return bucket <= 64 ? 0 : (bucket <= 128 ? 1 : 2);
 }
 
+// Calls f(kernel) with the tensor-core kernel of a bucket and a row-tile count (the library's
+// tile keys, mma_tile_keys), so that every instantiation is named in one place.
+template <typename T, typename F>
+cudaError_t with_mma_kernel(int bucket, int row_tiles, F&& f) {
+  auto pick = [&](auto bucket_c) {
+    constexpr int kB = decltype(bucket_c)::value;
+    constexpr int kKeys = mma_tile_keys(kB);
+    if (row_tiles <= 1) return f(kv_cache_mma_kernel<T, kB, 1, kKeys>);
+    if (row_tiles <= 2 || kB > 128) return f(kv_cache_mma_kernel<T, kB, 2, kKeys>);
+    if constexpr (kB <= 128) return f(kv_cache_mma_kernel<T, kB, 4, kKeys>);
+    return cudaErrorInvalidValue;
+  };
+  if (bucket <= 64) return pick(std::integral_constant<int, 64>{});
+  if (bucket <= 128) return pick(std::integral_constant<int, 128>{});
+  return pick(std::integral_constant<int, 256>{});
+}
+
 // Lets every instantiation of the tensor-core kernel take up to `max_shared` bytes of dynamic
 // shared memory (the device's opt-in limit). Once per device: the attribute is per device context.
 template <typename T>
 cudaError_t allow_mma_shared(int max_shared) {
-  cudaError_t e = cudaFuncSetAttribute(kv_cache_mma_kernel<T, 64>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared);
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(kv_cache_mma_kernel<T, 128>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared);
-  }
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(kv_cache_mma_kernel<T, 256>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared);
+  cudaError_t e = cudaSuccess;
+  for (int bucket : {64, 128, 256}) {
+    for (int row_tiles : {1, 2, 4}) {
+      if (e != cudaSuccess || (bucket > 128 && row_tiles > 2)) continue;
+      e = with_mma_kernel<T>(bucket, row_tiles, [&](auto kernel) {
+        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    max_shared);
+      });
+    }
   }
   return e;
 }
 
-// Registers per thread of the tensor-core kernel of one bucket (the fp16 and bf16 forms compile
-// alike; the fp16 one is asked).
+// Registers per thread of the tensor-core kernel of one bucket with four row tiles (two at 256),
+// its largest form (the fp16 and bf16 forms compile alike; the fp16 one is asked).
 inline cudaError_t mma_registers(int bucket, int* registers) {
   cudaFuncAttributes a{};
-  cudaError_t e = bucket <= 64    ? cudaFuncGetAttributes(&a, kv_cache_mma_kernel<__half, 64>)
-                  : bucket <= 128 ? cudaFuncGetAttributes(&a, kv_cache_mma_kernel<__half, 128>)
-                                  : cudaFuncGetAttributes(&a, kv_cache_mma_kernel<__half, 256>);
+  const cudaError_t e = with_mma_kernel<__half>(
+      bucket, 4, [&](auto kernel) { return cudaFuncGetAttributes(&a, kernel); });
   *registers = a.numRegs;
   return e;
 }
@@ -57,26 +74,25 @@ inline int mma_blocks_per_sm(int shared, int reserved_per_block, int shared_per_
   return std::max(std::min({by_threads, by_shared, by_registers}), 1);
 }
 
-// Key splits of the tensor-core kernel: `blocks` (sequence, kv head, row tile) blocks of up to
-// `capacity` keys each, on `resident` block slots (SMs x blocks per SM). Every block of a split
-// streams its keys at about the same rate, so the time goes as waves x (keys a split reads + a
-// fixed cost per split, counted as kSplitCostKeys keys: the pipeline's fill, the epilogue, the
-// combine's share); the rule takes the count of least time, the smaller on a tie (less workspace,
-// a cheaper combine), with each split keeping at least two key tiles. At B 1, Hkv 8, L 128k on 132
-// SMs with two blocks each it gives 33 splits: 264 blocks, one wave. A first rule, to be measured.
-constexpr std::int64_t kSplitCostKeys = 2 * kTileKeys;
-
-inline int split_rule(std::int64_t blocks, std::int64_t capacity, std::int64_t resident) {
+// Key splits of the tensor-core kernel: `blocks` (sequence, kv head, row tiles) blocks of up to
+// `capacity` keys each, on `resident` block slots (SMs x blocks per SM), in tiles of `tile_keys`.
+// Every block of a split streams its keys at about the same rate, so the time goes as waves x (keys
+// a split reads + a fixed cost per split, counted as two tiles of keys: the pipeline's fill, the
+// epilogue, the combine's share); the rule takes the count of least time, the smaller on a tie
+// (less workspace, a cheaper combine), with each split keeping at least two key tiles. At B 1,
+// Hkv 8, L 128k on 132 SMs with two blocks each it gives 33 splits: 264 blocks, one wave.
+inline int split_rule(std::int64_t blocks, std::int64_t capacity, std::int64_t resident,
+                      int tile_keys) {
   blocks = std::max<std::int64_t>(blocks, 1);
   resident = std::max<std::int64_t>(resident, 1);
   const std::int64_t limit =
-      std::clamp<std::int64_t>((capacity + 2 * kTileKeys - 1) / (2 * kTileKeys), 1, kMaxSplits);
+      std::clamp<std::int64_t>((capacity + 2 * tile_keys - 1) / (2 * tile_keys), 1, kMaxSplits);
   int best = 1;
   double best_cost = 0.0;
   for (std::int64_t s = 1; s <= limit; ++s) {
     const std::int64_t waves = (blocks * s + resident - 1) / resident;
-    const std::int64_t keys = ((capacity + s - 1) / s + kTileKeys - 1) / kTileKeys * kTileKeys;
-    const double cost = static_cast<double>(waves) * static_cast<double>(keys + kSplitCostKeys);
+    const std::int64_t keys = ((capacity + s - 1) / s + tile_keys - 1) / tile_keys * tile_keys;
+    const double cost = static_cast<double>(waves) * static_cast<double>(keys + 2 * tile_keys);
     if (s == 1 || cost < best_cost) {
       best = static_cast<int>(s);
       best_cost = cost;
@@ -85,29 +101,33 @@ inline int split_rule(std::int64_t blocks, std::int64_t capacity, std::int64_t r
   return best;
 }
 
+// Blocks of the tensor-core kernel's grid: batch x kv heads x the blocks a (sequence, kv head)'s
+// row tiles need.
+inline std::int64_t mma_grid_blocks(const KvCacheKernelParams& k, int block_row_tiles) {
+  return static_cast<std::int64_t>(k.batch) * k.kv_heads *
+         ((k.row_tiles + block_row_tiles - 1) / block_row_tiles);
+}
+
 // One attention call: the tensor-core kernel when `mma_stages` > 0 (with `shared` bytes, from
-// mma_layout), else the CUDA-core kernel (`shared` from shared_layout); then, with several splits,
-// the combine.
+// mma_layout with the row tiles mma_row_tiles gives), else the CUDA-core kernel (`shared` from
+// shared_layout); then, with several splits, the combine.
 template <typename T>
 cudaError_t launch_attention(const KvCacheKernelParams& k, int mma_stages, int shared,
                              cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(k.batch) * k.kv_heads * k.row_tiles, k.num_splits);
+  cudaError_t e = cudaSuccess;
   if (mma_stages > 0) {
-    switch (mma_bucket(k.head_dim, k.value_dim)) {
-      case 64:
-        kv_cache_mma_kernel<T, 64><<<grid, kMmaThreads, shared, stream>>>(k, mma_stages);
-        break;
-      case 128:
-        kv_cache_mma_kernel<T, 128><<<grid, kMmaThreads, shared, stream>>>(k, mma_stages);
-        break;
-      default:
-        kv_cache_mma_kernel<T, 256><<<grid, kMmaThreads, shared, stream>>>(k, mma_stages);
-        break;
-    }
+    const int bucket = mma_bucket(k.head_dim, k.value_dim);
+    const int row_tiles = mma_row_tiles(k.row_tiles, bucket);
+    const dim3 grid(static_cast<unsigned>(mma_grid_blocks(k, row_tiles)), k.num_splits);
+    e = with_mma_kernel<T>(bucket, row_tiles, [&](auto kernel) {
+      kernel<<<grid, kMmaThreads, shared, stream>>>(k, mma_stages);
+      return cudaGetLastError();
+    });
   } else {
+    const dim3 grid(static_cast<unsigned>(k.batch) * k.kv_heads * k.row_tiles, k.num_splits);
     kv_cache_attention_kernel<T><<<grid, kThreads, shared, stream>>>(k);
+    e = cudaGetLastError();
   }
-  cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || k.num_splits <= 1) return e;
   const std::int64_t rows = k.total_q * k.heads;
   const auto blocks =

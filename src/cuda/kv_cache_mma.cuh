@@ -1,27 +1,28 @@
-// The tensor-core kernel of attention over a KV cache (SPEC §16), the second version beside the
-// CUDA-core kernel of kv_cache_kernels.cuh, whose row layout, split ranges, workspace and combine
-// it shares. Selected with FMHA_KV_CACHE_KERNEL=mma (kv_cache.cu); the CUDA-core kernel stays the
-// default until this one has passed tests/cuda/test_cuda_kv_cache.cpp on a GPU: it has been
-// compiled for sm_80 and sm_90a, not yet run.
+// The tensor-core kernel of attention over a KV cache (SPEC §16), the default on sm80 and newer
+// (kv_cache.cu), beside the CUDA-core kernel of kv_cache_kernels.cuh, whose row layout, split
+// ranges, workspace and combine it shares.
 //
 // Decode reads the cache once and does little arithmetic per byte, so the kernel is built to keep
-// HBM busy: a block (4 warps) owns one tile of kRows (query, head-of-group) rows of one kv head and
-// one split of the keys, and streams that split's keys through shared memory in tiles of kTileKeys
-// keys with 16-byte cp.async copies in a ring of 2-4 stages (the launcher picks the most that keep
-// two blocks on an sm90 SM; tens of KB in flight per block). Each key row's address comes from the
-// block table (page = key / page_size, the page index clamped into the pool); keys past the split
-// and columns past D / Dv are zero-filled, so NaN or garbage in unused cache rows never reaches the
-// products. Within a block the warps split the keys again: warp w takes keys 16w .. 16w + 15 of
-// every tile and runs its own online softmax (fp32) over them, S = Q K^T and O += P V on mma.sync
-// m16n8k16 (Q fragments loaded once with ldmatrix, K with ldmatrix, V with ldmatrix.trans, P kept
-// in registers as the A operand). At the end the four warps' (O, max, sum) are merged through
-// shared memory (over the ring) and written as the split's partial (or as out and lse with one
-// split).
+// HBM busy: a block (4 warps) owns kRowTiles tiles of kRows (query, head-of-group) rows of one kv
+// head and one split of the keys, and streams that split's keys through shared memory in tiles of
+// kTileKeys keys with 16-byte cp.async copies in a ring of 2-6 stages (mma_stages: the count that
+// keeps the most bytes in flight per SM). Every K/V element a block loads serves all of its rows:
+// a GQA group of up to 64 heads at Lq = 1 (MQA 32/1 included), or a group times a few query tokens,
+// reads the cache once. Each key row's address comes from the block table (page = key / page_size,
+// the page index clamped into the pool); keys past the split and columns past D / Dv are
+// zero-filled, so NaN or garbage in unused cache rows never reaches the products.
+//
+// Warps: warp w takes row tile w / kKeyGroups and the key slice w % kKeyGroups of every stage
+// (kKeyGroups = 4 / kRowTiles slices of kWarpKeys keys), with its own fp32 online softmax over
+// them: S = Q K^T and O += P V on mma.sync m16n8k16 (Q fragments loaded once with ldmatrix, K with
+// ldmatrix, V with ldmatrix.trans, P kept in registers as the A operand). At the end the warps of a
+// row tile merge their (O, max, sum) through shared memory (over the ring) and write the split's
+// partial (or out and lse with one split).
 //
 // Head dims: D and Dv are padded to multiples of 16 with zero columns; the template bucket (64,
 // 128, 256) bounds them so every register array has a compile-time size. At bucket 256 the Q
 // fragments are re-read from shared memory per k-step instead of held (they would not fit beside
-// O).
+// O), and a block takes at most two row tiles.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,18 +37,28 @@ namespace fmha::cuda::kv_cache {
 
 constexpr int kMmaWarps = 4;
 constexpr int kMmaThreads = kMmaWarps * 32;
-constexpr int kTileKeys = 64;                     // keys per pipeline stage
-constexpr int kWarpKeys = kTileKeys / kMmaWarps;  // one k-step of P V per warp and stage
 constexpr int kMinStages = 2;
-constexpr int kMaxStages = 4;
+constexpr int kMaxStages = 6;
 // Shared memory a block may take and still share an sm90 SM with a second one (228 KB per SM, 1 KB
-// reserved per block): the stage count is the largest that fits it (fewer stages, two blocks,
-// rather than four stages and one: the same bytes in flight, twice the warps to hide latency).
+// reserved per block).
 constexpr int kMmaSharedTarget = 113 * 1024;
 
-static_assert(kRows == 16, "one m16 tile of rows per block");
-static_assert(kWarpKeys == 16, "a warp's keys of a stage are one k-step (16) of P V");
-static_assert(kTileKeys <= kMmaThreads, "one thread looks up one key's cache row");
+static_assert(kRows == 16, "a row tile is one m16 tile");
+
+// Keys per pipeline stage at a head-dim bucket: about 17-36 KB of K and V a stage.
+__host__ __device__ constexpr int mma_tile_keys(int bucket) {
+  return bucket <= 64 ? 128 : 64;
+}
+static_assert(mma_tile_keys(64) <= kMmaThreads, "one thread looks up one key's cache row");
+
+// Row tiles a block takes: the fewest of 1, 2, 4 that cover the `row_tiles` tiles of one (sequence,
+// kv head), at most 4 (2 at bucket 256, whose O already takes 128 registers a thread).
+__host__ __device__ constexpr int mma_row_tiles(int row_tiles, int bucket) {
+  const int most = bucket <= 128 ? 4 : 2;
+  int tiles = 1;
+  while (tiles < row_tiles && tiles < most) tiles *= 2;
+  return tiles;
+}
 
 __host__ __device__ constexpr int round_up16(int x) {
   return (x + 15) / 16 * 16;
@@ -65,40 +76,53 @@ __host__ __device__ constexpr int mma_bucket(int head_dim, int value_dim) {
 // different bank groups. The warps' fp32 O tiles of the final merge overlay the ring (pitch Dv
 // padded + 8 floats: 8 or 24 words mod 32, so a half-warp's float2 stores hit 32 distinct banks).
 struct MmaLayout {
+  int tile_keys;                  // keys a stage
   int k_pitch, v_pitch, o_pitch;  // elements (K, V, Q), floats (merged O)
   int stage, v_in_stage;          // bytes: one stage, V's offset within it
   int ring, q, offsets, stats, total;
 };
 
-__host__ __device__ constexpr MmaLayout mma_layout(int head_dim, int value_dim, int stages) {
+// `tile_keys` 0: the bucket's mma_tile_keys.
+__host__ __device__ constexpr MmaLayout mma_layout(int head_dim, int value_dim, int stages,
+                                                   int row_tiles = 1, int tile_keys = 0) {
   MmaLayout s{};
+  s.tile_keys = tile_keys > 0 ? tile_keys : mma_tile_keys(mma_bucket(head_dim, value_dim));
   s.k_pitch = round_up16(head_dim) + 8;
   s.v_pitch = round_up16(value_dim) + 8;
   s.o_pitch = round_up16(value_dim) + 8;
-  s.v_in_stage = kTileKeys * s.k_pitch * 2;
-  s.stage = s.v_in_stage + kTileKeys * s.v_pitch * 2;
+  s.v_in_stage = s.tile_keys * s.k_pitch * 2;
+  s.stage = s.v_in_stage + s.tile_keys * s.v_pitch * 2;
   const int merge = kMmaWarps * kRows * s.o_pitch * 4;
   s.ring = stages * s.stage > merge ? stages * s.stage : merge;
   s.q = s.ring;
-  s.offsets = s.q + (kRows * s.k_pitch * 2 + 15) / 16 * 16;
-  s.stats = s.offsets + 2 * kTileKeys * 2 * 8;  // two slots of (K, V) int64 offsets per key
-  s.total = s.stats + (2 * kMmaWarps * kRows + 2 * kRows) * 4;
+  s.offsets = s.q + (row_tiles * kRows * s.k_pitch * 2 + 15) / 16 * 16;
+  s.stats = s.offsets + 2 * s.tile_keys * 2 * 8;  // two slots of (K, V) int64 offsets per key
+  // A warp's max and sum per row of its tile, then the block's per row (at most 4 tiles).
+  s.total = s.stats + 4 * kMmaWarps * kRows * 4;
   return s;
 }
 
-// The stages the kernel runs with on a device whose blocks may take `max_shared` bytes: the most in
-// [kMinStages, kMaxStages] within kMmaSharedTarget, else kMinStages if that fits, else 0 (the
-// problem does not fit: the CUDA-core kernel serves it).
-__host__ __device__ constexpr int mma_stages(int head_dim, int value_dim, int max_shared) {
-  for (int stages = kMaxStages; stages >= kMinStages; --stages) {
-    const int bytes = mma_layout(head_dim, value_dim, stages).total;
-    if (bytes <= kMmaSharedTarget && bytes <= max_shared) return stages;
+// The stage count the kernel runs with on a device whose blocks may take `max_shared` bytes: the
+// most that leave room for a second block on an sm90 SM (each within kMmaSharedTarget) if that is
+// at least 3 (two tiles in flight a block while the warps read the third), else the most one block
+// may take, up to kMaxStages; 0 when not even kMinStages fit (the problem runs the CUDA-core
+// kernel). D 128: 3 stages, two blocks; D 256: 3 stages, one block (68 KB a stage); D 64 (128-key
+// tiles, 37 KB a stage): 6 stages, one block.
+__host__ __device__ constexpr int mma_stages(int head_dim, int value_dim, int max_shared,
+                                             int row_tiles = 1, int tile_keys = 0) {
+  int two = 0, one = 0;
+  for (int stages = kMinStages; stages <= kMaxStages; ++stages) {
+    const int bytes = mma_layout(head_dim, value_dim, stages, row_tiles, tile_keys).total;
+    if (bytes > max_shared) break;
+    if (bytes <= kMmaSharedTarget) two = stages;
+    one = stages;
   }
-  return mma_layout(head_dim, value_dim, kMinStages).total <= max_shared ? kMinStages : 0;
+  return two >= 3 ? two : one;
 }
 
 static_assert(mma_stages(128, 128, 227 * 1024) == 3, "D 128: three stages, two blocks per sm90 SM");
-static_assert(mma_stages(64, 64, 227 * 1024) == 4, "D 64: four stages");
+static_assert(mma_stages(64, 64, 227 * 1024) == 6, "D 64: six stages of 128 keys, one block");
+static_assert(mma_stages(256, 256, 227 * 1024) == 3, "D 256: three stages, one block per sm90 SM");
 static_assert(mma_stages(256, 256, 163 * 1024) == 2, "D 256 fits an sm80 block with two stages");
 static_assert(mma_layout(kMaxHeadDim, kMaxHeadDim, kMinStages).ring >=
                   kMmaWarps * kRows * (kMaxHeadDim + 8) * 4,
@@ -130,7 +154,7 @@ __device__ __forceinline__ void key_row_offsets(const KvCacheKernelParams& p, in
 // K [kTileKeys][k_pitch], then V [kTileKeys][v_pitch]. 16-byte cp.async where every row allows
 // (p.vector_loads), zero-filled past the keys and the dims; otherwise element loads stored directly
 // (unaligned rows, D or Dv not a multiple of 8: correct, not fast).
-template <typename T>
+template <typename T, int kTileKeys>
 __device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const std::int64_t* offsets,
                                           unsigned char* stage, const MmaLayout& layout, int tid) {
   const T* k_cache = static_cast<const T*>(p.k.data);
@@ -182,16 +206,18 @@ __device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const st
   }
 }
 
-// cp.async.wait_group takes an immediate: the runtime stage count picks one.
+// cp.async.wait_group takes an immediate: the runtime stage count picks one. Tile t must have
+// landed while the later stages - 2 stay in flight.
 __device__ __forceinline__ void cp_async_wait_stages(int stages) {
-  if (stages >= 4) {
-    tile::cp_async_wait<2>();
-  } else if (stages == 3) {
-    tile::cp_async_wait<1>();
-  } else {
-    tile::cp_async_wait<0>();
+  switch (stages) {
+    case 2: tile::cp_async_wait<0>(); break;
+    case 3: tile::cp_async_wait<1>(); break;
+    case 4: tile::cp_async_wait<2>(); break;
+    case 5: tile::cp_async_wait<3>(); break;
+    default: tile::cp_async_wait<4>(); break;
   }
 }
+static_assert(kMaxStages == 6, "cp_async_wait_stages covers 2..6 stages");
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -202,39 +228,51 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <typename T, int kBucket>
-__global__ void __launch_bounds__(kMmaThreads)
+// grid (batch x kv_heads x ceil(row_tiles / kRowTiles), num_splits); kMmaThreads threads; dynamic
+// shared memory mma_layout(D, Dv, stages, kRowTiles, kTileKeys).total.
+template <typename T, int kBucket, int kRowTiles, int kTileKeys>
+__global__ void __launch_bounds__(kMmaThreads, 1)
     kv_cache_mma_kernel(const __grid_constant__ KvCacheKernelParams p, int stages) {
   using Ops = tile::Dtype<T>;
+  constexpr int kKeyGroups = kMmaWarps / kRowTiles;  // warps sharing a row tile
+  constexpr int kWarpKeys = kTileKeys / kKeyGroups;   // a warp's keys of a stage
+  constexpr int kKeySteps = kWarpKeys / 16;           // its k-steps of P V
+  constexpr int kScoreTiles = kWarpKeys / 8;          // its n-tiles of S
+  constexpr int kBlockRows = kRowTiles * kRows;
   constexpr int kSteps = kBucket / 16;    // k-steps of Q K^T, at most
   constexpr int kOutTiles = kBucket / 8;  // n-tiles of O, at most
   constexpr bool kQInRegisters = kBucket <= 128;
   constexpr int kQSteps = kQInRegisters ? kSteps : 1;
+  static_assert(kMmaWarps % kRowTiles == 0 && kWarpKeys % 16 == 0, "whole k-steps a warp");
+  static_assert(kTileKeys <= kMmaThreads, "one thread looks up one key's cache row");
   extern __shared__ __align__(16) unsigned char shared[];
 
   const int D = p.head_dim, Dv = p.value_dim;
-  const MmaLayout layout = mma_layout(D, Dv, stages);
+  const MmaLayout layout = mma_layout(D, Dv, stages, kRowTiles, kTileKeys);
   const int d_steps = round_up16(D) / 16, v_pairs = round_up16(Dv) / 16;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, c = lane % 4;  // fragment row and column pair
-  const int tile = blockIdx.x % p.row_tiles;
-  const int kv_head = (blockIdx.x / p.row_tiles) % p.kv_heads;
-  const int b = blockIdx.x / p.row_tiles / p.kv_heads;
+  const int row_tile = warp / kKeyGroups, key_group = warp % kKeyGroups;
+  const int blocks_per_head = (p.row_tiles + kRowTiles - 1) / kRowTiles;
+  const int block_tile = blockIdx.x % blocks_per_head;
+  const int kv_head = (blockIdx.x / blocks_per_head) % p.kv_heads;
+  const int b = blockIdx.x / blocks_per_head / p.kv_heads;
   const int split = blockIdx.y;
 
   std::int64_t q_first = 0, q_count = 0;
   query_run(p, b, &q_first, &q_count);
-  const std::int64_t first_row = static_cast<std::int64_t>(tile) * kRows;
+  const std::int64_t first_row = static_cast<std::int64_t>(block_tile) * kBlockRows;
   const std::int64_t valid_rows = q_count * p.group;
-  if (first_row >= valid_rows) return;  // the whole tile is past this sequence's queries
+  if (first_row >= valid_rows) return;  // the whole block is past this sequence's queries
   const std::int64_t keys = clamp64(p.cache_seqlens[b * p.seqlens_stride], 0, p.capacity);
 
-  // Q tile [kRows][k_pitch]: zero past the queries and past D (the padded k-steps add nothing).
+  // Q tile [kBlockRows][k_pitch]: zero past the queries and past D (the padded k-steps add
+  // nothing).
   T* q_tile = reinterpret_cast<T*>(shared + layout.q);
   {
     const T* q = static_cast<const T*>(p.q);
     const int cols = round_up16(D);
-    for (int e = tid; e < kRows * cols; e += kMmaThreads) {
+    for (int e = tid; e < kBlockRows * cols; e += kMmaThreads) {
       const int r = e / cols, d = e - r * cols;
       const std::int64_t row = first_row + r;
       T value = from_float<T>(0.0f);
@@ -248,10 +286,10 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
   }
 
-  // The keys any row of the tile sees, then this split's part (whole kTileKeys tiles), as the
+  // The keys any row of the block sees, then this split's part (whole kTileKeys tiles), as the
   // CUDA-core kernel does with its own tile size.
   const std::int64_t last_row =
-      (valid_rows < first_row + kRows ? valid_rows : first_row + kRows) - 1;
+      (valid_rows < first_row + kBlockRows ? valid_rows : first_row + kBlockRows) - 1;
   const std::int64_t lowest = keys - q_count + first_row / p.group;  // position of the first row
   const std::int64_t highest = keys - q_count + last_row / p.group;  // and of the last
   std::int64_t begin = p.has_lower ? clamp64(lowest - p.lower, 0, keys) : 0;
@@ -263,15 +301,21 @@ __global__ void __launch_bounds__(kMmaThreads)
   end = begin + chunk < end ? begin + chunk : end;
   const int tiles = static_cast<int>((end - begin + kTileKeys - 1) / kTileKeys);
 
-  // This lane's rows g and g + 8: valid, and their positions (for the masks).
+  // This warp's row tile: its first row, and this lane's rows g and g + 8 (valid, and their
+  // positions for the masks; the range its rows see, to skip the masks where none applies).
+  const std::int64_t tile_row = first_row + row_tile * kRows;
   bool row_valid[2];
   std::int64_t position[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const std::int64_t row = first_row + g + 8 * h;
+    const std::int64_t row = tile_row + g + 8 * h;
     row_valid[h] = row < valid_rows;
     position[h] = keys - q_count + row / p.group;
   }
+  const bool tile_live = tile_row < valid_rows;  // warp-uniform
+  const std::int64_t tile_last = (valid_rows < tile_row + kRows ? valid_rows : tile_row + kRows) - 1;
+  const std::int64_t tile_lowest = keys - q_count + tile_row / p.group;
+  const std::int64_t tile_highest = keys - q_count + tile_last / p.group;
 
   auto* offsets = reinterpret_cast<std::int64_t*>(shared + layout.offsets);  // [2][kTileKeys][2]
   unsigned char* ring = shared;
@@ -291,8 +335,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   auto issue =
       [&](int u) {  // tile u into stage u % stages, one commit group (empty past the tiles)
         if (u < tiles) {
-          copy_tile<T>(p, offsets + (u % 2) * kTileKeys * 2, ring + (u % stages) * layout.stage,
-                       layout, tid);
+          copy_tile<T, kTileKeys>(p, offsets + (u % 2) * kTileKeys * 2,
+                                  ring + (u % stages) * layout.stage, layout, tid);
         }
         tile::cp_async_commit();
       };
@@ -309,8 +353,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   // Per-lane A fragments of Q (rows r + 8 (i % 2), columns 8 (i / 2) of each k-step; i = lane / 8).
   const int mi = lane / 8, mr = lane % 8;
-  const std::uint32_t q_address =
-      tile::shared_address(q_tile + (mr + (mi % 2) * 8) * layout.k_pitch + (mi / 2) * 8);
+  const std::uint32_t q_address = tile::shared_address(
+      q_tile + (row_tile * kRows + mr + (mi % 2) * 8) * layout.k_pitch + (mi / 2) * 8);
   std::uint32_t q_frag[kQSteps][4];
   if constexpr (kQInRegisters) {
 #pragma unroll
@@ -320,8 +364,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
   // ldmatrix row addresses within a stage: K rows are keys (matrices: keys +8 (i / 2), columns +8
   // (i % 2)); V rows are keys too, read transposed (keys +8 (i % 2), columns +8 (i / 2)).
-  const int k_lane = (warp * kWarpKeys + mr + (mi / 2) * 8) * layout.k_pitch + (mi % 2) * 8;
-  const int v_lane = (warp * kWarpKeys + mr + (mi % 2) * 8) * layout.v_pitch + (mi / 2) * 8;
+  const int k_lane = (key_group * kWarpKeys + mr + (mi / 2) * 8) * layout.k_pitch + (mi % 2) * 8;
+  const int v_lane = (key_group * kWarpKeys + mr + (mi % 2) * 8) * layout.v_pitch + (mi / 2) * 8;
 
   float o[kOutTiles][4];
 #pragma unroll
@@ -336,37 +380,41 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncthreads();               // everyone's; stage (t - 1) % stages is free again
     look_up(t + stages);
     issue(t + stages - 1);
-    const std::int64_t key0 = begin + static_cast<std::int64_t>(t) * kTileKeys + warp * kWarpKeys;
-    if (key0 < end) {  // warp-uniform: past the split's end the sub-tile holds only zero rows
+    const std::int64_t key0 =
+        begin + static_cast<std::int64_t>(t) * kTileKeys + key_group * kWarpKeys;
+    // Warp-uniform: a row tile past the queries, or a key slice past the split's end (zero rows),
+    // has nothing to add.
+    if (tile_live && key0 < end) {
       unsigned char* stage = ring + (t % stages) * layout.stage;
       const std::uint32_t k_address = tile::shared_address(reinterpret_cast<T*>(stage) + k_lane);
       const std::uint32_t v_address =
           tile::shared_address(reinterpret_cast<T*>(stage + layout.v_in_stage) + v_lane);
 
-      // S = Q K^T over the warp's 16 keys: s[n] holds keys 8n .. 8n + 7.
-      float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      // S = Q K^T over the warp's keys: s[n] holds keys 8n .. 8n + 7 of its slice.
+      float s[kScoreTiles][4];
+#pragma unroll
+      for (int n = 0; n < kScoreTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < kSteps; ++ks) {
         if (ks < d_steps) {
-          std::uint32_t k_frag[4];
-          tile::ldmatrix_x4(k_frag, k_address + ks * 32);
-          if constexpr (kQInRegisters) {
-            tile::mma_m16n8k16<T>(s[0], q_frag[ks], k_frag[0], k_frag[1]);
-            tile::mma_m16n8k16<T>(s[1], q_frag[ks], k_frag[2], k_frag[3]);
-          } else {
-            tile::ldmatrix_x4(q_frag[0], q_address + ks * 32);
-            tile::mma_m16n8k16<T>(s[0], q_frag[0], k_frag[0], k_frag[1]);
-            tile::mma_m16n8k16<T>(s[1], q_frag[0], k_frag[2], k_frag[3]);
+          if constexpr (!kQInRegisters) tile::ldmatrix_x4(q_frag[0], q_address + ks * 32);
+          const std::uint32_t(&a)[4] = q_frag[kQInRegisters ? ks : 0];
+#pragma unroll
+          for (int j = 0; j < kKeySteps; ++j) {
+            std::uint32_t k_frag[4];
+            tile::ldmatrix_x4(k_frag, k_address + j * 16 * layout.k_pitch * 2 + ks * 32);
+            tile::mma_m16n8k16<T>(s[2 * j], a, k_frag[0], k_frag[1]);
+            tile::mma_m16n8k16<T>(s[2 * j + 1], a, k_frag[2], k_frag[3]);
           }
         }
       }
 
-      // Scores in log2 units; the masks only where the sub-tile is not visible to every row.
+      // Scores in log2 units; the masks only where the slice is not visible to every row.
       const bool whole = key0 + kWarpKeys <= end &&
-                         (!p.has_upper || key0 + kWarpKeys - 1 <= lowest + p.upper) &&
-                         (!p.has_lower || key0 >= highest - p.lower);
+                         (!p.has_upper || key0 + kWarpKeys - 1 <= tile_lowest + p.upper) &&
+                         (!p.has_lower || key0 >= tile_highest - p.lower);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < kScoreTiles; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = s[n][e];
@@ -391,15 +439,19 @@ __global__ void __launch_bounds__(kMmaThreads)
       float rescale[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float tile_max = quad_max(
-            fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kScoreTiles; ++n) {
+          tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        }
+        tile_max = quad_max(tile_max);
         const float new_max = fmaxf(row_max[h], tile_max);
         const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
         rescale[h] = exp2f(row_max[h] - base);
         row_max[h] = new_max;
         float sum = 0.0f;
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < kScoreTiles; ++n) {
           s[n][2 * h] = exp2f(s[n][2 * h] - base);
           s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - base);
           sum += s[n][2 * h] + s[n][2 * h + 1];
@@ -414,29 +466,35 @@ __global__ void __launch_bounds__(kMmaThreads)
         o[n][3] *= rescale[1];
       }
 
-      // O += P V: P's C fragments are the A fragment of one k-step (16 keys).
-      const std::uint32_t p_frag[4] = {Ops::pack(s[0][0], s[0][1]), Ops::pack(s[0][2], s[0][3]),
-                                       Ops::pack(s[1][0], s[1][1]), Ops::pack(s[1][2], s[1][3])};
+      // O += P V, one k-step (16 keys) at a time: P's C fragments of two n-tiles are the A
+      // fragment of a k-step.
 #pragma unroll
-      for (int n = 0; n < kOutTiles / 2; ++n) {
-        if (n < v_pairs) {
-          std::uint32_t v_frag[4];
-          tile::ldmatrix_x4_trans(v_frag, v_address + n * 32);
-          tile::mma_m16n8k16<T>(o[2 * n], p_frag, v_frag[0], v_frag[1]);
-          tile::mma_m16n8k16<T>(o[2 * n + 1], p_frag, v_frag[2], v_frag[3]);
+      for (int j = 0; j < kKeySteps; ++j) {
+        const std::uint32_t p_frag[4] = {
+            Ops::pack(s[2 * j][0], s[2 * j][1]), Ops::pack(s[2 * j][2], s[2 * j][3]),
+            Ops::pack(s[2 * j + 1][0], s[2 * j + 1][1]),
+            Ops::pack(s[2 * j + 1][2], s[2 * j + 1][3])};
+#pragma unroll
+        for (int n = 0; n < kOutTiles / 2; ++n) {
+          if (n < v_pairs) {
+            std::uint32_t v_frag[4];
+            tile::ldmatrix_x4_trans(v_frag, v_address + j * 16 * layout.v_pitch * 2 + n * 32);
+            tile::mma_m16n8k16<T>(o[2 * n], p_frag, v_frag[0], v_frag[1]);
+            tile::mma_m16n8k16<T>(o[2 * n + 1], p_frag, v_frag[2], v_frag[3]);
+          }
         }
       }
     }
     publish(t + stages);
   }
 
-  // Merge the warps: each scales its O by 2^(its max - the block's max) into fp32 tiles over the
-  // ring; row max and sum of the block go to shared memory.
+  // Merge the warps of each row tile: each scales its O by 2^(its max - the tile's max) into fp32
+  // tiles over the ring; row max and sum of the block go to shared memory.
   tile::cp_async_wait_all();
   float* warp_max = reinterpret_cast<float*>(shared + layout.stats);  // [kMmaWarps][kRows]
   float* warp_sum = warp_max + kMmaWarps * kRows;                     // [kMmaWarps][kRows]
-  float* block_max = warp_sum + kMmaWarps * kRows;                    // [kRows]
-  float* block_sum = block_max + kRows;                               // [kRows]
+  float* block_max = warp_sum + kMmaWarps * kRows;                    // [kBlockRows]
+  float* block_sum = block_max + kMmaWarps * kRows;                   // [kBlockRows]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = quad_sum(row_sum[h]);
@@ -447,11 +505,14 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
   __syncthreads();  // the ring is free: every warp has finished its last tile
   float* merged = reinterpret_cast<float*>(shared);  // [kMmaWarps][kRows][o_pitch]
+  const int first_warp = row_tile * kKeyGroups;     // of this warp's row tile
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float top = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) top = fmaxf(top, warp_max[w * kRows + g + 8 * h]);
+    for (int w = 0; w < kKeyGroups; ++w) {
+      top = fmaxf(top, warp_max[(first_warp + w) * kRows + g + 8 * h]);
+    }
     const float weight = row_max[h] == -INFINITY ? 0.0f : exp2f(row_max[h] - top);
     float* out_row = merged + (warp * kRows + g + 8 * h) * layout.o_pitch + 2 * c;
 #pragma unroll
@@ -462,13 +523,14 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
     }
   }
-  if (tid < kRows) {
+  if (tid < kBlockRows) {
+    const int warp0 = (tid / kRows) * kKeyGroups, r = tid % kRows;
     float top = -INFINITY;
-    for (int w = 0; w < kMmaWarps; ++w) top = fmaxf(top, warp_max[w * kRows + tid]);
+    for (int w = 0; w < kKeyGroups; ++w) top = fmaxf(top, warp_max[(warp0 + w) * kRows + r]);
     float sum = 0.0f;
-    for (int w = 0; w < kMmaWarps; ++w) {
-      const float m = warp_max[w * kRows + tid];
-      if (m != -INFINITY) sum += warp_sum[w * kRows + tid] * exp2f(m - top);
+    for (int w = 0; w < kKeyGroups; ++w) {
+      const float m = warp_max[(warp0 + w) * kRows + r];
+      if (m != -INFINITY) sum += warp_sum[(warp0 + w) * kRows + r] * exp2f(m - top);
     }
     block_max[tid] = top;
     block_sum[tid] = sum;
@@ -478,15 +540,18 @@ __global__ void __launch_bounds__(kMmaThreads)
   // Epilogue, as the CUDA-core kernel's: one split writes out and lse (with the sink), several
   // write normalised partials and their lse (log2 units).
   const int out_b = p.cu_seqlens_q == nullptr ? b : 0;
-  for (int e = tid; e < kRows * Dv; e += kMmaThreads) {
+  for (int e = tid; e < kBlockRows * Dv; e += kMmaThreads) {
     const int r = e / Dv, d = e - r * Dv;
     const std::int64_t row = first_row + r;
     if (row >= valid_rows) break;  // rows ascend with e
     const std::int64_t i = row / p.group;
     const int h = kv_head * p.group + static_cast<int>(row % p.group);
+    const int warp0 = (r / kRows) * kKeyGroups, tr = r % kRows;
     float value = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) value += merged[(w * kRows + r) * layout.o_pitch + d];
+    for (int w = 0; w < kKeyGroups; ++w) {
+      value += merged[((warp0 + w) * kRows + tr) * layout.o_pitch + d];
+    }
     const float max2 = block_max[r], sum = block_sum[r];
     if (p.num_splits > 1) {
       const std::int64_t part_row = static_cast<std::int64_t>(split) * p.total_q * p.heads +

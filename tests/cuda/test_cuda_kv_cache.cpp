@@ -3,8 +3,9 @@
 // and unused pages hold NaN, outputs are poisoned with NaN; paged == contiguous bitwise at the same
 // split count; split counts 1, several and the library's choice; the append; bad device block tables
 // and lengths (clamped: no fault, run under compute-sanitizer); capture into a CUDA graph.
-// Every case runs under both attention kernels (a test parameter): the CUDA-core kernel and the
-// tensor-core kernel of FMHA_KV_CACHE_KERNEL=mma (override_kv_cache_kernel, for the whole test).
+// Every case runs under both attention kernels (a test parameter): the tensor-core kernel (the
+// default) and the CUDA-core kernel of FMHA_KV_CACHE_KERNEL=cuda-cores (override_kv_cache_kernel,
+// for the whole test).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -157,6 +158,28 @@ TEST_P(CudaKvCache, DecodeHeadGroupsAndDims) {
   for (DType dtype : {DType::kFloat16, DType::kBFloat16})
     for (auto [heads, kv_heads] : {std::pair{8, 2}, std::pair{8, 1}, std::pair{4, 4}, std::pair{32, 8}})
       for (std::int64_t dim : {64, 128}) check_layouts(decode_case(dtype, heads, kv_heads, dim), 0, ++seed, {16});
+}
+
+// Groups of more than 16 rows a kv head: MQA 32/1 at Lq 1 (two row tiles, one block), a group of
+// 24 (a second, partial tile), a group of 8 over 3 query tokens, and 5 tokens of a group of 16 at
+// D 256 (five row tiles: a block takes two there), each contiguous and paged, with splits.
+TEST_P(CudaKvCache, LargeGroupsShareTheirKeys) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 700;
+  for (std::int64_t dim : {64, 128}) {
+    KvCase c = decode_case(DType::kBFloat16, 32, 1, dim);
+    for (int splits : {1, 4, 0}) check_layouts(c, splits, ++seed, {16});
+  }
+  KvCase c = decode_case(DType::kFloat16, 24, 1, 96);
+  for (int splits : {1, 0}) check_layouts(c, splits, ++seed, {64});
+  c = decode_case(DType::kBFloat16, 16, 2, 128);
+  c.seqlen_q = 3;
+  c.options.window_left = 200;
+  for (int splits : {1, 3}) check_layouts(c, splits, ++seed, {16});
+  c = decode_case(DType::kBFloat16, 16, 1, 256);
+  c.seqlen_q = 5;
+  c.sinks = true;
+  for (int splits : {1, 0}) check_layouts(c, splits, ++seed, {64});
 }
 
 TEST_P(CudaKvCache, OddDimsAndPageSizes) {
