@@ -1,19 +1,18 @@
 """The public functions of fmha (SPEC §15). They normalise Python-level arguments (tuples, strings,
-ints for every axis), make the last dimension of each input contiguous when it is not, and call
-the custom ops of _attention_ops / _merge_ops, which carry autograd and torch.compile support
-(attention calls on plain tensors through _attention_ops.call: the ops' eager path)."""
+ints for every axis) by the rules of _arguments, which fmha.jax shares, make the last dimension of
+each input contiguous when it is not, and call the custom ops of _attention_ops / _merge_ops, which
+carry autograd and torch.compile support (attention calls on plain tensors through
+_attention_ops.call: the ops' eager path)."""
 
 from __future__ import annotations
 
-import operator
 from typing import Optional, Sequence, Union
 
 from torch import Tensor
 
 from . import _attention_ops as _ops
+from ._arguments import merge_parts, per_axis, scalar_options, split_pairs, to_bool, to_int
 from ._merge_ops import merge_fwd
-
-_ALIGNMENTS = ("top_left", "bottom_right")
 
 
 def _tensor(t, name: str, *, broadcast_last: bool = False) -> Tensor:
@@ -33,73 +32,6 @@ def _optional_tensor(t, name: str, **kwargs) -> Optional[Tensor]:
     return None if t is None else _tensor(t, name, **kwargs)
 
 
-def _pair(value, name: str, what: str) -> tuple:
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise ValueError(f"fmha: {name} is {value!r}; accepted: None or a pair {what}")
-    return tuple(value)
-
-
-def _shown(value) -> str:
-    """A value for a message: its repr, cut short (a tensor's would be long)."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-def _refused(value, name: str, accepted: str) -> TypeError:
-    kind = type(value).__name__
-    return TypeError(f"fmha: {name} is {_shown(value)} ({kind}); accepted: {accepted}")
-
-
-# Scalar arguments: plain Python values take the first branch of each (which torch.compile traces
-# as it is); anything else (numpy or one-element torch scalars) converts as Python would, and what
-# does not convert is refused with the argument's name rather than Python's own message.
-
-
-def _int(value, name: str) -> int:
-    """An integer argument that fits the C++ layer's int64."""
-    if isinstance(value, int):
-        result = int(value)
-    else:
-        try:
-            result = operator.index(value)
-        except TypeError:
-            raise _refused(value, name, "an int") from None
-    if not _INT64[0] <= result <= _INT64[1]:
-        raise ValueError(f"fmha: {name} = {result} does not fit in a signed 64-bit integer")
-    return result
-
-
-def _float(value, name: str) -> float:
-    """A float argument; strings are refused (float() would parse them)."""
-    if type(value) is float:
-        return value
-    if isinstance(value, (int, float)):
-        return float(value)
-    if not isinstance(value, (str, bytes)):
-        try:
-            return float(value)
-        except (TypeError, ValueError, RuntimeError):
-            pass
-    raise _refused(value, name, "a float")
-
-
-def _bool(value, name: str) -> bool:
-    """A flag; strings are refused: their truth value ("False" is true) is never what was meant."""
-    if value is True or value is False:
-        return value
-    if isinstance(value, (bool, int)) or value is None:
-        return bool(value)
-    if not isinstance(value, (str, bytes)):
-        try:
-            return bool(value)
-        except (TypeError, ValueError, RuntimeError):
-            pass
-    raise _refused(value, name, "a bool")
-
-
 _NO_TENSORS = (None,) * 6  # bias, rel_h, rel_w, sinks, extra_k, extra_v: none given
 
 
@@ -107,23 +39,12 @@ def _options(
     scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks, extra_kv,
     deterministic, backward_impl, allow_tf32,
 ) -> _ops.Options:  # fmt: skip
-    if causal_alignment not in _ALIGNMENTS:
-        raise ValueError(
-            f"fmha: causal_alignment is {causal_alignment!r}; accepted: 'top_left', 'bottom_right'"
-        )
+    scalars = scalar_options(scale, causal, causal_alignment, window, softcap, deterministic)
     _ops.check_backward_impl(backward_impl)
-    window_left, window_right = (-1, -1)
-    if window is not None:
-        pair = _pair(window, "window", "(left, right) of ints, each >= 0 or -1 for unbounded")
-        window_left, window_right = (_int(x, f"window[{i}]") for i, x in enumerate(pair))
     if bias is None and rel_pos is None and sinks is None and extra_kv is None:
         tensors = _NO_TENSORS  # the common call: nothing to look at
     else:
-        rel_h = rel_w = extra_k = extra_v = None
-        if rel_pos is not None:
-            rel_h, rel_w = _pair(rel_pos, "rel_pos", "(rel_h, rel_w) of tensors")
-        if extra_kv is not None:
-            extra_k, extra_v = _pair(extra_kv, "extra_kv", "(extra_k, extra_v) of tensors")
+        rel_h, rel_w, extra_k, extra_v = split_pairs(rel_pos, extra_kv, "tensors")
         tensors = (
             _optional_tensor(bias, "bias", broadcast_last=True),
             _optional_tensor(rel_h, "rel_h", broadcast_last=True),
@@ -133,18 +54,7 @@ def _options(
             _optional_tensor(extra_v, "extra_v"),
         )
     # Positional, in the order of Options' fields: the tensors, then the scalars.
-    return _ops.Options(
-        *tensors,
-        None if scale is None else _float(scale, "scale"),
-        _float(softcap, "softcap"),
-        _bool(causal, "causal"),
-        causal_alignment == "bottom_right",
-        window_left,
-        window_right,
-        _bool(deterministic, "deterministic"),
-        backward_impl,
-        _bool(allow_tf32, "allow_tf32"),
-    )
+    return _ops.Options(*tensors, *scalars, backward_impl, to_bool(allow_tf32, "allow_tf32"))
 
 
 def attention(
@@ -187,7 +97,7 @@ def attention(
     it. allow_tf32: fp32 inputs may use TF32 tensor cores
     (looser accuracy).
     """
-    return_lse = _bool(return_lse, "return_lse")
+    return_lse = to_bool(return_lse, "return_lse")
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
                  extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
     out, lse = _ops.call(_ops.attention_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *o)
@@ -234,37 +144,25 @@ def attention_varlen(
     broadcasts to [B, H, max_seqlen_q, max_seqlen_k]; extra_kv are per sequence [B, R, Hkv, *];
     rel_pos is refused (a packed batch has no common key grid).
     """
-    return_lse = _bool(return_lse, "return_lse")
+    return_lse = to_bool(return_lse, "return_lse")
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
                  extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
     out, lse = _ops.call(
         _ops.attention_varlen_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"),
         _tensor(cu_seqlens_q, "cu_seqlens_q"), _tensor(cu_seqlens_k, "cu_seqlens_k"),
-        _int(max_seqlen_q, "max_seqlen_q"), _int(max_seqlen_k, "max_seqlen_k"),
-        _bool(check_cu_seqlens, "check_cu_seqlens"), *o,
+        to_int(max_seqlen_q, "max_seqlen_q"), to_int(max_seqlen_k, "max_seqlen_k"),
+        to_bool(check_cu_seqlens, "check_cu_seqlens"), *o,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
 
-def _per_axis(value, num_dims: int, name: str, convert) -> list:
-    """An int/bool for every axis, or one per axis; convert(x, name) checks each."""
-    if isinstance(value, (tuple, list)):
-        if len(value) != num_dims:
-            raise ValueError(
-                f"fmha: {name} is {tuple(value)!r} with {len(value)} entries; na{num_dims}d "
-                f"accepts one value for all axes or a tuple of {num_dims}"
-            )
-        return [convert(x, f"{name}[{i}]") for i, x in enumerate(value)]
-    return [convert(value, name)] * num_dims
-
-
 def _neighborhood(num_dims, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
                   return_lse, backward_impl):  # fmt: skip
-    return_lse = _bool(return_lse, "return_lse")
+    return_lse = to_bool(return_lse, "return_lse")
     layout_args = (
-        _per_axis(kernel_size, num_dims, "kernel_size", _int),
-        _per_axis(dilation, num_dims, "dilation", _int),
-        _per_axis(is_causal, num_dims, "is_causal", _bool),
+        list(per_axis(kernel_size, num_dims, "kernel_size", to_int)),
+        list(per_axis(dilation, num_dims, "dilation", to_int)),
+        list(per_axis(is_causal, num_dims, "is_causal", to_bool)),
     )
     o = _options(scale, False, "top_left", None, None, None, 0.0, sinks, extra_kv, False,
                  backward_impl, False)  # fmt: skip
@@ -346,11 +244,7 @@ def merge_attentions(outs: Sequence[Tensor], lses: Sequence[Tensor]) -> tuple[Te
     from attention(..., return_lse=True). Returns (out, lse) of attention over the union of the
     keys; differentiable in every part. Apply sinks in exactly one part.
     """
-    if not isinstance(outs, (list, tuple)) or not isinstance(lses, (list, tuple)):
-        raise TypeError(
-            f"fmha: outs and lses must be lists of tensors, got {type(outs).__name__} and "
-            f"{type(lses).__name__}"
-        )
+    merge_parts(outs, lses, "tensors")
     out_parts = [_tensor(t, f"outs[{i}]") for i, t in enumerate(outs)]
     lse_parts = [_tensor(t, f"lses[{i}]") for i, t in enumerate(lses)]
     return merge_fwd(out_parts, lse_parts)

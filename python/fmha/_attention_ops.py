@@ -34,6 +34,7 @@ import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from . import _C, _backend, _bridge
+from ._arguments import BACKWARD_IMPLS, choice
 
 
 class Options(NamedTuple):
@@ -54,9 +55,6 @@ class Options(NamedTuple):
     allow_tf32: bool
 
 
-BACKWARD_IMPLS = ("auto", "fused", "split")
-
-
 _BACKWARD_IMPL_ENUMS = {name: getattr(_C.BackwardImpl, name) for name in BACKWARD_IMPLS}
 
 
@@ -68,8 +66,7 @@ def _has_optional_tensors(o: "Options") -> bool:
 
 def check_backward_impl(name) -> None:
     """The public functions check it first; the ops check it again for direct torch.ops calls."""
-    if name not in BACKWARD_IMPLS:
-        raise ValueError(f"fmha: backward_impl is {name!r}; accepted: 'auto', 'fused', 'split'")
+    choice(name, "backward_impl", BACKWARD_IMPLS)
 
 
 _NUM_OPTIONAL_GRADS = 6  # bias, rel_h, rel_w, sinks, extra_k, extra_v: the first fields of Options

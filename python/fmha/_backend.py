@@ -6,7 +6,8 @@ runs every CPU call on the reference. CUDA tensors are not affected."""
 
 from __future__ import annotations
 
-_CPU_BACKENDS = ("auto", "reference")
+from ._arguments import CPU_BACKENDS as _CPU_BACKENDS
+
 _cpu_backend = "auto"
 
 

@@ -9,14 +9,15 @@ import torch
 from torch import Tensor
 
 from . import _kv_cache_ops as _ops
-from ._api import _bool, _float, _int, _optional_tensor, _pair, _tensor
+from ._api import _optional_tensor, _tensor
+from ._arguments import to_bool, to_float, to_int, window_bounds
 from ._attention_ops import _takes_eager_path
 
 
 def _seqlens(cache_seqlens, batch: int, device: torch.device) -> Tensor:
     if isinstance(cache_seqlens, Tensor):
         return cache_seqlens
-    return torch.full((batch,), _int(cache_seqlens, "cache_seqlens"), dtype=torch.int32,
+    return torch.full((batch,), to_int(cache_seqlens, "cache_seqlens"), dtype=torch.int32,
                       device=device)  # fmt: skip
 
 
@@ -64,15 +65,13 @@ def attention_with_kvcache(
     if cu_seqlens_q is not None and max_seqlen_q is None:
         # One read of the offsets (a synchronisation on CUDA); pass max_seqlen_q to avoid it.
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item()) if batch else 0
-    window_left, window_right = -1, -1
-    if window is not None:
-        pair = _pair(window, "window", "(left, right) of ints, each >= 0 or -1 for unbounded")
-        window_left, window_right = (_int(x, f"window[{i}]") for i, x in enumerate(pair))
+    window_left, window_right = window_bounds(window)
     args = (
         q, k_cache, v_cache, seqlens.to(torch.int32), block_table, cu_seqlens_q,
-        _int(max_seqlen_q or 0, "max_seqlen_q"), None if scale is None else _float(scale, "scale"),
-        _float(softcap, "softcap"), _bool(causal, "causal"), window_left, window_right,
-        _optional_tensor(sinks, "sinks"), _int(num_splits, "num_splits"),
+        to_int(max_seqlen_q or 0, "max_seqlen_q"),
+        None if scale is None else to_float(scale, "scale"), to_float(softcap, "softcap"),
+        to_bool(causal, "causal"), window_left, window_right, _optional_tensor(sinks, "sinks"),
+        to_int(num_splits, "num_splits"),
     )  # fmt: skip
     if _takes_eager_path(q):
         out, lse = _ops.forward(*args, fake=False)

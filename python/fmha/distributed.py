@@ -31,6 +31,7 @@ from torch import Tensor
 
 from . import _api
 from . import _attention_ops as _ops
+from ._arguments import pair, to_bool
 
 LAYOUTS = ("contiguous", "zigzag")
 FORMS = ("auto", "ring", "allgather")
@@ -671,7 +672,7 @@ def attention(
     if q.shape[3] != k.shape[3] or k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         raise ValueError(f"fmha.distributed: q {tuple(q.shape)} and k {tuple(k.shape)}: the head "
                          f"dims must agree and q heads be a multiple of k heads")  # fmt: skip
-    return_lse = _api._bool(return_lse, "return_lse")
+    return_lse = to_bool(return_lse, "return_lse")
     o = _api._options(scale, causal, causal_alignment, window, None, None, softcap, None, None,
                       deterministic, backward_impl, allow_tf32)  # fmt: skip
     q, k, v = _api._tensor(q, "q"), _api._tensor(k, "k"), _api._tensor(v, "v")
@@ -689,7 +690,7 @@ def attention(
 
     extra = None
     if extra_kv is not None:
-        extra_k, extra_v = _api._pair(extra_kv, "extra_kv", "(extra_k, extra_v) of tensors")
+        extra_k, extra_v = pair(extra_kv, "extra_kv", "(extra_k, extra_v) of tensors")
         extra = (_api._tensor(extra_k, "extra_k"), _api._tensor(extra_v, "extra_v"))
         B, Hkv = q.shape[0], k.shape[2]
         want = ((B, None, Hkv, q.shape[3]), (B, None, Hkv, v.shape[3]))

@@ -28,63 +28,27 @@ every call. CUDA handlers are built with the CUDA backend but have not been run 
 
 from __future__ import annotations
 
-import operator
+import functools
 from typing import Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 
+from .. import _arguments as _args
 from . import _attention, _ffi, _merge
 from ._attention import DENSE, NEIGHBORHOOD, VARLEN
 
 __version__ = _ffi.version()
 __all__ = ["attention", "attention_varlen", "na1d", "na2d", "na3d", "merge_attentions"]
 
-_ALIGNMENTS = ("top_left", "bottom_right")
-_CPU_BACKENDS = ("auto", "reference")
-
 
 # ---- Static arguments ----------------------------------------------------------------------------
+# Read by the rules that the PyTorch front end follows too (fmha._arguments). A traced value is
+# refused as it is: every option other than an array is part of the traced computation.
 
-
-def _static_error(value, name: str, accepted: str) -> TypeError:
-    hint = " (a traced value: pass it as a static argument)" if isinstance(value, jax.core.Tracer) else ""
-    return TypeError(f"fmha: {name} is {value!r} ({type(value).__name__}){hint}; accepted: {accepted}")
-
-
-def _int(value, name: str) -> int:
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise _static_error(value, name, "an int") from None
-
-
-def _float(value, name: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (str, bytes, jax.core.Tracer)):
-        raise _static_error(value, name, "a float")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise _static_error(value, name, "a float") from None
-
-
-def _bool(value, name: str) -> bool:
-    if isinstance(value, (bool, int)) or value is None:
-        return bool(value)
-    if isinstance(value, (str, bytes, jax.core.Tracer)):
-        raise _static_error(value, name, "a bool")
-    try:
-        return bool(value)
-    except (TypeError, ValueError):
-        raise _static_error(value, name, "a bool") from None
-
-
-def _pair(value, name: str, what: str) -> tuple:
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise ValueError(f"fmha: {name} is {value!r}; accepted: None or a pair {what}")
-    return tuple(value)
+_TRACED = _args.Opaque((jax.core.Tracer,), " (a traced value: pass it as a static argument)")
+_int = functools.partial(_args.to_int, opaque=_TRACED)
+_bool = functools.partial(_args.to_bool, opaque=_TRACED)
 
 
 def _array(x, name: str):
@@ -98,42 +62,22 @@ def _array(x, name: str):
     return x
 
 
-def _choice(value, name: str, accepted: Sequence[str]) -> str:
-    if value not in accepted:
-        names = ", ".join(repr(a) for a in accepted)
-        raise ValueError(f"fmha: {name} is {value!r}; accepted: {names}")
-    return value
-
-
 def _static(*, scale=None, causal=False, causal_alignment="top_left", window=None, softcap=0.0,
             deterministic=False, allow_tf32=False, backward_impl="auto", cpu_backend="auto",
             **layout) -> _ffi.Static:  # fmt: skip
-    _choice(causal_alignment, "causal_alignment", _ALIGNMENTS)
-    window_left, window_right = -1, -1
-    if window is not None:
-        pair = _pair(window, "window", "(left, right) of ints, each >= 0 or -1 for unbounded")
-        window_left, window_right = (_int(x, f"window[{i}]") for i, x in enumerate(pair))
+    scalars = _args.scalar_options(scale, causal, causal_alignment, window, softcap, deterministic,
+                                   _TRACED)  # fmt: skip
     return _ffi.Static(
-        scale=None if scale is None else _float(scale, "scale"),
-        softcap=_float(softcap, "softcap"),
-        causal=_bool(causal, "causal"),
-        bottom_right=causal_alignment == "bottom_right",
-        window_left=window_left,
-        window_right=window_right,
-        deterministic=_bool(deterministic, "deterministic"),
+        *scalars,
         allow_tf32=_bool(allow_tf32, "allow_tf32"),
-        cpu_reference=_choice(cpu_backend, "cpu_backend", _CPU_BACKENDS) == "reference",
-        backward_impl=_choice(backward_impl, "backward_impl", ("auto", "fused", "split")),
+        cpu_reference=_args.choice(cpu_backend, "cpu_backend", _args.CPU_BACKENDS) == "reference",
+        backward_impl=_args.choice(backward_impl, "backward_impl", _args.BACKWARD_IMPLS),
         **layout,
     )
 
 
 def _optional_inputs(layout, q, bias, rel_pos, sinks, extra_kv) -> tuple:
-    rel_h = rel_w = extra_k = extra_v = None
-    if rel_pos is not None:
-        rel_h, rel_w = _pair(rel_pos, "rel_pos", "(rel_h, rel_w) of arrays")
-    if extra_kv is not None:
-        extra_k, extra_v = _pair(extra_kv, "extra_kv", "(extra_k, extra_v) of arrays")
+    rel_h, rel_w, extra_k, extra_v = _args.split_pairs(rel_pos, extra_kv, "arrays")
     rows = _attention.score_rows(layout, q)
     return (
         _attention.bias_4d(_array(bias, "bias")),
@@ -244,23 +188,12 @@ def attention_varlen(
     return _result(out, lse, return_lse)
 
 
-def _per_axis(value, num_dims: int, name: str, convert) -> tuple:
-    if isinstance(value, (tuple, list)):
-        if len(value) != num_dims:
-            raise ValueError(
-                f"fmha: {name} is {tuple(value)!r} with {len(value)} entries; na{num_dims}d "
-                f"accepts one value for all axes or a tuple of {num_dims}"
-            )
-        return tuple(convert(x, f"{name}[{i}]") for i, x in enumerate(value))
-    return (convert(value, name),) * num_dims
-
-
 def _neighborhood(num_dims, q, k, v, kernel_size, dilation, is_causal, scale, extra_kv, sinks,
                   return_lse, backward_impl, cpu_backend):  # fmt: skip
     static = _static(scale=scale, backward_impl=backward_impl, cpu_backend=cpu_backend,
-                     kernel_size=_per_axis(kernel_size, num_dims, "kernel_size", _int),
-                     dilation=_per_axis(dilation, num_dims, "dilation", _int),
-                     na_causal=_per_axis(is_causal, num_dims, "is_causal", _bool))  # fmt: skip
+                     kernel_size=_args.per_axis(kernel_size, num_dims, "kernel_size", _int),
+                     dilation=_args.per_axis(dilation, num_dims, "dilation", _int),
+                     na_causal=_args.per_axis(is_causal, num_dims, "is_causal", _bool))  # fmt: skip
     q, k, v = _array(q, "q"), _array(k, "k"), _array(v, "v")
     optional = _optional_inputs(NEIGHBORHOOD, q, None, None, sinks, extra_kv)
     out, lse = _attention.attend(NEIGHBORHOOD, static, q, k, v, (), optional)
@@ -308,11 +241,7 @@ def merge_attentions(outs: Sequence[jax.Array], lses: Sequence[jax.Array]):
     e.g. from attention(..., return_lse=True). Returns (out, lse) of attention over the union of
     the keys; differentiable in every part. Apply sinks in exactly one part.
     """
-    if not isinstance(outs, (list, tuple)) or not isinstance(lses, (list, tuple)):
-        raise TypeError(
-            f"fmha: outs and lses must be lists of arrays, got {type(outs).__name__} and "
-            f"{type(lses).__name__}"
-        )
+    _args.merge_parts(outs, lses, "arrays")
     out_parts = tuple(_array(t, f"outs[{i}]") for i, t in enumerate(outs))
     lse_parts = tuple(_array(t, f"lses[{i}]") for i, t in enumerate(lses))
     return _merge.merge(out_parts, lse_parts)
