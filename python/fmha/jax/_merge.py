@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
@@ -11,40 +13,28 @@ from . import _batching, _ffi
 _STATIC = _ffi.Static()
 
 
-def _like(x) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(x.shape, x.dtype)
-
-
-def _forward_call(num_parts: int):
-    """outs[n], lses[n] -> (out, lse): shaped like the first part (the check refuses others)."""
-
-    def call(*arrays):
-        values = _ffi.attrs(_STATIC, num_parts=num_parts)
-        results = (_like(arrays[0]), _like(arrays[num_parts]))
-        return tuple(_ffi.call("merge_fwd", arrays, results, values))
-
-    return _batching.folded(call)
-
-
-def _backward_call(num_parts: int, has_dlse: bool):
-    """outs[n], lses[n], out, lse, dout, [dlse] -> douts[n], dlses[n]."""
+def _call(entry: str, arrays: tuple, like: Sequence[int], **attrs) -> tuple:
+    """The handler `entry` on arrays, its results shaped like arrays[i] for i in like. Every
+    operand and result has the batch first and nothing is summed over it, so under vmap all are
+    folded into the batch (_batching.folded)."""
+    values = _ffi.attrs(_STATIC, **attrs)
 
     def call(*arrays):
-        values = _ffi.attrs(_STATIC, num_parts=num_parts, has_dlse=has_dlse)
-        results = [_like(x) for x in arrays[: 2 * num_parts]]
-        return tuple(_ffi.call("merge_bwd", arrays, results, values))
+        results = [jax.ShapeDtypeStruct(arrays[i].shape, arrays[i].dtype) for i in like]
+        return tuple(_ffi.call(entry, arrays, results, values))
 
-    return _batching.folded(call)
+    return _batching.folded(call)(*arrays)
 
 
 def _forward(outs: tuple, lses: tuple):
-    if not outs or len(lses) != len(outs):
-        _ffi.raise_for_status(
-            1, f"fmha: merge_attentions got {len(outs)} outs and {len(lses)} lses; expected "
-            "the same number of each, at least one",
-        )  # fmt: skip
-    out, lse = _forward_call(len(outs))(*outs, *lses)
-    return out, lse
+    """outs[n], lses[n] -> (out, lse), shaped like the first part (the check refuses others)."""
+    n = len(outs)
+    if not outs or len(lses) != n:
+        raise ValueError(
+            f"fmha: merge_attentions got {n} outs and {len(lses)} lses; expected the same number "
+            "of each, at least one"
+        )
+    return _call("merge_fwd", (*outs, *lses), (0, n), num_parts=n)
 
 
 @jax.custom_vjp
@@ -59,14 +49,16 @@ def _merge_fwd(outs, lses):
 
 
 def _merge_bwd(residuals, cotangents):
+    """outs[n], lses[n], out, lse, dout, [dlse] -> douts[n], dlses[n]."""
     outs, lses, out, lse = residuals
     dout, dlse = cotangents
     if isinstance(dout, SymbolicZero):
         dout = jnp.zeros(out.shape, out.dtype)
     has_dlse = not isinstance(dlse, SymbolicZero)
+    n = len(outs)
     args = (*outs, *lses, out, lse, dout, *((dlse,) if has_dlse else ()))
-    grads = _backward_call(len(outs), has_dlse)(*args)
-    return tuple(grads[: len(outs)]), tuple(grads[len(outs) :])
+    grads = _call("merge_bwd", args, range(2 * n), num_parts=n, has_dlse=has_dlse)
+    return grads[:n], grads[n:]
 
 
 merge.defvjp(_merge_fwd, _merge_bwd, symbolic_zeros=True)
