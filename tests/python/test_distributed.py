@@ -123,33 +123,37 @@ def _leaves(extra):
     return None if extra is None else tuple(t.clone().requires_grad_() for t in extra)
 
 
-def _extra_grads(results: dict, extra) -> None:
-    if extra is not None:
-        results["dextra_k"], results["dextra_v"] = extra[0].grad, extra[1].grad
-
-
-def _single_process(q, k, v, sinks, extra, dout, dlse, opts, want_lse) -> dict:
-    """fmha.attention on the whole sequence: every result and gradient."""
+def _leaf_inputs(q, k, v, sinks, extra):
+    """Copies of a call's inputs that collect their gradients: [q, k, v], sinks, extra_kv."""
     inputs = [t.clone().requires_grad_() for t in (q, k, v)]
     sinks = sinks.clone().requires_grad_() if sinks is not None else None
-    extra = _leaves(extra)
-    out, lse = fmha.attention(*inputs, sinks=sinks, extra_kv=extra, return_lse=True, **opts)
-    torch.autograd.backward([out, lse] if want_lse else [out], [dout, dlse] if want_lse else [dout])
+    return inputs, sinks, _leaves(extra)
+
+
+def _results(out, lse, inputs, sinks, extra, want_lse) -> dict:
+    """out, lse and every gradient of a call made on _leaf_inputs, by name."""
     results = dict(out=out.detach(), dq=inputs[0].grad, dk=inputs[1].grad, dv=inputs[2].grad)
     if want_lse:
         results["lse"] = lse.detach()
     if sinks is not None:
         results["dsinks"] = sinks.grad
-    _extra_grads(results, extra)
+    if extra is not None:
+        results["dextra_k"], results["dextra_v"] = extra[0].grad, extra[1].grad
     return results
+
+
+def _single_process(q, k, v, sinks, extra, dout, dlse, opts, want_lse) -> dict:
+    """fmha.attention on the whole sequence: every result and gradient."""
+    inputs, sinks, extra = _leaf_inputs(q, k, v, sinks, extra)
+    out, lse = fmha.attention(*inputs, sinks=sinks, extra_kv=extra, return_lse=True, **opts)
+    torch.autograd.backward([out, lse] if want_lse else [out], [dout, dlse] if want_lse else [dout])
+    return _results(out, lse, inputs, sinks, extra, want_lse)
 
 
 def _naive(q, k, v, sinks, extra, dout, dlse, opts, want_lse) -> dict:
     """The naive implementation of tests/python/attention_reference.py in q's dtype: what SPEC §13
     measures fp16 / bf16 results against."""
-    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-    sinks = sinks.clone().requires_grad_() if sinks is not None else None
-    extra = _leaves(extra)
+    inputs, sinks, extra = _leaf_inputs(q, k, v, sinks, extra)
     mask = sequence_mask(q.shape[1], k.shape[1], causal=opts["causal"],
                          alignment=opts["causal_alignment"], window=opts["window"])  # fmt: skip
     out, lse = naive_attention(*inputs, scale=opts["scale"], softcap=opts["softcap"], mask=mask,
@@ -157,13 +161,7 @@ def _naive(q, k, v, sinks, extra, dout, dlse, opts, want_lse) -> dict:
     finite_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     torch.autograd.backward([out, finite_lse] if want_lse else [out],
                             [dout, dlse.to(lse.dtype)] if want_lse else [dout])  # fmt: skip
-    results = dict(out=out.detach(), dq=inputs[0].grad, dk=inputs[1].grad, dv=inputs[2].grad)
-    if want_lse:
-        results["lse"] = lse.detach()
-    if sinks is not None:
-        results["dsinks"] = sinks.grad
-    _extra_grads(results, extra)
-    return results
+    return _results(out, lse, inputs, sinks, extra, want_lse)
 
 
 def _run_case(spec: dict, world: int) -> dict:
@@ -332,20 +330,20 @@ def _run_helpers(world: int) -> dict:
     return checks
 
 
+def _captured(run, *args) -> dict:
+    """run(*args), or the traceback of what it raised: reported to the test, which fails with it."""
+    try:
+        return run(*args)
+    except Exception:  # noqa: BLE001
+        return {"exception": traceback.format_exc()}
+
+
 def _worker(rank: int, world: int, store_path: str, report_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
-    report = {}
-    for name, spec in CASES.items():
-        try:
-            report[name] = _run_case(spec, world)
-        except Exception:  # noqa: BLE001 (reported to the test, which fails with it)
-            report[name] = {"exception": traceback.format_exc()}
+    report = {name: _captured(_run_case, spec, world) for name, spec in CASES.items()}
     report["refusals"] = _run_refusals(world)
-    try:
-        report["helpers"] = _run_helpers(world)
-    except Exception:  # noqa: BLE001
-        report["helpers"] = {"exception": traceback.format_exc()}
+    report["helpers"] = _captured(_run_helpers, world)
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(report_dir, f"rank{rank}.json"), "w") as f:
@@ -373,15 +371,24 @@ def _reports(world: int) -> list[dict]:
     return _REPORTS[world]
 
 
+def _entries(world: int, name: str) -> list[tuple[int, dict]]:
+    """(rank, its report's entry `name`) for every rank of the group of `world` processes; fails
+    with the rank's traceback where the entry raised."""
+    entries = []
+    for rank, report in enumerate(_reports(world)):
+        entry = report[name]
+        assert "exception" not in entry, f"rank {rank}:\n{entry.get('exception')}"
+        entries.append((rank, entry))
+    return entries
+
+
 WORLDS = [2, 4]
 
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_single_process(world: int, case: str) -> None:
-    for rank, report in enumerate(_reports(world)):
-        result = report[case]
-        assert "exception" not in result, f"rank {rank}:\n{result.get('exception')}"
+    for rank, result in _entries(world, case):
         errors = result["errors"]
         assert {"out", "dq", "dk", "dv"} <= errors.keys()
         bad = {k: (e, result["tolerance"][k]) for k, e in errors.items()
@@ -391,8 +398,8 @@ def test_matches_single_process(world: int, case: str) -> None:
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_refusals(world: int) -> None:
-    for report in _reports(world):
-        assert report["refusals"] == {
+    for _, refusals in _entries(world, "refusals"):
+        assert refusals == {
             "bias": "NotImplementedError",
             "extra-kv-heads": "ValueError",
             "varlen": "NotImplementedError",
@@ -407,9 +414,7 @@ def test_refusals(world: int) -> None:
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_shard_helpers_and_call_variants(world: int) -> None:
-    for rank, report in enumerate(_reports(world)):
-        checks = report["helpers"]
-        assert "exception" not in checks, f"rank {rank}:\n{checks.get('exception')}"
+    for rank, checks in _entries(world, "helpers"):
         assert len(checks) > 10
         failed = [name for name, ok in checks.items() if ok is not True]
         assert not failed, f"rank {rank}: {failed}"
