@@ -3,51 +3,77 @@ fp16), for checking its index math without a GPU: the kernel's steps transcribed
 warp over an emulated shared memory (ldmatrix with and without .trans, mma.sync m16n8k16 with the
 fragment layouts of the PTX ISA, cp.async whose destination reads as NaN from the issue until the
 wait that completes its group, so a stage read early or overwritten while in use shows), the
-split-KV combine, and a float64 reference. It follows the kernel by hand: change both together.
+split-KV combine, and a float64 reference. Each case runs the kernel form the library launches
+(mma_row_tiles row tiles a block, mma_tile_keys keys a stage, mma_stages stages, the grid of
+mma_grid_blocks) unless it overrides tile keys or stages as the timing tool can. It follows the
+kernel by hand: change both together.
 
-    python3 scripts/kv_cache_mma_emulation.py            # every case (minutes)
+    python3 scripts/kv_cache_mma_emulation.py            # every case (about ten seconds)
     python3 scripts/kv_cache_mma_emulation.py d256       # one case
 
 Cases: GQA decode over pages of 16 and 7 (splits), D 128 contiguous (three stages), D 40 / Dv 24,
-D 17 (element copies), D 256 / Dv 200 (two stages, Q re-read from shared memory), short queries
-with causal masks, a window, softcap, 16 rows of several queries, unaligned rows; the ring logic
-also under a second legal interleaving of the threads between barriers.
+D 17 (element copies), D 256 / Dv 200 (three stages; two at sm80's 163 KB; Q re-read from shared
+memory), short queries with causal masks, a window, softcap, several queries of a group, unaligned
+rows. Several row tiles a block: MQA groups of 32 and 24 heads at Lq 1 (two tiles, the second
+half-filled at 24) and of 64 (four tiles, Dv 96), a group of 8 over 3, 4 and 5 query tokens (two
+tiles; at 5 three tiles in a block of four, one with no valid row; also with a window), 40 rows of
+distinct positions whose key slices end inside a row tile's positions (each tile's own mask test),
+and D 256 with 5 row tiles (blocks of two, the last with one dead tile). 128-key tiles at D 64 with
+splits over pages of 16 and 7 (Dv 48), the timing tool's 64-key tiles at D 64 and a forced 5 stages
+at D 128; stage counts 2 to 6 between them. The ring logic also runs under a second legal
+interleaving of the threads between barriers.
 """
 import math, sys
 import numpy as np
 
-kRows, kTileKeys, kWarps, kThreads, kWarpKeys = 16, 64, 4, 128, 16
-kMaxStages, kMinStages = 4, 2
+kRows, kWarps, kThreads = 16, 4, 128
+kMaxStages, kMinStages = 6, 2
 kTarget = 113 * 1024
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 def r16(x): return (x + 15) // 16 * 16
 
+def mma_tile_keys(bucket): return 128 if bucket <= 64 else 64
+
+def mma_row_tiles(row_tiles, bucket):
+    most = 4 if bucket <= 128 else 2
+    tiles = 1
+    while tiles < row_tiles and tiles < most: tiles *= 2
+    return tiles
+
 class Layout: pass
 
-def layout(D, Dv, stages):
+def layout(D, Dv, stages, row_tiles=1, tile_keys=0):
     s = Layout()
+    s.tile_keys = tile_keys if tile_keys > 0 else mma_tile_keys(bucket(D, Dv))
     s.k_pitch = r16(D) + 8; s.v_pitch = r16(Dv) + 8; s.o_pitch = r16(Dv) + 8
-    s.v_in_stage = kTileKeys * s.k_pitch * 2
-    s.stage = s.v_in_stage + kTileKeys * s.v_pitch * 2
+    s.v_in_stage = s.tile_keys * s.k_pitch * 2
+    s.stage = s.v_in_stage + s.tile_keys * s.v_pitch * 2
     merge = kWarps * kRows * s.o_pitch * 4
     s.ring = max(stages * s.stage, merge)
     s.q = s.ring
-    s.offsets = s.q + (kRows * s.k_pitch * 2 + 15) // 16 * 16
-    s.stats = s.offsets + 2 * kTileKeys * 2 * 8
-    s.total = s.stats + (2 * kWarps * kRows + 2 * kRows) * 4
+    s.offsets = s.q + (row_tiles * kRows * s.k_pitch * 2 + 15) // 16 * 16
+    s.stats = s.offsets + 2 * s.tile_keys * 2 * 8
+    s.total = s.stats + 4 * kWarps * kRows * 4
     return s
 
-def mma_stages(D, Dv, max_shared):
-    for st in range(kMaxStages, kMinStages - 1, -1):
-        b = layout(D, Dv, st).total
-        if b <= kTarget and b <= max_shared: return st
-    return kMinStages if layout(D, Dv, kMinStages).total <= max_shared else 0
+def mma_stages(D, Dv, max_shared, row_tiles=1, tile_keys=0):
+    two = one = 0
+    for stages in range(kMinStages, kMaxStages + 1):
+        b = layout(D, Dv, stages, row_tiles, tile_keys).total
+        if b > max_shared: break
+        if b <= kTarget: two = stages
+        one = stages
+    return two if two >= 3 else one
 
 def bucket(D, Dv):
     m = max(r16(D), r16(Dv))
     return 64 if m <= 64 else (128 if m <= 128 else 256)
+
+# The kernel's static_asserts on the rule.
+assert mma_stages(128, 128, 227 * 1024) == 3 and mma_stages(64, 64, 227 * 1024) == 6
+assert mma_stages(256, 256, 227 * 1024) == 3 and mma_stages(256, 256, 163 * 1024) == 2
 
 def clamp(x, lo, hi): return lo if x < lo else (hi if x > hi else x)
 
@@ -149,7 +175,7 @@ class Async:
         assert not self.open[tid]
         self.wait(tid, 0)
 
-def copy_tile(p, tid, offsets_at, stage, L, asy, sm):
+def copy_tile(p, tid, offsets_at, stage, L, asy, sm, kTileKeys):
     D, Dv = p.head_dim, p.value_dim
     k_cols, v_cols = r16(D), r16(Dv)
     i64 = sm.i64(); u = sm.u16()
@@ -180,26 +206,38 @@ def copy_tile(p, tid, offsets_at, stage, L, asy, sm):
         offset = int(i64[offsets_at // 8 + j * 2 + 1])
         u[(stage + L.v_in_stage) // 2 + j * L.v_pitch + d] = f16bits(p.v_cache[offset + d] if offset >= 0 and d < Dv else 0.0)
 
-def kernel(p, bx, split, stages, order):
+def cp_async_wait_stages(stages):  # the groups left pending: the kernel's switch
+    return {2: 0, 3: 1, 4: 2, 5: 3}.get(stages, 4)
+
+def kernel(p, bx, split, stages, order, kRowTiles, kTileKeys):
+    """Block bx (grid x) of split `split` of kv_cache_mma_kernel<half, bucket, kRowTiles, kTileKeys>."""
     D, Dv = p.head_dim, p.value_dim
     kBucket = bucket(D, Dv)
+    kKeyGroups = kWarps // kRowTiles  # warps sharing a row tile
+    kWarpKeys = kTileKeys // kKeyGroups  # a warp's keys of a stage
+    kKeySteps = kWarpKeys // 16  # its k-steps of P V
+    kScoreTiles = kWarpKeys // 8  # its n-tiles of S
+    kBlockRows = kRowTiles * kRows
     kSteps, kOutTiles = kBucket // 16, kBucket // 8
     kQInRegisters = kBucket <= 128
-    L = layout(D, Dv, stages)
+    assert kWarps % kRowTiles == 0 and kWarpKeys % 16 == 0, "whole k-steps a warp"
+    assert kTileKeys <= kThreads, "one thread looks up one key's cache row"
+    L = layout(D, Dv, stages, kRowTiles, kTileKeys)
     sm = Smem(L.total); asy = Async(sm)
     d_steps, v_pairs = r16(D) // 16, r16(Dv) // 16
-    tile = bx % p.row_tiles
-    kv_head = (bx // p.row_tiles) % p.kv_heads
-    b = bx // p.row_tiles // p.kv_heads
+    blocks_per_head = (p.row_tiles + kRowTiles - 1) // kRowTiles
+    block_tile = bx % blocks_per_head
+    kv_head = (bx // blocks_per_head) % p.kv_heads
+    b = bx // blocks_per_head // p.kv_heads
     q_first, q_count = query_run(p, b)
-    first_row = tile * kRows
+    first_row = block_tile * kBlockRows
     valid_rows = q_count * p.group
-    if first_row >= valid_rows: return
+    if first_row >= valid_rows: return False  # the whole block is past this sequence's queries
     keys = clamp(int(p.cache_seqlens[b]), 0, p.capacity)
     u = sm.u16()
     cols = r16(D)
     for tid in range(kThreads):
-        for e in range(tid, kRows * cols, kThreads):
+        for e in range(tid, kBlockRows * cols, kThreads):
             r, d = e // cols, e % cols
             row = first_row + r
             value = 0.0
@@ -209,13 +247,13 @@ def kernel(p, bx, split, stages, order):
                 token = i if p.cu_seqlens_q is None else q_first + i
                 value = p.q[row_offset(p.q_rows, b if p.cu_seqlens_q is None else 0, token, h) + d]
             u[L.q // 2 + r * L.k_pitch + d] = f16bits(value)
-    last_row = min(valid_rows, first_row + kRows) - 1
+    last_row = min(valid_rows, first_row + kBlockRows) - 1
     lowest = keys - q_count + first_row // p.group
     highest = keys - q_count + last_row // p.group
     begin = clamp(lowest - p.lower, 0, keys) if p.has_lower else 0
     end = clamp(highest + p.upper + 1, 0, keys) if p.has_upper else keys
     if end < begin: end = begin
-    chunk = (-(-(end - begin) // p.num_splits) + kTileKeys - 1) // kTileKeys * kTileKeys
+    chunk = ((end - begin + p.num_splits - 1) // p.num_splits + kTileKeys - 1) // kTileKeys * kTileKeys
     begin = begin + split * chunk if begin + split * chunk < end else end
     end = begin + chunk if begin + chunk < end else end
     tiles = (end - begin + kTileKeys - 1) // kTileKeys
@@ -232,24 +270,34 @@ def kernel(p, bx, split, stages, order):
     def issue(uu):
         for tid in range(kThreads):
             if uu < tiles:
-                copy_tile(p, tid, L.offsets + (uu % 2) * kTileKeys * 2 * 8, (uu % stages) * L.stage, L, asy, sm)
+                copy_tile(p, tid, L.offsets + (uu % 2) * kTileKeys * 2 * 8, (uu % stages) * L.stage, L, asy, sm,
+                          kTileKeys)
             asy.commit(tid)
 
     look_up(0); publish(0)
     for s in range(stages - 1):
+        # barrier
         issue(s); look_up(s + 1); publish(s + 1)
 
-    # per-warp state
+    # per-warp state: its row tile and key slice
     W = []
     for warp in range(kWarps):
         st = {}
+        row_tile, key_group = warp // kKeyGroups, warp % kKeyGroups
+        st['row_tile'], st['key_group'] = row_tile, key_group
+        tile_row = first_row + row_tile * kRows
+        st['tile_row'] = tile_row
+        st['tile_live'] = tile_row < valid_rows
+        tile_last = min(valid_rows, tile_row + kRows) - 1
+        st['tile_lowest'] = keys - q_count + tile_row // p.group
+        st['tile_highest'] = keys - q_count + tile_last // p.group
         q_addr = []
         k_lane = []; v_lane = []
         for lane in range(32):
             mi, mr = lane // 8, lane % 8
-            q_addr.append(L.q + ((mr + (mi % 2) * 8) * L.k_pitch + (mi // 2) * 8) * 2)
-            k_lane.append((warp * kWarpKeys + mr + (mi // 2) * 8) * L.k_pitch + (mi % 2) * 8)
-            v_lane.append((warp * kWarpKeys + mr + (mi % 2) * 8) * L.v_pitch + (mi // 2) * 8)
+            q_addr.append(L.q + ((row_tile * kRows + mr + (mi % 2) * 8) * L.k_pitch + (mi // 2) * 8) * 2)
+            k_lane.append((key_group * kWarpKeys + mr + (mi // 2) * 8) * L.k_pitch + (mi % 2) * 8)
+            v_lane.append((key_group * kWarpKeys + mr + (mi % 2) * 8) * L.v_pitch + (mi // 2) * 8)
         st['q_addr'], st['k_lane'], st['v_lane'] = q_addr, k_lane, v_lane
         st['o'] = [[[0.0] * 4 for _ in range(32)] for _ in range(kOutTiles)]
         st['max'] = [[-math.inf, -math.inf] for _ in range(32)]
@@ -262,30 +310,32 @@ def kernel(p, bx, split, stages, order):
 
     def compute(t):
         for warp, st in enumerate(W):
-            key0 = begin + t * kTileKeys + warp * kWarpKeys
-            if key0 >= end: continue
+            key0 = begin + t * kTileKeys + st['key_group'] * kWarpKeys
+            if not (st['tile_live'] and key0 < end): continue
             stage = (t % stages) * L.stage
             k_addr = [stage + kl * 2 for kl in st['k_lane']]
             v_addr = [stage + L.v_in_stage + vl * 2 for vl in st['v_lane']]
-            s = [[[0.0] * 4 for _ in range(32)] for _ in range(2)]
+            s = [[[0.0] * 4 for _ in range(32)] for _ in range(kScoreTiles)]
             for ks in range(kSteps):
                 if ks < d_steps:
-                    kf = ldmatrix_x4(sm, [a + ks * 32 for a in k_addr])
-                    qf = st['qf'][ks] if kQInRegisters else ldmatrix_x4(sm, [a + ks * 32 for a in st['q_addr']])
-                    mma(s[0], qf, [kf[l][0] for l in range(32)], [kf[l][1] for l in range(32)])
-                    mma(s[1], qf, [kf[l][2] for l in range(32)], [kf[l][3] for l in range(32)])
-            whole = (key0 + kWarpKeys <= end and (not p.has_upper or key0 + kWarpKeys - 1 <= lowest + p.upper)
-                     and (not p.has_lower or key0 >= highest - p.lower))
+                    a = st['qf'][ks] if kQInRegisters else ldmatrix_x4(sm, [q + ks * 32 for q in st['q_addr']])
+                    for j in range(kKeySteps):
+                        kf = ldmatrix_x4(sm, [k + j * 16 * L.k_pitch * 2 + ks * 32 for k in k_addr])
+                        mma(s[2 * j], a, [kf[l][0] for l in range(32)], [kf[l][1] for l in range(32)])
+                        mma(s[2 * j + 1], a, [kf[l][2] for l in range(32)], [kf[l][3] for l in range(32)])
+            whole = (key0 + kWarpKeys <= end
+                     and (not p.has_upper or key0 + kWarpKeys - 1 <= st['tile_lowest'] + p.upper)
+                     and (not p.has_lower or key0 >= st['tile_highest'] - p.lower))
             for lane in range(32):
                 g, c = lane // 4, lane % 4
-                for n in range(2):
+                for n in range(kScoreTiles):
                     for e in range(4):
                         x = s[n][lane][e]
                         if p.softcap > 0: x = p.softcap * math.tanh(x * p.scale / p.softcap) * LOG2E
                         else: x *= scale_log2
                         if not whole:
                             h = e // 2
-                            row = first_row + g + 8 * h
+                            row = st['tile_row'] + g + 8 * h
                             key = key0 + 8 * n + 2 * c + (e % 2)
                             position = keys - q_count + row // p.group
                             visible = key < end and row < valid_rows
@@ -295,7 +345,7 @@ def kernel(p, bx, split, stages, order):
                         s[n][lane][e] = x
             rescale = [[0, 0] for _ in range(32)]
             for h in range(2):
-                tm = [max(s[0][l][2*h], s[0][l][2*h+1], s[1][l][2*h], s[1][l][2*h+1]) for l in range(32)]
+                tm = [max(max(s[n][l][2*h], s[n][l][2*h+1]) for n in range(kScoreTiles)) for l in range(32)]
                 tm = [max(tm[(l & ~3) + k] for k in range(4)) for l in range(32)]  # quad_max
                 for l in range(32):
                     new_max = max(st['max'][l][h], tm[l])
@@ -303,7 +353,7 @@ def kernel(p, bx, split, stages, order):
                     rescale[l][h] = 2.0 ** (st['max'][l][h] - base)
                     st['max'][l][h] = new_max
                     tot = 0.0
-                    for n in range(2):
+                    for n in range(kScoreTiles):
                         s[n][l][2*h] = 2.0 ** (s[n][l][2*h] - base)
                         s[n][l][2*h+1] = 2.0 ** (s[n][l][2*h+1] - base)
                         tot += s[n][l][2*h] + s[n][l][2*h+1]
@@ -312,15 +362,17 @@ def kernel(p, bx, split, stages, order):
                 for l in range(32):
                     o = st['o'][n][l]
                     o[0] *= rescale[l][0]; o[1] *= rescale[l][0]; o[2] *= rescale[l][1]; o[3] *= rescale[l][1]
-            pf = [((q16(s[0][l][0]), q16(s[0][l][1])), (q16(s[0][l][2]), q16(s[0][l][3])),
-                   (q16(s[1][l][0]), q16(s[1][l][1])), (q16(s[1][l][2]), q16(s[1][l][3]))) for l in range(32)]
-            for n in range(kOutTiles // 2):
-                if n < v_pairs:
-                    vf = ldmatrix_x4(sm, [a + n * 32 for a in v_addr], trans=True)
-                    mma(st['o'][2*n], pf, [vf[l][0] for l in range(32)], [vf[l][1] for l in range(32)])
-                    mma(st['o'][2*n+1], pf, [vf[l][2] for l in range(32)], [vf[l][3] for l in range(32)])
+            for j in range(kKeySteps):
+                pf = [((q16(s[2*j][l][0]), q16(s[2*j][l][1])), (q16(s[2*j][l][2]), q16(s[2*j][l][3])),
+                       (q16(s[2*j+1][l][0]), q16(s[2*j+1][l][1])), (q16(s[2*j+1][l][2]), q16(s[2*j+1][l][3])))
+                      for l in range(32)]
+                for n in range(kOutTiles // 2):
+                    if n < v_pairs:
+                        vf = ldmatrix_x4(sm, [v + j * 16 * L.v_pitch * 2 + n * 32 for v in v_addr], trans=True)
+                        mma(st['o'][2*n], pf, [vf[l][0] for l in range(32)], [vf[l][1] for l in range(32)])
+                        mma(st['o'][2*n+1], pf, [vf[l][2] for l in range(32)], [vf[l][3] for l in range(32)])
 
-    pend = {4: 2, 3: 1, 2: 0}[stages]
+    pend = cp_async_wait_stages(stages)
     for t in range(tiles):
         for tid in range(kThreads): asy.wait(tid, pend)
         # barrier
@@ -331,6 +383,7 @@ def kernel(p, bx, split, stages, order):
     for tid in range(kThreads): asy.wait_all(tid)
     f = sm.f32()
     stats = L.stats // 4
+    wsum = stats + kWarps * kRows  # warp_max [kWarps][kRows], then warp_sum
     for warp, st in enumerate(W):
         for h in range(2):
             for l in range(32):
@@ -338,13 +391,14 @@ def kernel(p, bx, split, stages, order):
                 tot = sum(st['sum'][(l & ~3) + k][h] for k in range(4))
                 if c == 0:
                     f[stats + warp * kRows + g + 8 * h] = st['max'][l][h]
-                    f[stats + kWarps * kRows + warp * kRows + g + 8 * h] = tot
-    # barrier
+                    f[wsum + warp * kRows + g + 8 * h] = tot
+    # barrier: the ring is free
     for warp, st in enumerate(W):
+        first_warp = st['row_tile'] * kKeyGroups  # of this warp's row tile
         for h in range(2):
             for l in range(32):
                 g, c = l // 4, l % 4
-                top = max(f[stats + w * kRows + g + 8 * h] for w in range(kWarps))
+                top = max(f[stats + (first_warp + w) * kRows + g + 8 * h] for w in range(kKeyGroups))
                 m = st['max'][l][h]
                 weight = 0.0 if m == -math.inf else 2.0 ** (m - top)
                 out_row = (warp * kRows + g + 8 * h) * L.o_pitch + 2 * c
@@ -352,24 +406,27 @@ def kernel(p, bx, split, stages, order):
                     if n < 2 * v_pairs:
                         f[out_row + 8 * n] = st['o'][n][l][2*h] * weight
                         f[out_row + 8 * n + 1] = st['o'][n][l][2*h+1] * weight
-    bm = stats + 2 * kWarps * kRows; bs = bm + kRows
-    for tid in range(kRows):
-        top = max(f[stats + w * kRows + tid] for w in range(kWarps))
+    bm = wsum + kWarps * kRows; bs = bm + kWarps * kRows  # block_max, block_sum [kBlockRows]
+    assert bs + kBlockRows <= L.total // 4 and L.ring >= kWarps * kRows * L.o_pitch * 4
+    for tid in range(kBlockRows):
+        warp0, r = (tid // kRows) * kKeyGroups, tid % kRows
+        top = max(f[stats + (warp0 + w) * kRows + r] for w in range(kKeyGroups))
         tot = 0.0
-        for w in range(kWarps):
-            m = f[stats + w * kRows + tid]
-            if m != -math.inf: tot += f[stats + kWarps * kRows + w * kRows + tid] * 2.0 ** (m - top)
+        for w in range(kKeyGroups):
+            m = f[stats + (warp0 + w) * kRows + r]
+            if m != -math.inf: tot += f[wsum + (warp0 + w) * kRows + r] * 2.0 ** (m - top)
         f[bm + tid] = top; f[bs + tid] = tot
     # barrier; epilogue
     out_b = b if p.cu_seqlens_q is None else 0
     for tid in range(kThreads):
-        for e in range(tid, kRows * Dv, kThreads):
+        for e in range(tid, kBlockRows * Dv, kThreads):
             r, d = e // Dv, e % Dv
             row = first_row + r
             if row >= valid_rows: break
             i = row // p.group
             h = kv_head * p.group + row % p.group
-            value = sum(float(f[(w * kRows + r) * L.o_pitch + d]) for w in range(kWarps))
+            warp0, tr = (r // kRows) * kKeyGroups, r % kRows
+            value = sum(float(f[((warp0 + w) * kRows + tr) * L.o_pitch + d]) for w in range(kKeyGroups))
             max2, tot = float(f[bm + r]), float(f[bs + r])
             token = i if p.cu_seqlens_q is None else q_first + i
             qtok = b * p.seqlen_q + i if p.cu_seqlens_q is None else q_first + i
@@ -381,6 +438,7 @@ def kernel(p, bx, split, stages, order):
             weight = 1.0 / tot if tot > 0 else 0.0  # no sinks in these cases
             p.out[row_offset(p.out_rows, out_b, token, h) + d] = value * weight
             if d == 0: p.lse[row_offset(p.out_rows_lse, out_b, token, h)] = (max2 + math.log2(tot)) * LN2 if tot > 0 else -math.inf
+    return any(not st['tile_live'] for st in W)
 
 
 # ---- problems, the reference, the combine, the cases ------------------------------------------
@@ -490,18 +548,30 @@ def combine(p):
             p.out[o + d] = v / tot if tot > 0 else 0.0
         p.lse[row_offset(p.out_rows_lse, b, i, h)] = (m + math.log2(tot)) * LN2 if tot > 0 else -math.inf
 
-def run(name, lens, order=0, max_shared=227 * 1024, **kw):
+def run(name, lens, order=0, max_shared=227 * 1024, tile_keys=0, stages=0, **kw):
+    """One case as the library launches it (kv_cache.cu's plan, launch_attention); tile_keys / stages
+    override the library's choice as the timing tool's options do."""
     p = make(lens=lens, **kw)
-    stages = mma_stages(p.head_dim, p.value_dim, max_shared)
-    for bx in range(p.batch * p.kv_heads * p.row_tiles):
+    bk = bucket(p.head_dim, p.value_dim)
+    keys = tile_keys or mma_tile_keys(bk)
+    row_tiles = mma_row_tiles(p.row_tiles, bk)
+    stages = stages or mma_stages(p.head_dim, p.value_dim, max_shared, row_tiles, keys)
+    assert kMinStages <= stages <= kMaxStages
+    assert layout(p.head_dim, p.value_dim, stages, row_tiles, keys).total <= max_shared
+    blocks = p.batch * p.kv_heads * ((p.row_tiles + row_tiles - 1) // row_tiles)  # mma_grid_blocks
+    dead = 0  # live blocks with a row tile past the queries
+    for bx in range(blocks):
         for split in range(p.num_splits):
-            kernel(p, bx, split, stages, order)
+            dead += bool(kernel(p, bx, split, stages, order, row_tiles, keys)) and split == 0
     if p.num_splits > 1: combine(p)
     ref_out, ref_lse = reference(p, lens)
     err = np.nanmax(np.abs(p.out - ref_out)) if not np.isnan(p.out).any() else float('nan')
     lerr = max(abs(a - b) if not (a == b) else 0.0 for a, b in zip(p.lse, ref_lse))
     ok = err < 2e-2 and lerr < 1e-3
-    print(f"{name}: stages {stages} bucket {bucket(p.head_dim, p.value_dim)} vector {p.vector_loads} max|out| {np.abs(ref_out).max():.3f} out err {err:.2e} lse err {lerr:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+    print(f"{name}: bucket {bk} keys {keys} row tiles {row_tiles} ({p.row_tiles} a head, {blocks} blocks, "
+          f"{dead} with a dead tile) stages {stages} splits {p.num_splits} vector {p.vector_loads} "
+          f"max|out| {np.abs(ref_out).max():.3f} out err {err:.2e} lse err {lerr:.2e} {'ok' if ok else 'FAIL'}",
+          flush=True)
     return ok
 
 if __name__ == '__main__':
@@ -519,10 +589,31 @@ if __name__ == '__main__':
         'softcap': dict(B=1, H=4, Hkv=2, D=64, Dv=64, lens=[130], Lq=3, page_size=0, splits=1, softcap=2.5),
         'many_rows': dict(B=1, H=8, Hkv=1, D=64, Dv=64, lens=[90], Lq=5, page_size=16, splits=1, causal=True, wl=20),
         'unaligned': dict(B=1, H=2, Hkv=1, D=64, Dv=64, lens=[70], Lq=1, page_size=0, splits=1, align_pad=3),
+        'd256_sm80': dict(B=1, H=2, Hkv=1, D=256, Dv=200, lens=[140], Lq=1, page_size=64, splits=1,
+                          max_shared=163 * 1024),
+        # several row tiles a block
+        'mqa32': dict(B=1, H=32, Hkv=1, D=128, Dv=128, lens=[200], Lq=1, page_size=16, splits=2),
+        'mqa24': dict(B=2, H=24, Hkv=1, D=64, Dv=64, lens=[333, 40], Lq=1, page_size=7, splits=3),
+        'mqa64': dict(B=1, H=64, Hkv=1, D=128, Dv=96, lens=[150], Lq=1, page_size=0, splits=1),
+        'group8_q3': dict(B=1, H=16, Hkv=2, D=64, Dv=64, lens=[260], Lq=3, page_size=16, splits=1),
+        'group8_q4': dict(B=1, H=16, Hkv=2, D=128, Dv=128, lens=[180], Lq=4, page_size=7, splits=2),
+        'group8_q5': dict(B=2, H=8, Hkv=1, D=64, Dv=64, lens=[290, 3], Lq=5, page_size=7, splits=2),
+        'group8_q5_window': dict(B=1, H=16, Hkv=2, D=128, Dv=128, lens=[240], Lq=5, page_size=16, splits=1,
+                                 wl=70, wr=0),
+        # 40 rows of distinct positions: key slices that end (and start) inside a row tile's
+        # positions, so each tile's 'whole' test (its own first and last row) decides
+        'chunk_window': dict(B=1, H=2, Hkv=2, D=128, Dv=128, lens=[280], Lq=40, page_size=16, splits=2, wl=120),
+        'd256_tiles5': dict(B=1, H=16, Hkv=1, D=256, Dv=256, lens=[130], Lq=5, page_size=16, splits=2),
+        # 128-key tiles at D 64: splits over pages of 7 and 16, partial tiles at the split ends
+        'keys128_pages16': dict(B=2, H=8, Hkv=2, D=64, Dv=64, lens=[700, 129], Lq=1, page_size=16, splits=3),
+        'keys128_pages7': dict(B=1, H=4, Hkv=1, D=64, Dv=48, lens=[555], Lq=2, page_size=7, splits=4),
+        # the timing tool's variants: 64-key tiles at D 64, a stage count forced
+        'keys64_d64': dict(B=1, H=8, Hkv=1, D=64, Dv=64, lens=[333], Lq=4, page_size=16, splits=2, tile_keys=64),
+        'stages5_d128': dict(B=1, H=4, Hkv=1, D=128, Dv=128, lens=[400], Lq=1, page_size=16, splits=1, stages=5),
     }
     for name, kw in cases.items():
         if which != 'all' and which != name: continue
         ok = run(name, order=0, **kw) and ok
-        if name in ('decode_splits', 'd128_long'):
+        if name in ('decode_splits', 'd128_long', 'mqa24', 'group8_q5', 'stages5_d128'):
             ok = run(name + '_order1', order=1, **kw) and ok
     print('ALL OK' if ok else 'FAILURES')
