@@ -9,6 +9,8 @@ from typing import Callable, Optional
 import pytest
 import torch
 
+from cuda_refusals import expected_cuda_refusal
+
 # CUDA runs whenever torch sees a GPU; otherwise its half of every test is skipped, visibly.
 DEVICES = [
     pytest.param("cpu", id="cpu"),
@@ -49,30 +51,6 @@ def dtype_params():
     """(device, dtype) pairs for parametrize: every dtype of each device."""
     return [pytest.param(name, dtype, id=f"{name}-{str(dtype)[6:]}", marks=device.marks)
             for device in DEVICES for name in device.values for dtype in DTYPES[name]]  # fmt: skip
-
-
-# The CUDA backend's refusals of valid calls that the tests may meet (src/cuda: not_supported;
-# docs/cuda-status.md), each by a fragment of its message. A test meeting one of these skips with
-# the message; any other NotImplementedError on CUDA fails, so that a case the backend stops
-# running shows up as a failure instead of a skip.
-EXPECTED_CUDA_REFUSALS = {
-    # A broadcast bias's gradient is summed with atomics (backward.cu).
-    "deterministic dbias of a broadcast bias": "deterministic=true with grads.dbias over a broadcast bias",
-    # The sm80 kernels sum drel_h / drel_w with atomics; Hopper has an exact form for some grids.
-    "deterministic drel on the sm80 kernels": "deterministic=true with grads.drel_h / grads.drel_w",
-    # A build configured with fewer head-dim buckets (FMHA_HEAD_DIM_BUCKETS).
-    "head-dim bucket left out of the build": "which this build of the CUDA backend left out",
-    # fp32 backward above bucket 128 on GPUs with 99 KB of shared memory a block (sm86/sm89).
-    "shared memory of this GPU": "bytes of shared memory per block; this GPU allows",
-}
-
-
-def expected_cuda_refusal(message: str) -> Optional[str]:
-    """The EXPECTED_CUDA_REFUSALS entry that `message` is, or None."""
-    for case, fragment in EXPECTED_CUDA_REFUSALS.items():
-        if fragment in message:
-            return case
-    return None
 
 
 def call(device: str, fn: Callable, *args, **kwargs):
