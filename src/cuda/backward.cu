@@ -121,7 +121,10 @@ AdditiveGradients plan_additive(const AttentionGradients& g, const detail::Probl
     a.dbias = &g.dbias;
     for (int d = 0; d < 4; ++d) {
       const auto u = static_cast<std::size_t>(d);
-      const bool broadcast = g.dbias.shape[u] == 1 || g.dbias.stride[u] == 0;
+      // A stride-0 dimension of size 0 is empty, not broadcast: taking it as size 1 had the
+      // conversion write a gradient into a tensor with no element (beside it: dsinks, zeroed).
+      const bool broadcast =
+          g.dbias.shape[u] == 1 || (g.dbias.stride[u] == 0 && g.dbias.shape[u] > 0);
       a.dbias_sizes.v[d] = broadcast ? 1 : g.dbias.shape[u];
       if (broadcast && problem[d] > 1) a.dbias_atomic = true;
     }

@@ -106,5 +106,28 @@ TEST(CudaFuzz, ValidAgainstOracle) {
                         fmha_fuzz::run_from_env("FMHA_FUZZ_VALID", 1000, kDefaultSeed, kBinary));
 }
 
+// The draw that found it (seed 20261456): no keys, and a bias broadcast over Lk by stride 0, so
+// its gradient has a stride-0 dimension of size 0. The backward took that dimension as broadcast
+// (size 1) and wrote 180 gradient values into a tensor with no element, over dsinks (compute-
+// sanitizer memcheck: invalid writes in the conversion kernel; dsinks read 0, not -8.1).
+TEST(CudaFuzz, EmptyKeysWithStrideZeroBiasGradient) {
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device present";
+  CudaCaseDevice device;
+  for (fmha::DType dtype : {fmha::DType::kFloat32, fmha::DType::kBFloat16}) {
+    fmha_test::AttentionCase c;
+    c.dtype = dtype;
+    c.batch = 3;
+    c.heads = 6;
+    c.kv_heads = 3;
+    c.head_dim = c.value_dim = dtype == fmha::DType::kFloat32 ? 11 : 64;
+    c.seqlen_q = 10;
+    c.seqlen_k = 0;
+    c.bias = {.given = true, .broadcast = {false, false, false, true}, .zero_stride = true};
+    c.sinks = true;
+    c.dlse = true;
+    fmha_test::check_case(c, 20261456, &device);
+  }
+}
+
 }  // namespace
 }  // namespace fmha_cuda_test
