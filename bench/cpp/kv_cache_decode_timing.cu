@@ -214,7 +214,9 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
   for (int mma = opt.fast ? 1 : 0; mma < 2; ++mma) {
     int stages = 0, shared = 0, splits = 0;
     if (mma) {
-      stages = opt.stages > 0 ? opt.stages : kv::mma_stages(D, D, dev.max_shared, row_tiles, tile_keys);
+      stages = opt.stages > 0 ? opt.stages
+                              : kv::mma_stages(D, D, dev.max_shared, row_tiles, tile_keys,
+                                               kv::mma_pair_limit(dev.shared_per_sm, dev.reserved));
       if (stages == 0) {
         std::fprintf(stderr, "the tensor-core kernel does not fit this device's shared memory\n");
         std::exit(1);

@@ -154,7 +154,8 @@ Plan make_plan(const detail::ProblemShape& s, const DeviceInfo& info) {
   if (info.mma_ready && kv_cache_kernel() == KvCacheKernel::kTensorCores) {
     plan.mma_row_tiles = kv_cache::mma_row_tiles(static_cast<int>(std::min<std::int64_t>(row_tiles(s), 4)),
                                                  kv_cache::mma_bucket(D, Dv));
-    plan.mma_stages = kv_cache::mma_stages(D, Dv, info.max_shared_optin, plan.mma_row_tiles);
+    plan.mma_stages = kv_cache::mma_stages(D, Dv, info.max_shared_optin, plan.mma_row_tiles, 0,
+                                           kv_cache::mma_pair_limit(info.shared_per_sm, info.reserved_per_block));
   }
   plan.shared = plan.mma_stages > 0 ? kv_cache::mma_layout(D, Dv, plan.mma_stages, plan.mma_row_tiles).total
                                     : shared_bytes(s);

@@ -5,8 +5,8 @@
 // Decode reads the cache once and does little arithmetic per byte, so the kernel is built to keep
 // HBM busy: a block (4 warps) owns kRowTiles tiles of kRows (query, head-of-group) rows of one kv
 // head and one split of the keys, and streams that split's keys through shared memory in tiles of
-// kTileKeys keys with 16-byte cp.async copies in a ring of 2-6 stages (mma_stages: the count that
-// keeps the most bytes in flight per SM). Every K/V element a block loads serves all of its rows:
+// kTileKeys keys with 16-byte cp.async copies in a ring of 2-6 stages (mma_stages: the most that
+// keep two blocks an SM). Every K/V element a block loads serves all of its rows:
 // a GQA group of up to 64 heads at Lq = 1 (MQA 32/1 included), or a group times a few query tokens,
 // reads the cache once. Each key row's address comes from the block table (page = key / page_size,
 // the page index clamped into the pool); keys past the split and columns past D / Dv are
@@ -40,8 +40,12 @@ constexpr int kMmaThreads = kMmaWarps * 32;
 constexpr int kMinStages = 2;
 constexpr int kMaxStages = 6;
 // Shared memory a block may take and still share an sm90 SM with a second one (228 KB per SM, 1 KB
-// reserved per block).
+// reserved per block); callers that know the device pass its own figure (mma_pair_limit).
 constexpr int kMmaSharedTarget = 113 * 1024;
+
+__host__ __device__ constexpr int mma_pair_limit(int shared_per_sm, int reserved_per_block) {
+  return shared_per_sm / 2 - reserved_per_block;
+}
 
 static_assert(kRows == 16, "a row tile is one m16 tile");
 
@@ -102,28 +106,33 @@ __host__ __device__ constexpr MmaLayout mma_layout(int head_dim, int value_dim, 
   return s;
 }
 
-// The stage count the kernel runs with on a device whose blocks may take `max_shared` bytes: the
-// most that leave room for a second block on an sm90 SM (each within kMmaSharedTarget) if that is
-// at least 3 (two tiles in flight a block while the warps read the third), else the most one block
-// may take, up to kMaxStages; 0 when not even kMinStages fit (the problem runs the CUDA-core
-// kernel). D 128: 3 stages, two blocks; D 256: 3 stages, one block (68 KB a stage); D 64 (128-key
-// tiles, 37 KB a stage): 6 stages, one block.
+// The stage count the kernel runs with on a device whose blocks may take `max_shared` bytes and
+// whose SM holds two blocks of up to `pair_limit` bytes each (sm90: (228 KB - 2 x 1 KB) / 2): the
+// most that keep two blocks an SM, else the most one block may take, up to kMaxStages; 0 when not
+// even kMinStages fit (the problem runs the CUDA-core kernel). Two blocks first, whatever the
+// stages: on an H100 (bf16 decode, 2026-11-28, bench/cpp/kv_cache_decode_timing.cu) one block an
+// SM with 4-6 stages read 1.2-1.5 TB/s where two blocks read 2.0-2.6, at D 64 (two stages of 128
+// keys: 2.0-2.6 TB/s, 13-23% above four stages of 64 keys) and at D 128 (three stages: 2.6 TB/s).
+// D 256 fits one block only (68 KB a stage): three stages, level with two.
 __host__ __device__ constexpr int mma_stages(int head_dim, int value_dim, int max_shared,
-                                             int row_tiles = 1, int tile_keys = 0) {
+                                             int row_tiles = 1, int tile_keys = 0,
+                                             int pair_limit = kMmaSharedTarget) {
   int two = 0, one = 0;
   for (int stages = kMinStages; stages <= kMaxStages; ++stages) {
     const int bytes = mma_layout(head_dim, value_dim, stages, row_tiles, tile_keys).total;
     if (bytes > max_shared) break;
-    if (bytes <= kMmaSharedTarget) two = stages;
+    if (bytes <= pair_limit) two = stages;
     one = stages;
   }
-  return two >= 3 ? two : one;
+  return two > 0 ? two : one;
 }
 
 static_assert(mma_stages(128, 128, 227 * 1024) == 3, "D 128: three stages, two blocks per sm90 SM");
-static_assert(mma_stages(64, 64, 227 * 1024) == 6, "D 64: six stages of 128 keys, one block");
+static_assert(mma_stages(64, 64, 227 * 1024) == 2, "D 64: two stages of 128 keys, two blocks");
+static_assert(mma_stages(128, 128, 227 * 1024, 2) == 2, "D 128, two row tiles: two stages, two blocks");
 static_assert(mma_stages(256, 256, 227 * 1024) == 3, "D 256: three stages, one block per sm90 SM");
-static_assert(mma_stages(256, 256, 163 * 1024) == 2, "D 256 fits an sm80 block with two stages");
+static_assert(mma_stages(256, 256, 163 * 1024, 1, 0, 163 * 1024 / 2) == 2,
+              "D 256 fits an sm80 block with two stages");
 static_assert(mma_layout(kMaxHeadDim, kMaxHeadDim, kMinStages).ring >=
                   kMmaWarps * kRows * (kMaxHeadDim + 8) * 4,
               "the merge of the warps' O tiles fits over the ring");
