@@ -19,6 +19,7 @@
 //   ./kv-cache-decode-timing case=B,L,H,Hkv,D,page ...   # these cases only (page 0: contiguous)
 //   options: splits=N (the tensor-core kernel with N splits instead of its rule), stages=N
 //   (instead of mma_stages), tile_keys=64 (at D <= 64: 64-key tiles instead of the library's 128),
+//   tile_keys=32 (at D 256: 32-key tiles with two row tiles a block instead of 64-key tiles),
 //   fast (the tensor-core kernel alone, no comparison)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -123,11 +124,13 @@ struct Result {
   std::vector<float> lse;
 };
 
-// The tensor-core kernel at bucket 64 with 64-key tiles (tile_keys=64), the library's other
-// choice, launched as kv_cache_launch.cuh's launch_attention launches the library's.
-template <int kRowTiles>
-void launch_d64_keys64(const KvCacheKernelParams& k, int stages, int shared) {
-  auto kernel = kv::kv_cache_mma_kernel<__nv_bfloat16, 64, kRowTiles, 64>;
+// The tensor-core kernel in a form the library does not launch (tile_keys=): at bucket 64 with
+// 64-key tiles (the library takes 128), at bucket 256 with 32-key tiles (two row tiles a block, so
+// that each warp keeps a 16-key k-step; the library takes 64 keys). Launched as
+// kv_cache_launch.cuh's launch_attention launches the library's forms.
+template <int kBucket, int kRowTiles, int kKeys>
+void launch_variant(const KvCacheKernelParams& k, int stages, int shared) {
+  auto kernel = kv::kv_cache_mma_kernel<__nv_bfloat16, kBucket, kRowTiles, kKeys>;
   static bool ready = false;
   if (!ready) {
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
@@ -208,8 +211,9 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
 
   const int bucket = kv::mma_bucket(D, D);
   const bool keys64 = opt.tile_keys == 64 && bucket == 64;
-  const int tile_keys = keys64 ? 64 : kv::mma_tile_keys(bucket);
-  const int row_tiles = kv::mma_row_tiles(k.row_tiles, bucket);
+  const bool keys32 = opt.tile_keys == 32 && bucket == 256;
+  const int tile_keys = keys64 ? 64 : keys32 ? 32 : kv::mma_tile_keys(bucket);
+  const int row_tiles = keys32 ? 2 : kv::mma_row_tiles(k.row_tiles, bucket);
   Result results[2];
   for (int mma = opt.fast ? 1 : 0; mma < 2; ++mma) {
     int stages = 0, shared = 0, splits = 0;
@@ -240,9 +244,13 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
                                              (part_rows * D * sizeof(float) + 15) / 16 * 16);
     auto launch = [&] {
       if (mma && keys64) {
-        if (row_tiles == 1) launch_d64_keys64<1>(k, stages, shared);
-        else if (row_tiles == 2) launch_d64_keys64<2>(k, stages, shared);
-        else launch_d64_keys64<4>(k, stages, shared);
+        if (row_tiles == 1) launch_variant<64, 1, 64>(k, stages, shared);
+        else if (row_tiles == 2) launch_variant<64, 2, 64>(k, stages, shared);
+        else launch_variant<64, 4, 64>(k, stages, shared);
+        return;
+      }
+      if (mma && keys32) {
+        launch_variant<256, 2, 32>(k, stages, shared);
         return;
       }
       const cudaError_t e = kv::launch_attention<__nv_bfloat16>(k, stages, shared, 0);
@@ -330,7 +338,7 @@ int main(int argc, char** argv) {
       cases.push_back(c);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [quick] [fast] [splits=N] [stages=N] [tile_keys=64] "
+                   "usage: %s [quick] [fast] [splits=N] [stages=N] [tile_keys=64|32] "
                    "[case=B,L,H,Hkv,D,page ...]\n",
                    argv[0]);
       return 2;
