@@ -13,7 +13,8 @@ kernel by hand: change both together.
 
 Cases: GQA decode over pages of 16 and 7 (splits), D 128 contiguous (three stages), D 40 / Dv 24,
 D 17 (element copies), D 256 / Dv 200 (three stages; two at sm80's 163 KB; Q re-read from shared
-memory), short queries with causal masks, a window, softcap, several queries of a group, unaligned
+memory), D 256 over short queries with a window and splits over pages of 7 (also in the timing
+tool's 32-key form, two row tiles a block), D 200 / Dv 256 with softcap, short queries with causal masks, a window, softcap, several queries of a group, unaligned
 rows. Several row tiles a block: MQA groups of 32 and 24 heads at Lq 1 (two tiles, the second
 half-filled at 24) and of 64 (four tiles, Dv 96), a group of 8 over 3, 4 and 5 query tokens (two
 tiles; at 5 three tiles in a block of four, one with no valid row; also with a window), 40 rows of
@@ -58,22 +59,25 @@ def layout(D, Dv, stages, row_tiles=1, tile_keys=0):
     s.total = s.stats + 4 * kWarps * kRows * 4
     return s
 
-def mma_stages(D, Dv, max_shared, row_tiles=1, tile_keys=0):
+def mma_pair_limit(shared_per_sm, reserved_per_block): return shared_per_sm // 2 - reserved_per_block
+
+def mma_stages(D, Dv, max_shared, row_tiles=1, tile_keys=0, pair_limit=kTarget):
     two = one = 0
     for stages in range(kMinStages, kMaxStages + 1):
         b = layout(D, Dv, stages, row_tiles, tile_keys).total
         if b > max_shared: break
-        if b <= kTarget: two = stages
+        if b <= pair_limit: two = stages
         one = stages
-    return two if two >= 3 else one
+    return two if two > 0 else one
 
 def bucket(D, Dv):
     m = max(r16(D), r16(Dv))
     return 64 if m <= 64 else (128 if m <= 128 else 256)
 
 # The kernel's static_asserts on the rule.
-assert mma_stages(128, 128, 227 * 1024) == 3 and mma_stages(64, 64, 227 * 1024) == 6
-assert mma_stages(256, 256, 227 * 1024) == 3 and mma_stages(256, 256, 163 * 1024) == 2
+assert mma_stages(128, 128, 227 * 1024) == 3 and mma_stages(64, 64, 227 * 1024) == 2
+assert mma_stages(128, 128, 227 * 1024, 2) == 2 and mma_stages(256, 256, 227 * 1024) == 3
+assert mma_stages(256, 256, 163 * 1024, 1, 0, 163 * 1024 // 2) == 2
 
 def clamp(x, lo, hi): return lo if x < lo else (hi if x > hi else x)
 
@@ -548,14 +552,16 @@ def combine(p):
             p.out[o + d] = v / tot if tot > 0 else 0.0
         p.lse[row_offset(p.out_rows_lse, b, i, h)] = (m + math.log2(tot)) * LN2 if tot > 0 else -math.inf
 
-def run(name, lens, order=0, max_shared=227 * 1024, tile_keys=0, stages=0, **kw):
-    """One case as the library launches it (kv_cache.cu's plan, launch_attention); tile_keys / stages
-    override the library's choice as the timing tool's options do."""
+def run(name, lens, order=0, max_shared=227 * 1024, tile_keys=0, stages=0, row_tiles=0, **kw):
+    """One case as the library launches it (kv_cache.cu's plan, launch_attention); tile_keys / stages /
+    row_tiles override the library's choice as the timing tool's options do."""
     p = make(lens=lens, **kw)
     bk = bucket(p.head_dim, p.value_dim)
     keys = tile_keys or mma_tile_keys(bk)
-    row_tiles = mma_row_tiles(p.row_tiles, bk)
-    stages = stages or mma_stages(p.head_dim, p.value_dim, max_shared, row_tiles, keys)
+    row_tiles = row_tiles or mma_row_tiles(p.row_tiles, bk)
+    # An sm90 SM holds 228 KB (two blocks of up to 113 KB), an sm80 SM 164 KB.
+    pair = kTarget if max_shared >= 227 * 1024 else mma_pair_limit(164 * 1024, 1024)
+    stages = stages or mma_stages(p.head_dim, p.value_dim, max_shared, row_tiles, keys, pair)
     assert kMinStages <= stages <= kMaxStages
     assert layout(p.head_dim, p.value_dim, stages, row_tiles, keys).total <= max_shared
     blocks = p.batch * p.kv_heads * ((p.row_tiles + row_tiles - 1) // row_tiles)  # mma_grid_blocks
@@ -604,11 +610,19 @@ if __name__ == '__main__':
         # positions, so each tile's 'whole' test (its own first and last row) decides
         'chunk_window': dict(B=1, H=2, Hkv=2, D=128, Dv=128, lens=[280], Lq=40, page_size=16, splits=2, wl=120),
         'd256_tiles5': dict(B=1, H=16, Hkv=1, D=256, Dv=256, lens=[130], Lq=5, page_size=16, splits=2),
+        # bucket 256 over short queries with a window, splits and pages of 7; Dv > D with softcap
+        'd256_window_q3': dict(B=2, H=6, Hkv=2, D=256, Dv=224, lens=[300, 45], Lq=3, page_size=7, splits=3,
+                               causal=True, wl=100),
+        'd256_softcap_sinkless': dict(B=1, H=8, Hkv=8, D=200, Dv=256, lens=[97], Lq=1, page_size=0, splits=2,
+                                      softcap=3.0),
         # 128-key tiles at D 64: splits over pages of 7 and 16, partial tiles at the split ends
         'keys128_pages16': dict(B=2, H=8, Hkv=2, D=64, Dv=64, lens=[700, 129], Lq=1, page_size=16, splits=3),
         'keys128_pages7': dict(B=1, H=4, Hkv=1, D=64, Dv=48, lens=[555], Lq=2, page_size=7, splits=4),
         # the timing tool's variants: 64-key tiles at D 64, a stage count forced
         'keys64_d64': dict(B=1, H=8, Hkv=1, D=64, Dv=64, lens=[333], Lq=4, page_size=16, splits=2, tile_keys=64),
+        # the timing tool's tile_keys=32 at D 256: 32-key stages, two row tiles a block (two blocks an SM)
+        'keys32_d256': dict(B=2, H=6, Hkv=2, D=256, Dv=224, lens=[300, 45], Lq=3, page_size=7, splits=3,
+                            causal=True, wl=100, tile_keys=32, row_tiles=2),
         'stages5_d128': dict(B=1, H=4, Hkv=1, D=128, Dv=128, lens=[400], Lq=1, page_size=16, splits=1, stages=5),
     }
     for name, kw in cases.items():
