@@ -16,11 +16,12 @@
 // Delta = dout . out - dlse (SPEC §11) is computed once per row before both, except where every key
 // of the sequence sits in the tile: there the tile's own sum_j P dP - dlse is at hand before dS is
 // needed, and it does not go through the stored out, whose fp16 / bf16 rounding dominates
-// dP - Delta when a row's probability sits on one key (a key and a sink, say). dsinks comes last,
-// from Delta = sum_j P dP - dlse, a sum the dQ pass takes of its rows for free (it has P and dP at
-// hand) and which does not go through the stored out: dsinks is a plain sum over rows of
-// P_sink Delta, where the rounding of an fp16 / bf16 out does not average away as it does in the
-// other gradients.
+// dP - Delta when a row's probability sits on one key (a key and a sink, say); there P is also
+// divided by the row's own sum, so that the stored lse's error cancels (score_gradients). dsinks
+// comes last, from Delta = sum_j P dP - dlse, a sum the dQ pass takes of its rows for free (it has
+// P and dP at hand) and which does not go through the stored out: dsinks is a plain sum over rows
+// of P_sink Delta, where the rounding of an fp16 / bf16 out does not average away as it does in
+// the other gradients.
 // Q is loaded pre-multiplied by the scale: S = Qs K^T, dK = dS'^T Qs and dQ = scale dS' K, where
 // dS' = dS times the softcap slope.
 #include <algorithm>
@@ -228,11 +229,29 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
     }
     for (std::int64_t j = cols; j < ncols; ++j) prow[j] = kNegInf;
     const float lse = w.lse[at(r)];
-    typename V::F p_dp{};
+    typename V::F p_dp{}, p_sum{};
     for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
       const typename V::F prob = V::exp(V::load(prow + j) - lse);
       V::store(prow + j, prob);
       p_dp += prob * V::load(dsrow + j);
+      p_sum += prob;
+    }
+    if (exact_delta && lse != kInf) {
+      // exp(S - lse) sums to 1 only up to lse's error, which is absolute and so a factor 1 + e
+      // common to the row (an fp32 lse near 8: its rounding alone up to 5e-7; the forward's sum
+      // adds more). Delta taken from these P leaves sum_j dS = e Delta instead of 0, which dQ and
+      // dK of a row whose probability sits on one key (dP - Delta small against Delta) magnify: an
+      // fp32 varlen draw's dQ 1.04e-5 against SPEC's 1e-5, 4.7e-6 after. The tile holds every key:
+      // divided by their sum and the sink's weight, P is the softmax of these very scores.
+      const float sink =
+          c.sinks.given() ? std::exp(load_stat(c.sinks, h * c.sinks.head_stride) - lse) : 0.0f;
+      const typename V::F sum = V::broadcast(V::reduce_sum(p_sum) + sink);
+      p_dp = typename V::F{};
+      for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
+        const typename V::F prob = V::load(prow + j) / sum;
+        V::store(prow + j, prob);
+        p_dp += prob * V::load(dsrow + j);
+      }
     }
     const float row_p_dp = V::reduce_sum(p_dp);
     const float delta = exact_delta ? row_p_dp - w.dlse[at(r)] : w.delta[at(r)];
@@ -265,9 +284,12 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
   }
 }
 
-// Whether the tile of `cols` keys holds every key a query of the sequence sees: the tile's own
-// sum of P dP is then Delta (score_gradients' exact_delta).
+// Whether the tile of `cols` keys (of the sequence, or its extra keys with Tiles::kExtraKeys)
+// holds every key a query of the sequence sees: the tile's own sum of P dP is then Delta
+// (score_gradients' exact_delta). A sequence without keys of its own sees its extra keys alone.
+template <typename Tiles>
 FMHA_CPU_INLINE bool holds_every_key(const Call& c, const Sequence& seq, std::int64_t cols) {
+  if constexpr (Tiles::kExtraKeys) return seq.len_k == 0 && cols == c.num_extra;
   return c.num_extra == 0 && cols == seq.len_k;
 }
 
@@ -284,8 +306,8 @@ FMHA_CPU_INLINE void dq_key_tiles(const Call& c, const Sequence& seq, std::int64
     const std::int64_t ncols = round_up(keys.count, kLanes);
     load_key_tile(c, from, h / c.group(), keys, ncols, w, true);
     score_gradients<Traits>(c, tiles, t, seq.index, h, rows_pad, ncols, w, row_sums,
-                            holds_every_key(c, seq, keys.count), /*owns_rows=*/true, rel_rows,
-                            dbias_sum, c.dbias_sums[3] ? 1 : seq.len_k);
+                            holds_every_key<Tiles>(c, seq, keys.count), /*owns_rows=*/true,
+                            rel_rows, dbias_sum, c.dbias_sums[3] ? 1 : seq.len_k);
     gemm<Traits>(rows_pad, dp, keys.count, w.ds.data(), kKeyTile, 1, w.k.data(), dp, dq, dp,
                  true);
   }
@@ -400,7 +422,7 @@ FMHA_CPU_INLINE void dkdv_rows(const Call& c, RowStats& stats, const Sequence& s
                             ? &w.rel_all[at((g * round_up(seq.len_q, kQueryTile) + q0) * rel_width)]
                             : nullptr;
       score_gradients<Traits>(c, tiles, t, seq.index, h, rows_pad, ncols, w, row_sums,
-                              !Tiles::kExtraKeys && holds_every_key(c, seq, cols),
+                              holds_every_key<Tiles>(c, seq, cols),
                               /*owns_rows=*/fused, rel_rows);
       // dV += P^T dO and dK += dS'^T Qs: A is read transposed through its strides.
       gemm<Traits>(ncols, dvp, rows, w.p.data(), 1, kKeyTile, w.dout.data(), dvp, dv, dvp, true);
