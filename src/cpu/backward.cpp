@@ -75,7 +75,10 @@ struct BackwardScratch {
   // drel: each owned row's sums, Hk of rel_h's then Wk of rel_w's: the dQ pass's tile, or the
   // fused task's [group, Lq up to kQueryTile] rows.
   std::vector<float> rel, rel_all;
-  std::vector<float> dbias_sum;  // a summed dbias: the task's rows (or one) x Lk (or one)
+  // A summed dbias: the task's rows (or one) x Lk (or one). In double: summed over keys, it adds
+  // dS of both signs (a row's sum to its dlse), and fp32 partial sums of a few hundred of them
+  // left an fp32 draw's dbias 1.2e-5 from float64 against SPEC's 1e-5.
+  std::vector<double> dbias_sum;
   NeighborhoodScratch na;        // a neighborhood task's gathered tiles
 
   void allocate(const Call& c) {
@@ -197,7 +200,7 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
                                      std::int64_t b, std::int64_t h, std::int64_t rows_pad,
                                      std::int64_t ncols, BackwardScratch& w, bool row_sums,
                                      bool exact_delta, bool owns_rows, float* rel_rows = nullptr,
-                                     float* dbias_sum = nullptr,
+                                     double* dbias_sum = nullptr,
                                      std::int64_t dbias_sum_width = 0) {
   using V = typename Traits::V;
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
@@ -269,7 +272,7 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
       // Summed rows share one row of the sum, summed keys one column.
       const std::int64_t col_stride = c.dbias_sums[3] ? 0 : 1;
       const std::int64_t row_stride = c.dbias_sums[2] ? 0 : dbias_sum_width;
-      float* sum = dbias_sum + r * row_stride + k0 * col_stride;
+      double* sum = dbias_sum + r * row_stride + k0 * col_stride;
       for (std::int64_t j = 0; j < cols; ++j) sum[j * col_stride] += dsrow[j];
     } else if (dbias) {
       store_strided(c.dbias, c.dbias.row(b, h, queries.token(r)) + k0 * c.dbias.stride[3], cols,
@@ -298,7 +301,7 @@ FMHA_CPU_INLINE bool holds_every_key(const Call& c, const Sequence& seq, std::in
 template <typename Traits, typename Tiles>
 FMHA_CPU_INLINE void dq_key_tiles(const Call& c, const Sequence& seq, std::int64_t h,
                                   const Tiles& tiles, std::int64_t rows_pad, BackwardScratch& w,
-                                  bool row_sums, float* rel_rows, float* dbias_sum, float* dq) {
+                                  bool row_sums, float* rel_rows, double* dbias_sum, float* dq) {
   const std::int64_t dp = round_up(c.head_dim, kLanes);
   const KeyRows from = key_rows<Tiles>(c, seq);
   for (std::int64_t t = 0; t < tiles.count(); ++t) {
@@ -317,7 +320,7 @@ FMHA_CPU_INLINE void dq_key_tiles(const Call& c, const Sequence& seq, std::int64
 // dbias_sum: the rows' dS added to it (a sum over the batch) instead of stored.
 template <typename Traits, typename Tiles>
 FMHA_CPU_INLINE void dq_rows(const Call& c, RowStats& stats, const Sequence& seq, std::int64_t h,
-                             const Tiles& tiles, BackwardScratch& w, float* dbias_sum) {
+                             const Tiles& tiles, BackwardScratch& w, double* dbias_sum) {
   const std::int64_t dp = round_up(c.head_dim, kLanes);
   const Tile queries = tiles.queries(0);
   const std::int64_t rows = queries.count;
@@ -371,7 +374,7 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
   }
   const bool* sums = c.dbias_sums;
   const std::int64_t height = sums[2] ? 1 : rows, width = sums[3] ? 1 : seq.len_k;
-  w.dbias_sum.assign(at(height * width), 0.0f);
+  w.dbias_sum.assign(at(height * width), 0.0);
   const std::size_t first_seq = sums[0] ? 0 : at(seq.index);
   const std::size_t end_seq = sums[0] ? c.sequences.size() : first_seq + 1;
   for (std::size_t b = first_seq; b < end_seq; ++b) {
@@ -384,11 +387,17 @@ FMHA_CPU_INLINE void dq_tile(const Call& c, RowStats& stats, const Sequence& seq
       }
     }
   }
-  // The summed dimensions have stride 0 (ScoreTerm): these rows are every one of them. Without
-  // keys (Lk 0) the buffer is empty: a pointer into it, never a reference to an element.
+  // The summed dimensions have stride 0 (ScoreTerm): these rows are every one of them, stored
+  // through w.p's first row in runs of a key tile. Without keys (Lk 0) the buffer is empty: a
+  // pointer into it, never a reference to an element.
+  float* run = w.p.data();
   for (std::int64_t r = 0; r < height; ++r) {
-    store_strided(c.dbias, c.dbias.row(seq.index, h, q0 + r), width,
-                  w.dbias_sum.data() + r * width);
+    const double* sum = w.dbias_sum.data() + r * width;
+    for (std::int64_t k0 = 0; k0 < width; k0 += kKeyTile) {
+      const std::int64_t n = std::min(kKeyTile, width - k0);
+      for (std::int64_t j = 0; j < n; ++j) run[j] = static_cast<float>(sum[k0 + j]);
+      store_strided(c.dbias, c.dbias.row(seq.index, h, q0 + r) + k0 * c.dbias.stride[3], n, run);
+    }
   }
 }
 
