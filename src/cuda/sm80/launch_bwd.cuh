@@ -12,12 +12,12 @@ namespace fmha::cuda::sm80 {
 
 namespace detail_bwd {
 
-template <typename Kernel>
-Status launch_checked(Kernel* kernel, const char* name, dim3 grid, int smem_bytes,
-                      const BackwardParams& p, cudaStream_t stream) {
+template <auto kKernel>
+Status launch_checked(const char* name, dim3 grid, int smem_bytes, const BackwardParams& p,
+                      cudaStream_t stream) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::ok_status();
-  FMHA_RETURN_IF_ERROR(request_shared_memory(kernel, name, smem_bytes));
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(p);
+  FMHA_RETURN_IF_ERROR(request_shared_memory<kKernel>(name, smem_bytes));
+  kKernel<<<grid, kThreads, smem_bytes, stream>>>(p);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA ") + name +
@@ -47,8 +47,8 @@ Status launch_backward_dkdv(const BackwardParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(tiles * p.num_chunks),
                   static_cast<unsigned>(p.fwd.heads / p.fwd.kv_group),
                   static_cast<unsigned>(p.fwd.batch));
-  return detail_bwd::launch_checked(&backward_dkdv_kernel<T, kD, Policy>, "backward dK/dV", grid,
-                                    kSmem, p, stream);
+  return detail_bwd::launch_checked<&backward_dkdv_kernel<T, kD, Policy>>("backward dK/dV", grid,
+                                                                          kSmem, p, stream);
 }
 
 template <typename T, int kD, typename Policy>
@@ -60,8 +60,8 @@ Status launch_backward_dq(const BackwardParams& p, cudaStream_t stream) {
     blocks = neighborhood::num_block_boxes(p.fwd.neighborhood, kBlockM);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.fwd.heads),
                   static_cast<unsigned>(p.fwd.batch));
-  return detail_bwd::launch_checked(&backward_dq_kernel<T, kD, Policy>, "backward dQ", grid,
-                                    dq_smem_bytes<T, kD, Mask>(), p, stream);
+  return detail_bwd::launch_checked<&backward_dq_kernel<T, kD, Policy>>(
+      "backward dQ", grid, dq_smem_bytes<T, kD, Mask>(), p, stream);
 }
 
 }  // namespace fmha::cuda::sm80

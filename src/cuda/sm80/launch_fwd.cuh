@@ -21,8 +21,8 @@ Status launch_forward(const ForwardParams& p, cudaStream_t stream) {
   // bookkeeping tips it over by about 1 KB): request_shared_memory refuses that one there.
   static_assert(kSmem <= kPortableSmemBytes || (sizeof(T) == 4 && kTokenTiles && kD == 256),
                 "sm86/sm89 allow at most 99 KB per block");
-  auto* kernel = &forward_kernel<T, kD, Policy>;
-  FMHA_RETURN_IF_ERROR(request_shared_memory(kernel, "forward", kSmem));
+  constexpr auto* kernel = &forward_kernel<T, kD, Policy>;
+  FMHA_RETURN_IF_ERROR(request_shared_memory<kernel>("forward", kSmem));
   std::int64_t blocks = (p.seqlen_q + kM - 1) / kM;
   if constexpr (kTokenTiles) blocks = neighborhood::num_block_boxes(p.neighborhood, kM);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads),

@@ -1,25 +1,27 @@
 // Shared-memory opt-in of the sm80 launches: a kernel that needs more than the default 48 KB per
 // block must ask for it, and fp32 variants of the largest head dims need more than the 99 KB that
 // every sm80+ GPU allows (tile_sizes_bwd.h): those are refused with a message on GPUs that allow
-// less, instead of failing the launch.
+// less, instead of failing the launch. The device's limit and the kernel's opt-in are asked of the
+// driver once per device (kernel_attributes.h).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "cuda/common/kernel_attributes.h"
 #include "fmha/status.h"
 
 namespace fmha::cuda::sm80 {
 
-template <typename Kernel>
-Status request_shared_memory(Kernel* kernel, const char* name, int smem_bytes) {
+template <auto kKernel>
+Status request_shared_memory(const char* name, int smem_bytes) {
   constexpr int kDefaultSmemLimit = 48 * 1024;  // beyond it a kernel must opt in
   if (smem_bytes <= kDefaultSmemLimit) return Status::ok_status();
   int device = 0, limit = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) {
-    e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    e = smem_optin_limit(device, &limit);
   }
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: cudaDeviceGetAttribute failed: ") +
@@ -33,7 +35,7 @@ Status request_shared_memory(Kernel* kernel, const char* name, int smem_bytes) {
         " (float32 at head dims above 128 needs the shared memory of an sm80 or sm90 GPU, its "
         "backward at head dims above 224 an sm90 GPU; 16-bit dtypes fit every sm80+ GPU)");
   }
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  e = allow_dynamic_smem<kKernel>(smem_bytes);
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA ") + name +
                                  " kernel (sm80) could not get " + std::to_string(smem_bytes) +
