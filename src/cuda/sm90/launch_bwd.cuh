@@ -4,6 +4,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/launch_bwd.h"
 #include "cuda/sm90/launch_limits.h"
 #include "cuda/sm90/mainloop_bwd_dkdv.cuh"
@@ -12,14 +13,19 @@
 namespace fmha::cuda::sm90 {
 namespace detail {
 
-// `args`: the kernel's parameters (the BackwardParams, and the dQ kernel's tensor maps).
-// overlap_previous: the kernel may start while the one before it in the stream still runs
-// (programmatic dependent launch; grid_dependency.cuh says what each side does).
-template <typename... Params>
-Status launch_bwd_kernel(void (*kernel)(Params...), dim3 grid, int smem, cudaStream_t stream,
-                         const char* name, bool overlap_previous, const Params&... args) {
+// kKernel: the kernel, a template argument so that its shared-memory opt-in is remembered per
+// kernel (allow_dynamic_smem); a caller that picks among variants at run time launches each
+// through its own instantiation (launch_backward_dq). `args`: the kernel's parameters (the
+// BackwardParams, and the tensor maps). overlap_previous: the kernel may start while the one
+// before it in the stream still runs (programmatic dependent launch; grid_dependency.cuh says
+// what each side does).
+template <auto kKernel, typename... Params>
+Status launch_bwd_kernel(dim3 grid, int smem, cudaStream_t stream, const char* name,
+                         bool overlap_previous, const Params&... args) {
+  static_assert(std::is_same_v<decltype(kKernel), void (*)(Params...)>,
+                "the arguments are the kernel's parameters");
   if (grid.x == 0) return Status::ok_status();  // no keys (dK/dV are empty) or no queries
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = allow_dynamic_smem<kKernel>(smem);
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA backward ") + name +
                                  " kernel (sm90) could not get " + std::to_string(smem) +
@@ -39,10 +45,10 @@ Status launch_bwd_kernel(void (*kernel)(Params...), dim3 grid, int smem, cudaStr
     config.stream = stream;
     config.attrs = overlap;
     config.numAttrs = 1;
-    overlapped = cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess;
+    overlapped = cudaLaunchKernelEx(&config, kKernel, args...) == cudaSuccess;
     if (!overlapped) (void)cudaGetLastError();
   }
-  if (!overlapped) kernel<<<grid, kBwdThreads, smem, stream>>>(args...);
+  if (!overlapped) kKernel<<<grid, kBwdThreads, smem, stream>>>(args...);
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA backward ") + name +
@@ -118,19 +124,19 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kFusable) {
     if (fused) {
       if (!ds_in_bias_tile<Policy>(p.fwd.bias_staged)) smem += Fused::DsTile::kBytes;
-      return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth, true>,
-                                       grid, smem, stream, "fused dK/dV/dQ", false, p, maps);
+      return detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth, true>>(
+          grid, smem, stream, "fused dK/dV/dQ", false, p, maps);
     }
   }
   if constexpr (bwd_num_parts(kD) == 1) {
-    return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth>, grid,
-                                     smem, stream, "dK/dV", false, p, maps);
+    return detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth>>(
+        grid, smem, stream, "dK/dV", false, p, maps);
   } else {
-    Status s = detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk>, grid,
-                                         smem, stream, "dK", false, p, maps);
+    Status s = detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk>>(
+        grid, smem, stream, "dK", false, p, maps);
     if (!s.ok()) return s;
-    return detail::launch_bwd_kernel(&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDv>, grid,
-                                     smem, stream, "dV", false, p, maps);
+    return detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDv>>(
+        grid, smem, stream, "dV", false, p, maps);
   }
 }
 
@@ -164,24 +170,6 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kGeneralForm<Policy> || kBiasTiles) {
     smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD, kBwdNarrowKeys<Policy>));
   }
-  auto* kernel = &backward_dq_kernel<T, kD, Policy>;
-  if constexpr (kBiasTiles) {
-    if (p.fwd.bias_staged) kernel = &backward_dq_kernel<T, kD, Policy, 0, true>;
-  }
-  if constexpr (kRelPosForm<Policy>) {
-    // The register form where a key tile is one or two grid rows; its rel_h fetch takes key
-    // positions as 32-bit, one tile past the last (fetch_rel_h).
-    constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
-    if (p.fwd.seqlen_k <= (std::int64_t{1} << 31) - 2 * kN) {
-      if (rel_pos_registers_apply<2>(p.fwd.rel_w_size, kN)) {
-        kernel = &backward_dq_kernel<T, kD, Policy, 2>;
-      } else if constexpr (kN <= 64) {  // with 128-key tiles its rel_w spills (48 bytes, D 64)
-        if (rel_pos_registers_apply<1>(p.fwd.rel_w_size, kN)) {
-          kernel = &backward_dq_kernel<T, kD, Policy, 1>;
-        }
-      }
-    }
-  }
   // The bias tiles' kernel takes its key tiles by TMA in a dense batch whose k and v (and bias)
   // the driver maps.
   BackwardTileMaps maps;
@@ -193,7 +181,31 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
           maps.kv_usable && encode_bias_map<DqBiasTile<kD>>(&maps.bias, p.fwd, kBwdQueriesPerBlock);
     }
   }
-  return detail::launch_bwd_kernel(kernel, grid, smem, stream, "dQ", p.dq_overlaps_dkdv, p, maps);
+  // `kernel`: a KernelConstant naming the variant chosen below.
+  auto launch = [&](auto kernel) {
+    return detail::launch_bwd_kernel<decltype(kernel)::value>(grid, smem, stream, "dQ",
+                                                              p.dq_overlaps_dkdv, p, maps);
+  };
+  if constexpr (kBiasTiles) {
+    if (p.fwd.bias_staged) {
+      return launch(KernelConstant<&backward_dq_kernel<T, kD, Policy, 0, true>>{});
+    }
+  }
+  if constexpr (kRelPosForm<Policy>) {
+    // The register form where a key tile is one or two grid rows; its rel_h fetch takes key
+    // positions as 32-bit, one tile past the last (fetch_rel_h).
+    constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
+    if (p.fwd.seqlen_k <= (std::int64_t{1} << 31) - 2 * kN) {
+      if (rel_pos_registers_apply<2>(p.fwd.rel_w_size, kN)) {
+        return launch(KernelConstant<&backward_dq_kernel<T, kD, Policy, 2>>{});
+      } else if constexpr (kN <= 64) {  // with 128-key tiles its rel_w spills (48 bytes, D 64)
+        if (rel_pos_registers_apply<1>(p.fwd.rel_w_size, kN)) {
+          return launch(KernelConstant<&backward_dq_kernel<T, kD, Policy, 1>>{});
+        }
+      }
+    }
+  }
+  return launch(KernelConstant<&backward_dq_kernel<T, kD, Policy>>{});
 }
 
 }  // namespace fmha::cuda::sm90

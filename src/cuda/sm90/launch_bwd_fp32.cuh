@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/fp32_planes.cuh"
 #include "cuda/sm90/launch_bwd_fp32.h"
 #include "cuda/sm90/mainloop_bwd_fp32.cuh"
@@ -76,16 +77,16 @@ inline cudaError_t write_backward_planes(const BackwardParams& p, float* workspa
 }
 
 // One of the two kernels over `rows` rows of blocks of kFp32BwdBlock, `heads` heads, the batch.
-template <typename Kernel>
-cudaError_t launch_fp32_backward_kernel(Kernel* kernel, int smem, std::int64_t rows,
-                                        std::int64_t heads, const BackwardParams& p,
-                                        const Fp32BackwardPlanes& planes, cudaStream_t stream) {
+template <auto kKernel>
+cudaError_t launch_fp32_backward_kernel(int smem, std::int64_t rows, std::int64_t heads,
+                                        const BackwardParams& p, const Fp32BackwardPlanes& planes,
+                                        cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = allow_dynamic_smem<kKernel>(smem);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(rows / kFp32BwdBlock), static_cast<unsigned>(heads),
                   static_cast<unsigned>(p.fwd.batch));
-  kernel<<<grid, kFp32BwdThreads, smem, stream>>>(p, planes);
+  kKernel<<<grid, kFp32BwdThreads, smem, stream>>>(p, planes);
   return cudaGetLastError();
 }
 
@@ -94,15 +95,14 @@ cudaError_t launch_fp32_backward_kernel(Kernel* kernel, int smem, std::int64_t r
 template <typename Policy>
 cudaError_t launch_backward_fp32_dkdv(const BackwardParams& p, const Fp32BackwardPlanes& planes,
                                       cudaStream_t stream) {
-  return launch_fp32_backward_kernel(backward_dkdv_fp32_kernel<Policy>, fp32_bwd_smem_bytes(true),
-                                     planes.k_rows, p.fwd.heads / p.fwd.kv_group, p, planes,
-                                     stream);
+  return launch_fp32_backward_kernel<&backward_dkdv_fp32_kernel<Policy>>(
+      fp32_bwd_smem_bytes(true), planes.k_rows, p.fwd.heads / p.fwd.kv_group, p, planes, stream);
 }
 template <typename Policy>
 cudaError_t launch_backward_fp32_dq(const BackwardParams& p, const Fp32BackwardPlanes& planes,
                                     cudaStream_t stream) {
-  return launch_fp32_backward_kernel(backward_dq_fp32_kernel<Policy>, fp32_bwd_smem_bytes(false),
-                                     planes.q_rows, p.fwd.heads, p, planes, stream);
+  return launch_fp32_backward_kernel<&backward_dq_fp32_kernel<Policy>>(
+      fp32_bwd_smem_bytes(false), planes.q_rows, p.fwd.heads, p, planes, stream);
 }
 
 template <typename T, int kD, typename Policy>

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda/common/block_coords.cuh"
+#include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/dq_accumulator.cuh"
 #include "cuda/sm90/launch_bwd_fused.h"
 #include "cuda/sm90/mainloop_bwd_fused.cuh"
@@ -45,9 +46,8 @@ Status launch_backward_fused(const BackwardParams& params, cudaStream_t stream) 
         "or statistics not padded to whole query tiles");
   }
   if (grid.x > 0 && grid.y > 0 && grid.z > 0) {
-    auto* kernel = &backward_fused_kernel<T, kD, Policy>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Smem::kLaunchBytes);
+    constexpr auto* kernel = &backward_fused_kernel<T, kD, Policy>;
+    cudaError_t e = allow_dynamic_smem<kernel>(Smem::kLaunchBytes);
     if (e != cudaSuccess) {
       return Status::backend_error(
           std::string("fmha: CUDA fused backward kernel (sm90) could not get ") +

@@ -6,6 +6,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/launch_fwd.h"
 #include "cuda/sm90/launch_limits.h"
 #include "cuda/sm90/mainloop_fwd.cuh"
@@ -88,8 +89,8 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
       maps.bias_usable = maps.usable && encode_bias_map<BiasTile<kD>>(&maps.bias, p, kM);
     }
   }
-  auto* kernel = &forward_kernel<T, kD, Policy>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  constexpr auto* kernel = &forward_kernel<T, kD, Policy>;
+  cudaError_t e = allow_dynamic_smem<kernel>(smem);
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA forward kernel (sm90) could not get ") +
                                  std::to_string(smem) +

@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/fp32_planes.cuh"
 #include "cuda/sm90/launch_fwd_fp32.h"
 #include "cuda/sm90/mainloop_fwd_fp32.cuh"
@@ -52,8 +53,8 @@ Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
   }
   if (e == cudaSuccess) {
     constexpr int smem = fp32_forward_smem_bytes();
-    auto* kernel = forward_fp32_kernel<Policy>;
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    constexpr auto* kernel = &forward_fp32_kernel<Policy>;
+    e = allow_dynamic_smem<kernel>(smem);
     if (e == cudaSuccess) {
       const dim3 grid(static_cast<unsigned>(planes.q_rows / kFp32QueryTile),
                       static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
