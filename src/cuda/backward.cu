@@ -24,6 +24,7 @@
 #include "cuda/backward_setup.h"
 #include "cuda/common/backward_params.h"
 #include "cuda/common/env_switch.h"
+#include "cuda/common/kernel_attributes.h"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/device_guard.h"
 #include "cuda/dispatch_bwd.h"
@@ -56,21 +57,16 @@ Status check_supported(DType dtype) {
   return Status::ok_status();
 }
 
-Status check_device(int device, int* sm_count, int* arch) {
-  int major = 0, minor = 0;
-  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(sm_count, cudaDevAttrMultiProcessorCount, device);
+Status check_device(int device, int* sms, int* arch) {
+  cudaError_t e = compute_capability(device, arch);  // both asked once per device
+  if (e == cudaSuccess) e = sm_count(device, sms);
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
-  if (major < 8) {
+  if (*arch < 80) {
     return Status::not_supported(
         "fmha: the CUDA backward kernels need compute capability 8.0 or newer (fp16/bf16/tf32 "
         "mma.sync tensor cores); detected GPU: sm_" +
-        std::to_string(major * 10 + minor));
+        std::to_string(*arch));
   }
-  *arch = major * 10 + minor;
   return Status::ok_status();
 }
 

@@ -8,6 +8,7 @@
 
 #include "cuda/backend.h"
 #include "cuda/common/forward_params.h"
+#include "cuda/common/kernel_attributes.h"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/device_guard.h"
 #include "cuda/dispatch_fwd.h"
@@ -24,18 +25,14 @@ Status cuda_error(const char* what, cudaError_t e) {
 // The sm80 kernel uses bf16/fp16/tf32 mma.sync, which needs compute capability 8.0. *arch gets the
 // device's compute capability as major * 10 + minor (the dispatch picks the kernel generation).
 Status check_device(int device, int* arch) {
-  int major = 0, minor = 0;
-  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const cudaError_t e = compute_capability(device, arch);  // asked once per device
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
-  if (major < 8) {
+  if (*arch < 80) {
     return Status::not_supported(
         "fmha: the CUDA forward kernel needs compute capability 8.0 or newer (fp16/bf16/tf32 "
         "mma.sync tensor cores); detected GPU: sm_" +
-        std::to_string(major * 10 + minor));
+        std::to_string(*arch));
   }
-  *arch = major * 10 + minor;
   return Status::ok_status();
 }
 

@@ -1,5 +1,6 @@
 // Host-side kernel attributes that a launch needs but that do not change between calls: a
-// kernel's dynamic shared-memory limit and the device's opt-in maximum. Each is asked of the
+// kernel's dynamic shared-memory limit, the device's opt-in maximum, SM count and compute
+// capability. Each is asked of the
 // driver once per device and remembered, so that a serving loop's launches make no
 // cudaFuncSetAttribute or cudaDeviceGetAttribute calls after the first.
 //
@@ -21,20 +22,51 @@ inline constexpr int kMaxCachedDevices = 64;
 
 // Shared memory a block may opt into on `device` (cudaDevAttrMaxSharedMemoryPerBlockOptin), asked
 // once per device. Two threads may both ask the first time; they store the same value.
-inline cudaError_t smem_optin_limit(int device, int* bytes) {
-  static std::atomic<int> known[kMaxCachedDevices] = {};  // 0: not asked yet
+namespace attribute_cache {
+// A device attribute (>= 0), asked of the driver once per device (kAttribute's own table, which
+// holds the value + 1: 0 is not asked yet).
+template <cudaDeviceAttr kAttribute>
+cudaError_t cached_device_attribute(int device, int* value) {
+  static std::atomic<int> known[kMaxCachedDevices] = {};
   const bool cached = device >= 0 && device < kMaxCachedDevices;
   if (cached) {
-    *bytes = known[device].load(std::memory_order_relaxed);
-    if (*bytes > 0) return cudaSuccess;
+    const int stored = known[device].load(std::memory_order_relaxed);
+    if (stored > 0) {
+      *value = stored - 1;
+      return cudaSuccess;
+    }
   }
-  const cudaError_t e =
-      cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (e == cudaSuccess && cached) known[device].store(*bytes, std::memory_order_relaxed);
+  const cudaError_t e = cudaDeviceGetAttribute(value, kAttribute, device);
+  if (e == cudaSuccess && cached && *value >= 0) {
+    known[device].store(*value + 1, std::memory_order_relaxed);
+  }
+  return e;
+}
+}  // namespace attribute_cache
+
+inline cudaError_t smem_optin_limit(int device, int* bytes) {
+  return attribute_cache::cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device,
+                                                                                     bytes);
+}
+
+// The SMs of `device` (cudaDevAttrMultiProcessorCount), asked once per device.
+inline cudaError_t sm_count(int device, int* sms) {
+  return attribute_cache::cached_device_attribute<cudaDevAttrMultiProcessorCount>(device, sms);
+}
+
+// The compute capability of `device` as major * 10 + minor, asked once per device.
+inline cudaError_t compute_capability(int device, int* arch) {
+  int major = 0, minor = 0;
+  using attribute_cache::cached_device_attribute;
+  cudaError_t e = cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device, &major);
+  if (e == cudaSuccess) {
+    e = cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device, &minor);
+  }
+  *arch = major * 10 + minor;
   return e;
 }
 
-namespace detail {
+namespace attribute_cache {
 // Serializes the slow path of allow_dynamic_smem (all kernels): cudaFuncSetAttribute sets a limit
 // rather than raising it, so two threads raising the same kernel to different sizes at once could
 // otherwise leave the smaller in force while the larger is remembered.
@@ -42,7 +74,7 @@ inline std::mutex& dynamic_smem_mutex() {
   static std::mutex mutex;
   return mutex;
 }
-}  // namespace detail
+}  // namespace attribute_cache
 
 // Raises kKernel's dynamic shared-memory limit on the current device to at least `bytes`. Each
 // instantiation remembers, per device, the largest limit it has set: a request within it returns
@@ -60,7 +92,7 @@ cudaError_t allow_dynamic_smem(int bytes) {
   }
   std::atomic<int>& limit = granted[device];
   if (bytes <= limit.load(std::memory_order_acquire)) return cudaSuccess;
-  std::lock_guard<std::mutex> lock(detail::dynamic_smem_mutex());
+  std::lock_guard<std::mutex> lock(attribute_cache::dynamic_smem_mutex());
   if (bytes <= limit.load(std::memory_order_relaxed)) return cudaSuccess;  // raised meanwhile
   e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e == cudaSuccess) limit.store(bytes, std::memory_order_release);

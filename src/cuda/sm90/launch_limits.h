@@ -7,21 +7,21 @@
 #include <cstdlib>
 
 #include "cuda/common/forward_params.h"
+#include "cuda/common/kernel_attributes.h"
 
 namespace fmha::cuda::sm90 {
 
-// Shared memory a block may opt into on the current device.
+// Shared memory a block may opt into on the current device (asked once per device).
 inline int max_block_smem() {
   int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
+  if (cudaGetDevice(&device) != cudaSuccess || smem_optin_limit(device, &bytes) != cudaSuccess) {
     return 0;
   }
   return bytes;
 }
 
-// Blocks of a persistent kernel that keeps one block an SM: the current device's SMs. The
+// Blocks of a persistent kernel that keeps one block an SM: the current device's SMs (asked once
+// per device). The
 // environment's FMHA_SM90_PERSISTENT (read once) overrides it, for measuring and testing: 0 is a
 // block a tile, N > 0 at most N blocks (so that the GPU tests' small grids give each block
 // several tiles).
@@ -33,9 +33,7 @@ inline std::int64_t persistent_blocks() {
   constexpr std::int64_t kUnlimited = std::int64_t{1} << 32;
   if (override_blocks >= 0) return override_blocks == 0 ? kUnlimited : override_blocks;
   int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      sms <= 0) {
+  if (cudaGetDevice(&device) != cudaSuccess || sm_count(device, &sms) != cudaSuccess || sms <= 0) {
     return kUnlimited;
   }
   return sms;
