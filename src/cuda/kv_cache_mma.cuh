@@ -7,8 +7,8 @@
 // head and one split of the keys, and streams that split's keys through shared memory in tiles of
 // kTileKeys keys with 16-byte cp.async copies in a ring of 2-6 stages (mma_stages: the most that
 // keep two blocks an SM). Every K/V element a block loads serves all of its rows:
-// a GQA group of up to 64 heads at Lq = 1 (MQA 32/1 included), or a group times a few query tokens,
-// reads the cache once. Each key row's address comes from the block table (page = key / page_size,
+// a GQA group of up to 64 heads at Lq = 1 (32 at D 256; MQA 32/1 included), or a group times a few
+// query tokens, reads the cache once. Each key row's address comes from the block table (page = key / page_size,
 // the page index clamped into the pool); keys past the split and columns past D / Dv are
 // zero-filled, so NaN or garbage in unused cache rows never reaches the products.
 //
@@ -49,7 +49,9 @@ __host__ __device__ constexpr int mma_pair_limit(int shared_per_sm, int reserved
 
 static_assert(kRows == 16, "a row tile is one m16 tile");
 
-// Keys per pipeline stage at a head-dim bucket: about 17-36 KB of K and V a stage.
+// Keys per pipeline stage at a head-dim bucket: 35-37 KB of K and V a stage at D 64 / 128, 68 KB at
+// D 256 (which therefore fits one block an SM; bench/cpp/kv_cache_decode_timing.cu's tile_keys=32
+// times the 32-key form with two blocks).
 __host__ __device__ constexpr int mma_tile_keys(int bucket) {
   return bucket <= 64 ? 128 : 64;
 }
