@@ -30,6 +30,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
 #include "cuda/kv_cache_kernels.cuh"
 
@@ -230,15 +231,6 @@ __device__ __forceinline__ void cp_async_wait_stages(int stages) {
 }
 static_assert(kMaxStages == 6, "cp_async_wait_stages covers 2..6 stages");
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // grid (batch x kv_heads x ceil(row_tiles / kRowTiles), num_splits); kMmaThreads threads; dynamic
 // shared memory mma_layout(D, Dv, stages, kRowTiles, kTileKeys).total.
 template <typename T, int kBucket, int kRowTiles, int kTileKeys>
@@ -381,8 +373,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   float o[kOutTiles][4];
 #pragma unroll
   for (int n = 0; n < kOutTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // log2 units, rows g and g + 8
-  float row_sum[2] = {0.0f, 0.0f};            // this lane's part (its key columns)
+  OnlineSoftmax softmax;  // rows g and g + 8: max in log2 units, this lane's part of the sum
+  softmax.init();
   const float scale_log2 = p.scale * kLog2e;
 
 #pragma unroll 1
@@ -446,36 +438,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         }
       }
 
-      // Online softmax of rows g (elements 0, 1) and g + 8 (elements 2, 3).
-      float rescale[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kScoreTiles; ++n) {
-          tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-        }
-        tile_max = quad_max(tile_max);
-        const float new_max = fmaxf(row_max[h], tile_max);
-        const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
-        rescale[h] = exp2f(row_max[h] - base);
-        row_max[h] = new_max;
-        float sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < kScoreTiles; ++n) {
-          s[n][2 * h] = exp2f(s[n][2 * h] - base);
-          s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - base);
-          sum += s[n][2 * h] + s[n][2 * h + 1];
-        }
-        row_sum[h] = row_sum[h] * rescale[h] + sum;
-      }
-#pragma unroll
-      for (int n = 0; n < kOutTiles; ++n) {
-        o[n][0] *= rescale[0];
-        o[n][1] *= rescale[0];
-        o[n][2] *= rescale[1];
-        o[n][3] *= rescale[1];
-      }
+      // Online softmax of rows g (elements 0, 1) and g + 8 (elements 2, 3); O rescaled with it.
+      softmax.update(s, o);
 
       // O += P V, one k-step (16 keys) at a time: P's C fragments of two n-tiles are the A
       // fragment of a k-step.
@@ -508,9 +472,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   float* block_sum = block_max + kMmaWarps * kRows;                   // [kBlockRows]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float sum = quad_sum(row_sum[h]);
+    const float sum = quad_sum(softmax.row_sum[h]);
     if (c == 0) {
-      warp_max[warp * kRows + g + 8 * h] = row_max[h];
+      warp_max[warp * kRows + g + 8 * h] = softmax.row_max[h];
       warp_sum[warp * kRows + g + 8 * h] = sum;
     }
   }
@@ -524,7 +488,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     for (int w = 0; w < kKeyGroups; ++w) {
       top = fmaxf(top, warp_max[(first_warp + w) * kRows + g + 8 * h]);
     }
-    const float weight = row_max[h] == -INFINITY ? 0.0f : exp2f(row_max[h] - top);
+    const float max2 = softmax.row_max[h];
+    const float weight = max2 == -INFINITY ? 0.0f : exp2f(max2 - top);
     float* out_row = merged + (warp * kRows + g + 8 * h) * layout.o_pitch + 2 * c;
 #pragma unroll
     for (int n = 0; n < kOutTiles; ++n) {
