@@ -77,12 +77,7 @@ def to_float(value, name: str, opaque: Opaque = NOTHING_OPAQUE) -> float:
         return value
     if isinstance(value, (int, float)):
         return float(value)
-    if not isinstance(value, (str, bytes, *opaque.types)):
-        try:
-            return float(value)
-        except (TypeError, ValueError, RuntimeError):
-            pass
-    raise refused(value, name, "a float", opaque)
+    return _converted(value, name, float, "a float", opaque)
 
 
 def to_bool(value, name: str, opaque: Opaque = NOTHING_OPAQUE) -> bool:
@@ -91,12 +86,18 @@ def to_bool(value, name: str, opaque: Opaque = NOTHING_OPAQUE) -> bool:
         return value
     if isinstance(value, (bool, int)) or value is None:
         return bool(value)
+    return _converted(value, name, bool, "a bool", opaque)
+
+
+def _converted(value, name: str, convert, what: str, opaque: Opaque):
+    """convert(value) for any other object that converts (a numpy scalar, a 0-d tensor), strings
+    and the front end's opaque values (tracers) refused."""
     if not isinstance(value, (str, bytes, *opaque.types)):
         try:
-            return bool(value)
+            return convert(value)
         except (TypeError, ValueError, RuntimeError):
             pass
-    raise refused(value, name, "a bool", opaque)
+    raise refused(value, name, what, opaque)
 
 
 def pair(value, name: str, what: str) -> tuple:
