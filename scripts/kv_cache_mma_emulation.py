@@ -35,11 +35,11 @@ LN2 = 0.6931471805599453
 
 def r16(x): return (x + 15) // 16 * 16
 
-def mma_tile_keys(bucket): return 128 if bucket <= 64 else 64
+def mma_tile_keys(bucket): return 128 if bucket <= 64 else (64 if bucket <= 128 else 32)
 
 def mma_row_tiles(row_tiles, bucket):
     most = 4 if bucket <= 128 else 2
-    tiles = 1
+    tiles = max(1, kWarps * 16 // mma_tile_keys(bucket))
     while tiles < row_tiles and tiles < most: tiles *= 2
     return tiles
 
@@ -620,9 +620,11 @@ if __name__ == '__main__':
         'keys128_pages7': dict(B=1, H=4, Hkv=1, D=64, Dv=48, lens=[555], Lq=2, page_size=7, splits=4),
         # the timing tool's variants: 64-key tiles at D 64, a stage count forced
         'keys64_d64': dict(B=1, H=8, Hkv=1, D=64, Dv=64, lens=[333], Lq=4, page_size=16, splits=2, tile_keys=64),
-        # the timing tool's tile_keys=32 at D 256: 32-key stages, two row tiles a block (two blocks an SM)
+        # D 256's 32-key stages (two row tiles a block), and the timing tool's tile_keys=64 form there
         'keys32_d256': dict(B=2, H=6, Hkv=2, D=256, Dv=224, lens=[300, 45], Lq=3, page_size=7, splits=3,
-                            causal=True, wl=100, tile_keys=32, row_tiles=2),
+                            causal=True, wl=100),
+        'keys64_d256': dict(B=1, H=4, Hkv=1, D=256, Dv=256, lens=[200], Lq=1, page_size=16, splits=2,
+                            tile_keys=64, row_tiles=1),
         'stages5_d128': dict(B=1, H=4, Hkv=1, D=128, Dv=128, lens=[400], Lq=1, page_size=16, splits=1, stages=5),
     }
     for name, kw in cases.items():

@@ -18,8 +18,8 @@
 //   ./kv-cache-decode-timing quick      # B 1 L 128k and B 8 L 32k, contiguous and pages of 64
 //   ./kv-cache-decode-timing case=B,L,H,Hkv,D,page ...   # these cases only (page 0: contiguous)
 //   options: splits=N (the tensor-core kernel with N splits instead of its rule), stages=N
-//   (instead of mma_stages), tile_keys=64 (at D <= 64: 64-key tiles instead of the library's 128),
-//   tile_keys=32 (at D 256: 32-key tiles with two row tiles a block instead of 64-key tiles),
+//   (instead of mma_stages), tile_keys=64 (64-key tiles instead of the library's 128 at D <= 64 and
+//   its 32 at D 256, where a block then takes the fewest row tiles that cover a kv head's rows),
 //   fast (the tensor-core kernel alone, no comparison)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -124,9 +124,10 @@ struct Result {
   std::vector<float> lse;
 };
 
-// The tensor-core kernel in a form the library does not launch (tile_keys=): at bucket 64 with
-// 64-key tiles (the library takes 128), at bucket 256 with 32-key tiles (two row tiles a block, so
-// that each warp keeps a 16-key k-step; the library takes 64 keys). Launched as
+// The tensor-core kernel in a form the library does not launch (tile_keys=64): at bucket 64 with
+// 64-key tiles (the library takes 128), at bucket 256 with 64-key tiles and one row tile a block
+// where one covers the rows (the library takes 32 keys, with two row tiles so that each warp keeps a
+// 16-key k-step). Launched as
 // kv_cache_launch.cuh's launch_attention launches the library's forms.
 template <int kBucket, int kRowTiles, int kKeys>
 void launch_variant(const KvCacheKernelParams& k, int stages, int shared) {
@@ -211,9 +212,9 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
 
   const int bucket = kv::mma_bucket(D, D);
   const bool keys64 = opt.tile_keys == 64 && bucket == 64;
-  const bool keys32 = opt.tile_keys == 32 && bucket == 256;
-  const int tile_keys = keys64 ? 64 : keys32 ? 32 : kv::mma_tile_keys(bucket);
-  const int row_tiles = keys32 ? 2 : kv::mma_row_tiles(k.row_tiles, bucket);
+  const bool keys64_d256 = opt.tile_keys == 64 && bucket == 256;
+  const int tile_keys = keys64 || keys64_d256 ? 64 : kv::mma_tile_keys(bucket);
+  const int row_tiles = keys64_d256 ? (k.row_tiles > 1 ? 2 : 1) : kv::mma_row_tiles(k.row_tiles, bucket);
   Result results[2];
   for (int mma = opt.fast ? 1 : 0; mma < 2; ++mma) {
     int stages = 0, shared = 0, splits = 0;
@@ -249,8 +250,9 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
         else launch_variant<64, 4, 64>(k, stages, shared);
         return;
       }
-      if (mma && keys32) {
-        launch_variant<256, 2, 32>(k, stages, shared);
+      if (mma && keys64_d256) {
+        if (row_tiles == 1) launch_variant<256, 1, 64>(k, stages, shared);
+        else launch_variant<256, 2, 64>(k, stages, shared);
         return;
       }
       const cudaError_t e = kv::launch_attention<__nv_bfloat16>(k, stages, shared, 0);
@@ -338,7 +340,7 @@ int main(int argc, char** argv) {
       cases.push_back(c);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [quick] [fast] [splits=N] [stages=N] [tile_keys=64|32] "
+                   "usage: %s [quick] [fast] [splits=N] [stages=N] [tile_keys=64] "
                    "[case=B,L,H,Hkv,D,page ...]\n",
                    argv[0]);
       return 2;

@@ -27,7 +27,9 @@ cudaError_t with_mma_kernel(int bucket, int row_tiles, F&& f) {
   auto pick = [&](auto bucket_c) {
     constexpr int kB = decltype(bucket_c)::value;
     constexpr int kKeys = mma_tile_keys(kB);
-    if (row_tiles <= 1) return f(kv_cache_mma_kernel<T, kB, 1, kKeys>);
+    if constexpr (mma_row_tiles(1, kB) == 1) {
+      if (row_tiles <= 1) return f(kv_cache_mma_kernel<T, kB, 1, kKeys>);
+    }
     if (row_tiles <= 2 || kB > 128) return f(kv_cache_mma_kernel<T, kB, 2, kKeys>);
     if constexpr (kB <= 128) return f(kv_cache_mma_kernel<T, kB, 4, kKeys>);
     return cudaErrorInvalidValue;

@@ -50,22 +50,26 @@ __host__ __device__ constexpr int mma_pair_limit(int shared_per_sm, int reserved
 
 static_assert(kRows == 16, "a row tile is one m16 tile");
 
-// Keys per pipeline stage at a head-dim bucket: 35-37 KB of K and V a stage at D 64 / 128, 68 KB at
-// D 256 (which therefore fits one block an SM; bench/cpp/kv_cache_decode_timing.cu's tile_keys=32
-// times the 32-key form with two blocks).
+// Keys per pipeline stage at a head-dim bucket: 35-37 KB of K and V a stage at D 64 / 128, 34 KB at
+// D 256 (32 keys: with 64, 68 KB a stage, D 256 fitted one block an SM; bench/cpp's
+// kv_cache_decode_timing.cu times that form with tile_keys=64).
 __host__ __device__ constexpr int mma_tile_keys(int bucket) {
-  return bucket <= 64 ? 128 : 64;
+  return bucket <= 64 ? 128 : (bucket <= 128 ? 64 : 32);
 }
 static_assert(mma_tile_keys(64) <= kMmaThreads, "one thread looks up one key's cache row");
 
 // Row tiles a block takes: the fewest of 1, 2, 4 that cover the `row_tiles` tiles of one (sequence,
-// kv head), at most 4 (2 at bucket 256, whose O already takes 128 registers a thread).
+// kv head), at most 4 (2 at bucket 256, whose O already takes 128 registers a thread), and at least
+// enough that each warp's slice of a stage is a whole 16-key k-step (2 at bucket 256's 32 keys: the
+// four warps split into two row tiles of two 16-key slices, the second tile idle at Lq x group <= 16).
 __host__ __device__ constexpr int mma_row_tiles(int row_tiles, int bucket) {
   const int most = bucket <= 128 ? 4 : 2;
-  int tiles = 1;
+  int tiles = kMmaWarps * 16 / mma_tile_keys(bucket) > 1 ? kMmaWarps * 16 / mma_tile_keys(bucket) : 1;
   while (tiles < row_tiles && tiles < most) tiles *= 2;
   return tiles;
 }
+static_assert(mma_row_tiles(1, 256) == 2 && mma_row_tiles(1, 128) == 1 && mma_row_tiles(3, 64) == 4,
+              "row tiles: the fewest covering the rows that give each warp whole k-steps");
 
 __host__ __device__ constexpr int round_up16(int x) {
   return (x + 15) / 16 * 16;
@@ -116,7 +120,8 @@ __host__ __device__ constexpr MmaLayout mma_layout(int head_dim, int value_dim, 
 // stages: on an H100 (bf16 decode, 2026-11-28, bench/cpp/kv_cache_decode_timing.cu) one block an
 // SM with 4-6 stages read 1.2-1.5 TB/s where two blocks read 2.0-2.6, at D 64 (two stages of 128
 // keys: 2.0-2.6 TB/s, 13-23% above four stages of 64 keys) and at D 128 (three stages: 2.6 TB/s).
-// D 256 fits one block only (68 KB a stage): three stages, level with two.
+// D 256 in 64-key stages (68 KB) fitted one block only; in 32-key stages two blocks with two stages
+// read 2.33-2.59 TB/s, 17-22% above one block with three stages of 64 keys.
 __host__ __device__ constexpr int mma_stages(int head_dim, int value_dim, int max_shared,
                                              int row_tiles = 1, int tile_keys = 0,
                                              int pair_limit = kMmaSharedTarget) {
@@ -133,9 +138,9 @@ __host__ __device__ constexpr int mma_stages(int head_dim, int value_dim, int ma
 static_assert(mma_stages(128, 128, 227 * 1024) == 3, "D 128: three stages, two blocks per sm90 SM");
 static_assert(mma_stages(64, 64, 227 * 1024) == 2, "D 64: two stages of 128 keys, two blocks");
 static_assert(mma_stages(128, 128, 227 * 1024, 2) == 2, "D 128, two row tiles: two stages, two blocks");
-static_assert(mma_stages(256, 256, 227 * 1024) == 3, "D 256: three stages, one block per sm90 SM");
-static_assert(mma_stages(256, 256, 163 * 1024, 1, 0, 163 * 1024 / 2) == 2,
-              "D 256 fits an sm80 block with two stages");
+static_assert(mma_stages(256, 256, 227 * 1024, 2) == 2, "D 256: two stages, two blocks per sm90 SM");
+static_assert(mma_stages(256, 256, 163 * 1024, 2, 0, 163 * 1024 / 2) == 4,
+              "D 256 on sm80: one block an SM, four stages");
 static_assert(mma_layout(kMaxHeadDim, kMaxHeadDim, kMinStages).ring >=
                   kMmaWarps * kRows * (kMaxHeadDim + 8) * 4,
               "the merge of the warps' O tiles fits over the ring");
