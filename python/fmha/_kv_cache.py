@@ -45,6 +45,16 @@ def attention_with_kvcache(
     appending k / v (when given) at positions cache_seqlens[b] .. (the caches are updated in place;
     cache_seqlens is not). Masks are bottom-right: the queries are the last positions. See
     docs/api-python.md."""
+    # Every scalar option is checked before the append below writes into the caches: a bad one
+    # raises with the caches untouched.
+    scale = None if scale is None else to_float(scale, "scale")
+    softcap = to_float(softcap, "softcap")
+    causal = to_bool(causal, "causal")
+    window_left, window_right = window_bounds(window)
+    num_splits = to_int(num_splits, "num_splits")
+    return_lse = to_bool(return_lse, "return_lse")
+    if max_seqlen_q is not None:
+        max_seqlen_q = to_int(max_seqlen_q, "max_seqlen_q")
     q = _tensor(q, "q")
     k_cache = _tensor(k_cache, "k_cache")
     v_cache = _tensor(v_cache, "v_cache")
@@ -65,13 +75,10 @@ def attention_with_kvcache(
     if cu_seqlens_q is not None and max_seqlen_q is None:
         # One read of the offsets (a synchronisation on CUDA); pass max_seqlen_q to avoid it.
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item()) if batch else 0
-    window_left, window_right = window_bounds(window)
     args = (
-        q, k_cache, v_cache, seqlens.to(torch.int32), block_table, cu_seqlens_q,
-        to_int(max_seqlen_q or 0, "max_seqlen_q"),
-        None if scale is None else to_float(scale, "scale"), to_float(softcap, "softcap"),
-        to_bool(causal, "causal"), window_left, window_right, _optional_tensor(sinks, "sinks"),
-        to_int(num_splits, "num_splits"),
+        q, k_cache, v_cache, seqlens.to(torch.int32), block_table, cu_seqlens_q, max_seqlen_q or 0,
+        scale, softcap, causal, window_left, window_right, _optional_tensor(sinks, "sinks"),
+        num_splits,
     )  # fmt: skip
     if _takes_eager_path(q):
         out, lse = _ops.forward(*args, fake=False)

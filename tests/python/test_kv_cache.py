@@ -114,6 +114,22 @@ def test_append_then_attend(page_size):
     torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("option", [dict(causal="yes"), dict(return_lse="yes"), dict(scale="x"),
+                                    dict(num_splits=2.0), dict(window=(1, "2"))])
+def test_bad_option_raises_before_the_append(option):
+    lens = [3, 5]
+    q, k_cache, v_cache, cache, keys, values = _make([n + 1 for n in lens], page_size=2)
+    before = (k_cache.clone(), v_cache.clone())
+    k_new = torch.stack([keys[b][n:] for b, n in enumerate(lens)])
+    v_new = torch.stack([values[b][n:] for b, n in enumerate(lens)]) + 1.0
+    with pytest.raises((TypeError, ValueError), match="fmha: "):
+        fmha.attention_with_kvcache(q, k_cache, v_cache, torch.tensor(lens, dtype=torch.int32),
+                                    k_new, v_new, block_table=cache["block_table"], **option)  # fmt: skip
+    # bitwise (the unused rows hold NaN)
+    assert torch.equal(k_cache.view(torch.int64), before[0].view(torch.int64))
+    assert torch.equal(v_cache.view(torch.int64), before[1].view(torch.int64))
+
+
 def test_packed_queries():
     lens, q_lens = [9, 4, 0], [3, 1, 2]
     _, k_cache, v_cache, cache, keys, values = _make(lens, page_size=2)
