@@ -156,7 +156,7 @@ void DeviceTensors::upload(Tensors& t) {
     void* p = nullptr;
     CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)));
     allocations_.push_back(p);
-    if (bytes > 0) CUDA_CHECK(cudaMemcpy(p, dv.data, bytes, cudaMemcpyHostToDevice));
+    if (bytes > 0) CUDA_CHECK(fmha_cuda_test::copy_to_device(p, dv.data, bytes));
     dv.data = p;
     dv.device = fmha::Device::cuda(0);
     views_.*view = dv;
@@ -165,7 +165,7 @@ void DeviceTensors::upload(Tensors& t) {
 
 void DeviceTensors::reset(HostTensor& h, const fmha::TensorView& dv) {
   const std::size_t bytes = storage_bytes(dv);
-  if (bytes > 0) CUDA_CHECK(cudaMemcpy(dv.data, h.view().data, bytes, cudaMemcpyHostToDevice));
+  if (bytes > 0) CUDA_CHECK(fmha_cuda_test::copy_to_device(dv.data, h.view().data, bytes));
 }
 
 void DeviceTensors::download(HostTensor& h, const fmha::TensorView& dv) {

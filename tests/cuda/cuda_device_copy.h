@@ -25,6 +25,20 @@ inline std::size_t storage_bytes(const fmha::TensorView& v) {
   return static_cast<std::size_t>(elements) * fmha::element_size(v.dtype);
 }
 
+// Host-to-device copy and fill that have landed when they return. A cudaMemcpy from pageable
+// host memory may return once the bytes are staged, before the DMA lands, and cudaMemset is
+// asynchronous; the library's calls in these tests run on streams that do not synchronise with the
+// legacy default stream (TestStream's), so without the device synchronisation a kernel could read
+// the old contents (seen as a rare wrong result of the last, smallest upload).
+inline cudaError_t copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  return e != cudaSuccess ? e : cudaDeviceSynchronize();
+}
+inline cudaError_t fill_device(void* dst, int byte, std::size_t bytes) {
+  const cudaError_t e = cudaMemset(dst, byte, bytes);
+  return e != cudaSuccess ? e : cudaDeviceSynchronize();
+}
+
 // Owns the device buffers; every copy keeps the host tensor's strides, so padding, permuted and
 // broadcast layouts reach the kernels unchanged. Copies are made at once, or queued on the stream
 // given at construction.
@@ -49,7 +63,7 @@ class DeviceCopies {
     allocations_.push_back(p);
     if (bytes > 0) {
       if (stream_ == nullptr) {
-        const cudaError_t c = cudaMemcpy(p, v.data, bytes, cudaMemcpyHostToDevice);
+        const cudaError_t c = copy_to_device(p, v.data, bytes);
         EXPECT_EQ(c, cudaSuccess) << "cudaMemcpy: " << cudaGetErrorString(c);
       } else {
         const cudaError_t c = cudaMemcpyAsync(p, v.data, bytes, cudaMemcpyHostToDevice, stream_);

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "cuda/cuda_case_util.h"
+#include "cuda/cuda_device_copy.h"
 #include "naive/naive_masks.h"
 #include "naive/naive_problem.h"
 
@@ -177,7 +178,7 @@ class DeviceTensors {
       void* p = nullptr;
       CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)));
       allocations_.push_back(p);
-      if (bytes > 0) CUDA_CHECK(cudaMemcpy(p, dv.data, bytes, cudaMemcpyHostToDevice));
+      if (bytes > 0) CUDA_CHECK(fmha_cuda_test::copy_to_device(p, dv.data, bytes));
       dv.data = p;
       dv.device = fmha::Device::cuda(0);
       views_.*view = dv;

@@ -80,8 +80,7 @@ class GuardedOutput {
     storage_.poison();
     const std::size_t bytes = storage_bytes(storage_view_);
     if (bytes == 0) return;
-    const cudaError_t e =
-        cudaMemcpy(storage_view_.data, storage_.view().data, bytes, cudaMemcpyHostToDevice);
+    const cudaError_t e = copy_to_device(storage_view_.data, storage_.view().data, bytes);
     EXPECT_EQ(e, cudaSuccess) << "cudaMemcpy: " << cudaGetErrorString(e);
   }
 

@@ -46,11 +46,11 @@ class CudaMemory final : public fmha_fuzz::Memory {
   unsigned char* base() override { return static_cast<unsigned char*>(base_); }
   std::size_t capacity() const override { return bytes_; }
   void fill(unsigned char* dst, unsigned char byte, std::size_t bytes) override {
-    const cudaError_t e = cudaMemset(dst, byte, bytes);
+    const cudaError_t e = fmha_cuda_test::fill_device(dst, byte, bytes);
     EXPECT_EQ(e, cudaSuccess) << "cudaMemset: " << cudaGetErrorString(e);
   }
   void write(unsigned char* dst, const void* src, std::size_t bytes) override {
-    const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    const cudaError_t e = fmha_cuda_test::copy_to_device(dst, src, bytes);
     EXPECT_EQ(e, cudaSuccess) << "cudaMemcpy: " << cudaGetErrorString(e);
   }
   // After a device synchronisation: whatever a call queued has landed before the bytes are read.

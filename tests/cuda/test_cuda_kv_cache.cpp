@@ -375,7 +375,8 @@ TEST_P(CudaKvCache, CudaGraphCapture) {
   ASSERT_EQ(stream.sync(), cudaSuccess);
   HostTensor eager = data.out;
   DeviceCopies::download(eager, p.out);
-  ASSERT_EQ(cudaMemset(p.out.data, 0xff, fmha_cuda_test::storage_bytes(p.out)), cudaSuccess);
+  ASSERT_EQ(fmha_cuda_test::fill_device(p.out.data, 0xff, fmha_cuda_test::storage_bytes(p.out)),
+            cudaSuccess);
   const auto s = static_cast<cudaStream_t>(stream.get());
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);

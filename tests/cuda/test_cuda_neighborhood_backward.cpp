@@ -97,7 +97,7 @@ class DeviceCase {
   void reset(HostTensor& h, Member m) const {
     const std::size_t bytes = storage_bytes((*this)[m]);
     if (bytes > 0) {
-      EXPECT_EQ(cudaMemcpy((*this)[m].data, h.view().data, bytes, cudaMemcpyHostToDevice),
+      EXPECT_EQ(fmha_cuda_test::copy_to_device((*this)[m].data, h.view().data, bytes),
                 cudaSuccess);
     }
   }

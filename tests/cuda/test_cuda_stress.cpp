@@ -90,7 +90,7 @@ class Problem {
     std::mt19937_64 rng(seed);
     q_.fill_uniform(rng, -1.0, 1.0);
     const fmha::TensorView& d = views_[kQ];
-    ASSERT_EQ(cudaMemcpy(d.data, q_.view().data, storage_bytes(d), cudaMemcpyHostToDevice),
+    ASSERT_EQ(copy_to_device(d.data, q_.view().data, storage_bytes(d)),
               cudaSuccess);
   }
 
@@ -249,7 +249,7 @@ TEST(CudaStress, OutOfMemoryIsAStatusAndTheDeviceStaysUsable) {
     void* p = nullptr;
     ASSERT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
     buffers.push_back(p);
-    ASSERT_EQ(cudaMemset(p, 0, bytes), cudaSuccess);
+    ASSERT_EQ(fill_device(p, 0, bytes), cudaSuccess);
     v.push_back(lse ? fmha::TensorView::contiguous(p, DType::kFloat32, {1, kH, kL},
                                                    fmha::Device::cuda(0))
                     : fmha::TensorView::contiguous(p, DType::kFloat16, {1, kL, kH, kD},
