@@ -229,13 +229,15 @@ bool dq_overlap_enabled() {
 // this in run_backward, orders its own adds).
 // On Hopper the warp-specialized fused kernel runs wherever it applies (run_backward:
 // sm90_fused); elsewhere both structures run sm90 kernels where they apply (use_sm90_backward; the
-// older fused one at D 64 / 128 without rel-pos or dbias, sm90_fused_backward_applies); fused asked
+// older fused one at D 64 / 128 / 256 without rel-pos or dbias, sm90_fused_backward_applies); fused asked
 // for where only the split sm90 kernels apply runs the sm80 fused kernels. Auto there: split,
 // measured on an H100 (bf16, 2026-11-24): the older fused sm90 kernel took 1.00-1.24x the split
 // time in the dense cells (D 64 / 128, L 512-8192, causal or not; D 128 L 8192 level) and at SAM-B
 // (1.13x; with a [1, H, L, L] bias 1.09x): its dQ reductions cost more than the dQ kernel's
 // recomputed S and dP. (D 128 causal L 512 ran 0.64x there against a split run whose p10-p90
-// spread 0.68-1.26 ms; an earlier run had that split cell at 0.54 ms, 0.87x.)
+// spread 0.68-1.26 ms; an earlier run had that split cell at 0.54 ms, 0.87x.) At D 256 (the fused
+// dK part with dQ atomics, then the split form's dV part; H200, bf16, 2026-11-28, 16k tokens) the
+// two are level: fused 0.88-1.01x the split speed, L 512 and causal L <= 2048 the slowest.
 // A call without rows (batch or heads 0): every gradient is empty except those that sum over the
 // empty dimension, dsinks and a bias broadcast over it, which are sums of nothing: zeros (dsinks
 // keeps its values when the call adds to them).

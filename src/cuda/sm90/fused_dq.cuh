@@ -19,6 +19,12 @@
 //          kernel, not the adds (H100, 2026-11-24: 15% faster than split with no dQ traffic);
 //   D 128: each warpgroup 64 head-dim rows over all 128 keys (after a block barrier: the other
 //          warpgroup's dS^T rows), staged and added the same way, each warpgroup its own rows.
+//   D 256: each warpgroup 128 head-dim rows (two products of 64) over all 128 keys, in the dK
+//          part's kernel (the dV part's runs as in the split form). No sum tile fits beside its
+//          tiles (40 KB): each thread adds its accumulators to the accumulator with float2
+//          atomics (32 floats a thread a step), as FlashAttention-3 does at this head dim.
+//          Level with the split form (H200, bf16, 2026-11-28, 16k tokens: 0.88-1.01x its speed),
+//          so auto keeps split there too: the products it saves are not what bounds D 256.
 // The split backward (a dQ kernel that recomputes S and dP) does 7 products a tile pair where this
 // does 5, at the price of the reductions. Measured on an H100 (bf16, 2026-11-24) the reductions
 // cost more than the two products: fused 1.00-1.24x the split time at D 64 / 128, L 512-8192,
@@ -59,16 +65,23 @@ __host__ __device__ constexpr bool ds_in_bias_tile(bool bias_staged) {
 
 template <int kD, int kN, int kM>
 struct FusedDq {
-  static_assert(bwd_fused_bucket(kD), "the warpgroups split D 64 by keys, D 128 by columns");
+  static_assert(bwd_fused_bucket(kD), "the warpgroups split D 64 by keys, D 128 / 256 by columns");
   static constexpr bool kSplitKeys = kD == 64;
   static constexpr int kKeys = kSplitKeys ? 64 : kN;  // the product's K, per warpgroup
+  // A warpgroup's head-dim rows of the product, in products of 64 (the M of a wgmma).
+  static constexpr int kColBlocks = kD > 128 ? 2 : 1;
   using DsTile = SwizzledTile<kN, kM>;                // dS^T: rows = keys, columns = queries
+  // Whether the sums go through the sum tile and bulk reductions (up to D 128) or straight from
+  // the registers by atomics (D 256).
+  static constexpr bool kStagedSums = kD <= 128;
   // The sum tile after the dS^T tile, [kD columns][kM queries] fp32, rows padded by 8 floats (the
   // 8 rows of an accumulator store then fall on distinct bank groups; rows stay 16-byte aligned
   // for the bulk copies).
   static constexpr int kSumPitch = kM + 8;
-  static constexpr int kSumBytes = kD * kSumPitch * 4;
+  static constexpr int kSumBytes = kStagedSums ? kD * kSumPitch * 4 : 0;
   static_assert(kM % 4 == 0 && kSumBytes % 1024 == 0, "16-byte rows, 1024-byte tile");
+  // A warpgroup's dQ^T accumulators: kColBlocks products of 64 head-dim rows x kM queries.
+  using Accum = float[kColBlocks][kM / 8][4];
 
   // Stores this warp's 16 rows of dS^T (rows first_row.., A fragments of 16 columns each).
   template <int kSteps>
@@ -97,32 +110,36 @@ struct FusedDq {
 
   // The warpgroup's first head-dim row and first key of the product.
   __device__ __forceinline__ static int first_col(int warpgroup) {
-    return kSplitKeys ? 0 : 64 * warpgroup;
+    return kSplitKeys ? 0 : 64 * kColBlocks * warpgroup;
   }
   __device__ __forceinline__ static int first_key(int warpgroup) {
     return kSplitKeys ? 64 * warpgroup : 0;
   }
 
-  // dq = (K^T dS^T) rows [first_col, +64) over keys [first_key, +kKeys): issued, not waited for.
+  // dq[c] = (K^T dS^T) rows [first_col + 64c, +64) over keys [first_key, +kKeys): issued, not
+  // waited for.
   template <typename T, typename KTile>
-  __device__ __forceinline__ static void product(float (&dq)[kM / 8][4], std::uint32_t smem_k,
+  __device__ __forceinline__ static void product(Accum& dq, std::uint32_t smem_k,
                                                  std::uint32_t smem_ds, int warpgroup) {
-    mn_product<T, kKeys / 16, KTile, DsTile>(dq, smem_k, first_col(warpgroup), smem_ds,
-                                             first_key(warpgroup));
+#pragma unroll
+    for (int c = 0; c < kColBlocks; ++c) {
+      mn_product<T, kKeys / 16, KTile, DsTile>(dq[c], smem_k, first_col(warpgroup) + 64 * c,
+                                               smem_ds, first_key(warpgroup));
+    }
   }
 
   // Writes (accumulate = false) or adds (D 64: the other warpgroup's partial sum is there) this
   // warpgroup's dQ^T rows into the sum tile.
-  __device__ __forceinline__ static void stage(const float (&dq)[kM / 8][4],
-                                               std::uint32_t smem_sum, int warpgroup, int warp,
-                                               int lane, bool accumulate) {
+  __device__ __forceinline__ static void stage(const Accum& dq, std::uint32_t smem_sum,
+                                               int warpgroup, int warp, int lane, bool accumulate) {
+    static_assert(kStagedSums, "D 256 adds from the registers (add_registers)");
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int col = first_col(warpgroup) + (warp % 4) * 16 + lane / 4 + 8 * r;
 #pragma unroll
       for (int t = 0; t < kM / 8; ++t) {
         const std::uint32_t at = smem_sum + (col * kSumPitch + t * 8 + 2 * (lane % 4)) * 4;
-        float x0 = dq[t][2 * r], x1 = dq[t][2 * r + 1];
+        float x0 = dq[0][t][2 * r], x1 = dq[0][t][2 * r + 1];
         if (accumulate) {
           float y0, y1;
           asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(y0), "=f"(y1) : "r"(at));
@@ -174,13 +191,48 @@ struct FusedDq {
     }
   }
 
+  // Adds this thread's dQ^T accumulators (D 256: no sum tile) to `accum` (the step's tile: column
+  // col at accum + col * col_stride, queries contiguous): entries 0, 1 (2, 3) of tile t are queries
+  // 8t + 2 (lane % 4) + {0, 1} of head-dim row first_col + 64c + 16 (warp % 4) + lane / 4 (+ 8).
+  // Pairs go as one float2 atomic where `pairs` (the tile's first query is 8-byte aligned in the
+  // accumulator; its column stride is even), else as two floats.
+  __device__ __forceinline__ static void add_registers(const Accum& dq, float* accum,
+                                                       std::int64_t col_stride, int warpgroup,
+                                                       int warp, int lane, int head_dim,
+                                                       int valid_queries, bool pairs) {
+#pragma unroll
+    for (int c = 0; c < kColBlocks; ++c) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int col = first_col(warpgroup) + 64 * c + (warp % 4) * 16 + lane / 4 + 8 * r;
+        if (col >= head_dim) continue;
+        float* const row = accum + col * col_stride;
+#pragma unroll
+        for (int t = 0; t < kM / 8; ++t) {
+          const int q = t * 8 + 2 * (lane % 4);
+          const float x0 = dq[c][t][2 * r], x1 = dq[c][t][2 * r + 1];
+          if (pairs && q + 1 < valid_queries) {
+            atomicAdd(reinterpret_cast<float2*>(row + q), make_float2(x0, x1));
+          } else {
+            if (q < valid_queries) atomicAdd(row + q, x0);
+            if (q + 1 < valid_queries) atomicAdd(row + q + 1, x1);
+          }
+        }
+      }
+    }
+  }
+
   // The sum tile may be written again once this thread's bulk reductions have read it (before the
   // barrier that precedes the writes), and the kernel may end once they are done.
   __device__ __forceinline__ static void wait_sum_read(int warpgroup) {
-    if (adds_row(warpgroup)) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
+    if (kStagedSums && adds_row(warpgroup)) {
+      ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
+    }
   }
   __device__ __forceinline__ static void wait_sum_done(int warpgroup) {
-    if (adds_row(warpgroup)) ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
+    if (kStagedSums && adds_row(warpgroup)) {
+      ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
+    }
   }
 };
 

@@ -60,16 +60,17 @@ Status launch_bwd_kernel(dim3 grid, int smem, cudaStream_t stream, const char* n
 // Bias tiles (one a stage; the general policy's, and the bias policy's in the dQ kernel) are
 // staged when their rows are whole 16-byte chunks and they fit next to the kernel's other shared
 // memory `smem`; sets p.fwd.bias_staged.
-inline int stage_bias(BackwardParams& p, int smem, int tile_bytes) {
-  const int bytes = kBwdStages * tile_bytes;
+inline int stage_bias(BackwardParams& p, int smem, int tile_bytes, int stages = kBwdStages) {
+  const int bytes = stages * tile_bytes;
   p.fwd.bias_staged = bias_stageable(p.fwd) && smem + bytes <= max_block_smem();
   return p.fwd.bias_staged ? bytes : 0;
 }
 
-}  // namespace detail
-
+// The dK/dV kernels of one call: the split form's (one kernel up to D 128, the dK and dV parts'
+// above), or the fused form's (p.dq_accum set): one kernel up to D 128, and at D 256 the fused dK
+// part's kernel followed by the split form's dV part (dv_only: that part alone).
 template <typename T, int kD, typename Policy>
-Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
+Status launch_dkdv(const BackwardParams& params, cudaStream_t stream, bool dv_only) {
   BackwardParams p = params;
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
   static_assert(!kTokenTiles || kD <= kBwdNeighborhoodMaxHeadDim, "as the dispatch refuses");
@@ -88,15 +89,18 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   }
   const dim3 grid = batch_grid(p.fwd, key_tiles, p.fwd.heads / p.fwd.kv_group);
   int smem = bwd_dkdv_smem_bytes<kD, kTokenTiles>();
-  // The fused backward (dq_accum set; sm90_fused_backward_applies): the dQ sum tile after the
-  // tiles, the tail after the statistics aligned to 1024 bytes, and the dS^T tile there unless the
-  // bias is staged (then it takes the bias tile of its stage: mainloop_bwd_dkdv.cuh).
+  int stages = kBwdStages;
+  // The fused backward (dq_accum set; sm90_fused_backward_applies): its stages' tiles, the dQ sum
+  // tile after them (up to D 128), the tail after the statistics aligned to 1024 bytes, and the
+  // dS^T tile there unless the bias is staged (then it takes the bias tile of its stage:
+  // mainloop_bwd_dkdv.cuh).
   constexpr bool kFusable = sm90_fused_backward_instantiated<kD, Policy>();
   using Fused = FusedDq<kFusable ? kD : 64, kBwdKeysPerBlock, bwd_queries_per_tile(kD)>;
-  const bool fused = p.dq_accum != nullptr;
+  const bool fused = p.dq_accum != nullptr && !dv_only;
   if (fused) {
     if constexpr (kFusable) {
-      smem += Fused::kSumBytes + 1024;
+      stages = bwd_dkdv_stages(kD, true);
+      smem = bwd_dkdv_smem_bytes<kD, false, bwd_dkdv_stages(kD, true)>() + Fused::kSumBytes + 1024;
     } else {
       return Status::backend_error(
           "fmha: internal error: the sm90 fused backward has no kernel for this problem");
@@ -111,11 +115,11 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
     if (!fused) smem += 1024;
   }
   if constexpr (kGeneralForm<Policy> || kBiasForm<Policy>) {
-    smem += detail::stage_bias(p, smem, bwd_dkdv_bias_tile_bytes(kD));
+    smem += detail::stage_bias(p, smem, bwd_dkdv_bias_tile_bytes(kD), stages);
   }
   BackwardTileMaps maps;
   if constexpr (kBiasForm<Policy>) {  // reads staged tiles only: else the general policy
-    if (!p.fwd.bias_staged) return launch_backward_dkdv<T, kD, PolicyGeneral>(params, stream);
+    if (!p.fwd.bias_staged) return launch_dkdv<T, kD, PolicyGeneral>(params, stream, dv_only);
     // By TMA in a dense batch whose bias the driver maps.
     maps.bias_usable =
         tma_enabled() && p.fwd.cu_seqlens_q == nullptr &&
@@ -124,20 +128,37 @@ Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kFusable) {
     if (fused) {
       if (!ds_in_bias_tile<Policy>(p.fwd.bias_staged)) smem += Fused::DsTile::kBytes;
-      return detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth, true>>(
-          grid, smem, stream, "fused dK/dV/dQ", false, p, maps);
+      if constexpr (bwd_num_parts(kD) == 1) {
+        return detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth, true>>(
+            grid, smem, stream, "fused dK/dV/dQ", false, p, maps);
+      } else {
+        const Status s =
+            detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk, true>>(
+                grid, smem, stream, "fused dK/dQ", false, p, maps);
+        if (!s.ok()) return s;
+        return launch_dkdv<T, kD, Policy>(params, stream, /*dv_only=*/true);
+      }
     }
   }
   if constexpr (bwd_num_parts(kD) == 1) {
     return detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth>>(
         grid, smem, stream, "dK/dV", false, p, maps);
   } else {
-    Status s = detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk>>(
-        grid, smem, stream, "dK", false, p, maps);
-    if (!s.ok()) return s;
+    if (!dv_only) {
+      const Status s = detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk>>(
+          grid, smem, stream, "dK", false, p, maps);
+      if (!s.ok()) return s;
+    }
     return detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDv>>(
         grid, smem, stream, "dV", false, p, maps);
   }
+}
+
+}  // namespace detail
+
+template <typename T, int kD, typename Policy>
+Status launch_backward_dkdv(const BackwardParams& params, cudaStream_t stream) {
+  return detail::launch_dkdv<T, kD, Policy>(params, stream, /*dv_only=*/false);
 }
 
 template <typename T, int kD, typename Policy>

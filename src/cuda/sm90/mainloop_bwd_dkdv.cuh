@@ -19,7 +19,8 @@
 // keys are a key box, its query tiles the boxes of the queries that see them, all gathered by
 // token.
 // The fused backward (kFusedDq) also adds dQ = dS K of every tile to an fp32 accumulator
-// (fused_dq.cuh), so that no dQ kernel recomputes S and dP.
+// (fused_dq.cuh), so that no dQ kernel recomputes S and dP; at D 256 the dK part's kernel does,
+// with two Q/dO stages (bwd_dkdv_stages), beside the dV part's kernel of the split form.
 #pragma once
 
 #include <cmath>
@@ -44,12 +45,12 @@ namespace fmha::cuda::sm90 {
 // Shared memory of the tiles; under rel-pos the staged rel_w rows follow (bwd_rel_w_rows_bytes),
 // under the general policy the staged bias tiles (bwd_dkdv_bias_tile_bytes a stage), under token
 // tiles their bookkeeping (DkDvTokenTiles).
-template <int kD, bool kTokenTiles = false>
+template <int kD, bool kTokenTiles = false, int kStages = kBwdStages>
 constexpr int bwd_dkdv_smem_bytes() {
   constexpr int kM = bwd_queries_per_tile(kD, kTokenTiles);
   constexpr int bytes = 2 * SwizzledTile<kBwdKeysPerBlock, kD>::kBytes +
-                        kBwdStages * (2 * SwizzledTile<kM, kD>::kBytes + 2 * kM * 4) + 1024;
-  static_assert(bytes == bwd_dkdv_tile_bytes(kD, kTokenTiles), "as the dispatch counts");
+                        kStages * (2 * SwizzledTile<kM, kD>::kBytes + 2 * kM * 4) + 1024;
+  static_assert(bytes == bwd_dkdv_tile_bytes(kD, kTokenTiles, kStages), "as the dispatch counts");
   return bytes;
 }
 
@@ -70,7 +71,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, const Backwa
   constexpr bool kTokenTiles = Mask::kTokenTiles;
   constexpr int kN = kBwdKeysPerBlock;
   constexpr int kM = bwd_queries_per_tile(kD, kTokenTiles);
-  constexpr int kStages = kBwdStages;
+  constexpr int kStages = bwd_dkdv_stages(kD, kFusedDq);
   constexpr int kScoreTiles = kM / 8;
   constexpr int kOutTiles = kD / 8;
   constexpr bool kDv = kPart != DkDvPart::kDk;  // this block accumulates dV
@@ -81,7 +82,8 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, const Backwa
   using Scores = typename Policy::template Scores<T>;
   using Convert = tile::Dtype<T>;
   using Fused = FusedDq<kFusedDq ? kD : 64, kN, kM>;
-  static_assert(!kFusedDq || (!kTokenTiles && kPart == DkDvPart::kBoth), "fused: range masks");
+  static_assert(!kFusedDq || (!kTokenTiles && kPart == (kD > 128 ? DkDvPart::kDk : DkDvPart::kBoth)),
+                "fused: range masks; at D 256 the dK part's kernel");
   static_assert(kPart == DkDvPart::kBoth || (!kTokenTiles && kD > 128), "as bwd_num_parts");
   constexpr bool kModifiers = std::is_same_v<Policy, PolicyGeneral>;  // softcap, bias
   // A bias alone (score_bias.cuh): natural-unit scores, its tiles staged as the general policy's.
@@ -433,21 +435,26 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, const Backwa
     wgmma_commit();
     if constexpr (kFusedDq) {
       // dQ^T = K^T dS^T while dV and dK run, then added to the accumulator.
-      float dq[kM / 8][4];
+      typename Fused::Accum dq;
       Fused::publish_ds(warpgroup);
       Fused::template product<T, KTile>(dq, smem_k, smem_ds, warpgroup);
       wgmma_commit();
       wgmma_wait<0>();
-      fence_accumulators(dq);
+#pragma unroll
+      for (int c = 0; c < Fused::kColBlocks; ++c) fence_accumulators(dq[c]);
       const int h = step_head(u);
       const std::int64_t first_query = q_start + m0;
       float* const accum =
           p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride + first_query;
       const int valid_queries = static_cast<int>(num_queries - m0 < kM ? num_queries - m0 : kM);
       // dQ^T into the sum tile (D 64: the warpgroups' partial sums meet there), whose rows the
-      // copy engine adds to the accumulator while the block goes on.
+      // copy engine adds to the accumulator while the block goes on; at D 256 straight from the
+      // registers.
       Fused::wait_sum_read(warpgroup);  // the last step's bulk reductions
-      if constexpr (Fused::kSplitKeys) {
+      if constexpr (!Fused::kStagedSums) {
+        Fused::add_registers(dq, accum, p.accum_col_stride, warpgroup, warp, lane, f.head_dim,
+                             valid_queries, (reinterpret_cast<std::uintptr_t>(accum) & 7) == 0);
+      } else if constexpr (Fused::kSplitKeys) {
         __syncthreads();
         if (warpgroup == 0) Fused::stage(dq, smem_sum, warpgroup, warp, lane, false);
         __syncthreads();
@@ -460,9 +467,11 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, const Backwa
         fence_proxy_async();
         Fused::warpgroup_barrier(warpgroup);
       }
-      Fused::add_sum(reinterpret_cast<const float*>(smem_k_ptr + (smem_sum - smem_k)), accum,
-                     p.accum_col_stride, warpgroup, f.head_dim, valid_queries,
-                     (first_query & 3) == 0);
+      if constexpr (Fused::kStagedSums) {
+        Fused::add_sum(reinterpret_cast<const float*>(smem_k_ptr + (smem_sum - smem_k)), accum,
+                       p.accum_col_stride, warpgroup, f.head_dim, valid_queries,
+                       (first_query & 3) == 0);
+      }
     } else {
       wgmma_wait<0>();
     }
@@ -514,7 +523,7 @@ __device__ __forceinline__ void dkdv_block(const BackwardParams& p, const Backwa
 // kPart of dK/dV for every key tile (block_coords' tile). One kernel per part rather than a
 // branch on the block index: with two bodies in one kernel the compiler hoists across them and
 // spills (752 bytes at D = 256 for the column chunks this replaced, none with one body).
-// kFusedDq: the fused backward's kernel (both outputs, D 64 or 128).
+// kFusedDq: the fused backward's kernel (both outputs at D 64 / 128; dK at D 256).
 // maps: the bias policy's tiles by TMA (bias_usable; nothing else is read through it).
 template <typename T, int kD, typename Policy, DkDvPart kPart, bool kFusedDq = false>
 __global__ void __launch_bounds__(kBwdThreads, 1)

@@ -26,9 +26,10 @@ constexpr int bwd_num_parts(int head_dim_bucket) { return head_dim_bucket <= 128
 inline constexpr int kBwdNeighborhoodMaxHeadDim = 128;
 
 // Head-dim buckets with a fused kernel (the dK/dV kernel adding dQ as well: fused_dq.cuh, whose
-// two warpgroups split the dQ product by keys at D 64 and by head-dim columns at D 128).
+// two warpgroups split the dQ product by keys at D 64 and by head-dim columns at D 128 and 256;
+// at D 256 it is the dK part's kernel, beside the dV part's of the split form).
 constexpr bool bwd_fused_bucket(int head_dim_bucket) {
-  return head_dim_bucket == 64 || head_dim_bucket == 128;
+  return head_dim_bucket == 64 || head_dim_bucket == 128 || head_dim_bucket == 256;
 }
 
 // Both kernels: two warpgroups (256 threads), each owning 64 rows of the block's own side.
@@ -56,6 +57,11 @@ constexpr int bwd_keys_per_tile(int head_dim_bucket, bool narrow = false) {
 }
 
 inline constexpr int kBwdStages = 3;
+// Stages of a dK/dV kernel: three, but two in the fused dK kernel of D 256, whose dS^T tile (8 KB)
+// does not fit beside K, V and three Q/dO stages (226 of the 227 KB).
+constexpr int bwd_dkdv_stages(int head_dim_bucket, bool fused) {
+  return fused && head_dim_bucket > 128 ? 2 : kBwdStages;
+}
 
 // The warp-specialized fused backward (mainloop_bwd_fused.cuh): a block owns 128 keys (64 per math
 // warpgroup, the M of S^T = K Q^T and dP^T = V dO^T) and walks query tiles of 64 queries at D 128
@@ -83,10 +89,11 @@ constexpr int bwd_dq_tile_bytes(int head_dim_bucket, int stages, bool narrow = f
 
 // Shared memory of a dK/dV block's 16-bit tiles: K and V, and per stage Q, dO and their rows'
 // lse and Delta; plus the alignment slack.
-constexpr int bwd_dkdv_tile_bytes(int head_dim_bucket, bool token_tiles = false) {
+constexpr int bwd_dkdv_tile_bytes(int head_dim_bucket, bool token_tiles = false,
+                                  int stages = kBwdStages) {
   const int queries = bwd_queries_per_tile(head_dim_bucket, token_tiles);
   return 2 * kBwdKeysPerBlock * head_dim_bucket * 2 +
-         kBwdStages * (2 * queries * head_dim_bucket * 2 + 2 * queries * 4) + 1024;
+         stages * (2 * queries * head_dim_bucket * 2 + 2 * queries * 4) + 1024;
 }
 
 // A staged bias tile, one per stage after the tiles, 16-bit in 16-byte chunks swizzled by row:
