@@ -228,6 +228,16 @@ TEST_P(CudaKvCache, LongCachesManyTiles) {
   for (int splits : {1, 5}) check_layouts(c, splits, 360 + splits, {7, 64});
 }
 
+// One kv head at B 1 over a long cache: the split rule goes past 64 splits (one block each), and a
+// caller's 100 splits; the combine merges more parts than a warp has lanes.
+TEST_P(CudaKvCache, ManySplitsOfOneHead) {
+  SKIP_WITHOUT_GPU();
+  KvCase c = decode_case(DType::kBFloat16, 32, 1, 128);
+  c.cache_lens = {20000};
+  c.sinks = true;
+  for (int splits : {0, 100}) check_layouts(c, splits, 380 + splits, {16});
+}
+
 TEST_P(CudaKvCache, PackedQueriesChunkedPrefill) {
   SKIP_WITHOUT_GPU();
   KvCase c = decode_case(DType::kBFloat16, 8, 2, 128);
