@@ -1,13 +1,19 @@
 // The fast CPU backend's worker threads, started on first use and kept for the life of the process.
 //
-// A helper that has run a call's tasks, and a caller waiting for its helpers, first spin for kSpin
-// on the counter they wait for before sleeping on a condition variable: in a virtual machine an idle
-// virtual CPU sleeps in the host, and waking a sleeping helper took longer than a small call's
-// whole work, so the caller ran every task itself (2-core AMD EPYC guest, 2026-11-28, B1 H2 L256
-// D32 causal fp32 forward from C++: 150 us on one thread, 155 on two; calls from Python come tens of
-// microseconds apart). The spin pauses between reads and yields the core every few reads; only
-// helpers the hardware has cores for spin (a call asking for more threads than cores does not
-// leave them all spinning).
+// A helper first spins for kSpin on the call counter before sleeping on
+// a condition variable: in a virtual machine an idle virtual CPU sleeps in the host, and waking a
+// sleeping helper takes longer than a small call's whole work (2-core AMD EPYC guest, 2026-11-28:
+// 50-100 us). The spin pauses between reads and yields the core every few reads; only helpers the
+// hardware has cores for spin (a call asking for more threads than cores does not leave them all
+// spinning).
+//
+// A call never waits for a helper to wake. Helpers join a call (admission_) before they touch its
+// tasks; once the caller has run out of tasks it closes the call to joiners and waits only for the
+// helpers that joined, which are running tasks. A helper that wakes after the close finds nothing
+// to do and goes back to waiting. So a tiny call whose helpers sleep runs on the calling thread at
+// its one-thread speed instead of paying the wake-up, and one whose helpers spin (calls tens of
+// microseconds apart) gets them at once; either way each task runs once and the results do not
+// depend on who ran it (parallel.h).
 #include <unistd.h>
 
 #include <atomic>
@@ -68,28 +74,34 @@ class ThreadPool {
       while (static_cast<int>(helpers_) < workers - 1) start_helper();
       body_ = &body;
       workers_ = workers;
-      pending_.store(workers - 1);
+      admission_.store(0);
+      finished_.store(0);
       generation_.fetch_add(1);
     }
     wake_.notify_all();
-    // The helpers read `body` until they are done: wait for them even when worker 0 throws.
-    const auto wait_for_helpers = [&] {
-      spin_until([&] { return pending_.load() == 0; });
+    // Closes the call to helpers not yet in it and waits for those in it, which read `body` until
+    // they are done (also when worker 0 throws).
+    const auto close_and_wait = [&] {
+      const int joined = admission_.fetch_or(kClosed) & ~kClosed;
+      spin_until([&] { return finished_.load() == joined; });
       std::unique_lock<std::mutex> lock(mutex_);
-      done_.wait(lock, [&] { return pending_.load() == 0; });
+      done_.wait(lock, [&] { return finished_.load() == joined; });
       body_ = nullptr;
     };
     try {
       body(0);
     } catch (...) {
-      wait_for_helpers();
+      close_and_wait();
       throw;
     }
-    wait_for_helpers();
+    close_and_wait();
   }
 
  private:
-  // Called with mutex_ held. Helper i runs as worker i of every call with more than i workers.
+  static constexpr int kClosed = 1 << 30;  // admission_: the call takes no more helpers
+
+  // Called with mutex_ held. Helper i runs as worker i of every call with more than i workers that
+  // it joins before the caller closes it.
   void start_helper() {
     const int index = static_cast<int>(++helpers_);
     const std::uint64_t started = generation_.load();
@@ -105,14 +117,24 @@ class ThreadPool {
         }
         wake_.wait(lock, [&] { return generation_.load() != seen; });
         seen = generation_.load();
-        if (index >= workers_) continue;
+        if (index >= workers_ || !join()) continue;  // mutex_ held: the call cannot be reset
         const std::function<void(int)>* body = body_;
         lock.unlock();
         (*body)(index);
         lock.lock();
-        if (pending_.fetch_sub(1) == 1) done_.notify_one();
+        finished_.fetch_add(1);
+        done_.notify_one();
       }
     }).detach();
+  }
+
+  // Enters the current call unless the caller has closed it.
+  bool join() {
+    int admitted = admission_.load();
+    while ((admitted & kClosed) == 0) {
+      if (admission_.compare_exchange_weak(admitted, admitted + 1)) return true;
+    }
+    return false;
   }
 
   const pid_t pid_ = getpid();
@@ -122,8 +144,9 @@ class ThreadPool {
   std::size_t helpers_ = 0;
   const std::function<void(int)>* body_ = nullptr;
   int workers_ = 0;
-  // Written under mutex_; atomic so that a spinning thread may read them without it.
-  std::atomic<int> pending_{0};
+  // Reset under mutex_ when a call starts; atomic so that spinning threads may read them without it.
+  std::atomic<int> admission_{0};  // helpers that joined the call, | kClosed once it takes no more
+  std::atomic<int> finished_{0};   // helpers that joined and are done with its tasks
   std::atomic<std::uint64_t> generation_{0};
 };
 
