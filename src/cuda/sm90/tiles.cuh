@@ -221,14 +221,16 @@ __device__ __forceinline__ void zero_shared(std::uint32_t dst) {
 }
 
 // acc = A B^T over kSteps k16 steps, both operands K-major in shared memory: A's rows
-// [a_first_row, +64) (the warpgroup's), all of B's rows (N = 8 * kTiles). Steps past the head
-// dim would hold zero columns only; callers pick kSteps before the run (a branch inside a run of
-// wgmma makes ptxas end the group and inject warpgroup.arrive, warning C7519).
+// [a_first_row, +64) (the warpgroup's), B's rows [b_first_row, + 8 * kTiles) (N = 8 * kTiles; a
+// multiple of 8, the swizzle's row group). Steps past the head dim would hold zero columns only;
+// callers pick kSteps before the run (a branch inside a run of wgmma makes ptxas end the group
+// and inject warpgroup.arrive, warning C7519).
 template <typename T, int kSteps, typename ATile, typename BTile, int kTiles>
 __device__ __forceinline__ void ss_product(float (&acc)[kTiles][4], std::uint32_t smem_a,
-                                           int a_first_row, std::uint32_t smem_b) {
+                                           int a_first_row, std::uint32_t smem_b,
+                                           int b_first_row = 0) {
   const std::uint64_t a = ATile::k_major(smem_a, a_first_row, 0);
-  const std::uint64_t b = BTile::k_major(smem_b, 0, 0);
+  const std::uint64_t b = BTile::k_major(smem_b, b_first_row, 0);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
     Wgmma<T, kTiles * 8>::template ss<0>(acc, a + ATile::k_step(kk), b + BTile::k_step(kk), kk > 0);
@@ -251,9 +253,11 @@ __device__ __forceinline__ void rs_product(float (&acc)[kTiles][4],
 // acc = A B over kSteps k16 steps, both operands MN-major in shared memory (rows = k, from row
 // first_k of each tile): A = ATile's columns [a_first_col, +64) (a whole swizzle block: the M of
 // the product is 64), B = all of BTile's columns (N = 8 * kTiles).
+// (`accumulate`: acc += A B instead.)
 template <typename T, int kSteps, typename ATile, typename BTile, int kTiles>
 __device__ __forceinline__ void mn_product(float (&acc)[kTiles][4], std::uint32_t smem_a,
-                                           int a_first_col, std::uint32_t smem_b, int first_k) {
+                                           int a_first_col, std::uint32_t smem_b, int first_k,
+                                           bool accumulate = false) {
   static_assert(ATile::kBlockCols == 64, "A's 64 columns are one 128-byte swizzle block");
   const std::uint64_t a = ATile::mn_major(smem_a + a_first_col / 64 * ATile::kBlockBytes +
                                           first_k * ATile::kSwizzleBytes);
@@ -261,7 +265,24 @@ __device__ __forceinline__ void mn_product(float (&acc)[kTiles][4], std::uint32_
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
     Wgmma<T, kTiles * 8>::template ss<1, 1>(acc, a + ATile::mn_step(kk), b + BTile::mn_step(kk),
-                                            kk > 0);
+                                            kk > 0 || accumulate);
+  }
+}
+
+// acc = A B over kSteps k16 steps, A MN-major (rows = k, from row first_k; columns [a_first_col,
+// +64), a whole 128-byte swizzle block: the M of the product) and B K-major (rows = N, all of
+// BTile's, N = 8 * kTiles; columns = k from first_k).
+template <typename T, int kSteps, typename ATile, typename BTile, int kTiles>
+__device__ __forceinline__ void mk_product(float (&acc)[kTiles][4], std::uint32_t smem_a,
+                                           int a_first_col, std::uint32_t smem_b, int first_k) {
+  static_assert(ATile::kBlockCols == 64, "A's 64 columns are one 128-byte swizzle block");
+  const std::uint64_t a = ATile::mn_major(smem_a + a_first_col / 64 * ATile::kBlockBytes +
+                                          first_k * ATile::kSwizzleBytes);
+  const std::uint64_t b = BTile::k_major(smem_b, 0, 0);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    Wgmma<T, kTiles * 8>::template ss<0, 1>(acc, a + ATile::mn_step(kk),
+                                            b + BTile::k_step(first_k / 16 + kk), kk > 0);
   }
 }
 
@@ -283,15 +304,16 @@ __device__ __forceinline__ void pack_fragments(const float (&c)[kTiles][4],
 // Stores one warp's A fragments (rows [first_row, first_row + 16) of a 16-bit product operand, 16
 // columns a fragment) into the swizzled `Tile` at `smem` with stmatrix: lane l addresses row l % 8
 // of 8 x 8 matrix l / 8, the matrices in fragment order (rows 0-7 / 8-15, then columns 8-15).
+// `first_chunk`: the fragments' first 16-byte chunk of the row (their first column / 8).
 template <typename Tile, int kSteps>
 __device__ __forceinline__ void store_fragments_stmatrix(std::uint32_t smem, int first_row,
                                                          const std::uint32_t (&a)[kSteps][4],
-                                                         int lane) {
+                                                         int lane, int first_chunk = 0) {
   const int matrix = lane / 8;
   const int row = first_row + lane % 8 + 8 * (matrix & 1);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    const std::uint32_t at = smem + Tile::chunk_offset(row, 2 * kk + (matrix >> 1));
+    const std::uint32_t at = smem + Tile::chunk_offset(row, first_chunk + 2 * kk + (matrix >> 1));
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
                  "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
                  : "memory");
