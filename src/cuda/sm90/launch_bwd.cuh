@@ -87,15 +87,9 @@ Status launch_fused_d256(const BackwardParams& params, cudaStream_t stream, bool
   *launched = false;
   if (f.cu_seqlens_q != nullptr) return Status::ok_status();
   FusedBackwardMaps maps;
-  using QTile = Smem::QTile;
-  const bool mapped = encode_kv_maps<Smem::KTile>(&maps.k, &maps.v, f, Smem::kN) &&
-                      encode_rows_map(&maps.q, f.q, f.head_dim, f.seqlen_q, f.heads, f.batch,
-                                      f.q_row_stride, f.q_head_stride, f.q_batch_stride,
-                                      QTile::kBlockCols, Smem::kM, QTile::kSwizzleBytes) &&
-                      encode_rows_map(&maps.dout, p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch,
-                                      p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride,
-                                      QTile::kBlockCols, Smem::kM, QTile::kSwizzleBytes);
-  if (!mapped) return Status::ok_status();
+  if (!encode_fused_maps<Smem::KTile, Smem::QTile>(&maps, p, Smem::kN, Smem::kM)) {
+    return Status::ok_status();
+  }
   *launched = true;
   const std::int64_t kv_heads = f.heads / f.kv_group;
   const std::int64_t key_tiles = (f.seqlen_k + Smem::kN - 1) / Smem::kN;

@@ -25,14 +25,8 @@ Status launch_backward_fused(const BackwardParams& params, cudaStream_t stream) 
       f, key_tiles, kv_heads, f.kv_group * f.seqlen_q * (f.head_dim + f.value_dim) * 2);
   const dim3 grid = batch_grid(f, key_tiles, kv_heads);
   FusedBackwardMaps maps;
-  using QTile = typename Smem::QTile;
-  const bool mapped = encode_kv_maps<typename Smem::KTile>(&maps.k, &maps.v, f, Smem::kN) &&
-                      encode_rows_map(&maps.q, f.q, f.head_dim, f.seqlen_q, f.heads, f.batch,
-                                      f.q_row_stride, f.q_head_stride, f.q_batch_stride,
-                                      QTile::kBlockCols, Smem::kM, QTile::kSwizzleBytes) &&
-                      encode_rows_map(&maps.dout, p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch,
-                                      p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride,
-                                      QTile::kBlockCols, Smem::kM, QTile::kSwizzleBytes);
+  const bool mapped = encode_fused_maps<typename Smem::KTile, typename Smem::QTile>(
+      &maps, p, Smem::kN, Smem::kM);
   // The kernel copies whole query tiles of the row statistics (stat_rows), 16 bytes aligned.
   const bool stats_padded = f.cu_seqlens_q == nullptr &&
                             p.stat_rows >= (f.seqlen_q + Smem::kM - 1) / Smem::kM * Smem::kM &&

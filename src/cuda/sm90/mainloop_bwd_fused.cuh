@@ -124,6 +124,34 @@ inline constexpr int kFusedDqEmpty = 4;  // and 5
 inline constexpr int kFusedMathThreads = 256;
 inline constexpr int kFusedHandoffThreads = 128 + 32;
 
+// Tensor maps of a fused kernel's operands: K and V in key tiles of KTile (kN keys), Q and
+// dO in query tiles of QTile (kM queries). False where a map does not describe a tensor.
+template <typename KTile, typename QTile>
+inline bool encode_fused_maps(FusedBackwardMaps* maps, const BackwardParams& p, int kN, int kM) {
+  const ForwardParams& f = p.fwd;
+  return encode_kv_maps<KTile>(&maps->k, &maps->v, f, kN) &&
+         encode_rows_map(&maps->q, f.q, f.head_dim, f.seqlen_q, f.heads, f.batch, f.q_row_stride,
+                         f.q_head_stride, f.q_batch_stride, QTile::kBlockCols, kM,
+                         QTile::kSwizzleBytes) &&
+         encode_rows_map(&maps->dout, p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch,
+                         p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride,
+                         QTile::kBlockCols, kM, QTile::kSwizzleBytes);
+}
+
+// Thread 0 sets up a fused kernel's barriers (the block barrier after it publishes them): K / V's
+// and each stage's Q and dO `full` on one arrival (the producer's, with the bytes), each stage's
+// `empty` on every math thread's.
+__device__ __forceinline__ void init_fused_barriers(FusedBackwardBarriers* bars) {
+  barrier_init(&bars->kv_full, 1);
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    barrier_init(&bars->q_full[s], 1);
+    barrier_init(&bars->do_full[s], 1);
+    barrier_init(&bars->empty[s], kFusedMathThreads);
+  }
+  ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+}
+
 // Deterministic mode's turns (above): the writer's wait until `counter` reaches `turn` (acquire:
 // the earlier blocks' adds, completed before their increments, are visible to this block's
 // reductions, which the proxy fence orders after the wait), and its increment once its own adds
@@ -207,16 +235,8 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   const int num_steps = tiles.count * f.kv_group;
   const bool varlen = f.cu_seqlens_q != nullptr;
 
-  if (threadIdx.x == 0) {
-    barrier_init(&bars->kv_full, 1);
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      barrier_init(&bars->q_full[s], 1);  // the copying thread's arrival with the bytes
-      barrier_init(&bars->do_full[s], 1);
-      barrier_init(&bars->empty[s], kFusedMathThreads);
-    }
-    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
-  }
+  static_assert(kStages == 2, "the barriers' stages");
+  if (threadIdx.x == 0) init_fused_barriers(bars);
   __syncthreads();
 
   const int warpgroup = warpgroup_index();

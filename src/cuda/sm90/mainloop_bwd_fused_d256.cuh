@@ -123,16 +123,8 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   const FusedQueryTiles tiles = fused_query_tiles<kM>(mask, n0, valid_keys, rows.num_queries);
   const int num_steps = tiles.count * f.kv_group;
 
-  if (threadIdx.x == 0) {
-    barrier_init(&bars->kv_full, 1);
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      barrier_init(&bars->q_full[s], 1);  // the producer's arrival (after the statistics) + bytes
-      barrier_init(&bars->do_full[s], 1);
-      barrier_init(&bars->empty[s], kFusedMathThreads);
-    }
-    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
-  }
+  static_assert(kStages == 2, "the barriers' stages");
+  if (threadIdx.x == 0) init_fused_barriers(bars);  // q_full: arrived after the statistics' stores
   __syncthreads();
 
   const int warpgroup = warpgroup_index();
