@@ -59,7 +59,7 @@ struct FusedD256Smem {
   static_assert(kLaunchBytes <= 227 * 1024, "fits an sm90 block");
 };
 
-inline constexpr int kD256Free = 1;   // named barrier ids of this kernel
+inline constexpr int kD256Free = 1;  // named barrier ids of this kernel
 inline constexpr int kD256Ready = 2;
 
 // Adds one m64 block of dQ^T (head-dim rows first_row + 16 (warp % 4) + lane / 4 (+ 8), queries
@@ -217,7 +217,8 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
 #pragma unroll
     for (int t = 0; t < kHalfKeys / 8; ++t) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] = exp2_ftz(fmaf(s[t][e], f.scale_log2, -(e < 2 ? l0 : l8)));
+      for (int e = 0; e < 4; ++e)
+        s[t][e] = exp2_ftz(fmaf(s[t][e], f.scale_log2, -(e < 2 ? l0 : l8)));
     }
     wgmma_wait<0>();
     fence_accumulators(dp);
