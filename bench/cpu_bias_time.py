@@ -11,15 +11,13 @@ on a shared machine do not skew. GFLOP/s over all pairs (no mask). Prints a mark
 """
 from __future__ import annotations
 
-import argparse
 import re
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import fmha
+from cpu_timing import median_seconds, parse_args, print_row, print_table_header
 
 # (name, kind, B, H, key grid (rows, cols) for rel-pos or L for a bias, D)
 CASES = [
@@ -29,40 +27,11 @@ CASES = [
     ("bias [1,H,L,L] L2048 H4 D64", "bias", 1, 4, 2048, 64),
 ]
 
-CLOCK = time.perf_counter
-
-
-def median_seconds(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        start = CLOCK()
-        fn()
-        times.append(CLOCK() - start)
-    return statistics.median(times)
-
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--cases", default=".")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
-    p.add_argument("--clock", default="wall", choices=("wall", "thread"))
-    args = p.parse_args()
-    global CLOCK
-    if args.clock == "thread":
-        CLOCK = time.thread_time
-        args.threads = 1
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
-    print(f"threads {args.threads}, {args.clock} clock, {args.dtype}, torch {torch.__version__}, "
-          f"fmha {fmha.__version__}")
-    print("| case | fmha fwd ms | SDPA+bias fwd ms | fwd ratio | fmha fwd+bwd ms | "
-          "SDPA+bias fwd+bwd ms | fwd+bwd ratio | fmha GFLOP/s fwd |")
-    print("|---|---|---|---|---|---|---|---|")
+    args = parse_args(__doc__)
+    dtype = args.torch_dtype
+    print_table_header("SDPA+bias")
     for name, kind, B, H, shape, D in CASES:
         if not re.search(args.cases, name):
             continue
@@ -96,14 +65,13 @@ def main() -> None:
             def peer():
                 return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias)
 
-        fwd_ours = median_seconds(lambda: ours(), args.reps)
-        fwd_peer = median_seconds(lambda: peer(), args.reps)
-        both_ours = median_seconds(lambda: torch.autograd.grad(ours(), inputs, dout), args.reps)
+        fwd_ours = median_seconds(lambda: ours(), args.reps, args.clock)
+        fwd_peer = median_seconds(lambda: peer(), args.reps, args.clock)
+        both_ours = median_seconds(lambda: torch.autograd.grad(ours(), inputs, dout), args.reps,
+                                   args.clock)
         both_peer = median_seconds(lambda: torch.autograd.grad(peer(), peer_inputs, douts),
-                                   args.reps)
-        print(f"| {name} | {fwd_ours * 1e3:.2f} | {fwd_peer * 1e3:.2f} | {fwd_peer / fwd_ours:.1f}x | "
-              f"{both_ours * 1e3:.2f} | {both_peer * 1e3:.2f} | {both_peer / both_ours:.1f}x | "
-              f"{flops / fwd_ours * 1e-9:.0f} |", flush=True)
+                                   args.reps, args.clock)
+        print_row(name, (fwd_ours, fwd_peer, both_ours, both_peer), flops)
 
 
 if __name__ == "__main__":

@@ -10,15 +10,13 @@ pairs. Prints a markdown table.
 """
 from __future__ import annotations
 
-import argparse
 import re
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import fmha
+from cpu_timing import median_seconds, parse_args, print_row, print_table_header
 from fmha.bench.cases import na
 from fmha.bench.masks import na_visible
 
@@ -34,40 +32,10 @@ CASES = [
 FUNCS = {1: fmha.na1d, 2: fmha.na2d, 3: fmha.na3d}
 
 
-CLOCK = time.perf_counter
-
-
-def median_seconds(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        start = CLOCK()
-        fn()
-        times.append(CLOCK() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--cases", default=".")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
-    p.add_argument("--clock", default="wall", choices=("wall", "thread"))
-    args = p.parse_args()
-    global CLOCK
-    if args.clock == "thread":
-        CLOCK = time.thread_time
-        args.threads = 1
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
-    print(f"threads {args.threads}, {args.clock} clock, {args.dtype}, torch {torch.__version__}, "
-          f"fmha {fmha.__version__}")
-    print("| case | fmha fwd ms | SDPA+mask fwd ms | fwd ratio | fmha fwd+bwd ms | "
-          "SDPA+mask fwd+bwd ms | fwd+bwd ratio | fmha GFLOP/s fwd |")
-    print("|---|---|---|---|---|---|---|---|")
+    args = parse_args(__doc__)
+    dtype = args.torch_dtype
+    print_table_header("SDPA+mask")
     for name, grid, kernel, dilation, causal, B, H, D in CASES:
         if not re.search(args.cases, name):
             continue
@@ -93,13 +61,11 @@ def main() -> None:
         def peer():
             return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
 
-        fwd_ours = median_seconds(lambda: ours(), args.reps)
-        fwd_peer = median_seconds(lambda: peer(), args.reps)
-        both_ours = median_seconds(lambda: ours().backward(dout), args.reps)
-        both_peer = median_seconds(lambda: peer().backward(douts), args.reps)
-        print(f"| {name} | {fwd_ours * 1e3:.2f} | {fwd_peer * 1e3:.2f} | {fwd_peer / fwd_ours:.1f}x | "
-              f"{both_ours * 1e3:.2f} | {both_peer * 1e3:.2f} | {both_peer / both_ours:.1f}x | "
-              f"{flops / fwd_ours * 1e-9:.0f} |", flush=True)
+        fwd_ours = median_seconds(lambda: ours(), args.reps, args.clock)
+        fwd_peer = median_seconds(lambda: peer(), args.reps, args.clock)
+        both_ours = median_seconds(lambda: ours().backward(dout), args.reps, args.clock)
+        both_peer = median_seconds(lambda: peer().backward(douts), args.reps, args.clock)
+        print_row(name, (fwd_ours, fwd_peer, both_ours, both_peer), flops)
 
 
 if __name__ == "__main__":
