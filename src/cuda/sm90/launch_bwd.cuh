@@ -4,10 +4,10 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/env_switch.h"
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/launch_bwd.h"
 #include "cuda/sm90/launch_limits.h"
-#include "cuda/common/env_switch.h"
 #include "cuda/sm90/mainloop_bwd_dkdv.cuh"
 #include "cuda/sm90/mainloop_bwd_dq.cuh"
 #include "cuda/sm90/mainloop_bwd_fused_d256.cuh"
