@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu/backend.h"
+#include "fmha/fmha.h"
 #include "cpu/kernels.h"
 #include "test_case.h"
 
@@ -432,6 +433,43 @@ TEST(CpuBackend, Neighborhood) {
 
 // Every output and gradient of one case with 1, 2 and 8 threads, asked through FMHA_CPU_THREADS
 // and through options.cpu_threads: the same bits.
+// A host's thread team for fmha::set_cpu_parallel_runtime, run as an OpenMP runtime runs one: the
+// caller as thread 0 and fresh threads as the others run fn(data), each knowing its number; the
+// pair form gives at most two threads whatever is asked (a team smaller than the workers).
+thread_local int t_team_number = 0;
+void run_team(void (*fn)(void*), void* data, unsigned threads) {
+  std::vector<std::thread> others;
+  for (unsigned i = 1; i < threads; ++i) {
+    others.emplace_back([=] {
+      t_team_number = static_cast<int>(i);
+      fn(data);
+    });
+  }
+  t_team_number = 0;
+  fn(data);
+  for (std::thread& t : others) t.join();
+}
+void team_parallel(void (*fn)(void*), void* data, unsigned threads, unsigned) {
+  run_team(fn, data, threads);
+}
+void pair_parallel(void (*fn)(void*), void* data, unsigned threads, unsigned) {
+  run_team(fn, data, threads < 2 ? threads : 2);
+}
+int team_thread_num() {
+  return t_team_number;
+}
+
+// Hands the CPU backend's workers to a host team for its scope (fmha's own threads after it).
+struct ScopedTeam {
+  explicit ScopedTeam(void (*parallel)(void (*)(void*), void*, unsigned, unsigned)) {
+    fmha::CpuParallelRuntime team;
+    team.parallel = parallel;
+    team.thread_num = &team_thread_num;
+    fmha::set_cpu_parallel_runtime(team);
+  }
+  ~ScopedTeam() { fmha::set_cpu_parallel_runtime(fmha::CpuParallelRuntime{}); }
+};
+
 void expect_thread_count_independent(const AttentionCase& c) {
   SCOPED_TRACE(c.describe());
   ASSERT_TRUE(fmha::cpu::supports(c.options, c.dtype));
@@ -449,6 +487,14 @@ void expect_thread_count_independent(const AttentionCase& c) {
     ASSERT_TRUE(run_forward(with_option, runs.back()).ok());
     ASSERT_TRUE(run_backward(with_option, runs.back()).ok());
   }
+  for (auto parallel : {&team_parallel, &pair_parallel}) {  // 8 workers on a host team
+    const ScopedTeam team(parallel);
+    AttentionCase with_team = c;
+    with_team.options.cpu_threads = 8;
+    runs.push_back(make_tensors(with_team, 7));
+    ASSERT_TRUE(run_forward(with_team, runs.back()).ok());
+    ASSERT_TRUE(run_backward(with_team, runs.back()).ok());
+  }
   const std::pair<const char*, HostTensor CaseTensors::*> outputs[] = {
       {"out", &CaseTensors::out}, {"lse", &CaseTensors::lse}, {"dq", &CaseTensors::dq},
       {"dk", &CaseTensors::dk},   {"dv", &CaseTensors::dv},   {"dsinks", &CaseTensors::dsinks},
@@ -459,7 +505,8 @@ void expect_thread_count_independent(const AttentionCase& c) {
     for (auto [name, member] : outputs) {
       EXPECT_TRUE((runs[0].*member).bitwise_equal(runs[r].*member))
           << name << " differs between run 0 (1 thread) and run " << r
-          << " (threads 2, 8 from the environment; 8, 1 from the options)";
+          << " (threads 2, 8 from the environment; 8, 1 from the options; 8 on a host team of 8,"
+             " then of 2)";
     }
   }
 }

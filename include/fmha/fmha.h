@@ -37,4 +37,17 @@ Status run(const MergeBackwardParams& params, void* stream = nullptr);
 bool built_with_cuda();
 const char* version();
 
+// The fast CPU backend runs a call's workers on threads of its own, kept between calls. A host
+// that already keeps an OpenMP team (PyTorch does; fmha's Python package hands it over) can have
+// the workers run on that team instead, so that the two sets of threads do not compete for the
+// cores: `parallel` with the signature of libgomp's GOMP_parallel (runs fn(data) on up to `threads`
+// threads of a team, the calling thread among them, and returns when all are done; fmha passes
+// flags 0) and `thread_num` with omp_get_thread_num's. Both null: fmha's own threads again. Calls
+// that start after it returns use the new choice; results do not depend on it.
+struct CpuParallelRuntime {
+  void (*parallel)(void (*fn)(void*), void* data, unsigned threads, unsigned flags) = nullptr;
+  int (*thread_num)() = nullptr;
+};
+void set_cpu_parallel_runtime(const CpuParallelRuntime& runtime);
+
 }  // namespace fmha

@@ -35,6 +35,10 @@ from torch import Tensor
 
 from . import _C, _backend, _bridge
 from ._arguments import BACKWARD_IMPLS, choice
+from ._cpu_threads import use_torch_openmp
+
+# The fast CPU backend's workers run on PyTorch's OpenMP team (_cpu_threads.py).
+use_torch_openmp()
 
 
 class Options(NamedTuple):

@@ -289,5 +289,16 @@ NB_MODULE(_C, m) {
 
   m.def("built_with_cuda", &fmha::built_with_cuda,
         "True when this build contains the CUDA backend.");
+  // The addresses of GOMP_parallel and omp_get_thread_num of an OpenMP runtime loaded in the
+  // process (fmha/_cpu_threads.py finds PyTorch's), or 0 and 0 for fmha's own threads.
+  m.def(
+      "set_cpu_parallel_runtime",
+      [](std::uintptr_t parallel, std::uintptr_t thread_num) {
+        fmha::CpuParallelRuntime runtime;
+        runtime.parallel = reinterpret_cast<decltype(runtime.parallel)>(parallel);
+        runtime.thread_num = reinterpret_cast<decltype(runtime.thread_num)>(thread_num);
+        fmha::set_cpu_parallel_runtime(runtime);
+      },
+      nb::arg("parallel"), nb::arg("thread_num"));
   m.def("version", &fmha::version);
 }

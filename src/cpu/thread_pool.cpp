@@ -1,11 +1,19 @@
-// The fast CPU backend's worker threads, started on first use and kept for the life of the process.
+// The fast CPU backend's worker threads, started on first use and kept for the life of the process;
+// or, once a host has handed over its OpenMP team (fmha::set_cpu_parallel_runtime: fmha's Python
+// package gives PyTorch's), that team.
 //
-// A helper first spins for kSpin on the call counter before sleeping on
-// a condition variable: in a virtual machine an idle virtual CPU sleeps in the host, and waking a
-// sleeping helper takes longer than a small call's whole work (2-core AMD EPYC guest, 2026-11-28:
-// 50-100 us). The spin pauses between reads and yields the core every few reads; only helpers the
-// hardware has cores for spin (a call asking for more threads than cores does not leave them all
-// spinning).
+// Why a host's team: PyTorch's OpenMP threads spin for a while after each of its parallel
+// operations, and on a 2-core machine (AMD EPYC guest, 2026-11-28) fmha's helper then got too little
+// of a core to help: a causal D 32 L 256 forward right after SDPA calls took 160 us for about 10 ms,
+// 91 us otherwise (and with OMP_WAIT_POLICY=PASSIVE). On the team those spinning threads are the
+// workers.
+//
+// fmha's own threads: a helper first spins for kSpin on the call counter before sleeping on a
+// condition variable. In a virtual machine an idle virtual CPU sleeps in the host, and waking a
+// sleeping helper takes longer than a small call's whole work (same guest: after 1 ms idle a
+// helper joined a 300 us call in 21 of 200 calls). The spin pauses between reads and yields the
+// core every few reads; only helpers the hardware has cores for spin (a call asking for more
+// threads than cores does not leave them all spinning).
 //
 // A call never waits for a helper to wake. Helpers join a call (admission_) before they touch its
 // tasks; once the caller has run out of tasks it closes the call to joiners and waits only for the
@@ -20,11 +28,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "cpu/parallel.h"
+#include "fmha/fmha.h"
 
 namespace fmha::cpu {
 namespace {
@@ -150,6 +161,34 @@ class ThreadPool {
   std::atomic<std::uint64_t> generation_{0};
 };
 
+// The host's OpenMP team, when one was handed over (fmha::set_cpu_parallel_runtime).
+std::atomic<const CpuParallelRuntime*> g_team_runtime{nullptr};
+
+// Runs body(worker) on the host's team: each team thread is the worker of its thread number (a
+// team smaller than asked runs fewer workers, which parallel_for's shared task counter allows); an
+// exception leaves the region through a copy, rethrown once every thread is done.
+void run_on_team(const CpuParallelRuntime& team, int workers,
+                 const std::function<void(int)>& body) {
+  struct Region {
+    const std::function<void(int)>* body;
+    int (*thread_num)();
+    std::mutex mutex;
+    std::exception_ptr error;
+  } region{&body, team.thread_num, {}, nullptr};
+  team.parallel(
+      [](void* data) {
+        auto* r = static_cast<Region*>(data);
+        try {
+          (*r->body)(r->thread_num());
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(r->mutex);
+          if (!r->error) r->error = std::current_exception();
+        }
+      },
+      &region, static_cast<unsigned>(workers), 0u);
+  if (region.error) std::rethrow_exception(region.error);
+}
+
 }  // namespace
 
 void run_workers(int workers, const std::function<void(int)>& body) {
@@ -157,7 +196,24 @@ void run_workers(int workers, const std::function<void(int)>& body) {
     body(0);
     return;
   }
+  if (const CpuParallelRuntime* team = g_team_runtime.load(std::memory_order_acquire)) {
+    run_on_team(*team, workers, body);
+    return;
+  }
   ThreadPool::instance().run(workers, body);
 }
 
 }  // namespace fmha::cpu
+
+namespace fmha {
+
+void set_cpu_parallel_runtime(const CpuParallelRuntime& runtime) {
+  // Kept for the process's life: a call on another thread may still be using the previous one.
+  const CpuParallelRuntime* kept = nullptr;
+  if (runtime.parallel != nullptr && runtime.thread_num != nullptr) {
+    kept = new CpuParallelRuntime(runtime);
+  }
+  cpu::g_team_runtime.store(kept, std::memory_order_release);
+}
+
+}  // namespace fmha

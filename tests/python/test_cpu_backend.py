@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fmha
+from fmha import _cpu_threads
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +59,27 @@ def test_fast_backend_follows_torch_threads_bitwise():
         torch.set_num_threads(before)
     for name, one, two in zip(("out", "lse", "dq", "dk", "dv"), *results):
         assert torch.equal(one, two), f"{name} differs between 1 and 2 threads"
+
+
+@pytest.mark.skipif(_cpu_threads._loaded_openmp() is None,
+                    reason="no OpenMP runtime in this process (PyTorch built without one, or not Linux)")
+def test_workers_on_torch_openmp_team_bitwise_like_own_threads():
+    """The workers run on PyTorch's OpenMP team (taken when the PyTorch front end was imported) and
+    on fmha's own threads with the same bits."""
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 150, 6, 40) for _ in range(3))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _cpu_threads.use_torch_openmp()
+        on_team = _run(q, k, v)
+        fmha._C.set_cpu_parallel_runtime(0, 0)  # fmha's own threads
+        own = _run(q, k, v)
+    finally:
+        _cpu_threads.use_torch_openmp()
+        torch.set_num_threads(before)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), on_team, own):
+        assert torch.equal(a, b), f"{name} differs between the team and fmha's own threads"
 
 
 def test_one_key_and_a_sink_in_bf16():
