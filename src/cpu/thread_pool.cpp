@@ -161,8 +161,14 @@ class ThreadPool {
   std::atomic<std::uint64_t> generation_{0};
 };
 
-// The host's OpenMP team, when one was handed over (fmha::set_cpu_parallel_runtime).
-std::atomic<const CpuParallelRuntime*> g_team_runtime{nullptr};
+// The host's OpenMP team, when one was handed over (fmha::set_cpu_parallel_runtime), and the process
+// that handed it over: a fork()ed child uses fmha's own threads instead (libgomp may hang in a child
+// whose parent had a team running, as the pool's own fork rule avoids for its threads).
+struct TeamRuntime {
+  CpuParallelRuntime runtime;
+  pid_t pid;
+};
+std::atomic<const TeamRuntime*> g_team_runtime{nullptr};
 
 // Runs body(worker) on the host's team: each team thread is the worker of its thread number (a
 // team smaller than asked runs fewer workers, which parallel_for's shared task counter allows); an
@@ -196,8 +202,9 @@ void run_workers(int workers, const std::function<void(int)>& body) {
     body(0);
     return;
   }
-  if (const CpuParallelRuntime* team = g_team_runtime.load(std::memory_order_acquire)) {
-    run_on_team(*team, workers, body);
+  const TeamRuntime* team = g_team_runtime.load(std::memory_order_acquire);
+  if (team != nullptr && team->pid == getpid()) {
+    run_on_team(team->runtime, workers, body);
     return;
   }
   ThreadPool::instance().run(workers, body);
@@ -209,9 +216,9 @@ namespace fmha {
 
 void set_cpu_parallel_runtime(const CpuParallelRuntime& runtime) {
   // Kept for the process's life: a call on another thread may still be using the previous one.
-  const CpuParallelRuntime* kept = nullptr;
+  const cpu::TeamRuntime* kept = nullptr;
   if (runtime.parallel != nullptr && runtime.thread_num != nullptr) {
-    kept = new CpuParallelRuntime(runtime);
+    kept = new cpu::TeamRuntime{runtime, getpid()};
   }
   cpu::g_team_runtime.store(kept, std::memory_order_release);
 }
