@@ -3,7 +3,11 @@
 // the vector width), strided layouts and every feature it covers, forward and backward, on every
 // instruction-set variant this machine runs and with both backward structures (split, fused); its
 // results independent of the thread count, bit for bit; and the explicit choice of the reference.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -509,6 +513,36 @@ void expect_thread_count_independent(const AttentionCase& c) {
              " then of 2)";
     }
   }
+}
+
+// A fork()ed child does not use the team its parent handed over (its threads are the parent's):
+// the child's call runs on fmha's own threads, with the same bits.
+std::atomic<int> g_team_calls_in_child{0};
+pid_t g_parent = 0;
+void counting_parallel(void (*fn)(void*), void* data, unsigned threads, unsigned flags) {
+  if (getpid() != g_parent) g_team_calls_in_child.fetch_add(1);
+  team_parallel(fn, data, threads, flags);
+}
+
+TEST(CpuBackend, ForkedChildLeavesTheParentsTeam) {
+  AttentionCase c = dense_case(150, 200, 40, 24);
+  c.options.cpu_threads = 4;
+  g_parent = getpid();
+  const ScopedTeam team(&counting_parallel);
+  CaseTensors parent = make_tensors(c, 5);
+  ASSERT_TRUE(run_forward(c, parent).ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    CaseTensors again = make_tensors(c, 5);
+    const bool ok = run_forward(c, again).ok() && again.out.bitwise_equal(parent.out) &&
+                    g_team_calls_in_child.load() == 0;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child's call used the parent's team or gave other bits";
 }
 
 TEST(CpuBackend, BitwiseIndependentOfThreadCount) {
