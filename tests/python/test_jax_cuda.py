@@ -97,30 +97,6 @@ def naive(q, k, v, *, scale=None, visible=None, bias=None, softcap=0.0, sinks=No
     return jnp.einsum("bhij,bjhd->bihd", p, v), lse
 
 
-def rel_error(x, ref) -> float:
-    """Norm-wise ||x - ref|| / ||ref|| over ref's finite entries (absolute where ref is 0)."""
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    finite = np.isfinite(ref)
-    diff, scale = np.linalg.norm((x - ref)[finite]), np.linalg.norm(ref[finite])
-    return float(diff / scale) if scale > 0 else float(diff)
-
-
-def assert_close(name, x, ref, bound):
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    assert x.shape == ref.shape, f"{name}: shape {x.shape}, reference {ref.shape}"
-    assert not np.isnan(x).any(), f"{name}: NaN at {np.argwhere(np.isnan(x))[0].tolist()}"
-    inf_differs = np.isinf(x) != np.isinf(ref)
-    assert not inf_differs.any(), f"{name}: inf pattern differs at {np.argwhere(inf_differs)[0]}"
-    error = rel_error(x, ref)
-    if error <= bound:
-        return
-    diff = np.abs(np.where(np.isfinite(ref), x - ref, 0.0))
-    bad = np.argwhere(diff > bound * max(np.abs(ref[np.isfinite(ref)]).max(), 1e-30))
-    first = bad[0].tolist() if len(bad) else "n/a"
-    pytest.fail(f"{name}: relative error {error:.3e} > {bound:.3e} (max abs {diff.max():.3e}, "
-                f"mean abs {diff.mean():.3e}, first bad index {first})")  # fmt: skip
-
-
 def _results(fn, xs, w, u) -> dict:
     """{out, lse, d<name>}: fn(xs) -> (out, lse) under jit, and the gradient of
     sum(out * w) + sum(lse * u) (lse -inf counts 0) with respect to every array of xs."""
@@ -170,8 +146,8 @@ def check(ours, ref, inputs: dict, *, seed=100):
         assert got[f"d{n}"].dtype == inputs[n].dtype, f"d{n} has dtype {got[f'd{n}'].dtype}"
     for name, value in got.items():
         # SPEC §13: 2 x the naive same-dtype error + 1e-4 for fp16/bf16, 1e-5 for fp32.
-        bound = 2 * rel_error(same_dtype[name], want[name]) + 1e-4 if low_precision else F32_TOL
-        assert_close(name, value, want[name], bound)
+        bound = 2 * tj.rel_error(same_dtype[name], want[name]) + 1e-4 if low_precision else F32_TOL
+        tj.assert_close(value, want[name], bound, name)
 
 
 # ---- Dense attention -----------------------------------------------------------------------------
