@@ -7,10 +7,10 @@
 #include "cuda/common/env_switch.h"
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/launch_bwd.h"
+#include "cuda/sm90/launch_bwd_fused_d256.h"
 #include "cuda/sm90/launch_limits.h"
 #include "cuda/sm90/mainloop_bwd_dkdv.cuh"
 #include "cuda/sm90/mainloop_bwd_dq.cuh"
-#include "cuda/sm90/mainloop_bwd_fused_d256.cuh"
 
 namespace fmha::cuda::sm90 {
 namespace detail {
@@ -74,40 +74,6 @@ inline int stage_bias(BackwardParams& p, int smem, int tile_bytes, int stages = 
 inline bool fused_d256_enabled() {
   static const bool enabled = switched_on_by_env("FMHA_SM90_FUSED_D256");
   return enabled;
-}
-
-// The warp-specialized fused kernel of D 256 (dK, dV, and dQ added to the by-column accumulator
-// that the caller zeroed and later converts), where tensor maps describe q, k, v and dout
-// (*launched; elsewhere nothing is launched).
-template <typename T, typename Policy>
-Status launch_fused_d256(const BackwardParams& params, cudaStream_t stream, bool* launched) {
-  using Smem = FusedD256Smem;
-  BackwardParams p = params;
-  ForwardParams& f = p.fwd;
-  *launched = false;
-  if (f.cu_seqlens_q != nullptr) return Status::ok_status();
-  FusedBackwardMaps maps;
-  if (!encode_fused_maps<Smem::KTile, Smem::QTile>(&maps, p, Smem::kN, Smem::kM)) {
-    return Status::ok_status();
-  }
-  *launched = true;
-  const std::int64_t kv_heads = f.heads / f.kv_group;
-  const std::int64_t key_tiles = (f.seqlen_k + Smem::kN - 1) / Smem::kN;
-  f.head_section_log2 = head_section_log2_for(
-      f, key_tiles, kv_heads, f.kv_group * f.seqlen_q * (f.head_dim + f.value_dim) * 2);
-  const dim3 grid = batch_grid(f, key_tiles, kv_heads);
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::ok_status();
-  constexpr auto* kernel = &backward_fused_d256_kernel<T, Policy>;
-  cudaError_t e = allow_dynamic_smem<kernel>(Smem::kLaunchBytes);
-  if (e == cudaSuccess) {
-    kernel<<<grid, kBwdFusedThreads, Smem::kLaunchBytes, stream>>>(p, maps);
-    e = cudaGetLastError();
-  }
-  if (e != cudaSuccess) {
-    return Status::backend_error(std::string("fmha: CUDA fused backward kernel of D 256 (sm90): ") +
-                                 cudaGetErrorString(e));
-  }
-  return Status::ok_status();
 }
 
 // The dK/dV kernels of one call: the split form's (one kernel up to D 128, the dK and dV parts'
@@ -178,10 +144,9 @@ Status launch_dkdv(const BackwardParams& params, cudaStream_t stream, bool dv_on
       } else {
         if constexpr (kD == 256 && (std::is_same_v<Policy, PolicyPlain> ||
                                     std::is_same_v<Policy, PolicyWindow>)) {
-          if (fused_d256_enabled()) {
-            bool launched = false;
-            const Status status = launch_fused_d256<T, Policy>(params, stream, &launched);
-            if (launched || !status.ok()) return status;
+          if (fused_d256_enabled()) {  // else, or where it does not apply, the form below
+            const Status status = launch_backward_fused_d256<T, kD, Policy>(params, stream);
+            if (status.code() != StatusCode::kNotSupported) return status;
           }
         }
         const Status s =

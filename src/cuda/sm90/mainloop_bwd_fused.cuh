@@ -138,7 +138,7 @@ inline bool encode_fused_maps(FusedBackwardMaps* maps, const BackwardParams& p, 
                          QTile::kBlockCols, kM, QTile::kSwizzleBytes);
 }
 
-// Thread 0 sets up a fused kernel's barriers (the block barrier after it publishes them): K / V's
+// Thread 0 sets up the D 256 fused kernel's barriers (the block barrier after it publishes them): K / V's
 // and each stage's Q and dO `full` on one arrival (the producer's, with the bytes), each stage's
 // `empty` on every math thread's.
 __device__ __forceinline__ void init_fused_barriers(FusedBackwardBarriers* bars) {
@@ -235,8 +235,18 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   const int num_steps = tiles.count * f.kv_group;
   const bool varlen = f.cu_seqlens_q != nullptr;
 
-  static_assert(kStages == 2, "the barriers' stages");
-  if (threadIdx.x == 0) init_fused_barriers(bars);
+  // init_fused_barriers' setup written out: through the helper this kernel compiles to other
+  // (equivalent) instructions than the ones the GPU suite and the benchmarks of 2026-11-27/28 ran.
+  if (threadIdx.x == 0) {
+    barrier_init(&bars->kv_full, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(&bars->q_full[s], 1);  // the copying thread's arrival with the bytes
+      barrier_init(&bars->do_full[s], 1);
+      barrier_init(&bars->empty[s], kFusedMathThreads);
+    }
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
   __syncthreads();
 
   const int warpgroup = warpgroup_index();

@@ -1,0 +1,46 @@
+// Definition of the D 256 warp-specialized fused backward's launch (launch_bwd_fused_d256.h);
+// included only by the instantiation files.
+#pragma once
+
+#include <string>
+
+#include "cuda/common/block_coords.cuh"
+#include "cuda/common/kernel_attributes.h"
+#include "cuda/sm90/launch_bwd_fused_d256.h"
+#include "cuda/sm90/mainloop_bwd_fused_d256.cuh"
+
+namespace fmha::cuda::sm90 {
+
+template <typename T, int kD, typename Policy>
+Status launch_backward_fused_d256(const BackwardParams& params, cudaStream_t stream) {
+  static_assert(kD == 256, "head-dim bucket 256");
+  using Smem = FusedD256Smem;
+  BackwardParams p = params;
+  ForwardParams& f = p.fwd;
+  FusedBackwardMaps maps;
+  if (f.cu_seqlens_q != nullptr ||
+      !encode_fused_maps<Smem::KTile, Smem::QTile>(&maps, p, Smem::kN, Smem::kM)) {
+    return Status::not_supported(
+        "fmha: the warp-specialized fused backward of D 256 takes dense batches that tensor maps "
+        "describe");
+  }
+  const std::int64_t kv_heads = f.heads / f.kv_group;
+  const std::int64_t key_tiles = (f.seqlen_k + Smem::kN - 1) / Smem::kN;
+  f.head_section_log2 = head_section_log2_for(
+      f, key_tiles, kv_heads, f.kv_group * f.seqlen_q * (f.head_dim + f.value_dim) * 2);
+  const dim3 grid = batch_grid(f, key_tiles, kv_heads);
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::ok_status();
+  constexpr auto* kernel = &backward_fused_d256_kernel<T, Policy>;
+  cudaError_t e = allow_dynamic_smem<kernel>(Smem::kLaunchBytes);
+  if (e == cudaSuccess) {
+    kernel<<<grid, kBwdFusedThreads, Smem::kLaunchBytes, stream>>>(p, maps);
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess) {
+    return Status::backend_error(std::string("fmha: CUDA fused backward kernel of D 256 (sm90): ") +
+                                 cudaGetErrorString(e));
+  }
+  return Status::ok_status();
+}
+
+}  // namespace fmha::cuda::sm90
