@@ -228,8 +228,8 @@ TEST_P(CudaKvCache, LongCachesManyTiles) {
   for (int splits : {1, 5}) check_layouts(c, splits, 360 + splits, {7, 64});
 }
 
-// One kv head at B 1 over a long cache: the split rule goes past 64 splits (one block each), and a
-// caller's 100 splits; the combine merges more parts than a warp has lanes.
+// One kv head at B 1 over a long cache: the split rule at its cap (kMaxSplits, one block a split),
+// and a caller's 100 splits (clamped to the cap); the combine merges as many parts as it takes.
 TEST_P(CudaKvCache, ManySplitsOfOneHead) {
   SKIP_WITHOUT_GPU();
   KvCase c = decode_case(DType::kBFloat16, 32, 1, 128);
