@@ -128,7 +128,7 @@ def rel_error(x, ref):
     assert x.shape == ref.shape, (x.shape, ref.shape)
     finite = np.isfinite(ref)
     denom = np.linalg.norm(ref[finite])
-    return float(np.linalg.norm((x - ref)[finite]) / (denom if denom > 0 else 1.0))
+    return float(np.linalg.norm(x[finite] - ref[finite]) / (denom if denom > 0 else 1.0))
 
 
 def assert_close(x, ref, tol, name):
