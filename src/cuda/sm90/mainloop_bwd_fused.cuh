@@ -138,14 +138,16 @@ inline bool encode_fused_maps(FusedBackwardMaps* maps, const BackwardParams& p, 
                          QTile::kBlockCols, kM, QTile::kSwizzleBytes);
 }
 
-// Thread 0 sets up the D 256 fused kernel's barriers (the block barrier after it publishes them): K / V's
-// and each stage's Q and dO `full` on one arrival (the producer's, with the bytes), each stage's
-// `empty` on every math thread's.
-__device__ __forceinline__ void init_fused_barriers(FusedBackwardBarriers* bars) {
+// Thread 0 sets up the D 256 fused kernel's barriers (the block barrier after it publishes them):
+// K / V's and each stage's dO `full` on one arrival (the producer's, with the bytes), each stage's
+// Q `full` on `q_full_arrivals` (the copying warp's lanes, each after its statistics' stores), each
+// stage's `empty` on every math thread's.
+__device__ __forceinline__ void init_fused_barriers(FusedBackwardBarriers* bars,
+                                                    int q_full_arrivals) {
   barrier_init(&bars->kv_full, 1);
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
-    barrier_init(&bars->q_full[s], 1);
+    barrier_init(&bars->q_full[s], q_full_arrivals);
     barrier_init(&bars->do_full[s], 1);
     barrier_init(&bars->empty[s], kFusedMathThreads);
   }

@@ -1,6 +1,6 @@
-// The warp-specialized fused backward at head-dim bucket 256 (sm_90a only). Written 2026-11-28 and
-// not yet run on a GPU: launched only with FMHA_SM90_FUSED_D256=1 (launch_bwd.cuh) until the GPU
-// suite has passed with it.
+// The warp-specialized fused backward at head-dim bucket 256 (sm_90a only), launched by the fused
+// form's dK/dV launch (launch_bwd.cuh) for dense plain / window problems; backward.cu's auto picks
+// that form where it applies.
 //
 // At D 256 the D 64 / 128 kernel's layout (mainloop_bwd_fused.cuh: keys on the M of every product,
 // dK and dV of 64 keys a warpgroup in registers) would need 256 accumulator registers a thread for
@@ -18,7 +18,8 @@
 // Warp 0 of the producer warpgroup copies K and V once and each step's Q and dO tiles by TMA
 // (2 stages) and their rows' lse and Delta with bounds (the statistics are not padded on this
 // path); the other producer warps leave.
-// Barriers: the stages' mbarriers as in mainloop_bwd_fused.cuh, and two named barriers of the 256
+// Barriers: the stages' mbarriers as in mainloop_bwd_fused.cuh (q_full on the 32 lanes of the
+// copying warp, each releasing its own statistics' stores), and two named barriers of the 256
 // math threads: kD256Free (both warpgroups are done with the previous step's P and dS) and
 // kD256Ready (this step's P and dS are stored).
 #pragma once
@@ -89,6 +90,20 @@ __device__ __forceinline__ void add_dq_block(const float (&dq)[kQueryTiles][4], 
   }
 }
 
+// A block's walk over its steps: every query tile of its key block (tiles.count of them) for each
+// query head of its group in turn, each head's tiles starting at `first_tile` and wrapping around.
+// Blocks of neighbouring key tiles start at different query tiles, so that the blocks running at
+// once add their dQ to different parts of the accumulator instead of all to the same rows: 2-6%
+// faster from L 2048 on, 1-2% causal, level at L 512 (H200, bf16, 16k tokens, 2026-11-28,
+// bench/cpp/sm90_fused_d256_timing.cu).
+struct QueryWalk {
+  int head, m_tile, walked;
+  __device__ __forceinline__ void advance(int count) {  // back at the first tile after a head
+    if (++m_tile == count) m_tile = 0;
+    if (++walked == count) walked = 0, ++head;
+  }
+};
+
 template <typename T, typename Policy>
 __global__ void __launch_bounds__(kBwdFusedThreads, 1)
     backward_fused_d256_kernel(const __grid_constant__ BackwardParams p,
@@ -122,9 +137,10 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   const Mask mask = Mask::make(f, rows.num_queries, rows.num_keys);
   const FusedQueryTiles tiles = fused_query_tiles<kM>(mask, n0, valid_keys, rows.num_queries);
   const int num_steps = tiles.count * f.kv_group;
+  const int first_tile = tiles.count > 0 ? static_cast<int>(coords.tile % tiles.count) : 0;
 
   static_assert(kStages == 2, "the barriers' stages");
-  if (threadIdx.x == 0) init_fused_barriers(bars);  // q_full: arrived after the statistics' stores
+  if (threadIdx.x == 0) init_fused_barriers(bars, 32);  // the producer warp's lanes on q_full
   __syncthreads();
 
   const int warpgroup = warpgroup_index();
@@ -137,10 +153,11 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
       tma_load_tile<KTile>(base_ptr + Smem::kK, maps.k, rows.k_start + n0, hk, b, &bars->kv_full);
       tma_load_tile<KTile>(base_ptr + Smem::kV, maps.v, rows.k_start + n0, hk, b, &bars->kv_full);
     }
-    int head = hk * f.kv_group, m_tile = 0;
+    QueryWalk walk{hk * f.kv_group, first_tile, 0};
     for (int u = 0; u < num_steps; ++u) {
       const int s = u % kStages;
-      const std::int64_t m0 = tiles.first_m0 + static_cast<std::int64_t>(m_tile) * kM;
+      const int head = walk.head;
+      const std::int64_t m0 = tiles.first_m0 + static_cast<std::int64_t>(walk.m_tile) * kM;
       if (u >= kStages) barrier_wait(&bars->empty[s], ((u / kStages) + 1) & 1);
       // The rows' lse and Delta (0 past the sequence: those rows' Q and dO are zeros, so their
       // P dO and dS vanish whatever P is).
@@ -150,7 +167,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
         lse_smem[s * kM + i] = inside ? p.lse_log2[stat + m0 + i] : 0.0f;
         delta_smem[s * kM + i] = inside ? p.delta[stat + m0 + i] : 0.0f;
       }
-      __syncwarp();
+      // Each lane's arrival releases its own stores (lane 0's also brings Q's bytes).
       if (lane == 0) {
         barrier_arrive_expect_bytes(&bars->q_full[s], QTile::kBytes);
         tma_load_tile<QTile>(base_ptr + Smem::kQ + s * QTile::kBytes, maps.q, rows.q_start + m0,
@@ -158,8 +175,10 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
         barrier_arrive_expect_bytes(&bars->do_full[s], QTile::kBytes);
         tma_load_tile<QTile>(base_ptr + Smem::kDout + s * QTile::kBytes, maps.dout,
                              rows.q_start + m0, head, b, &bars->do_full[s]);
+      } else {
+        barrier_arrive(&bars->q_full[s]);
       }
-      if (++m_tile == tiles.count) m_tile = 0, ++head;
+      walk.advance(tiles.count);
     }
     return;
   }
@@ -187,13 +206,13 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   zero_accumulators(dq);
   barrier_wait(&bars->kv_full, 0);
 
-  int m_tile = 0, head = hk * f.kv_group;
+  QueryWalk walk{hk * f.kv_group, first_tile, 0};
   for (int u = 0; u < num_steps; ++u) {
     const int st = u % kStages;
     const int parity = (u / kStages) & 1;
-    const std::int64_t m0 = tiles.first_m0 + static_cast<std::int64_t>(m_tile) * kM;
-    const int h = head;
-    if (++m_tile == tiles.count) m_tile = 0, ++head;
+    const std::int64_t m0 = tiles.first_m0 + static_cast<std::int64_t>(walk.m_tile) * kM;
+    const int h = walk.head;
+    walk.advance(tiles.count);
 
     barrier_wait(&bars->q_full[st], parity);
     wgmma_fence();
