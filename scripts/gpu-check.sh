@@ -25,7 +25,7 @@ ARCHS=${FMHA_CUDA_ARCHITECTURES:-90a-real}
 # Fewer head-dim buckets build faster (e.g. "64;128" for a quick benchmark; the GPU tests need all;
 # PIP_BUCKETS narrows only the Python package, for the benchmark).
 BUCKETS=${FMHA_HEAD_DIM_BUCKETS:-"32;64;96;128;160;192;224;256"}
-STEPS=${STEPS:-"build cuda-tests sm80-tests cp-async-tests persistent-tests long-rows-tests fused-d256-tests sanitizer stress python bench"}
+STEPS=${STEPS:-"build cuda-tests sm80-tests cp-async-tests persistent-tests long-rows-tests sanitizer stress python bench"}
 SANITIZER_FILTER=${SANITIZER_FILTER:-"*Small*:*HeadDimsNotMultipleOf8*:*Varlen*:*WideHeads*:*Float32Sm90Planes*"}
 JOBS=$(nproc)
 GTEST_SRC=${GTEST_SRC:-$PWD/.gpu/googletest}
@@ -99,14 +99,6 @@ cp_async_tests() {
 long_rows_tests() {
   FMHA_SM90_LONG_ROWS=1 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
       --gtest_brief=1 --gtest_filter="CudaForward*:CudaBackward.WideHeads*:-*Float32*"
-}
-# The warp-specialized fused backward of D 256 (FMHA_SM90_FUSED_D256=1, not yet the default): the
-# backward tests, whose every case runs backward_impl fused and split; memcheck over the wide-head ones.
-fused_d256_tests() {
-  FMHA_SM90_FUSED_D256=1 timeout "${CUDA_TESTS_SECONDS:-300}" "$TESTS" \
-      --gtest_brief=1 --gtest_filter="CudaBackward*:-*Float32*" &&
-  FMHA_SM90_FUSED_D256=1 timeout "${SANITIZER_SECONDS:-300}" compute-sanitizer --tool memcheck \
-      --error-exitcode 1 "$TESTS" --gtest_brief=1 --gtest_filter="CudaBackward.WideHeads*"
 }
 # The sm90 forward's blocks with a copy warpgroup are persistent: one block an SM walks several
 # tiles, carrying stage slots and barrier phases from tile to tile. The tests' grids are small
@@ -244,7 +236,6 @@ has sm80-tests && run_step sm80-tests sm80_tests
 has cp-async-tests && run_step cp-async-tests cp_async_tests
 has persistent-tests && run_step persistent-tests persistent_tests
 has long-rows-tests && run_step long-rows-tests long_rows_tests
-has fused-d256-tests && run_step fused-d256-tests fused_d256_tests
 has sanitizer && run_step sanitizer sanitizer
 has stress && run_step stress stress
 has python && run_step python python_tests

@@ -68,14 +68,6 @@ inline int stage_bias(BackwardParams& p, int smem, int tile_bytes, int stages = 
   return p.fwd.bias_staged ? bytes : 0;
 }
 
-// Whether the warp-specialized fused kernel of D 256 (mainloop_bwd_fused_d256.cuh) takes the fused
-// backward's dense plain / window problems: FMHA_SM90_FUSED_D256=1 (read once), until it has run
-// against the GPU tests.
-inline bool fused_d256_enabled() {
-  static const bool enabled = switched_on_by_env("FMHA_SM90_FUSED_D256");
-  return enabled;
-}
-
 // The dK/dV kernels of one call: the split form's (one kernel up to D 128, the dK and dV parts'
 // above), or the fused form's (p.dq_accum set): one kernel up to D 128, and at D 256 the fused dK
 // part's kernel followed by the split form's dV part (dv_only: that part alone).
@@ -144,10 +136,10 @@ Status launch_dkdv(const BackwardParams& params, cudaStream_t stream, bool dv_on
       } else {
         if constexpr (kD == 256 && (std::is_same_v<Policy, PolicyPlain> ||
                                     std::is_same_v<Policy, PolicyWindow>)) {
-          if (fused_d256_enabled()) {  // else, or where it does not apply, the form below
-            const Status status = launch_backward_fused_d256<T, kD, Policy>(params, stream);
-            if (status.code() != StatusCode::kNotSupported) return status;
-          }
+          // The warp-specialized kernel; where it does not apply (varlen, rows that tensor maps
+          // cannot describe) the form below.
+          const Status status = launch_backward_fused_d256<T, kD, Policy>(params, stream);
+          if (status.code() != StatusCode::kNotSupported) return status;
         }
         const Status s =
             detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk, true>>(
