@@ -129,3 +129,14 @@ inline void set_dense_backward(fmha::cuda::BackwardParams& p, int B, int H, int 
   p.stat_head_stride = L;
   p.scale = 1.0f / std::sqrt(float(D));
 }
+
+// Frees what a backward tool allocated for `p`: q, k, v, dout, dq, dk, dv, the row statistics and
+// the dQ accumulator (cudaFree ignores the null ones).
+inline void free_backward_buffers(fmha::cuda::BackwardParams& p) {
+  for (void* ptr : {const_cast<void*>(p.fwd.q), const_cast<void*>(p.fwd.k),
+                    const_cast<void*>(p.fwd.v), const_cast<void*>(p.dout), p.dq, p.dk, p.dv,
+                    static_cast<void*>(p.lse_log2), static_cast<void*>(p.delta),
+                    static_cast<void*>(p.dq_accum)}) {
+    CHECK(cudaFree(ptr));
+  }
+}

@@ -301,12 +301,7 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
       s.bottom_right ? " (bottom-right)" : "", eq, ek,
       ev, eq_det, repeated ? "repeated" : "NOT REPEATED", ok ? "ok" : "FAIL ",
       st.ok() ? "" : st.message().c_str());
-  for (void* ptr :
-       {const_cast<void*>(p.fwd.q), const_cast<void*>(p.fwd.k), const_cast<void*>(p.fwd.v),
-        const_cast<void*>(p.dout), p.dq, p.dk, p.dv, static_cast<void*>(p.lse_log2),
-        static_cast<void*>(p.delta), static_cast<void*>(p.dq_accum)}) {
-    CHECK(cudaFree(ptr));
-  }
+  free_backward_buffers(p);
   return ok;
 }
 
@@ -371,12 +366,7 @@ void time_cell(int D, int L, bool causal) {
       D, L, causal, fused_ms, flops / fused_ms * 1e-9, split_ms, flops / split_ms * 1e-9,
       split_ms / fused_ms, ordered_ms, flops / ordered_ms * 1e-9,
       (ordered_ms / fused_ms - 1.0) * 100.0);
-  for (void* ptr :
-       {const_cast<void*>(p.fwd.q), const_cast<void*>(p.fwd.k), const_cast<void*>(p.fwd.v),
-        const_cast<void*>(p.dout), p.dq, p.dk, p.dv, static_cast<void*>(p.lse_log2),
-        static_cast<void*>(p.delta), static_cast<void*>(p.dq_accum)}) {
-    CHECK(cudaFree(ptr));
-  }
+  free_backward_buffers(p);
 }
 
 }  // namespace

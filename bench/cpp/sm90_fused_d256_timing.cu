@@ -82,12 +82,7 @@ void time_cell(int L, bool causal, std::mt19937& gen) {
   const double flops = 2.5 * 4.0 * B * kH * pairs * kD;
   std::printf("D=256 L=%5d causal=%d  %.3f ms  %4.0f TFLOP/s  dk %016llx dv %016llx\n", L, causal,
               ms, flops / ms * 1e-9, device_digest(p.dk, n * 2), device_digest(p.dv, n * 2));
-  for (void* ptr :
-       {const_cast<void*>(p.fwd.q), const_cast<void*>(p.fwd.k), const_cast<void*>(p.fwd.v),
-        const_cast<void*>(p.dout), p.dq, p.dk, p.dv, static_cast<void*>(p.lse_log2),
-        static_cast<void*>(p.delta), static_cast<void*>(p.dq_accum)}) {
-    CHECK(cudaFree(ptr));
-  }
+  free_backward_buffers(p);
 }
 
 }  // namespace
