@@ -69,7 +69,8 @@ inline int stage_bias(BackwardParams& p, int smem, int tile_bytes, int stages = 
 }
 
 // The dK/dV kernels of one call: the split form's (one kernel up to D 128, the dK and dV parts'
-// above), or the fused form's (p.dq_accum set): one kernel up to D 128, and at D 256 the fused dK
+// above), or the fused form's (p.dq_accum set): one kernel up to D 128, and at D 256 the
+// warp-specialized kernel (plain and window policies, where tensor maps apply), else the fused dK
 // part's kernel followed by the split form's dV part (dv_only: that part alone).
 template <typename T, int kD, typename Policy>
 Status launch_dkdv(const BackwardParams& params, cudaStream_t stream, bool dv_only) {
