@@ -1,7 +1,8 @@
 // The sm90 kernels' block order (src/cuda/common/block_coords.cuh) checked on the host, no GPU
 // needed: when head sections apply (one-sided windows, 8 tiles a head or more, an even head count)
 // and how large they grow, the grid they launch, the persistent forward's walk over that grid, and
-// the rows of a block's batch, clamped to the tensors whatever the device offsets hold.
+// the rows of a block's batch, clamped to the tensors whatever the device offsets hold, and the D 256
+// fused backward's walk over its query tiles.
 // The decode also runs on the device; the CUDA suite's CausalHeadSections covers it against the
 // reference.
 #include <cuda_runtime.h>  // defines __host__ / __device__ for the host compiler
@@ -167,6 +168,32 @@ TEST(CudaBlockOrder, SequenceRowsClampBadOffsets) {
     EXPECT_EQ(r.num_keys, e.num_keys) << "sequence " << b;
     EXPECT_LE(r.q_start + r.num_queries, f.total_q) << "sequence " << b;
     EXPECT_LE(r.k_start + r.num_keys, f.total_k) << "sequence " << b;
+  }
+}
+
+// The D 256 fused backward's walk (QueryWalk): every (query head, query tile) of a block's group once,
+// head after head, each head's tiles from the block's first tile on, wrapping around; the producer
+// and the math warpgroups step through the same walk, so they agree on every step's tile.
+TEST(CudaBlockOrder, QueryWalkVisitsEveryTileOfEveryHeadOnce) {
+  for (int count = 1; count <= 9; ++count) {
+    for (int group = 1; group <= 3; ++group) {
+      for (int first = 0; first < count; ++first) {
+        fmha::cuda::QueryWalk walk{5 * group, first, 0};  // kv head 5's first query head
+        std::vector<int> seen(static_cast<std::size_t>(count * group), 0);
+        for (int u = 0; u < count * group; ++u) {
+          const int head = walk.head - 5 * group;
+          ASSERT_GE(head, 0);
+          ASSERT_LT(head, group);
+          ASSERT_EQ(head, u / count) << "count " << count << " step " << u;
+          ASSERT_EQ(walk.m_tile, (first + u % count) % count) << "count " << count << " step " << u;
+          ++seen[static_cast<std::size_t>(head * count + walk.m_tile)];
+          walk.advance(count);
+        }
+        for (int v : seen) EXPECT_EQ(v, 1) << "count " << count << " first " << first;
+        EXPECT_EQ(walk.head, 6 * group);  // past the group
+        EXPECT_EQ(walk.m_tile, first);
+      }
+    }
   }
 }
 

@@ -133,6 +133,22 @@ inline int head_section_log2_for(const ForwardParams& f, std::int64_t tiles, std
   return log2;
 }
 
+// The warp-specialized D 256 backward's walk over a block's steps (mainloop_bwd_fused_d256.cuh):
+// every query tile of its key block (`count` of them) for each query head of its group in turn,
+// each head's tiles starting at the block's first tile and wrapping around. Blocks of neighbouring
+// key tiles start at different query tiles, so that the blocks running at once add their dQ to
+// different parts of the accumulator instead of all to the same rows: 2-6% faster from L 2048 on,
+// 1-2% causal, level at L 512 (H200, bf16, 16k tokens, 2026-11-28,
+// bench/cpp/sm90_fused_d256_timing.cu).
+struct QueryWalk {
+  int head, m_tile, walked;
+  // Back at the first tile after each head's `count` steps.
+  __host__ __device__ __forceinline__ void advance(int count) {
+    if (++m_tile == count) m_tile = 0;
+    if (++walked == count) walked = 0, ++head;
+  }
+};
+
 // Whether the bias is one for every batch of a dense batch (the case batch_innermost is for).
 inline bool bias_shared_by_batches(const ForwardParams& f) {
   return f.bias != nullptr && f.bias_stride[0] == 0 && f.batch > 1 && f.cu_seqlens_q == nullptr;

@@ -90,20 +90,6 @@ __device__ __forceinline__ void add_dq_block(const float (&dq)[kQueryTiles][4], 
   }
 }
 
-// A block's walk over its steps: every query tile of its key block (tiles.count of them) for each
-// query head of its group in turn, each head's tiles starting at `first_tile` and wrapping around.
-// Blocks of neighbouring key tiles start at different query tiles, so that the blocks running at
-// once add their dQ to different parts of the accumulator instead of all to the same rows: 2-6%
-// faster from L 2048 on, 1-2% causal, level at L 512 (H200, bf16, 16k tokens, 2026-11-28,
-// bench/cpp/sm90_fused_d256_timing.cu).
-struct QueryWalk {
-  int head, m_tile, walked;
-  __device__ __forceinline__ void advance(int count) {  // back at the first tile after a head
-    if (++m_tile == count) m_tile = 0;
-    if (++walked == count) walked = 0, ++head;
-  }
-};
-
 template <typename T, typename Policy>
 __global__ void __launch_bounds__(kBwdFusedThreads, 1)
     backward_fused_d256_kernel(const __grid_constant__ BackwardParams p,
