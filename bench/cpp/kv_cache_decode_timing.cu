@@ -3,7 +3,8 @@
 // rule and the combine, launched directly on the same random bf16 decode inputs (one query token,
 // every sequence full, causal), a contiguous cache or paged caches (the pages of the pool in a
 // random order). CUDA events around each launch, the L2 flushed in between, the median of 30;
-// bandwidth counts the K and V bytes read. A device-to-device copy of 1 GiB gives the card's copy
+// bandwidth counts the K and V bytes read; with splits, the combine kernel is also timed alone
+// ([combine ... ms], part of the total). A device-to-device copy of 1 GiB gives the card's copy
 // bandwidth for scale (read + write bytes).
 //
 // Correctness: the tensor-core kernel's out and lse are compared element-wise with the CUDA-core
@@ -118,7 +119,7 @@ double copy_bandwidth_tbs() {
 }
 
 struct Result {
-  float ms = 0.0f;
+  float ms = 0.0f, combine_ms = 0.0f;  // combine_ms: the combine kernel alone, inside ms
   int splits = 0, stages = 0;
   std::vector<__nv_bfloat16> out;
   std::vector<float> lse;
@@ -266,6 +267,17 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
     CHECK(cudaDeviceSynchronize());
     Result& r = results[mma];
     r.ms = ms[kTimedRuns / 2];
+    if (mma && splits > 1) {  // the combine alone, on the partials the last run left
+      const std::int64_t rows = k.total_q * k.heads;
+      const std::vector<float> combine = sorted_launch_ms(
+          [&] {
+            kv::kv_cache_combine_kernel<__nv_bfloat16>
+                <<<unsigned((rows + kv::kWarps - 1) / kv::kWarps), kv::kThreads>>>(k);
+            CHECK(cudaGetLastError());
+          },
+          kTimedRuns);
+      r.combine_ms = combine[kTimedRuns / 2];
+    }
     r.splits = splits;
     r.stages = stages;
     r.out.resize(std::size_t(B) * H * D);
@@ -300,6 +312,7 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
   std::printf(" mma %7.3f ms %5.2f TB/s = %3.0f%% of copy (%2d splits, %d stages, %d keys, %d row tiles)",
               results[1].ms, new_tbs, 100.0 * new_tbs / copy_tbs, results[1].splits,
               results[1].stages, tile_keys, row_tiles);
+  if (results[1].combine_ms > 0.0f) std::printf(" [combine %.3f ms]", results[1].combine_ms);
   if (!opt.fast) std::printf(" | %5.2fx | out diff %.2e, lse diff %.2e", results[0].ms / results[1].ms, out_diff, lse_diff);
   std::printf(" %s\n", ok ? "ok" : "MISMATCH");
   std::fflush(stdout);
