@@ -224,30 +224,33 @@ Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStrea
 
 namespace {
 
-// The problems of the warp-specialized fused kernels of head-dim bucket `bucket` (D 64 / 128:
-// mainloop_bwd_fused.cuh, D 256: mainloop_bwd_fused_d256.cuh): fp16/bf16 on sm90, the bucket built,
-// no bias, softcap, rel-pos, neighborhood or extra keys, dense batches whose q, k, v and dout
-// tensor maps describe.
-bool ws_fused_problem(const BackwardParams& p, DType dtype, int arch, int bucket) {
+// The head-dim bucket of a problem the warp-specialized fused kernels' terms admit (D 64 / 128:
+// mainloop_bwd_fused.cuh, D 256: mainloop_bwd_fused_d256.cuh), 0 for any other: fp16/bf16 on
+// sm90, the bucket built, no bias, softcap, rel-pos, neighborhood or extra keys, dense batches whose
+// q, k, v and dout tensor maps describe. Which buckets have such a kernel is the callers' rule.
+int ws_fused_bucket(const BackwardParams& p, DType dtype, int arch) {
 #if FMHA_WITH_SM90
   const ForwardParams& f = p.fwd;
   const bool sixteen_bit = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   const std::int64_t kv_heads = f.heads / f.kv_group;
-  return sixteen_bit && use_sm90_kernels(arch) && sm80::head_dim_bucket(max_dim(p)) == bucket &&
-         head_dim_bucket_built(bucket) && f.neighborhood.rank == 0 && f.rel_h == nullptr &&
-         f.bias == nullptr && f.softcap_log2 == 0.0f && f.num_extra == 0 &&
-         f.cu_seqlens_q == nullptr && f.seqlen_q > 0 && f.seqlen_k > 0 &&
-         sm90::rows_mappable(f.q, f.head_dim, f.seqlen_q, f.heads, f.batch, f.q_row_stride,
-                             f.q_head_stride, f.q_batch_stride) &&
-         sm90::rows_mappable(p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch, p.dout_row_stride,
-                             p.dout_head_stride, p.dout_batch_stride) &&
-         sm90::rows_mappable(f.k, f.head_dim, f.seqlen_k, kv_heads, f.batch, f.k_row_stride,
-                             f.k_head_stride, f.k_batch_stride) &&
-         sm90::rows_mappable(f.v, f.value_dim, f.seqlen_k, kv_heads, f.batch, f.v_row_stride,
-                             f.v_head_stride, f.v_batch_stride);
+  const int bucket = sm80::head_dim_bucket(max_dim(p));
+  const bool admitted =
+      sixteen_bit && use_sm90_kernels(arch) && head_dim_bucket_built(bucket) &&
+      f.neighborhood.rank == 0 && f.rel_h == nullptr && f.bias == nullptr &&
+      f.softcap_log2 == 0.0f && f.num_extra == 0 && f.cu_seqlens_q == nullptr && f.seqlen_q > 0 &&
+      f.seqlen_k > 0 &&
+      sm90::rows_mappable(f.q, f.head_dim, f.seqlen_q, f.heads, f.batch, f.q_row_stride,
+                          f.q_head_stride, f.q_batch_stride) &&
+      sm90::rows_mappable(p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch, p.dout_row_stride,
+                          p.dout_head_stride, p.dout_batch_stride) &&
+      sm90::rows_mappable(f.k, f.head_dim, f.seqlen_k, kv_heads, f.batch, f.k_row_stride,
+                          f.k_head_stride, f.k_batch_stride) &&
+      sm90::rows_mappable(f.v, f.value_dim, f.seqlen_k, kv_heads, f.batch, f.v_row_stride,
+                          f.v_head_stride, f.v_batch_stride);
+  return admitted ? bucket : 0;
 #else
-  (void)p, (void)dtype, (void)arch, (void)bucket;
-  return false;
+  (void)p, (void)dtype, (void)arch;
+  return 0;
 #endif
 }
 
@@ -255,8 +258,7 @@ bool ws_fused_problem(const BackwardParams& p, DType dtype, int arch, int bucket
 
 bool use_sm90_fused_backward(const BackwardParams& p, DType dtype, int arch) {
 #if FMHA_WITH_SM90
-  const int bucket = sm80::head_dim_bucket(max_dim(p));
-  return sm90::bwd_fused_ws_bucket(bucket) && ws_fused_problem(p, dtype, arch, bucket);
+  return sm90::bwd_fused_ws_bucket(ws_fused_bucket(p, dtype, arch));
 #else
   (void)p, (void)dtype, (void)arch;
   return false;
@@ -264,7 +266,7 @@ bool use_sm90_fused_backward(const BackwardParams& p, DType dtype, int arch) {
 }
 
 bool use_sm90_fused_d256(const BackwardParams& p, DType dtype, int arch) {
-  return ws_fused_problem(p, dtype, arch, 256);
+  return ws_fused_bucket(p, dtype, arch) == 256;
 }
 
 FusedAccumulatorSize sm90_fused_backward_accumulator(BackwardParams* p, std::int64_t inner,
