@@ -140,14 +140,13 @@ inline bool encode_fused_maps(FusedBackwardMaps* maps, const BackwardParams& p, 
 
 // Thread 0 sets up the D 256 fused kernel's barriers (the block barrier after it publishes them):
 // K / V's and each stage's dO `full` on one arrival (the producer's, with the bytes), each stage's
-// Q `full` on `q_full_arrivals` (the copying warp's lanes, each after its statistics' stores), each
-// stage's `empty` on every math thread's.
-__device__ __forceinline__ void init_fused_barriers(FusedBackwardBarriers* bars,
-                                                    int q_full_arrivals) {
+// Q `full` on the 32 lanes of the copying warp (each after its statistics' stores), each stage's
+// `empty` on every math thread's.
+__device__ __forceinline__ void init_fused_barriers(FusedBackwardBarriers* bars) {
   barrier_init(&bars->kv_full, 1);
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
-    barrier_init(&bars->q_full[s], q_full_arrivals);
+    barrier_init(&bars->q_full[s], 32);
     barrier_init(&bars->do_full[s], 1);
     barrier_init(&bars->empty[s], kFusedMathThreads);
   }

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   const int first_tile = tiles.count > 0 ? static_cast<int>(coords.tile % tiles.count) : 0;
 
   static_assert(kStages == 2, "the barriers' stages");
-  if (threadIdx.x == 0) init_fused_barriers(bars, 32);  // the producer warp's lanes on q_full
+  if (threadIdx.x == 0) init_fused_barriers(bars);
   __syncthreads();
 
   const int warpgroup = warpgroup_index();
