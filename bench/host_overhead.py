@@ -137,10 +137,32 @@ def main() -> None:
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
 
         forward_rows["sdpa flash (causal)"] = sdpa
+
+    def bodies_fwd_bwd():  # the ops' bodies back to back: fmha's work without the autograd engine
+        o, lse_ = ops.forward(ops._Dense, q, k, v, (), options, fake=False)
+        return ops.backward(ops._Dense, dout, None, q, k, v, o, lse_, (), (), options, fake=False)
+
     backward_rows = {
         "fmha fwd+bwd (autograd.grad)": fwd_bwd,
+        "op bodies fwd+bwd, no autograd": bodies_fwd_bwd,
         "C++ backward alone (_C.run)": lambda: fmha._C.run(bparams, stream),
+        # The autograd engine's own cost: a one-kernel op's forward and backward.
+        "x * 2 fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(qg * 2, (qg,), dout),
     }
+    if device == "cuda":
+        qgt, kgt, vgt, doutt = (t.transpose(1, 2) for t in (qg, kg, vg, dout))
+
+        def sdpa_fwd_bwd(backend):
+            def fn():
+                with torch.nn.attention.sdpa_kernel(backend):
+                    o = F.scaled_dot_product_attention(qgt, kgt, vgt, is_causal=True)
+                return torch.autograd.grad(o, (qg, kg, vg), doutt)
+            return fn
+
+        backends = torch.nn.attention.SDPBackend
+        backward_rows["sdpa flash fwd+bwd (autograd.grad)"] = sdpa_fwd_bwd(backends.FLASH_ATTENTION)
+        backward_rows["sdpa cudnn fwd+bwd (autograd.grad)"] = sdpa_fwd_bwd(
+            backends.CUDNN_ATTENTION)
     if args.profile:
         import cProfile
         import pstats

@@ -32,6 +32,7 @@ import torch
 
 import attention_reference as reference
 import fmha
+from cuda_refusals import bucket_not_built
 from harness import DEVICES, assert_close, call, rel_error, tolerance
 
 _INVALID = int(os.environ.get("FMHA_FUZZ_PY_INVALID", "10000"))
@@ -494,6 +495,12 @@ def _check_invalid(seed: int, device: str) -> Optional[str]:
             return None
         detail = f"{type(error).__name__}: {message}\n  " + "\n  ".join(problems)
     except Exception as error:  # noqa: BLE001  (any other exception is the finding)
+        # A CUDA build without the draw's head-dim bucket may refuse the call for that before any
+        # check names the corruption (seen on a bucket-64 build: varlen draws whose q lost a row).
+        # Such a draw tells nothing of this build's checks; it counts as skipped, as every test
+        # that meets the refusal skips (conftest.py).
+        if bucket_not_built(error):
+            return None
         detail = f"raised {type(error).__name__} instead of {[e.__name__ for e in expected.exceptions]}: {error}"
     else:
         detail = "accepted"
