@@ -142,10 +142,7 @@ void launch_variant(const KvCacheKernelParams& k, int stages, int shared) {
   kernel<<<grid, kv::kMmaThreads, shared>>>(k, stages);
   CHECK(cudaGetLastError());
   if (k.num_splits > 1) {
-    const std::int64_t rows = k.total_q * k.heads;
-    kv::kv_cache_combine_kernel<__nv_bfloat16>
-        <<<unsigned((rows + kv::kWarps - 1) / kv::kWarps), kv::kThreads>>>(k);
-    CHECK(cudaGetLastError());
+    CHECK(kv::launch_combine<__nv_bfloat16>(k, nullptr));
   }
 }
 
@@ -268,12 +265,9 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
     Result& r = results[mma];
     r.ms = ms[kTimedRuns / 2];
     if (mma && splits > 1) {  // the combine alone, on the partials the last run left
-      const std::int64_t rows = k.total_q * k.heads;
       const std::vector<float> combine = sorted_launch_ms(
           [&] {
-            kv::kv_cache_combine_kernel<__nv_bfloat16>
-                <<<unsigned((rows + kv::kWarps - 1) / kv::kWarps), kv::kThreads>>>(k);
-            CHECK(cudaGetLastError());
+            CHECK(kv::launch_combine<__nv_bfloat16>(k, nullptr));
           },
           kTimedRuns);
       r.combine_ms = combine[kTimedRuns / 2];

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/kv_cache_params.h"
@@ -27,10 +28,10 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxHeadDim = 256;
 constexpr int kColumnsPerThread = kMaxHeadDim / kThreads;  // P V columns each thread owns
-// Splits of a sequence's keys, at most. MQA 32/1 at B 1 runs one block a split, so 64 fill a
-// quarter of an H200's 264 block slots (0.03-0.46 TB/s, 2026-11-28); 256 would fill them, which
-// waits for a GPU run of the KV tests (CudaKvCache.ManySplitsOfOneHead asks for 100).
-constexpr int kMaxSplits = 64;
+// Splits of a sequence's keys, at most. MQA 32/1 at B 1 runs one block a split: 64 filled a quarter
+// of an H200's 264 block slots, 256 fill them (H200, 2026-11-28, the kernels alone: B 1 L 128k
+// D 128 0.168 -> 0.090 ms, D 64 0.123 -> 0.066, D 256 0.266 -> 0.139).
+constexpr int kMaxSplits = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -383,82 +384,187 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Merges the splits of one row per warp (SPEC §12; the sink joins here, in exactly one part).
+// ---- The combine of the splits (SPEC §12; the sink joins here, in exactly one part) ----
+// Two forms: a warp a row (query token x head) when a row has few splits, and a block a row when it
+// has many, each warp then adding a quarter of them: MQA at B 1 has 32 rows of up to 256 splits, where
+// a warp a row waits through 32 rounds of loads (H200, 2026-11-28: the combine 31 of a 90 us decode),
+// while at B 64 with a few splits a row the block's barriers cost more than they hide.
+constexpr int kWideCombineSplits = 32;  // more splits than this: a block a row
+
+// The weight 2^(lse2 - max) of each split of `row`, the total with the sink's, and its max.
+struct CombineRow {
+  float total_max, total;
+};
+
+// Splits [first, end) of `row`, weighted: value[c] += w_s * part_s[lane + 32 c] in split order, a
+// lane's columns all at once and kRound splits a round, so that a round's loads are in flight
+// together. Splits of weight 0 are skipped.
+__device__ inline void add_weighted_splits(const KvCacheKernelParams& p, std::int64_t row, std::int64_t rows,
+                                           const float* weights, int first_split, int end_split, int lane,
+                                           float (&value)[kMaxHeadDim / 32]) {
+  constexpr int kLaneColumns = kMaxHeadDim / 32, kRound = 8;
+  const float* const parts = p.partial_out + row * p.value_dim;
+  const std::int64_t split_stride = rows * p.value_dim;
+  for (int first = first_split; first < end_split; first += kRound) {
+    float x[kRound][kLaneColumns];
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int s = first + u;
+      const bool used = s < end_split && weights[s] != 0.0f;
+#pragma unroll
+      for (int c = 0; c < kLaneColumns; ++c) {
+        const int d = lane + 32 * c;
+        x[u][c] = used && d < p.value_dim ? parts[s * split_stride + d] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int s = first + u;
+      const float w = s < end_split ? weights[s] : 0.0f;
+      if (w == 0.0f) continue;
+#pragma unroll
+      for (int c = 0; c < kLaneColumns; ++c) value[c] += w * x[u][c];
+    }
+  }
+}
+
+// Where the combined row goes: out's row pointer, and lse's element (dense: token = b * Lq + i;
+// packed: the row of q itself).
+template <typename T>
+struct CombineDestination {
+  T* out;
+  float* lse;
+};
+template <typename T>
+__device__ inline CombineDestination<T> combine_destination(const KvCacheKernelParams& p, std::int64_t row) {
+  const std::int64_t token = row / p.heads;
+  const int h = static_cast<int>(row % p.heads);
+  const int b = p.cu_seqlens_q == nullptr ? static_cast<int>(token / p.seqlen_q) : 0;
+  const std::int64_t in_dim = p.cu_seqlens_q == nullptr ? token % p.seqlen_q : token;
+  return {static_cast<T*>(p.out) + row_offset(p.out_rows, b, in_dim, h),
+          p.lse != nullptr ? p.lse + row_offset(p.lse_rows, b, in_dim, h) : nullptr};
+}
+
+__device__ inline float combined_lse(const CombineRow& r) {
+  return r.total > 0.0f ? (r.total_max + log2f(r.total)) * kLn2 : -INFINITY;
+}
+
+__device__ inline float sink_log2(const KvCacheKernelParams& p, std::int64_t row) {
+  return p.sinks != nullptr ? p.sinks[static_cast<int>(row % p.heads) * p.sinks_stride] * kLog2e : -INFINITY;
+}
+
+// A warp a row (up to kWideCombineSplits splits: one a lane).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     kv_cache_combine_kernel(const __grid_constant__ KvCacheKernelParams p) {
-  __shared__ float weights[kWarps][kMaxSplits];
+  __shared__ float weights[kWarps][kWideCombineSplits];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t rows = p.total_q * p.heads;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp; row < rows; row += stride) {
-    const std::int64_t token = row / p.heads;
-    const int h = static_cast<int>(row % p.heads);
-    float lse2[kMaxSplits / 32];
+    const float lse2 = lane < p.num_splits ? p.partial_lse[lane * rows + row] : -INFINITY;
+    const float sink2 = sink_log2(p, row);
+    CombineRow r{fmaxf(warp_max(lse2), sink2), 0.0f};
+    const float w = r.total_max == -INFINITY || lse2 == -INFINITY ? 0.0f : exp2f(lse2 - r.total_max);
+    weights[warp][lane] = w;
+    r.total = warp_sum(w);
+    if (sink2 != -INFINITY) r.total += exp2f(sink2 - r.total_max);
+    __syncwarp();
+    float value[kMaxHeadDim / 32] = {};
+    add_weighted_splits(p, row, rows, weights[warp], 0, p.num_splits, lane, value);
+    const float inverse = r.total > 0.0f ? 1.0f / r.total : 0.0f;
+    const CombineDestination<T> dst = combine_destination<T>(p, row);
+#pragma unroll
+    for (int c = 0; c < kMaxHeadDim / 32; ++c) {
+      const int d = lane + 32 * c;
+      if (d < p.value_dim) dst.out[d] = from_float<T>(value[c] * inverse);
+    }
+    if (lane == 0 && dst.lse != nullptr) *dst.lse = combined_lse(r);
+    __syncwarp();  // weights[warp] is the next row's
+  }
+}
+
+// A block a row: the block's threads weigh the splits together (two a thread), warp w adds the w-th
+// quarter of them for every column, and the four warps' sums are added in warp order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    kv_cache_combine_wide_kernel(const __grid_constant__ KvCacheKernelParams p) {
+  static_assert(kMaxSplits % kThreads == 0 && kMaxHeadDim % kThreads == 0, "two splits, two columns a thread");
+  constexpr int kSplitsPerThread = kMaxSplits / kThreads;
+  __shared__ float weights[kMaxSplits];
+  __shared__ float warp_part[kWarps][kMaxHeadDim];
+  __shared__ float warp_max2[kWarps], warp_total[kWarps];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const std::int64_t rows = p.total_q * p.heads;
+  const int n = p.num_splits;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    float lse2[kSplitsPerThread];
     float max2 = -INFINITY;
-    for (int n = 0; n < kMaxSplits / 32; ++n) {
-      const int s = lane + n * 32;
-      lse2[n] = s < p.num_splits ? p.partial_lse[s * rows + row] : -INFINITY;
-      max2 = fmaxf(max2, lse2[n]);
+#pragma unroll
+    for (int i = 0; i < kSplitsPerThread; ++i) {
+      const int s = tid + i * kThreads;
+      lse2[i] = s < n ? p.partial_lse[s * rows + row] : -INFINITY;
+      max2 = fmaxf(max2, lse2[i]);
     }
     max2 = warp_max(max2);
-    const float sink2 = p.sinks != nullptr ? p.sinks[h * p.sinks_stride] * kLog2e : -INFINITY;
-    const float total_max = fmaxf(max2, sink2);
+    if (lane == 0) warp_max2[warp] = max2;
+    __syncthreads();
+    const float sink2 = sink_log2(p, row);
+    CombineRow r{sink2, 0.0f};
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) r.total_max = fmaxf(r.total_max, warp_max2[w]);
     float total = 0.0f;
-    for (int n = 0; n < kMaxSplits / 32; ++n) {
-      const float w = total_max == -INFINITY || lse2[n] == -INFINITY ? 0.0f : exp2f(lse2[n] - total_max);
-      if (lane + n * 32 < kMaxSplits) weights[warp][lane + n * 32] = w;
+#pragma unroll
+    for (int i = 0; i < kSplitsPerThread; ++i) {
+      const float w = r.total_max == -INFINITY || lse2[i] == -INFINITY ? 0.0f : exp2f(lse2[i] - r.total_max);
+      weights[tid + i * kThreads] = w;
       total += w;
     }
     total = warp_sum(total);
-    if (sink2 != -INFINITY) total += exp2f(sink2 - total_max);
-    __syncwarp();
-    const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
-    // Dense: token = b * Lq + i; packed: the row of q itself.
-    const int b = p.cu_seqlens_q == nullptr ? static_cast<int>(token / p.seqlen_q) : 0;
-    const std::int64_t in_dim = p.cu_seqlens_q == nullptr ? token % p.seqlen_q : token;
-    T* out = static_cast<T*>(p.out) + row_offset(p.out_rows, b, in_dim, h);
-    // The lane's columns d = lane + 32 c all at once, kRound splits a round: a round's loads are in
-    // flight together instead of one column's few at a time (Dv / 32 x splits / 4 rounds of load
-    // latency before: most of MQA's decode time at 64 splits). Each column still adds its splits in
-    // order, skipping those of weight 0, as before.
-    constexpr int kLaneColumns = kMaxHeadDim / 32, kRound = 8;
-    float value[kLaneColumns];
+    if (lane == 0) warp_total[warp] = total;
+    __syncthreads();
 #pragma unroll
-    for (int c = 0; c < kLaneColumns; ++c) value[c] = 0.0f;
-    const float* const parts = p.partial_out + row * p.value_dim;
-    const std::int64_t split_stride = rows * p.value_dim;
-    for (int first = 0; first < p.num_splits; first += kRound) {
-      float x[kRound][kLaneColumns];
+    for (int w = 0; w < kWarps; ++w) r.total += warp_total[w];
+    if (sink2 != -INFINITY) r.total += exp2f(sink2 - r.total_max);
+
+    const int quarter = (n + kWarps - 1) / kWarps;
+    const int first_split = min(n, warp * quarter);
+    float value[kMaxHeadDim / 32] = {};
+    add_weighted_splits(p, row, rows, weights, first_split, min(n, first_split + quarter), lane, value);
 #pragma unroll
-      for (int u = 0; u < kRound; ++u) {
-        const int s = first + u;
-        const bool used = s < p.num_splits && weights[warp][s] != 0.0f;
+    for (int c = 0; c < kMaxHeadDim / 32; ++c) warp_part[warp][lane + 32 * c] = value[c];
+    __syncthreads();
+
+    const float inverse = r.total > 0.0f ? 1.0f / r.total : 0.0f;
+    const CombineDestination<T> dst = combine_destination<T>(p, row);
 #pragma unroll
-        for (int c = 0; c < kLaneColumns; ++c) {
-          const int d = lane + 32 * c;
-          x[u][c] = used && d < p.value_dim ? parts[s * split_stride + d] : 0.0f;
-        }
-      }
+    for (int i = 0; i < kColumnsPerThread; ++i) {
+      const int d = tid + i * kThreads;
+      if (d < p.value_dim) {
+        float sum = warp_part[0][d];
 #pragma unroll
-      for (int u = 0; u < kRound; ++u) {
-        const int s = first + u;
-        const float w = s < p.num_splits ? weights[warp][s] : 0.0f;
-        if (w == 0.0f) continue;
-#pragma unroll
-        for (int c = 0; c < kLaneColumns; ++c) value[c] += w * x[u][c];
+        for (int w = 1; w < kWarps; ++w) sum += warp_part[w][d];
+        dst.out[d] = from_float<T>(sum * inverse);
       }
     }
-#pragma unroll
-    for (int c = 0; c < kLaneColumns; ++c) {
-      const int d = lane + 32 * c;
-      if (d < p.value_dim) out[d] = from_float<T>(value[c] * inverse);
-    }
-    if (lane == 0 && p.lse != nullptr) {
-      p.lse[row_offset(p.lse_rows, b, in_dim, h)] = total > 0.0f ? (total_max + log2f(total)) * kLn2 : -INFINITY;
-    }
-    __syncwarp();
+    if (tid == 0 && dst.lse != nullptr) *dst.lse = combined_lse(r);
+    __syncthreads();  // the shared arrays are the next row's
   }
+}
+
+// Launches the combine form that fits the split count (grids of at most 2^20 blocks walk the rows).
+template <typename T>
+cudaError_t launch_combine(const KvCacheKernelParams& k, cudaStream_t stream) {
+  const std::int64_t rows = k.total_q * k.heads;
+  if (k.num_splits > kWideCombineSplits) {
+    const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>(rows, 1, std::int64_t{1} << 20));
+    kv_cache_combine_wide_kernel<T><<<blocks, kThreads, 0, stream>>>(k);
+  } else {
+    const auto blocks =
+        static_cast<unsigned>(std::clamp<std::int64_t>((rows + kWarps - 1) / kWarps, 1, std::int64_t{1} << 20));
+    kv_cache_combine_kernel<T><<<blocks, kThreads, 0, stream>>>(k);
+  }
+  return cudaGetLastError();
 }
 
 // One block per new token: copies its K and V rows (all kv heads) into the cache. A token whose

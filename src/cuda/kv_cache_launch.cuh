@@ -131,11 +131,7 @@ cudaError_t launch_attention(const KvCacheKernelParams& k, int mma_stages, int s
     e = cudaGetLastError();
   }
   if (e != cudaSuccess || k.num_splits <= 1) return e;
-  const std::int64_t rows = k.total_q * k.heads;
-  const auto blocks =
-      static_cast<unsigned>(std::min<std::int64_t>((rows + kWarps - 1) / kWarps, 1 << 20));
-  kv_cache_combine_kernel<T><<<blocks, kThreads, 0, stream>>>(k);
-  return cudaGetLastError();
+  return launch_combine<T>(k, stream);
 }
 
 }  // namespace fmha::cuda::kv_cache

@@ -236,6 +236,11 @@ TEST_P(CudaKvCache, ManySplitsOfOneHead) {
   c.cache_lens = {20000};
   c.sinks = true;
   for (int splits : {0, 100}) check_layouts(c, splits, 380 + splits, {16});
+  // The most splits (asking for more gets kMaxSplits, 256), some a single tile, at the widest head:
+  // the combine's quarters of the splits and its columns up to 255.
+  c = decode_case(DType::kFloat16, 32, 1, 256);
+  c.cache_lens = {9000};
+  for (int splits : {0, 300}) check_layouts(c, splits, 390 + splits, {64});
 }
 
 TEST_P(CudaKvCache, PackedQueriesChunkedPrefill) {
