@@ -40,6 +40,21 @@ from fmha import _attention_ops as ops
 from fmha import _bridge
 
 
+class _Twice(torch.autograd.Function):
+    """x * 2 as a Python Function; its backward first calls `inside` when one is given."""
+
+    @staticmethod
+    def forward(ctx, x, inside=None):
+        ctx.inside = inside
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.inside is not None:
+            ctx.inside()
+        return grad * 2, None
+
+
 def measure(variants: dict, rounds: int, calls: int, clock, sync) -> dict:
     """Median per-call microseconds of each variant: `rounds` rounds, each timing `calls` calls of
     every variant in turn (a warm-up round first)."""
@@ -146,8 +161,13 @@ def main() -> None:
         "fmha fwd+bwd (autograd.grad)": fwd_bwd,
         "op bodies fwd+bwd, no autograd": bodies_fwd_bwd,
         "C++ backward alone (_C.run)": lambda: fmha._C.run(bparams, stream),
-        # The autograd engine's own cost: a one-kernel op's forward and backward.
+        # The autograd engine's own cost: a one-kernel op's forward and backward, as torch's op and
+        # as a Python autograd.Function (whose backward runs on the engine's device thread on CUDA,
+        # holding the GIL); then that Function with the C++ backward called inside its backward.
         "x * 2 fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(qg * 2, (qg,), dout),
+        "Function x * 2 fwd+bwd": lambda: torch.autograd.grad(_Twice.apply(qg), (qg,), dout),
+        "Function x * 2, C++ backward inside": lambda: torch.autograd.grad(
+            _Twice.apply(qg, lambda: fmha._C.run(bparams, stream)), (qg,), dout),
     }
     if device == "cuda":
         qgt, kgt, vgt, doutt = (t.transpose(1, 2) for t in (qg, kg, vg, dout))

@@ -259,11 +259,13 @@ def _out_shape(q: Tensor, v: Tensor) -> tuple:
 # ---- Forward -------------------------------------------------------------------------------------
 
 
-def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
+def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool, views: Optional[list] = None):
     """Checks, allocates (out, lse) and runs one forward call. With fake=True (torch.compile's
     tracing) only the metadata exists: the check still runs when the shapes are static. A real call
     is checked by run() itself, before any memory is touched: the same check, one crossing into
-    C++ instead of two (the outputs are allocated first, so a refused call frees them again)."""
+    C++ instead of two (the outputs are allocated first, so a refused call frees them again).
+    `views`, when given, receives the views of q, k, v, out and lse, for a backward of the same
+    tensors to reuse (backward's `views`)."""
     check_backward_impl(o.backward_impl)
     lse_shape = layout.lse_shape(q, layout_args)
     lse_dtype = _lse_dtype(q)
@@ -292,6 +294,8 @@ def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool):
     params.out = _bridge.view(out, "out")
     params.lse = _bridge.view(lse, "lse")
     _bridge.run(params, q.device)
+    if views is not None:
+        views += (params.q, params.k, params.v, params.out, params.lse)
     return out, lse
 
 
@@ -313,13 +317,15 @@ def _params(layout, q, k, v, layout_args, o: Options, *, planned: bool):
 
 def backward(
     layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o: Options, *, fake: bool,
-    unasked=None,
+    unasked=None, views=None,
 ):  # fmt: skip
     """Allocates and computes (dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v).
     dbias has the bias's own shape: the C++ layer sums over its broadcast dimensions. A gradient
     not asked for is unasked(): by default an empty tensor of its own (the ops' outputs are
     tensors and may not alias); the eager path, which returns None for it, passes a callable
-    returning None."""
+    returning None. `views`: the forward's views of q, k, v, out and lse (forward's `views`), valid
+    while the tensors they describe are the ones passed here, unchanged (autograd's saved tensors:
+    kept alive, and checked against in-place changes when unpacked); made here when not given."""
     check_backward_impl(o.backward_impl)
     if _has_optional_tensors(o):
         need_bias, need_rel_h, need_rel_w, need_sinks, need_extra_k, need_extra_v = (
@@ -349,12 +355,11 @@ def backward(
         # C++ layer needs a bias with the same (dense) strides; same values, one copy.
         bias = bias.contiguous()
     params = layout.backward_params()
-    params.q = _bridge.view(q, "q")
-    params.k = _bridge.view(k, "k")
-    params.v = _bridge.view(v, "v")
+    if views is None:
+        views = (_bridge.view(q, "q"), _bridge.view(k, "k"), _bridge.view(v, "v"),
+                 _bridge.view(out, "out"), _bridge.view(lse, "lse"))  # fmt: skip
+    params.q, params.k, params.v, params.out, params.lse = views
     layout.fill(params, layout_args, False)
-    params.out = _bridge.view(out, "out")
-    params.lse = _bridge.view(lse, "lse")
     # Views hold raw addresses: every tensor they describe must stay referenced until run().
     dout, dlse = _dense(dout), _dense(dlse)
     params.dout = _bridge.view(dout, "dout")
@@ -605,7 +610,8 @@ def _eager_function(layout, num_layout_args: int):
             # Like the op's: gradients not flowing in stay None (no zeros made for an unused lse).
             ctx.set_materialize_grads(False)
             layout_args, options = rest[:n], Options(*rest[n:])
-            out, lse = forward(layout, q, k, v, layout_args, options, fake=False)
+            ctx.views = []  # q, k, v, out, lse as the C++ layer sees them: the backward's too
+            out, lse = forward(layout, q, k, v, layout_args, options, fake=False, views=ctx.views)
             if n:
                 offsets = [a for a in layout_args if isinstance(a, Tensor)]
                 ctx.layout_args = [None if isinstance(a, Tensor) else a for a in layout_args]
@@ -630,7 +636,7 @@ def _eager_function(layout, num_layout_args: int):
             # Gradients not asked for (or of options not given) come back as None.
             grads = backward(
                 layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False,
-                unasked=_none,
+                unasked=_none, views=ctx.views,
             )  # fmt: skip
             return (*grads[:3], *no_grads, *grads[3:], *(None,) * len(ctx.scalars))
 
