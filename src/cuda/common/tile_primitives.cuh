@@ -151,10 +151,11 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-// Waits until at most `kPending` committed groups of this thread are still in flight.
+// Waits until at most `kPending` committed groups of this thread are still in flight. The "memory"
+// clobber keeps the compiler from moving reads of the landed shared memory above the wait.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace fmha::cuda::tile
