@@ -3,7 +3,14 @@ single-process fmha.attention on the whole sequence: out, lse and every gradient
 both layouts, causal (both alignments) and not, GQA/MQA, windows, softcap, sinks and uneven shards.
 
 Each world size is one group of spawned processes that runs every case and reports per case the
-norm-wise relative error of each result (or the exception); the tests below read those reports."""
+norm-wise relative error of each result (or the exception); the tests below read those reports.
+
+On a machine with several GPUs, FMHA_DISTRIBUTED_DEVICE=cuda runs the same cases with one GPU a
+rank over NCCL (2 and 4 ranks where that many GPUs exist), against the same references computed
+on the CPU; the float64 cases skip there (float64 runs on the CPU only). Their head dims are at
+most 32: a build with the head-dim bucket 32 runs them all.
+
+    FMHA_DISTRIBUTED_DEVICE=cuda python -m pytest -q tests/python/test_distributed.py"""
 
 from __future__ import annotations
 
@@ -29,6 +36,12 @@ cp = pytest.importorskip("fmha.distributed", reason="the installed fmha has no f
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
 )
+
+# The ranks' device (module docstring): "cpu" (gloo) or "cuda" (NCCL, one GPU a rank).
+DEVICE = os.environ.get("FMHA_DISTRIBUTED_DEVICE", "cpu")
+if DEVICE == "cuda":
+    pytestmark = [pytestmark, pytest.mark.skipif(
+        not torch.cuda.is_available() or not dist.is_nccl_available(), reason="CUDA with NCCL")]
 
 # Against single-process fmha on the same inputs. fp32 runs the fast CPU backend; the merge of W
 # partial results rounds differently from one call, which stays well within SPEC §13's 1e-5
@@ -164,7 +177,13 @@ def _naive(q, k, v, sinks, extra, dout, dlse, opts, want_lse) -> dict:
     return _results(out, lse, inputs, sinks, extra, want_lse)
 
 
+def _to_device(t):
+    return None if t is None else t.to(DEVICE)
+
+
 def _run_case(spec: dict, world: int) -> dict:
+    if DEVICE != "cpu" and spec.get("dtype") == torch.float64:
+        return {"skipped": f"float64 runs on the CPU only, not on {DEVICE}"}
     g = torch.Generator().manual_seed(len(spec) * 7919 + world)
     B, H, Hkv = spec.get("B", 2), spec.get("H", 4), spec.get("Hkv", spec.get("H", 4))
     Lq, Lk = (x(world) if callable(x) else x for x in (spec.get("Lq", 24), spec.get("Lk", 24)))
@@ -204,16 +223,16 @@ def _run_case(spec: dict, world: int) -> dict:
     lengths = spec.get("lengths")
     q_lens = lengths(Lq, world) if lengths else None
     k_lens = lengths(Lk, world) if lengths else None
-    mine = [cp.shard(t, layout=layout, lengths=n)
+    mine = [cp.shard(t.to(DEVICE), layout=layout, lengths=n)
             for t, n in ((q, q_lens), (k, k_lens), (v, k_lens))]  # fmt: skip
     if spec.get("strided"):  # [B, H, L, D] storage seen as [B, L, H, D], as models pass it
         mine = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in mine]
     mine = [t.detach().requires_grad_() for t in mine]
-    shard_sinks = sinks.clone().requires_grad_() if sinks is not None else None
-    shard_extra = _leaves(extra)
+    shard_sinks = sinks.to(DEVICE).requires_grad_() if sinks is not None else None
+    shard_extra = _leaves(None if extra is None else tuple(t.to(DEVICE) for t in extra))
     modes = dict(cp._BACKWARD_MODE)
     if "backward" in spec:
-        cp._BACKWARD_MODE["cpu"] = spec["backward"]
+        cp._BACKWARD_MODE[DEVICE] = spec["backward"]
     try:
         result = cp.attention(*mine, layout=layout, form=form, sinks=shard_sinks,
                               extra_kv=shard_extra, return_lse=want_lse, **opts)  # fmt: skip
@@ -221,46 +240,50 @@ def _run_case(spec: dict, world: int) -> dict:
         cp._BACKWARD_MODE.clear()
         cp._BACKWARD_MODE.update(modes)
     out, lse = result if want_lse else (result, None)
-    local_dout = cp.shard(dout, layout=layout, lengths=q_lens)
+    local_dout = cp.shard(dout.to(DEVICE), layout=layout, lengths=q_lens)
     if want_lse:
-        local_dlse = cp.shard(dlse, layout=layout, dim=2, lengths=q_lens)
+        local_dlse = cp.shard(dlse.to(DEVICE), layout=layout, dim=2, lengths=q_lens)
         torch.autograd.backward([out, lse], [local_dout, local_dlse])
     else:
         out.backward(local_dout)
 
-    whole = dict(out=cp.unshard(out.detach(), layout=layout),
-                 dq=cp.unshard(mine[0].grad, layout=layout),
-                 dk=cp.unshard(mine[1].grad, layout=layout),
-                 dv=cp.unshard(mine[2].grad, layout=layout))  # fmt: skip
+    whole = dict(out=cp.unshard(out.detach(), layout=layout).cpu(),
+                 dq=cp.unshard(mine[0].grad, layout=layout).cpu(),
+                 dk=cp.unshard(mine[1].grad, layout=layout).cpu(),
+                 dv=cp.unshard(mine[2].grad, layout=layout).cpu())  # fmt: skip
     if want_lse:
-        whole["lse"] = cp.unshard(lse.detach(), layout=layout, dim=2)
+        whole["lse"] = cp.unshard(lse.detach(), layout=layout, dim=2).cpu()
     if sinks is not None:
-        whole["dsinks"] = shard_sinks.grad.clone()
-        dist.all_reduce(whole["dsinks"])  # each rank holds its queries' part
+        dsinks = shard_sinks.grad.clone()
+        dist.all_reduce(dsinks)  # each rank holds its queries' part
+        whole["dsinks"] = dsinks.cpu()
     if extra is not None:  # likewise
         for name, t in zip(("dextra_k", "dextra_v"), shard_extra):
-            whole[name] = t.grad.clone()
-            dist.all_reduce(whole[name])
+            grad = t.grad.clone()
+            dist.all_reduce(grad)
+            whole[name] = grad.cpu()
     errors = {n: _rel_error(whole[n], reference[n]) for n in whole}
     # This rank's out against its own shard of the single-process one (shard and unshard agree).
-    errors["out-local"] = _rel_error(out, cp.shard(reference["out"], layout=layout, lengths=q_lens))
+    errors["out-local"] = _rel_error(out.cpu(), cp.shard(reference["out"], layout=layout, lengths=q_lens))
     tolerance["out-local"] = tolerance["out"]
     return {"errors": errors, "tolerance": tolerance, "form": form}
 
 
 def _run_refusals(world: int) -> dict:
     """Calls that must be refused on every rank, with the exception type each raised."""
-    x = torch.randn(1, 5, 2, 4)
+    x = torch.randn(1, 5, 2, 4, device=DEVICE)
     raised = {}
     for name, call in (
-        ("bias", lambda: cp.attention(x, x, x, bias=torch.zeros(1))),
+        ("bias", lambda: cp.attention(x, x, x, bias=torch.zeros(1, device=DEVICE))),
         ("extra-kv-heads", lambda: cp.attention(x, x, x, extra_kv=(x[:, :2, :1], x[:, :2, :1]))),
         ("varlen", lambda: cp.attention_varlen(x[0], x[0], x[0])),
         ("bad-layout", lambda: cp.attention(x, x, x, layout="ring")),
         ("bad-form", lambda: cp.attention(x, x, x, form="p2p")),
         ("dtype-mismatch", lambda: cp.attention(x, x.double(), x)),
-        ("sinks-dtype", lambda: cp.attention(x, x, x, sinks=torch.zeros(2, dtype=torch.bfloat16))),
-        ("heads", lambda: cp.attention(x, torch.randn(1, 5, 3, 4), torch.randn(1, 5, 3, 4))),
+        ("sinks-dtype", lambda: cp.attention(x, x, x, sinks=torch.zeros(2, dtype=torch.bfloat16,
+                                                                        device=DEVICE))),
+        ("heads", lambda: cp.attention(x, torch.randn(1, 5, 3, 4, device=DEVICE),
+                                       torch.randn(1, 5, 3, 4, device=DEVICE))),
         # Rank 0 holding 3 rows and the others 1 is no zigzag shard of any sequence.
         ("zigzag-lengths", lambda: cp.attention(*[x[:, : 3 if dist.get_rank() == 0 else 1]] * 3,
                                                 layout="zigzag")),
@@ -281,21 +304,21 @@ def _run_helpers(world: int) -> dict:
     g = torch.Generator().manual_seed(5)
     for layout in cp.LAYOUTS:
         for S in (1, 2 * world + 3, 40):
-            x = torch.randn(3, 2, S, 5, generator=g)
+            x = torch.randn(3, 2, S, 5, generator=g).to(DEVICE)
             mine = cp.shard(x, layout=layout, dim=2)
             positions = cp.shard_positions(S, layout=layout)
             segs = cp.layout_segments(S, world, layout)[rank]
             expected = [i for s, n in segs for i in range(s, s + n)]
             checks[f"positions-{layout}-{S}"] = positions.tolist() == expected
-            checks[f"shard-{layout}-{S}"] = torch.equal(mine, x[:, :, positions])
+            checks[f"shard-{layout}-{S}"] = torch.equal(mine, x[:, :, positions.to(x.device)])
             checks[f"unshard-{layout}-{S}"] = torch.equal(cp.unshard(mine, layout=layout, dim=2), x)
     lens = _with_empty(23, world)
-    x = torch.randn(2, 23, 3, generator=g)
+    x = torch.randn(2, 23, 3, generator=g).to(DEVICE)
     mine = cp.shard(x, lengths=lens)
     checks["shard-lengths"] = mine.shape[1] == lens[rank]
     checks["unshard-lengths"] = torch.equal(cp.unshard(mine), x)
 
-    q, k, v = (torch.randn(1, 6, 4, 8, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, 6, 4, 8, generator=g).to(DEVICE) for _ in range(3))
     every = [6] * world
     a = cp.attention(q, k, v, causal=True, layout="zigzag")
     b = cp.attention(q, k, v, causal=True, layout="zigzag", lengths=(every, every))
@@ -340,7 +363,10 @@ def _captured(run, *args) -> dict:
 
 def _worker(rank: int, world: int, store_path: str, report_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)
+    backend = "nccl" if DEVICE == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world)
     report = {name: _captured(_run_case, spec, world) for name, spec in CASES.items()}
     report["refusals"] = _run_refusals(world)
     report["helpers"] = _captured(_run_helpers, world)
@@ -382,13 +408,15 @@ def _entries(world: int, name: str) -> list[tuple[int, dict]]:
     return entries
 
 
-WORLDS = [2, 4]
+WORLDS = [2, 4] if DEVICE == "cpu" else [w for w in (2, 4) if w <= torch.cuda.device_count()]
 
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_single_process(world: int, case: str) -> None:
     for rank, result in _entries(world, case):
+        if "skipped" in result:
+            pytest.skip(result["skipped"])
         errors = result["errors"]
         assert {"out", "dq", "dk", "dv"} <= errors.keys()
         bad = {k: (e, result["tolerance"][k]) for k, e in errors.items()
