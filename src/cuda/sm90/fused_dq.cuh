@@ -63,6 +63,36 @@ __host__ __device__ constexpr bool ds_in_bias_tile(bool bias_staged) {
          (std::is_same_v<Policy, PolicyGeneral> && bias_staged);
 }
 
+// Adds one m64 block of dQ^T from a thread's accumulators to a tile's fp32 accumulator columns
+// (column row at accum + row * col_stride, queries contiguous): entries 0, 1 (2, 3) of tile t are
+// queries 8t + 2 (lane % 4) + {0, 1} of head-dim row first_row + 16 (warp % 4) + lane / 4 (+ 8).
+// Pairs go as one float2 atomic where `pairs` (the tile's first query is 8-byte aligned in the
+// accumulator; its column stride is even), else as two floats. Rows past head_dim and queries past
+// valid_queries are not added.
+template <int kQueryTiles>
+__device__ __forceinline__ void add_dq_block(const float (&dq)[kQueryTiles][4], float* accum,
+                                             std::int64_t col_stride, int first_row, int warp,
+                                             int lane, int head_dim, int valid_queries,
+                                             bool pairs) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = first_row + (warp % 4) * 16 + lane / 4 + 8 * r;
+    if (row >= head_dim) continue;
+    float* const dst = accum + row * col_stride;
+#pragma unroll
+    for (int t = 0; t < kQueryTiles; ++t) {
+      const int q = t * 8 + 2 * (lane % 4);
+      const float x0 = dq[t][2 * r], x1 = dq[t][2 * r + 1];
+      if (pairs && q + 1 < valid_queries) {
+        atomicAdd(reinterpret_cast<float2*>(dst + q), make_float2(x0, x1));
+      } else {
+        if (q < valid_queries) atomicAdd(dst + q, x0);
+        if (q + 1 < valid_queries) atomicAdd(dst + q + 1, x1);
+      }
+    }
+  }
+}
+
 template <int kD, int kN, int kM>
 struct FusedDq {
   static_assert(bwd_fused_bucket(kD), "the warpgroups split D 64 by keys, D 128 / 256 by columns");
@@ -192,33 +222,16 @@ struct FusedDq {
   }
 
   // Adds this thread's dQ^T accumulators (D 256: no sum tile) to `accum` (the step's tile: column
-  // col at accum + col * col_stride, queries contiguous): entries 0, 1 (2, 3) of tile t are queries
-  // 8t + 2 (lane % 4) + {0, 1} of head-dim row first_col + 64c + 16 (warp % 4) + lane / 4 (+ 8).
-  // Pairs go as one float2 atomic where `pairs` (the tile's first query is 8-byte aligned in the
-  // accumulator; its column stride is even), else as two floats.
+  // col at accum + col * col_stride, queries contiguous), block c as head-dim rows from
+  // first_col + 64c (add_dq_block).
   __device__ __forceinline__ static void add_registers(const Accum& dq, float* accum,
                                                        std::int64_t col_stride, int warpgroup,
                                                        int warp, int lane, int head_dim,
                                                        int valid_queries, bool pairs) {
 #pragma unroll
     for (int c = 0; c < kColBlocks; ++c) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int col = first_col(warpgroup) + 64 * c + (warp % 4) * 16 + lane / 4 + 8 * r;
-        if (col >= head_dim) continue;
-        float* const row = accum + col * col_stride;
-#pragma unroll
-        for (int t = 0; t < kM / 8; ++t) {
-          const int q = t * 8 + 2 * (lane % 4);
-          const float x0 = dq[c][t][2 * r], x1 = dq[c][t][2 * r + 1];
-          if (pairs && q + 1 < valid_queries) {
-            atomicAdd(reinterpret_cast<float2*>(row + q), make_float2(x0, x1));
-          } else {
-            if (q < valid_queries) atomicAdd(row + q, x0);
-            if (q + 1 < valid_queries) atomicAdd(row + q + 1, x1);
-          }
-        }
-      }
+      add_dq_block(dq[c], accum, col_stride, first_col(warpgroup) + 64 * c, warp, lane, head_dim,
+                   valid_queries, pairs);
     }
   }
 

@@ -32,6 +32,7 @@
 #include "cuda/common/block_coords.cuh"
 #include "cuda/common/mask_policies.cuh"
 #include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/fused_dq.cuh"
 #include "cuda/sm90/mainloop_bwd_fused.cuh"
 #include "cuda/sm90/tile_copies.cuh"
 #include "cuda/sm90/tiles.cuh"
@@ -62,33 +63,6 @@ struct FusedD256Smem {
 
 inline constexpr int kD256Free = 1;  // named barrier ids of this kernel
 inline constexpr int kD256Ready = 2;
-
-// Adds one m64 block of dQ^T (head-dim rows first_row + 16 (warp % 4) + lane / 4 (+ 8), queries
-// 8t + 2 (lane % 4) (+ 1)) to the tile's accumulator columns (accum + row * col_stride + query):
-// pairs as one float2 atomic where `pairs` (8-byte aligned), else floats.
-template <int kQueryTiles>
-__device__ __forceinline__ void add_dq_block(const float (&dq)[kQueryTiles][4], float* accum,
-                                             std::int64_t col_stride, int first_row, int warp,
-                                             int lane, int head_dim, int valid_queries,
-                                             bool pairs) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = first_row + (warp % 4) * 16 + lane / 4 + 8 * r;
-    if (row >= head_dim) continue;
-    float* const dst = accum + row * col_stride;
-#pragma unroll
-    for (int t = 0; t < kQueryTiles; ++t) {
-      const int q = t * 8 + 2 * (lane % 4);
-      const float x0 = dq[t][2 * r], x1 = dq[t][2 * r + 1];
-      if (pairs && q + 1 < valid_queries) {
-        atomicAdd(reinterpret_cast<float2*>(dst + q), make_float2(x0, x1));
-      } else {
-        if (q < valid_queries) atomicAdd(dst + q, x0);
-        if (q + 1 < valid_queries) atomicAdd(dst + q + 1, x1);
-      }
-    }
-  }
-}
 
 template <typename T, typename Policy>
 __global__ void __launch_bounds__(kBwdFusedThreads, 1)
