@@ -55,9 +55,11 @@ inline unsigned long long device_digest(const void* d, std::size_t bytes) {
 }
 
 // The milliseconds of `runs` launches of `launch` (a callable that launches once on `stream`, the
-// default one unless given), sorted.
+// default one unless given), sorted. flush_l2 false: no flush in between, so a launch finds in L2
+// what the last one left there (a kernel that reads what the one before it wrote).
 template <typename Launch>
-std::vector<float> sorted_launch_ms(const Launch& launch, int runs, cudaStream_t stream = 0) {
+std::vector<float> sorted_launch_ms(const Launch& launch, int runs, cudaStream_t stream = 0,
+                                    bool flush_l2 = true) {
   const std::size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CHECK(cudaMalloc(&flush, flush_bytes));
@@ -68,7 +70,7 @@ std::vector<float> sorted_launch_ms(const Launch& launch, int runs, cudaStream_t
   CHECK(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int i = 0; i < runs; ++i) {
-    CHECK(cudaMemsetAsync(flush, i, flush_bytes, stream));
+    if (flush_l2) CHECK(cudaMemsetAsync(flush, i, flush_bytes, stream));
     CHECK(cudaEventRecord(a, stream));
     launch();
     CHECK(cudaEventRecord(b, stream));
