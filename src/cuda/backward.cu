@@ -241,6 +241,15 @@ bool dq_overlap_enabled() {
 // warp-specialized D 256 kernel that replaced it there (use_sm90_fused_d256, launched by the fused
 // form's dK/dV launch) runs 0.99-1.19x the split speed (H200, bf16, 16k tokens, 2026-11-28: L 512
 // 0.99x, L 1024-16384 1.05-1.11x, causal 1.09-1.19x), so auto runs fused where it applies.
+bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl, int sm_count,
+               bool sm90, DType dtype, int arch) {
+  if (o.deterministic) return false;
+  if (impl == BackwardImpl::kFused) return true;
+  if (impl == BackwardImpl::kSplit) return false;
+  if (sm90) return use_sm90_fused_d256(p, dtype, arch);
+  return 2 * backward_dkdv_blocks(p) >= sm_count;
+}
+
 // A call without rows (batch or heads 0): every gradient is empty except those that sum over the
 // empty dimension, dsinks and a bias broadcast over it, which are sums of nothing: zeros (dsinks
 // keeps its values when the call adds to them).
@@ -278,15 +287,6 @@ Status zero_empty_sums(const BackwardParams& p, const AdditiveGradients& additiv
   if (!converted.ok()) return converted;
   if (e != cudaSuccess) return cuda_error("cudaFreeAsync of the backward workspace failed", e);
   return Status::ok_status();
-}
-
-bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl, int sm_count,
-               bool sm90, bool sm90_fused_d256) {
-  if (o.deterministic) return false;
-  if (impl == BackwardImpl::kFused) return true;
-  if (impl == BackwardImpl::kSplit) return false;
-  if (sm90) return sm90_fused_d256;
-  return 2 * backward_dkdv_blocks(p) >= sm_count;
 }
 
 // Statistics rows are [outer, H, inner]: dense B x Lq, varlen 1 x total_q.
@@ -341,8 +341,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   const bool sm90_eligible =
       !sm90_fused && use_sm90_backward(p, additive.dbias != nullptr, dtype, arch);
   const bool fused = !sm90_fp32 && !sm90_fused &&
-                     use_fused(p, o, impl, sm_count, sm90_eligible,
-                               sm90_eligible && use_sm90_fused_d256(p, dtype, arch));
+                     use_fused(p, o, impl, sm_count, sm90_eligible, dtype, arch);
   const bool sm90 =
       sm90_eligible && (!fused || sm90_fused_backward_applies(p, additive.dbias != nullptr));
   // The sm90 dQ kernel sums drel_h / drel_w per query row without atomics; the sm80 kernels add
