@@ -391,7 +391,8 @@ __global__ void __launch_bounds__(kThreads)
 // while at B 64 with a few splits a row the block's barriers cost more than they hide.
 constexpr int kWideCombineSplits = 32;  // more splits than this: a block a row
 
-// The weight 2^(lse2 - max) of each split of `row`, the total with the sink's, and its max.
+// A row's merge statistics (log2 units): the largest lse of its splits and its sink, and the sum
+// of every split's weight 2^(lse2 - total_max), the sink's included.
 struct CombineRow {
   float total_max, total;
 };
