@@ -11,6 +11,9 @@ kernel by hand: change both together.
     python3 scripts/kv_cache_mma_emulation.py            # every case (about ten seconds)
     python3 scripts/kv_cache_mma_emulation.py d256       # one case
 
+Rows as wide as the bucket take copy_tile's compile-time chunk pattern (most cases), the others its
+general loop.
+
 Cases: GQA decode over pages of 16 and 7 (splits), D 128 contiguous (three stages), D 40 / Dv 24,
 D 17 (element copies), D 256 / Dv 200 (three stages; two at sm80's 163 KB; Q re-read from shared
 memory), D 256 over short queries with a window and splits over pages of 7 (also in the timing
@@ -179,10 +182,23 @@ class Async:
         assert not self.open[tid]
         self.wait(tid, 0)
 
-def copy_tile(p, tid, offsets_at, stage, L, asy, sm, kTileKeys):
+def copy_tile(p, tid, offsets_at, stage, L, asy, sm, kTileKeys, kBucket):
     D, Dv = p.head_dim, p.value_dim
     k_cols, v_cols = r16(D), r16(Dv)
     i64 = sm.i64(); u = sm.u16()
+    if p.vector_loads and k_cols == kBucket and v_cols == kBucket:  # the compile-time chunk pattern
+        kChunks = kBucket // 8; kRowsPerPass = kThreads // kChunks; kPitch = kBucket + 8
+        assert kThreads % kChunks == 0 and kTileKeys % kRowsPerPass == 0
+        assert kPitch == L.k_pitch == L.v_pitch
+        chunk, row0 = tid % kChunks, tid // kChunks
+        for i in range(kTileKeys // kRowsPerPass):
+            j = row0 + i * kRowsPerPass
+            for part, cache, tile, dim in ((0, p.k_cache, stage, D), (1, p.v_cache, stage + L.v_in_stage, Dv)):
+                offset = int(i64[offsets_at // 8 + j * 2 + part])
+                live = offset >= 0 and chunk * 8 < dim
+                asy.copy16(tid, tile + (j * kPitch + chunk * 8) * 2,
+                           cache[offset + chunk * 8: offset + chunk * 8 + 8] if live else None)
+        return
     if p.vector_loads:
         for part in range(2):
             cache = p.k_cache if part == 0 else p.v_cache
@@ -275,7 +291,7 @@ def kernel(p, bx, split, stages, order, kRowTiles, kTileKeys):
         for tid in range(kThreads):
             if uu < tiles:
                 copy_tile(p, tid, L.offsets + (uu % 2) * kTileKeys * 2 * 8, (uu % stages) * L.stage, L, asy, sm,
-                          kTileKeys)
+                          kTileKeys, kBucket)
             asy.commit(tid)
 
     look_up(0); publish(0)
