@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/kv_cache_params.h"
 
@@ -397,25 +398,40 @@ struct CombineRow {
   float total_max, total;
 };
 
-// Splits [first, end) of `row`, weighted: value[c] += w_s * part_s[lane + 32 c] in split order, a
-// lane's columns all at once and kRound splits a round, so that a round's loads are in flight
-// together. Splits of weight 0 are skipped.
+// The column of a lane's value[c] in add_weighted_splits: lane + 32 c, or with float4 loads (kVec4,
+// Dv % 4 == 0) 4 lane + 128 (c / 4) + c % 4.
+template <bool kVec4>
+__device__ inline int combine_column(int lane, int c) {
+  return kVec4 ? 4 * lane + 128 * (c / 4) + c % 4 : lane + 32 * c;
+}
+
+// Splits [first, end) of `row`, weighted: value[c] += w_s * part_s[combine_column(lane, c)] in split
+// order, a lane's columns all at once and kRound splits a round, so that a round's loads are in
+// flight together (kVec4: 16 splits of float4 loads a round, 16 KB a warp). Splits of weight 0 are
+// skipped.
+template <bool kVec4>
 __device__ inline void add_weighted_splits(const KvCacheKernelParams& p, std::int64_t row, std::int64_t rows,
                                            const float* weights, int first_split, int end_split, int lane,
                                            float (&value)[kMaxHeadDim / 32]) {
-  constexpr int kLaneColumns = kMaxHeadDim / 32, kRound = 8;
+  constexpr int kLaneColumns = kMaxHeadDim / 32;
+  constexpr int kLoads = kVec4 ? kLaneColumns / 4 : kLaneColumns, kRound = kVec4 ? 16 : 8;
+  using Load = std::conditional_t<kVec4, float4, float>;
   const float* const parts = p.partial_out + row * p.value_dim;
   const std::int64_t split_stride = rows * p.value_dim;
   for (int first = first_split; first < end_split; first += kRound) {
-    float x[kRound][kLaneColumns];
+    Load x[kRound][kLoads];
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
       const int s = first + u;
       const bool used = s < end_split && weights[s] != 0.0f;
 #pragma unroll
-      for (int c = 0; c < kLaneColumns; ++c) {
-        const int d = lane + 32 * c;
-        x[u][c] = used && d < p.value_dim ? parts[s * split_stride + d] : 0.0f;
+      for (int c = 0; c < kLoads; ++c) {
+        const int d = combine_column<kVec4>(lane, kVec4 ? 4 * c : c);
+        if (used && d < p.value_dim) {
+          x[u][c] = *reinterpret_cast<const Load*>(parts + s * split_stride + d);
+        } else {
+          x[u][c] = Load{};
+        }
       }
     }
 #pragma unroll
@@ -424,7 +440,16 @@ __device__ inline void add_weighted_splits(const KvCacheKernelParams& p, std::in
       const float w = s < end_split ? weights[s] : 0.0f;
       if (w == 0.0f) continue;
 #pragma unroll
-      for (int c = 0; c < kLaneColumns; ++c) value[c] += w * x[u][c];
+      for (int c = 0; c < kLoads; ++c) {
+        if constexpr (kVec4) {
+          value[4 * c] += w * x[u][c].x;
+          value[4 * c + 1] += w * x[u][c].y;
+          value[4 * c + 2] += w * x[u][c].z;
+          value[4 * c + 3] += w * x[u][c].w;
+        } else {
+          value[c] += w * x[u][c];
+        }
+      }
     }
   }
 }
@@ -472,7 +497,7 @@ __global__ void __launch_bounds__(kThreads)
     if (sink2 != -INFINITY) r.total += exp2f(sink2 - r.total_max);
     __syncwarp();
     float value[kMaxHeadDim / 32] = {};
-    add_weighted_splits(p, row, rows, weights[warp], 0, p.num_splits, lane, value);
+    add_weighted_splits<false>(p, row, rows, weights[warp], 0, p.num_splits, lane, value);
     const float inverse = r.total > 0.0f ? 1.0f / r.total : 0.0f;
     const CombineDestination<T> dst = combine_destination<T>(p, row);
 #pragma unroll
@@ -530,10 +555,18 @@ __global__ void __launch_bounds__(kThreads)
 
     const int quarter = (n + kWarps - 1) / kWarps;
     const int first_split = min(n, warp * quarter);
+    const int end_split = min(n, first_split + quarter);
     float value[kMaxHeadDim / 32] = {};
-    add_weighted_splits(p, row, rows, weights, first_split, min(n, first_split + quarter), lane, value);
+    // Rows of whole float4s: Dv a multiple of 4 and the caller's workspace 16-byte aligned.
+    if (p.value_dim % 4 == 0 && (reinterpret_cast<std::uintptr_t>(p.partial_out) & 15) == 0) {
+      add_weighted_splits<true>(p, row, rows, weights, first_split, end_split, lane, value);
 #pragma unroll
-    for (int c = 0; c < kMaxHeadDim / 32; ++c) warp_part[warp][lane + 32 * c] = value[c];
+      for (int c = 0; c < kMaxHeadDim / 32; ++c) warp_part[warp][combine_column<true>(lane, c)] = value[c];
+    } else {
+      add_weighted_splits<false>(p, row, rows, weights, first_split, end_split, lane, value);
+#pragma unroll
+      for (int c = 0; c < kMaxHeadDim / 32; ++c) warp_part[warp][combine_column<false>(lane, c)] = value[c];
+    }
     __syncthreads();
 
     const float inverse = r.total > 0.0f ? 1.0f / r.total : 0.0f;

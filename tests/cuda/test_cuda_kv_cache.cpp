@@ -241,6 +241,11 @@ TEST_P(CudaKvCache, ManySplitsOfOneHead) {
   c = decode_case(DType::kFloat16, 32, 1, 256);
   c.cache_lens = {9000};
   for (int splits : {0, 300}) check_layouts(c, splits, 390 + splits, {64});
+  // Dv not a multiple of 4: the block-a-row combine's scalar loads instead of float4.
+  c = decode_case(DType::kBFloat16, 16, 1, 64);
+  c.value_dim = 90;
+  c.cache_lens = {5000};
+  check_layouts(c, 100, 399, {16});
 }
 
 TEST_P(CudaKvCache, PackedQueriesChunkedPrefill) {
