@@ -68,10 +68,12 @@ inline int stage_bias(BackwardParams& p, int smem, int tile_bytes, int stages = 
   return p.fwd.bias_staged ? bytes : 0;
 }
 
-// The dK/dV kernels of one call: the split form's (one kernel up to D 128, the dK and dV parts'
-// above), or the fused form's (p.dq_accum set): one kernel up to D 128, and at D 256 the
-// warp-specialized kernel (plain and window policies, where tensor maps apply), else the fused dK
-// part's kernel followed by the split form's dV part (dv_only: that part alone).
+// The dK/dV kernels of one call: the split form's (one kernel up to D 128; at D 256 the
+// warp-specialized kernel without its dQ part for the plain and window policies where tensor maps
+// apply, else the dK and dV parts' kernels), or the fused form's (p.dq_accum set): one kernel up to
+// D 128, and at D 256 the warp-specialized kernel (plain and window policies, where tensor maps
+// apply), else the fused dK part's kernel followed by the split form's dV part (dv_only: that part
+// alone).
 template <typename T, int kD, typename Policy>
 Status launch_dkdv(const BackwardParams& params, cudaStream_t stream, bool dv_only) {
   BackwardParams p = params;
@@ -154,6 +156,15 @@ Status launch_dkdv(const BackwardParams& params, cudaStream_t stream, bool dv_on
     return detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kBoth>>(
         grid, smem, stream, "dK/dV", false, p, maps);
   } else {
+    if constexpr (kD == 256 && (std::is_same_v<Policy, PolicyPlain> ||
+                                std::is_same_v<Policy, PolicyWindow>)) {
+      // The split form's dK and dV from one warp-specialized kernel without its dQ part (S and
+      // dP once instead of in both part kernels); where it does not apply, the two kernels below.
+      if (!dv_only && params.fwd.seqlen_q > 0 && params.fwd.seqlen_k > 0) {
+        const Status status = launch_backward_fused_d256<T, kD, Policy>(params, stream);
+        if (status.code() != StatusCode::kNotSupported) return status;
+      }
+    }
     if (!dv_only) {
       const Status s = detail::launch_bwd_kernel<&backward_dkdv_kernel<T, kD, Policy, DkDvPart::kDk>>(
           grid, smem, stream, "dK", false, p, maps);

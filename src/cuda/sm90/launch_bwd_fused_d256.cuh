@@ -30,12 +30,18 @@ Status launch_backward_fused_d256(const BackwardParams& params, cudaStream_t str
       f, key_tiles, kv_heads, f.kv_group * f.seqlen_q * (f.head_dim + f.value_dim) * 2);
   const dim3 grid = batch_grid(f, key_tiles, kv_heads);
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::ok_status();
-  constexpr auto* kernel = &backward_fused_d256_kernel<T, Policy>;
-  cudaError_t e = allow_dynamic_smem<kernel>(Smem::kLaunchBytes);
-  if (e == cudaSuccess) {
-    kernel<<<grid, kBwdFusedThreads, Smem::kLaunchBytes, stream>>>(p, maps);
-    e = cudaGetLastError();
-  }
+  // Without a dQ accumulator (the split form) the kernel computes dK and dV only.
+  auto launch = [&](auto kernel) {
+    cudaError_t e = allow_dynamic_smem<decltype(kernel)::value>(Smem::kLaunchBytes);
+    if (e == cudaSuccess) {
+      decltype(kernel)::value<<<grid, kBwdFusedThreads, Smem::kLaunchBytes, stream>>>(p, maps);
+      e = cudaGetLastError();
+    }
+    return e;
+  };
+  const cudaError_t e =
+      p.dq_accum != nullptr ? launch(KernelConstant<&backward_fused_d256_kernel<T, Policy, true>>{})
+                            : launch(KernelConstant<&backward_fused_d256_kernel<T, Policy, false>>{});
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA fused backward kernel of D 256 (sm90): ") +
                                  cudaGetErrorString(e));

@@ -64,7 +64,9 @@ struct FusedD256Smem {
 inline constexpr int kD256Free = 1;  // named barrier ids of this kernel
 inline constexpr int kD256Ready = 2;
 
-template <typename T, typename Policy>
+// kWithDq false: dK and dV only (no dQ^T products, no adds), the dK/dV kernel of the split form,
+// whose dQ kernel runs after it; p.dq_accum is not read.
+template <typename T, typename Policy, bool kWithDq = true>
 __global__ void __launch_bounds__(kBwdFusedThreads, 1)
     backward_fused_d256_kernel(const __grid_constant__ BackwardParams p,
                                const __grid_constant__ FusedBackwardMaps maps) {
@@ -219,9 +221,11 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
     named_barrier_sync<kD256Ready, kFusedMathThreads>();
 
     // dQ^T's first block, then dV^T and dK^T; the first block's adds run under the latter.
-    wgmma_fence();
-    mk_product<T, kN / 16, KTile, PTile>(dq, smem_k, first_dim, smem_ds, 0);
-    wgmma_commit();
+    if constexpr (kWithDq) {
+      wgmma_fence();
+      mk_product<T, kN / 16, KTile, PTile>(dq, smem_k, first_dim, smem_ds, 0);
+      wgmma_commit();
+    }
     fence_accumulators(dv[0]);
     fence_accumulators(dv[1]);
     fence_accumulators(dk[0]);
@@ -237,27 +241,35 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
     }
     wgmma_commit();
 
-    const std::int64_t first_query = rows.q_start + m0;
-    float* const accum =
-        p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride + first_query;
-    const int valid_queries =
-        static_cast<int>(rows.num_queries - m0 < kM ? rows.num_queries - m0 : kM);
-    const bool pairs = (reinterpret_cast<std::uintptr_t>(accum) & 7) == 0;
-    wgmma_wait<1>();
-    fence_accumulators(dq);
-    add_dq_block(dq, accum, p.accum_col_stride, first_dim, warp, lane, f.head_dim, valid_queries,
-                 pairs);
-    wgmma_fence();
-    mk_product<T, kN / 16, KTile, PTile>(dq, smem_k, first_dim + 64, smem_ds, 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(dq);
-    fence_accumulators(dv[0]);
-    fence_accumulators(dv[1]);
-    fence_accumulators(dk[0]);
-    fence_accumulators(dk[1]);
-    add_dq_block(dq, accum, p.accum_col_stride, first_dim + 64, warp, lane, f.head_dim,
-                 valid_queries, pairs);
+    if constexpr (kWithDq) {
+      const std::int64_t first_query = rows.q_start + m0;
+      float* const accum =
+          p.dq_accum + b * p.accum_batch_stride + h * p.accum_head_stride + first_query;
+      const int valid_queries =
+          static_cast<int>(rows.num_queries - m0 < kM ? rows.num_queries - m0 : kM);
+      const bool pairs = (reinterpret_cast<std::uintptr_t>(accum) & 7) == 0;
+      wgmma_wait<1>();
+      fence_accumulators(dq);
+      add_dq_block(dq, accum, p.accum_col_stride, first_dim, warp, lane, f.head_dim, valid_queries,
+                   pairs);
+      wgmma_fence();
+      mk_product<T, kN / 16, KTile, PTile>(dq, smem_k, first_dim + 64, smem_ds, 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(dq);
+      fence_accumulators(dv[0]);
+      fence_accumulators(dv[1]);
+      fence_accumulators(dk[0]);
+      fence_accumulators(dk[1]);
+      add_dq_block(dq, accum, p.accum_col_stride, first_dim + 64, warp, lane, f.head_dim,
+                   valid_queries, pairs);
+    } else {
+      wgmma_wait<0>();
+      fence_accumulators(dv[0]);
+      fence_accumulators(dv[1]);
+      fence_accumulators(dk[0]);
+      fence_accumulators(dk[1]);
+    }
     // Every math thread's own arrival: it has read the stage's statistics and its products are
     // done with the stage's Q and dO.
     barrier_arrive(&bars->empty[st]);
