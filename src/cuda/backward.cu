@@ -238,15 +238,17 @@ bool dq_overlap_enabled() {
 // spread 0.68-1.26 ms; an earlier run had that split cell at 0.54 ms, 0.87x.) At D 256 (the fused
 // dK part with dQ atomics, then the split form's dV part; H200, bf16, 2026-11-28, 16k tokens) the
 // two are level: fused 0.88-1.01x the split speed, L 512 and causal L <= 2048 the slowest. The
-// warp-specialized D 256 kernel that replaced it there (use_sm90_fused_d256, launched by the fused
-// form's dK/dV launch) runs 0.99-1.19x the split speed (H200, bf16, 16k tokens, 2026-11-28: L 512
-// 0.99x, L 1024-16384 1.05-1.11x, causal 1.09-1.19x), so auto runs fused where it applies.
+// warp-specialized D 256 kernel that replaced it there (mainloop_bwd_fused_d256.cuh, launched by
+// the fused form's dK/dV launch) ran 0.99-1.19x the older split speed; the split form now takes dK
+// and dV from that same kernel without its dQ part (launch_bwd.cuh) and runs 1.19-1.26x the fused
+// one (H200, bf16, 16k tokens, L 512-16384, causal or not, 2026-11-28): the fused kernel's dQ
+// adds cost more than the dQ kernel's recomputed S and dP. So auto runs split on Hopper.
 bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl impl, int sm_count,
-               bool sm90, DType dtype, int arch) {
+               bool sm90) {
   if (o.deterministic) return false;
   if (impl == BackwardImpl::kFused) return true;
   if (impl == BackwardImpl::kSplit) return false;
-  if (sm90) return use_sm90_fused_d256(p, dtype, arch);
+  if (sm90) return false;
   return 2 * backward_dkdv_blocks(p) >= sm_count;
 }
 
@@ -341,7 +343,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   const bool sm90_eligible =
       !sm90_fused && use_sm90_backward(p, additive.dbias != nullptr, dtype, arch);
   const bool fused = !sm90_fp32 && !sm90_fused &&
-                     use_fused(p, o, impl, sm_count, sm90_eligible, dtype, arch);
+                     use_fused(p, o, impl, sm_count, sm90_eligible);
   const bool sm90 =
       sm90_eligible && (!fused || sm90_fused_backward_applies(p, additive.dbias != nullptr));
   // The sm90 dQ kernel sums drel_h / drel_w per query row without atomics; the sm80 kernels add

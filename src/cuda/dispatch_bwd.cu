@@ -265,10 +265,6 @@ bool use_sm90_fused_backward(const BackwardParams& p, DType dtype, int arch) {
 #endif
 }
 
-bool use_sm90_fused_d256(const BackwardParams& p, DType dtype, int arch) {
-  return ws_fused_bucket(p, dtype, arch) == 256;
-}
-
 FusedAccumulatorSize sm90_fused_backward_accumulator(BackwardParams* p, std::int64_t inner,
                                                      bool varlen) {
 #if FMHA_WITH_SM90

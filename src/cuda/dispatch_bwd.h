@@ -55,11 +55,6 @@ FusedAccumulatorSize sm90_fused_backward_accumulator(BackwardParams* p, std::int
                                                      bool varlen);
 // Its kernel and the conversion of the accumulator into dq; only when use_sm90_fused_backward.
 Status dispatch_backward_sm90_fused(const BackwardParams& p, DType dtype, cudaStream_t stream);
-// Whether the warp-specialized fused kernel of D 256 (sm90/mainloop_bwd_fused_d256.cuh) takes this
-// problem: use_sm90_fused_backward's terms at head-dim bucket 256. It runs inside the fused form's
-// dK/dV launch (the by-column accumulator of sm90_fused_backward_applies' form), so where it
-// applies the fused form is the faster one (backward.cu's use_fused).
-bool use_sm90_fused_d256(const BackwardParams& p, DType dtype, int arch);
 
 // Whether the sm90 fp32 backward (tf32 wgmma on split planes, sm90/mainloop_bwd_fp32.cuh) takes
 // this problem on a device of compute capability `arch`: fp32 where the forward's rule,
