@@ -39,11 +39,14 @@ FORMS = ("auto", "ring", "allgather")
 # The rule between the forms (choose_form). The all-gather cannot hide its transfer, the ring
 # can (behind each step's block) but pays W merges and W smaller calls. All-gather is taken when
 # its exposed transfer is estimated below _ALLGATHER_EXPOSED_SHARE of the attention's time, with
-# time = bytes / link rate and flops / attention rate. Estimates for H100s over NVLink (bf16
-# attention forward+backward at ~400 TFLOP/s, ~150 GB/s of all-gather bus bandwidth per GPU),
-# to be replaced by the measured ones of bench/context_parallel.py.
-_ATTENTION_FLOP_PER_LINK_BYTE = 400e12 / 150e9
-_ALLGATHER_EXPOSED_SHARE = 0.05
+# time = bytes / link rate and flops / attention rate. Rates measured by bench/context_parallel.py
+# on H200s over NVLink (bf16, D 128, causal, S 128k, 2026-11-28): the blocks' attention without
+# transfers at 556-641 TFLOP/s, the all-gather form's transfers alone at 72-116 GB/s received a
+# GPU. The share is set between the measured cells: all-gather won at an estimated 2.3% (GQA 32/8
+# on 2 GPUs, 1.01x the ring) and 7.0% (GQA on 4 GPUs, 1.08x: the ring hid none of its transfers
+# there), the ring at 9.4% (MHA 16/16 on 2 GPUs, 1.01x).
+_ATTENTION_FLOP_PER_LINK_BYTE = 590e12 / 110e9
+_ALLGATHER_EXPOSED_SHARE = 0.08
 
 # How each device's blocks get their gradients (_block_grads): the CUDA backend's backward reads
 # Delta from the given out and P from the given lse, so its blocks take the merged ones and
@@ -749,7 +752,7 @@ def choose_form(
     window: Optional[tuple[int, int]] = None, value_dim: Optional[int] = None, itemsize: int = 2,
 ) -> str:  # fmt: skip
     """The form attention(form='auto') takes for these shards: 'allgather' when the all-gather's
-    transfer (which nothing hides) is estimated at most 5% of the busiest rank's attention time
+    transfer (which nothing hides) is estimated at most 8% of the busiest rank's attention time
     (fwd+bwd), else 'ring'. Needs no process group."""
     world = len(q_lengths)
     q_segs = layout_segments(sum(q_lengths), world, layout,

@@ -502,4 +502,9 @@ def test_choose_form() -> None:
     # MHA 16 on 4 ranks at 128k: ring.
     mha = cp.choose_form([32768] * 4, [32768] * 4, 16, 16, 128, layout="zigzag", causal=True)
     assert mha == "ring"
+    # The measured cells the rule's share sits between (H200s, 2026-11-28): GQA on 4 ranks ran
+    # faster all-gathered, MHA on 2 ranks faster in the ring.
+    gqa4 = cp.choose_form([32768] * 4, [32768] * 4, 32, 8, 128, layout="zigzag", causal=True)
+    mha2 = cp.choose_form([65536] * 2, [65536] * 2, 16, 16, 128, layout="zigzag", causal=True)
+    assert (gqa4, mha2) == ("allgather", "ring")
     assert cp.choose_form([100], [100], 4, 4, 8) == "ring"  # one rank: no transfer at all
