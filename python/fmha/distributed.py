@@ -423,12 +423,12 @@ def _forward(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tenso
         rows, keys = slice(c.q0, c.q1), slice(c.k0, c.k1)
         out, lse = _ops.forward(_ops._Dense, q[:, rows], kb[:, keys], vb[:, keys], (),
                                 _block_options(plan, c), fake=False)  # fmt: skip
-        if written[c.q0 : c.q1].any():
+        if written[c.q0 : c.q1].any():  # (rows not written yet hold 0 and -inf: merged alike)
             _merge_into(out_acc[:, c.q0 : c.q1], lse_acc[:, :, c.q0 : c.q1], out, lse)
         else:  # the rows' first part: the merge with nothing is a copy
             out_acc[:, c.q0 : c.q1] = out
             lse_acc[:, :, c.q0 : c.q1] = lse
-            written[c.q0 : c.q1] = True
+        written[c.q0 : c.q1] = True
         if keep_blocks:
             blocks.append((out, lse))
 
