@@ -17,6 +17,8 @@ CUDA each block's backward gets the merged out and lse (and dlse), so nothing pe
 and memory does not grow with the number of ranks; on other devices it gets the chain rule
 through the merge, from each block's own out and lse kept from the forward (_block_grads says
 why). docs/distributed.md has the details, the rule between the forms and the limits.
+
+The layouts and the shard helpers live in _distributed_layouts.py.
 """
 
 from __future__ import annotations
@@ -32,8 +34,15 @@ from torch import Tensor
 from . import _api
 from . import _attention_ops as _ops
 from ._arguments import pair, to_bool
+from ._distributed_layouts import (
+    LAYOUTS,
+    _check_layout,
+    _world,
+    layout_segments,
+    shard,
+    shard_positions,
+)
 
-LAYOUTS = ("contiguous", "zigzag")
 FORMS = ("auto", "ring", "allgather")
 
 # The rule between the forms (choose_form). The all-gather cannot hide its transfer, the ring
@@ -57,81 +66,7 @@ _BACKWARD_MODE = {"cuda": "direct"}
 _KV_TAG, _DKV_TAG = 17, 18  # gloo matches point-to-point messages by tag; NCCL ignores them
 
 
-# ---- Layouts -------------------------------------------------------------------------------------
-
-
-def _chunks(seq_len: int, count: int) -> list[tuple[int, int]]:
-    """(start, length) of count near-equal chunks of seq_len; the first seq_len % count are one
-    longer (torch.tensor_split's rule)."""
-    base, extra = divmod(seq_len, count)
-    bounds, start = [], 0
-    for c in range(count):
-        length = base + (1 if c < extra else 0)
-        bounds.append((start, length))
-        start += length
-    return bounds
-
-
-def layout_segments(
-    seq_len: int,
-    world_size: int,
-    layout: str = "contiguous",
-    lengths: Optional[Sequence[int]] = None,
-) -> list[list[tuple[int, int]]]:
-    """For every rank, the (start, length) segments of the sequence it holds, in the order its
-    shard stores them.
-
-    contiguous: rank r holds one piece, pieces in rank order; lengths gives each rank's length
-    (any, zeros included; their sum is seq_len), default near-equal pieces.
-    zigzag: the sequence is cut into 2W near-equal chunks and rank r holds chunks r and 2W-1-r
-    (the head-tail layout that gives every rank the same causal work); lengths is refused.
-    """
-    _check_layout(layout)
-    if lengths is not None:
-        if layout != "contiguous":
-            raise ValueError("fmha.distributed: lengths apply to the 'contiguous' layout only")
-        lengths = [int(n) for n in lengths]
-        if len(lengths) != world_size or min(lengths) < 0 or sum(lengths) != seq_len:
-            raise ValueError(
-                f"fmha.distributed: lengths {lengths} must be {world_size} values >= 0 summing to "
-                f"the sequence length {seq_len}"
-            )
-        starts = [sum(lengths[:r]) for r in range(world_size)]
-        return [[(s, n)] for s, n in zip(starts, lengths)]
-    if layout == "contiguous":
-        return [[c] for c in _chunks(seq_len, world_size)]
-    chunks = _chunks(seq_len, 2 * world_size)
-    return [[chunks[r], chunks[2 * world_size - 1 - r]] for r in range(world_size)]
-
-
-def _check_layout(layout) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(
-            f"fmha.distributed: layout is {layout!r}; accepted: 'contiguous', 'zigzag'"
-        )
-
-
-def _world(group) -> tuple[int, int]:
-    return dist.get_world_size(group), dist.get_rank(group)
-
-
-def shard_positions(
-    seq_len: int, group=None, *, layout: str = "contiguous", lengths=None, device=None
-) -> Tensor:
-    """The sequence positions (int64) of this rank's shard, in its order: e.g. for rotary
-    embeddings of a zigzag shard."""
-    world, rank = _world(group)
-    segs = layout_segments(seq_len, world, layout, lengths)[rank]
-    return torch.cat([torch.arange(s, s + n, device=device) for s, n in segs])
-
-
-def shard(
-    x: Tensor, group=None, *, layout: str = "contiguous", dim: int = 1, lengths=None
-) -> Tensor:
-    """This rank's shard (a copy) of x, the whole sequence along dim, which every rank holds."""
-    world, rank = _world(group)
-    segs = layout_segments(x.shape[dim], world, layout, lengths)[rank]
-    return torch.cat([x.narrow(dim, s, n) for s, n in segs], dim)
+# ---- Shards to the whole, and the collectives ----------------------------------------------------
 
 
 def unshard(x: Tensor, group=None, *, layout: str = "contiguous", dim: int = 1) -> Tensor:
@@ -149,6 +84,12 @@ def unshard(x: Tensor, group=None, *, layout: str = "contiguous", dim: int = 1) 
                 f"fmha.distributed: rank {r} holds {n} rows, not a {layout} shard of a sequence of "
                 f"{sum(lengths)}"
             )
+    return _assemble(group, x, dim, lengths, segs)
+
+
+def _assemble(group, x: Tensor, dim: int, lengths: list[int], segs) -> Tensor:
+    """The whole sequence along dim from every rank's shard x: lengths[r] rows on rank r, holding
+    the (start, length) segments segs[r] in its order."""
     moved = x.movedim(dim, 0)
     gathered = _all_gather_padded(group, moved.contiguous(), lengths)
     pieces = []
@@ -159,9 +100,6 @@ def unshard(x: Tensor, group=None, *, layout: str = "contiguous", dim: int = 1) 
             offset += n
     pieces.sort(key=lambda p: p[0])
     return torch.cat([p for _, p in pieces], 0).movedim(0, dim)
-
-
-# ---- Collectives ---------------------------------------------------------------------------------
 
 
 def _gather_lengths(group, device, local: list[int]) -> list[list[int]]:
@@ -219,6 +157,25 @@ class _Call(NamedTuple):
     k0: int
     k1: int
     window: Optional[tuple[int, int]]
+
+    def _options(self, options):
+        left, right = self.window if self.window is not None else (-1, -1)
+        return options._replace(window_left=left, window_right=right)
+
+    def attend(self, options, q: Tensor, kb: Tensor, vb: Tensor) -> tuple[Tensor, Tensor]:
+        """fmha's forward of the call: (out, lse) of its rows."""
+        rows, keys = slice(self.q0, self.q1), slice(self.k0, self.k1)
+        return _ops.forward(_ops._Dense, q[:, rows], kb[:, keys], vb[:, keys], (),
+                            self._options(options), fake=False)  # fmt: skip
+
+    def grads(self, options, g_out, g_lse, q, kb, vb, b_out, b_lse) -> tuple:
+        """fmha's backward of the call: (dq, dk, dv) of its rows and keys, from the gradients
+        g_out, g_lse and the (out, lse) b_out, b_lse of its rows."""
+        rows, keys = slice(self.q0, self.q1), slice(self.k0, self.k1)
+        return _ops.backward(
+            _ops._Dense, g_out, g_lse, q[:, rows], kb[:, keys], vb[:, keys], b_out, b_lse, (),
+            [False] * 6, self._options(options), fake=False, unasked=lambda: None,
+        )[:3]  # fmt: skip
 
 
 def _block_call(q_base, ql, k_base, kl, delta, left, right) -> Optional[_Call]:
@@ -385,11 +342,6 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _block_options(plan: _Plan, call: _Call):
-    left, right = call.window if call.window is not None else (-1, -1)
-    return plan.options._replace(window_left=left, window_right=right)
-
-
 def _merge_into(out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> None:
     """SPEC §12 in place on views of the accumulators; -inf parts weigh 0, never NaN."""
     lse = lse.to(lse_acc.dtype)
@@ -420,9 +372,7 @@ def _forward(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tenso
     written = torch.zeros(Lq, dtype=torch.bool)  # rows that hold a part already (host side)
 
     def run(c: _Call, kb: Tensor, vb: Tensor) -> None:
-        rows, keys = slice(c.q0, c.q1), slice(c.k0, c.k1)
-        out, lse = _ops.forward(_ops._Dense, q[:, rows], kb[:, keys], vb[:, keys], (),
-                                _block_options(plan, c), fake=False)  # fmt: skip
+        out, lse = c.attend(plan.options, q, kb, vb)
         if written[c.q0 : c.q1].any():  # (rows not written yet hold 0 and -inf: merged alike)
             _merge_into(out_acc[:, c.q0 : c.q1], lse_acc[:, :, c.q0 : c.q1], out, lse)
         else:  # the rows' first part: the merge with nothing is a copy
@@ -475,10 +425,7 @@ def _block_grads(plan, c, kb, vb, q, dout, dlse, out, lse, delta, block):
         weight = torch.where(torch.isneginf(b_lse), torch.zeros_like(weight), weight)
         g_out = (dout[:, rows].to(acc) * weight.transpose(1, 2).unsqueeze(-1)).to(dout.dtype)
         g_lse = (weight * (_row_dot(dout[:, rows], b_out, acc) - delta[:, :, rows])).to(b_lse.dtype)
-    return _ops.backward(
-        _ops._Dense, g_out, g_lse, q[:, rows], kb[:, c.k0 : c.k1], vb[:, c.k0 : c.k1], b_out, b_lse,
-        (), [False] * 6, _block_options(plan, c), fake=False, unasked=lambda: None,
-    )[:3]  # fmt: skip
+    return c.grads(plan.options, g_out, g_lse, q, kb, vb, b_out, b_lse)
 
 
 def _backward(plan: _Plan, dout, dlse, q, k, v, out, lse, sinks, need_sinks: bool, extra, blocks):
@@ -590,19 +537,67 @@ def _choose_form_cached(key) -> str:
     q_segs, k_segs, diag, left, right, heads, kv_heads, d, dv, itemsize = key
     world = len(q_segs)
     k_lens = [sum(n for _, n in segs) for segs in k_segs]
-    # K/V gathered in the forward and again in the backward, dK/dV reduce-scattered in fp32.
-    moved_per_element = 2 * itemsize + max(itemsize, 4)
-    moved_bytes = (world - 1) * max(k_lens) * kv_heads * (d + dv) * moved_per_element
     busiest = 0
     for rank in range(world):
         plan = _Plan(None, world, rank, "allgather", list(q_segs), list(k_segs), k_lens, diag,
                      left, right, None)  # fmt: skip
         entries = sum(_visible_entries(c) for c in plan.calls([(0, sum(k_lens))]))
         busiest = max(busiest, entries)
+    return _form_by_estimate(k_lens, busiest, heads, kv_heads, d, dv, itemsize)
+
+
+def _form_by_estimate(k_lens, busiest: int, heads, kv_heads, d, dv, itemsize) -> str:
+    """The rule, from every rank's K/V rows and the busiest rank's visible score entries."""
+    # K/V gathered in the forward and again in the backward, dK/dV reduce-scattered in fp32.
+    moved_per_element = 2 * itemsize + max(itemsize, 4)
+    moved_bytes = (len(k_lens) - 1) * max(k_lens) * kv_heads * (d + dv) * moved_per_element
     # 2 (D + Dv) flop per visible entry forward, 2.5 times that backward (fmha.bench's count).
     flops = 7 * busiest * heads * (d + dv)
     exposed = moved_bytes * _ATTENTION_FLOP_PER_LINK_BYTE / max(flops, 1.0)
     return "allgather" if exposed <= _ALLGATHER_EXPOSED_SHARE else "ring"
+
+
+def _checked_inputs(q, k, v, sinks, form, bias, rel_pos, shape: str):
+    """q, k, v, sinks with unit last strides, after refusing what no block call would take (before
+    any transfer is posted). shape names the dims of q, k, v: "[B, L, heads, dim]" (dense) or
+    "[L, heads, dim]" (packed)."""
+    for name, value in (("bias", bias), ("rel_pos", rel_pos)):
+        if value is not None:
+            raise NotImplementedError(f"fmha.distributed: {name} is not supported across shards")
+    if form not in FORMS:
+        raise ValueError(
+            f"fmha.distributed: form is {form!r}; accepted: 'auto', 'ring', 'allgather'"
+        )
+    dims = shape.count(",") + 1
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != dims:
+            raise ValueError(f"fmha.distributed: {name} must be a {dims}-D tensor {shape}")
+    if k.shape[:-1] != v.shape[:-1] or q.shape[:-3] != k.shape[:-3]:
+        raise ValueError(
+            f"fmha.distributed: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not "
+            f"agree on batch, length and heads"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        raise TypeError(
+            f"fmha.distributed: q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
+            f"{k.dtype}/{k.device}, {v.dtype}/{v.device}"
+        )
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] == 0 or q.shape[-2] % k.shape[-2]:
+        raise ValueError(f"fmha.distributed: q {tuple(q.shape)} and k {tuple(k.shape)}: the head "
+                         f"dims must agree and q heads be a multiple of k heads")  # fmt: skip
+    q, k, v = _api._tensor(q, "q"), _api._tensor(k, "k"), _api._tensor(v, "v")
+    if sinks is not None:
+        sinks = _api._tensor(sinks, "sinks")
+        if sinks.shape != (q.shape[-2],):
+            raise ValueError(f"fmha.distributed: sinks has shape {tuple(sinks.shape)}; "
+                             f"expected [{q.shape[-2]}] (one per query head)")  # fmt: skip
+        accepted = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+        if sinks.dtype not in accepted or sinks.device != q.device:
+            raise TypeError(
+                f"fmha.distributed: sinks has dtype {sinks.dtype} on {sinks.device}; expected "
+                f"float32 on {q.device} (or float64 when q is float64)"
+            )
+    return q, k, v, sinks
 
 
 # ---- The entry point -----------------------------------------------------------------------------
@@ -650,46 +645,11 @@ def attention(
     the group as any replicated parameter's. bias and rel_pos are not supported across shards
     (NotImplementedError).
     """
-    for name, value in (("bias", bias), ("rel_pos", rel_pos)):
-        if value is not None:
-            raise NotImplementedError(f"fmha.distributed: {name} is not supported across shards")
     _check_layout(layout)
-    if form not in FORMS:
-        raise ValueError(
-            f"fmha.distributed: form is {form!r}; accepted: 'auto', 'ring', 'allgather'"
-        )
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or t.dim() != 4:
-            raise ValueError(f"fmha.distributed: {name} must be a 4-D tensor [B, L, heads, dim]")
-    if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0]:
-        raise ValueError(
-            f"fmha.distributed: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not "
-            f"agree on batch, length and heads"
-        )
-    # What the block calls would refuse is refused here, before any transfer is posted.
-    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        raise TypeError(
-            f"fmha.distributed: q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
-            f"{k.dtype}/{k.device}, {v.dtype}/{v.device}"
-        )
-    if q.shape[3] != k.shape[3] or k.shape[2] == 0 or q.shape[2] % k.shape[2]:
-        raise ValueError(f"fmha.distributed: q {tuple(q.shape)} and k {tuple(k.shape)}: the head "
-                         f"dims must agree and q heads be a multiple of k heads")  # fmt: skip
+    q, k, v, sinks = _checked_inputs(q, k, v, sinks, form, bias, rel_pos, "[B, L, heads, dim]")
     return_lse = to_bool(return_lse, "return_lse")
     o = _api._options(scale, causal, causal_alignment, window, None, None, softcap, None, None,
                       deterministic, backward_impl, allow_tf32)  # fmt: skip
-    q, k, v = _api._tensor(q, "q"), _api._tensor(k, "k"), _api._tensor(v, "v")
-    if sinks is not None:
-        sinks = _api._tensor(sinks, "sinks")
-        if sinks.shape != (q.shape[2],):
-            raise ValueError(f"fmha.distributed: sinks has shape {tuple(sinks.shape)}; "
-                             f"expected [{q.shape[2]}] (one per query head)")  # fmt: skip
-        accepted = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
-        if sinks.dtype not in accepted or sinks.device != q.device:
-            raise TypeError(
-                f"fmha.distributed: sinks has dtype {sinks.dtype} on {sinks.device}; expected "
-                f"float32 on {q.device} (or float64 when q is float64)"
-            )
 
     extra = None
     if extra_kv is not None:
@@ -726,9 +686,7 @@ def attention(
                     f"of a sequence of {total}"
                 )
         segs.append(rank_segs)
-    left, right = o.window_left, o.window_right
-    if o.causal:
-        right = 0 if right < 0 else min(right, 0)
+    left, right = _band(o)
     diag = sum(k_lens) - sum(q_lens) if o.bottom_right else 0
     block_options = o._replace(causal=False, bottom_right=False)
     plan = _Plan(group, world, rank, "ring", segs[0], segs[1], k_lens, diag, left, right,
@@ -736,14 +694,27 @@ def attention(
     if form == "auto":
         form = _choose_form(plan, q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.element_size())
     plan = plan._replace(form=form, backward=_BACKWARD_MODE.get(q.device.type, "merge"))
+    out, lse = _run(plan, q, k, v, sinks, extra)
+    return (out, lse) if return_lse else out
+
+
+def _band(o) -> tuple[int, int]:
+    """The (left, right) window of options o with causal folded in (right = 0): -1 unbounded."""
+    left, right = o.window_left, o.window_right
+    if o.causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def _run(plan, q: Tensor, k: Tensor, v: Tensor, sinks, extra) -> tuple[Tensor, Tensor]:
+    """(out, lse) of this rank's queries, differentiable when an input asks for gradients."""
     extra_k, extra_v = extra if extra is not None else (None, None)
     inputs = (q, k, v, sinks, extra_k, extra_v)
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)):
         with torch.no_grad():
             out, lse, _ = _forward(plan, q, k, v, sinks, extra, keep_blocks=False)
-    else:
-        out, lse = _ContextParallelAttention.apply(q, k, v, sinks, extra_k, extra_v, plan)
-    return (out, lse) if return_lse else out
+        return out, lse
+    return _ContextParallelAttention.apply(q, k, v, sinks, extra_k, extra_v, plan)
 
 
 def choose_form(
