@@ -18,7 +18,9 @@ and memory does not grow with the number of ranks; on other devices it gets the 
 through the merge, from each block's own out and lse kept from the forward (_block_grads says
 why). docs/distributed.md has the details, the rule between the forms and the limits.
 
-The layouts and the shard helpers live in _distributed_layouts.py.
+attention_varlen does the same for packed variable-length sequences (fmha.attention_varlen's
+documents, cut by the layout per document or across them) on this machinery with its own plan
+(_distributed_varlen.py). The layouts and the shard helpers live in _distributed_layouts.py.
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ from ._distributed_layouts import (
     _world,
     layout_segments,
     shard,
+    shard_cu_seqlens,
     shard_positions,
+    shard_positions_varlen,
+    shard_varlen,
+    varlen_segments,
 )
 
 FORMS = ("auto", "ring", "allgather")
@@ -739,13 +745,9 @@ def choose_form(
     return _choose_form(plan, heads, kv_heads, head_dim, value_dim, itemsize)
 
 
-def attention_varlen(*args, **kwargs):
-    """Packed variable-length sequences across shards: not supported (NotImplementedError)."""
-    raise NotImplementedError(
-        "fmha.distributed: varlen (packed sequences across shard boundaries) is not supported; "
-        "shard each sequence as its own dense batch entry"
-    )
-
+# Packed variable-length sequences: their own plan, on the machinery above (imported last, as it
+# imports from this module).
+from ._distributed_varlen import attention_varlen, unshard_varlen  # noqa: E402
 
 __all__ = [
     "attention",
@@ -755,6 +757,11 @@ __all__ = [
     "shard_positions",
     "layout_segments",
     "choose_form",
+    "shard_varlen",
+    "unshard_varlen",
+    "shard_positions_varlen",
+    "shard_cu_seqlens",
+    "varlen_segments",
     "LAYOUTS",
     "FORMS",
 ]

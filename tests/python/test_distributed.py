@@ -276,7 +276,6 @@ def _run_refusals(world: int) -> dict:
     for name, call in (
         ("bias", lambda: cp.attention(x, x, x, bias=torch.zeros(1, device=DEVICE))),
         ("extra-kv-heads", lambda: cp.attention(x, x, x, extra_kv=(x[:, :2, :1], x[:, :2, :1]))),
-        ("varlen", lambda: cp.attention_varlen(x[0], x[0], x[0])),
         ("bad-layout", lambda: cp.attention(x, x, x, layout="ring")),
         ("bad-form", lambda: cp.attention(x, x, x, form="p2p")),
         ("dtype-mismatch", lambda: cp.attention(x, x.double(), x)),
@@ -430,7 +429,6 @@ def test_refusals(world: int) -> None:
         assert refusals == {
             "bias": "NotImplementedError",
             "extra-kv-heads": "ValueError",
-            "varlen": "NotImplementedError",
             "bad-layout": "ValueError",
             "bad-form": "ValueError",
             "dtype-mismatch": "TypeError",
