@@ -14,41 +14,20 @@ most 32: a build with the head-dim bucket 32 runs them all.
 
 from __future__ import annotations
 
-import json
-import math
-import multiprocessing
-import os
-import tempfile
-import traceback
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import fmha
 from attention_reference import attention as naive_attention
 from attention_reference import sequence_mask
+from distributed_group import (DEVICE, LOW_PRECISION, MARKS, TOLERANCE, WORLDS, captured, entries,
+                               rel_error)  # fmt: skip
 
 # An installed package older than the module skips, visibly (CI installs the tree first).
 cp = pytest.importorskip("fmha.distributed", reason="the installed fmha has no fmha.distributed")
 
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
-)
-
-# The ranks' device (module docstring): "cpu" (gloo) or "cuda" (NCCL, one GPU a rank).
-DEVICE = os.environ.get("FMHA_DISTRIBUTED_DEVICE", "cpu")
-if DEVICE == "cuda":
-    pytestmark = [pytestmark, pytest.mark.skipif(
-        not torch.cuda.is_available() or not dist.is_nccl_available(), reason="CUDA with NCCL")]
-
-# Against single-process fmha on the same inputs. fp32 runs the fast CPU backend; the merge of W
-# partial results rounds differently from one call, which stays well within SPEC §13's 1e-5
-# against float64 for each. fp64 runs the float64 reference, where only the summation order
-# differs. fp16 / bf16 are held to SPEC §13's own rule against the float64 call.
-TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-11}
-LOW_PRECISION = (torch.bfloat16, torch.float16)
+pytestmark = MARKS
 
 
 def _uneven(total: int, world: int) -> list[int]:
@@ -121,15 +100,6 @@ CASES = {
                                              Lq=lambda w: 70 * w + 3, Lk=lambda w: 70 * w + 3, B=1,
                                              H=2),
 }
-
-
-def _rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().double(), ref.detach().double()
-    finite = torch.isfinite(ref)
-    if not torch.equal(finite, torch.isfinite(x)) or not torch.equal(x[~finite], ref[~finite]):
-        return math.inf  # -inf lse of fully masked rows must be exact
-    x, ref = x[finite], ref[finite]
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
 def _leaves(extra):
@@ -213,7 +183,7 @@ def _run_case(spec: dict, world: int) -> dict:
         wide_extra = None if extra is None else tuple(t.double() for t in extra)
         reference = _single_process(*wide[:3], sinks, wide_extra, *wide[3:], opts, want_lse)
         naive = _naive(q, k, v, sinks, extra, dout, dlse, opts, want_lse)
-        tolerance = {n: 2 * _rel_error(naive[n], reference[n]) + 1e-4 for n in reference}
+        tolerance = {n: 2 * rel_error(naive[n], reference[n]) + 1e-4 for n in reference}
     else:
         reference = _single_process(q, k, v, sinks, extra, dout, dlse, opts, want_lse)
         tolerance = {n: TOLERANCE[dtype] for n in reference}
@@ -262,9 +232,9 @@ def _run_case(spec: dict, world: int) -> dict:
             grad = t.grad.clone()
             dist.all_reduce(grad)
             whole[name] = grad.cpu()
-    errors = {n: _rel_error(whole[n], reference[n]) for n in whole}
+    errors = {n: rel_error(whole[n], reference[n]) for n in whole}
     # This rank's out against its own shard of the single-process one (shard and unshard agree).
-    errors["out-local"] = _rel_error(out.cpu(), cp.shard(reference["out"], layout=layout, lengths=q_lens))
+    errors["out-local"] = rel_error(out.cpu(), cp.shard(reference["out"], layout=layout, lengths=q_lens))
     tolerance["out-local"] = tolerance["out"]
     return {"errors": errors, "tolerance": tolerance, "form": form}
 
@@ -352,62 +322,16 @@ def _run_helpers(world: int) -> dict:
     return checks
 
 
-def _captured(run, *args) -> dict:
-    """run(*args), or the traceback of what it raised: reported to the test, which fails with it."""
-    try:
-        return run(*args)
-    except Exception:  # noqa: BLE001
-        return {"exception": traceback.format_exc()}
-
-
-def _worker(rank: int, world: int, store_path: str, report_dir: str) -> None:
-    torch.set_num_threads(1)
-    if DEVICE == "cuda":
-        torch.cuda.set_device(rank)
-    backend = "nccl" if DEVICE == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world)
-    report = {name: _captured(_run_case, spec, world) for name, spec in CASES.items()}
-    report["refusals"] = _run_refusals(world)
-    report["helpers"] = _captured(_run_helpers, world)
-    dist.barrier()
-    dist.destroy_process_group()
-    with open(os.path.join(report_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-
-
-_REPORTS: dict = {}
-
-
-def _reports(world: int) -> list[dict]:
-    """Every rank's report of a group of `world` processes (run once per world size)."""
-    if world not in _REPORTS:
-        # Processes fork from a server that imported torch and fmha once (a spawned process
-        # imports them itself: seconds each on a small machine); the server has run nothing, so
-        # no thread pool is forked.
-        multiprocessing.set_forkserver_preload(["torch", "fmha", "fmha.distributed"])
-        with tempfile.TemporaryDirectory() as tmp:
-            store = os.path.join(tmp, "store")
-            mp.start_processes(_worker, args=(world, store, tmp), nprocs=world, join=True,
-                               start_method="forkserver")  # fmt: skip
-            _REPORTS[world] = []
-            for r in range(world):
-                with open(os.path.join(tmp, f"rank{r}.json")) as f:
-                    _REPORTS[world].append(json.load(f))
-    return _REPORTS[world]
+def _report(world: int) -> dict:
+    """This module's report of one rank of a group of `world` processes (distributed_group.py)."""
+    report = {name: captured(_run_case, spec, world) for name, spec in CASES.items()}
+    report["refusals"] = captured(_run_refusals, world)
+    report["helpers"] = captured(_run_helpers, world)
+    return report
 
 
 def _entries(world: int, name: str) -> list[tuple[int, dict]]:
-    """(rank, its report's entry `name`) for every rank of the group of `world` processes; fails
-    with the rank's traceback where the entry raised."""
-    entries = []
-    for rank, report in enumerate(_reports(world)):
-        entry = report[name]
-        assert "exception" not in entry, f"rank {rank}:\n{entry.get('exception')}"
-        entries.append((rank, entry))
-    return entries
-
-
-WORLDS = [2, 4] if DEVICE == "cpu" else [w for w in (2, 4) if w <= torch.cuda.device_count()]
+    return entries(world, name, _report)
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -12,28 +12,18 @@ the same cases over NCCL, one GPU a rank (the float64 cases skip there).
 
 from __future__ import annotations
 
-import json
-import multiprocessing
-import os
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import fmha
 from attention_reference import attention as naive_attention
 from attention_reference import sequence_mask
-from test_distributed import DEVICE, LOW_PRECISION, TOLERANCE, WORLDS, _captured, _rel_error
+from distributed_group import (DEVICE, LOW_PRECISION, MARKS, TOLERANCE, WORLDS, captured, entries,
+                               rel_error)  # fmt: skip
 
 cp = pytest.importorskip("fmha.distributed", reason="the installed fmha has no fmha.distributed")
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
-)
-if DEVICE == "cuda":
-    pytestmark = [pytestmark, pytest.mark.skipif(
-        not torch.cuda.is_available() or not dist.is_nccl_available(), reason="CUDA with NCCL")]
+pytestmark = MARKS
 
 # Document lengths. 1 and 3 are shorter than 2W on 2 and 4 ranks (zigzag leaves ranks without a
 # row of them), 0 is an empty document; the longer ones are odd and unequal.
@@ -183,7 +173,7 @@ def _run_case(spec: dict, world: int) -> dict:
         reference = _single_process(*wide, sinks, cu_q, cu_k, dout.double(), dlse.double(), opts,
                                     want_lse)  # fmt: skip
         naive = _naive(q, k, v, sinks, cu_q, cu_k, dout, dlse, opts, want_lse)
-        tolerance = {n: 2 * _rel_error(naive[n], reference[n]) + 1e-4 for n in reference}
+        tolerance = {n: 2 * rel_error(naive[n], reference[n]) + 1e-4 for n in reference}
     else:
         reference = _single_process(q, k, v, sinks, cu_q, cu_k, dout, dlse, opts, want_lse)
         tolerance = {n: TOLERANCE[dtype] for n in reference}
@@ -224,10 +214,10 @@ def _run_case(spec: dict, world: int) -> dict:
         dsinks = shard_sinks.grad.clone()
         dist.all_reduce(dsinks)  # each rank holds its queries' part
         got["dsinks"] = dsinks.cpu()
-    errors = {n: _rel_error(got[n], reference[n]) for n in got}
+    errors = {n: rel_error(got[n], reference[n]) for n in got}
     # This rank's out against its own shard of the single-process one.
     local_ref = cp.shard_varlen(reference["out"], cu_q, layout=layout, lengths=q_lens)
-    errors["out-local"] = _rel_error(out.cpu(), local_ref)
+    errors["out-local"] = rel_error(out.cpu(), local_ref)
     tolerance["out-local"] = tolerance["out"]
     return {"errors": errors, "tolerance": tolerance}
 
@@ -321,47 +311,16 @@ def _run_helpers(world: int) -> dict:
     return checks
 
 
-def _worker(rank: int, world: int, store_path: str, report_dir: str) -> None:
-    torch.set_num_threads(1)
-    if DEVICE == "cuda":
-        torch.cuda.set_device(rank)
-    backend = "nccl" if DEVICE == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
-                            world_size=world)  # fmt: skip
-    report = {name: _captured(_run_case, spec, world) for name, spec in CASES.items()}
-    report["refusals"] = _run_refusals(world)
-    report["helpers"] = _captured(_run_helpers, world)
-    dist.barrier()
-    dist.destroy_process_group()
-    with open(os.path.join(report_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-
-
-_REPORTS: dict = {}
-
-
-def _reports(world: int) -> list[dict]:
-    """Every rank's report of a group of `world` processes (run once per world size)."""
-    if world not in _REPORTS:
-        multiprocessing.set_forkserver_preload(["torch", "fmha", "fmha.distributed"])
-        with tempfile.TemporaryDirectory() as tmp:
-            store = os.path.join(tmp, "store")
-            mp.start_processes(_worker, args=(world, store, tmp), nprocs=world, join=True,
-                               start_method="forkserver")  # fmt: skip
-            _REPORTS[world] = []
-            for r in range(world):
-                with open(os.path.join(tmp, f"rank{r}.json")) as f:
-                    _REPORTS[world].append(json.load(f))
-    return _REPORTS[world]
+def _report(world: int) -> dict:
+    """This module's report of one rank of a group of `world` processes (distributed_group.py)."""
+    report = {name: captured(_run_case, spec, world) for name, spec in CASES.items()}
+    report["refusals"] = captured(_run_refusals, world)
+    report["helpers"] = captured(_run_helpers, world)
+    return report
 
 
 def _entries(world: int, name: str) -> list[tuple[int, dict]]:
-    entries = []
-    for rank, report in enumerate(_reports(world)):
-        entry = report[name]
-        assert "exception" not in entry, f"rank {rank}:\n{entry.get('exception')}"
-        entries.append((rank, entry))
-    return entries
+    return entries(world, name, _report)
 
 
 @pytest.mark.parametrize("world", WORLDS)
