@@ -48,15 +48,23 @@ def unshard_varlen(
     world, _ = _world(group)
     dim = dim % x.dim()
     lengths = _gather_lengths(group, x.device, [x.shape[dim]])[0]
+    segs = _checked_segments(cu, world, layout, lengths, "cu_seqlens", "rows")
+    return _assemble(group, x, dim, lengths, segs)
+
+
+def _checked_segments(cu: list, world: int, layout: str, lengths: list, cu_name: str,
+                      what: str) -> list:
+    """Every rank's segments of the packed batch `cu` in `layout`, after checking that the ranks'
+    shard lengths are those segments' (ValueError naming cu_name and what the rows are)."""
     if sum(lengths) != cu[-1]:
-        raise ValueError(f"fmha.distributed: the shards hold {sum(lengths)} rows; cu_seqlens says "
+        raise ValueError(f"fmha.distributed: the shards hold {sum(lengths)} {what}; {cu_name} says "
                          f"{cu[-1]}")  # fmt: skip
     segs = varlen_segments(cu, world, layout, lengths if layout == "contiguous" else None)
     for r, n in enumerate(lengths):
         if sum(length for _, length in segs[r]) != n:
-            raise ValueError(f"fmha.distributed: rank {r} holds {n} rows, not its {layout} shard "
-                             f"of the packed batch")  # fmt: skip
-    return _assemble(group, x, dim, lengths, segs)
+            raise ValueError(f"fmha.distributed: rank {r} holds {n} {what}, not its {layout} "
+                             f"shard of the packed batch")  # fmt: skip
+    return segs
 
 
 # ---- Calls of packed blocks ----------------------------------------------------------------------
@@ -292,17 +300,8 @@ def attention_varlen(
             raise ValueError(f"fmha.distributed: lengths say rank {rank} holds {q_lens[rank]} "
                              f"queries and {k_lens[rank]} keys; it holds {q.shape[0]} and "
                              f"{k.shape[0]}")  # fmt: skip
-    segs = []
-    for name, cu, lens in (("q", cu_q, q_lens), ("k", cu_k, k_lens)):
-        if sum(lens) != cu[-1]:
-            raise ValueError(f"fmha.distributed: the shards of {name} hold {sum(lens)} rows; "
-                             f"cu_seqlens_{name} says {cu[-1]}")  # fmt: skip
-        rank_segs = varlen_segments(cu, world, layout, lens if layout == "contiguous" else None)
-        for r, n in enumerate(lens):
-            if sum(length for _, length in rank_segs[r]) != n:
-                raise ValueError(f"fmha.distributed: rank {r} holds {n} rows of {name}, not its "
-                                 f"{layout} shard of the packed batch")  # fmt: skip
-        segs.append(rank_segs)
+    segs = [_checked_segments(cu, world, layout, lens, f"cu_seqlens_{name}", f"rows of {name}")
+            for name, cu, lens in (("q", cu_q, q_lens), ("k", cu_k, k_lens))]  # fmt: skip
     left, right = _band(o)
     diag = [(kb - ka) - (qb - qa) if o.bottom_right else 0
             for qa, qb, ka, kb in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]  # fmt: skip
