@@ -9,7 +9,8 @@ at a fixed number of tokens per batch, causal and not, forward and forward+backw
 
 Each case runs jit-compiled, warmed up, then timed call by call (each call waits for its result:
 the time includes the host's dispatch, which is what a training step pays); the median is
-reported. TFLOP/s count only the visible score entries (causal: Lq (Lq + 1) / 2 of them): forward
+reported. --queued instead issues a round of calls back to back and waits once (the device's time
+while dispatch keeps ahead, as fmha.bench's CUDA events measure it). TFLOP/s count only the visible score entries (causal: Lq (Lq + 1) / 2 of them): forward
 4 B H Lq Lk D, backward 2.5 times that. Inputs are random normal, never zeros. An implementation
 that cannot run a case (not installed, no GPU, refused shape) prints the reason in its row.
 
@@ -79,14 +80,20 @@ def step(fn, direction: str):
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def median_ms(run, args, warmup: int, iters: int) -> float:
+def median_ms(run, args, warmup: int, iters: int, queued: bool = False) -> float:
+    """Median ms of a call: each call timed alone, waiting for its result (the host's dispatch
+    included), or with queued, the mean of `iters` calls issued back to back and waited for once,
+    median of 5 such rounds (the device's time when dispatch keeps ahead of it)."""
     for _ in range(warmup):
         jax.block_until_ready(run(*args))
     times = []
-    for _ in range(iters):
+    for _ in range(5 if queued else iters):
         start = time.perf_counter()
+        if queued:
+            for _ in range(iters - 1):
+                run(*args)
         jax.block_until_ready(run(*args))
-        times.append((time.perf_counter() - start) * 1e3)
+        times.append((time.perf_counter() - start) * 1e3 / (iters if queued else 1))
     return statistics.median(times)
 
 
@@ -165,7 +172,7 @@ def run_features(args, device, dtype, impls) -> None:
                     fn = feature_fns(impl, what, grid, head_dim)
                     run = jax.jit(fn) if direction == "fwd" else jax.jit(jax.grad(
                         lambda *a, fn=fn: jnp.sum(fn(*a).astype(jnp.float32)), argnums=(0, 1, 2)))
-                    ms = median_ms(run, inputs, args.warmup, args.iters)
+                    ms = median_ms(run, inputs, args.warmup, args.iters, args.queued)
                     if direction == "fwd":
                         outs[impl] = np.asarray(jax.jit(fn)(*inputs), np.float32)
                     flops_run = forward_flops * (1.0 if direction == "fwd" else 3.5)
@@ -207,6 +214,8 @@ def main(argv=None) -> None:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--features", action="store_true", help="SAM rel-pos and NA 2-D instead of the grid")
     p.add_argument("--overhead", action="store_true", help="the FFI call's own time on a tiny call")
+    p.add_argument("--queued", action="store_true",
+                   help="time calls issued back to back (device time) instead of one by one")
     p.add_argument("--smoke", action="store_true", help="--features on tiny grids (CPU check of the script)")
     args = p.parse_args(argv)
 
@@ -237,7 +246,7 @@ def main(argv=None) -> None:
                     for impl in impls:
                         try:
                             run = step(attention_fn(impl, causal, head_dim), direction)
-                            ms = median_ms(run, (q, k, v), args.warmup, args.iters)
+                            ms = median_ms(run, (q, k, v), args.warmup, args.iters, args.queued)
                             tflops = flops(batch, args.heads, length, head_dim, causal, direction) / ms / 1e9
                             cells.append(f"{ms:.3f} ({tflops:.3g})")
                         except Exception as e:  # a row per refusal: the reason, shortened
