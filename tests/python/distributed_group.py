@@ -2,19 +2,19 @@
 
 One group of processes per world size and test module runs every case of the module once and
 reports per case what the tests then check (errors against single-process fmha, tolerances, or the
-traceback of what a case raised). The ranks run on the CPU with gloo, or with
+traceback of what a case raised). A test module gives CASES (name: spec) and _run_case(spec,
+world), _run_refusals(world) and _run_helpers(world), each returning a JSON-able dict. The ranks run on the CPU with gloo, or with
 FMHA_DISTRIBUTED_DEVICE=cuda over NCCL, one GPU a rank."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import multiprocessing
 import os
 import tempfile
 import traceback
-from typing import Callable
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -58,14 +58,24 @@ def captured(run, *args) -> dict:
         return {"exception": traceback.format_exc()}
 
 
-def _worker(rank: int, world: int, store_path: str, report_dir: str, report: Callable) -> None:
+def _module_report(module: str, world: int) -> dict:
+    """One rank's report of test module `module`: its cases, refusals and helper checks, each
+    captured."""
+    m = importlib.import_module(module)
+    report = {name: captured(m._run_case, spec, world) for name, spec in m.CASES.items()}
+    report["refusals"] = captured(m._run_refusals, world)
+    report["helpers"] = captured(m._run_helpers, world)
+    return report
+
+
+def _worker(rank: int, world: int, store_path: str, report_dir: str, module: str) -> None:
     torch.set_num_threads(1)
     if DEVICE == "cuda":
         torch.cuda.set_device(rank)
     backend = "nccl" if DEVICE == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                             world_size=world)  # fmt: skip
-    result = report(world)
+    result = _module_report(module, world)
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(report_dir, f"rank{rank}.json"), "w") as f:
@@ -75,10 +85,10 @@ def _worker(rank: int, world: int, store_path: str, report_dir: str, report: Cal
 _REPORTS: dict = {}
 
 
-def reports(world: int, report: Callable[[int], dict]) -> list[dict]:
-    """Every rank's report(world), a module-level function of a test module, from one group of
-    `world` processes (run once per world size and function)."""
-    key = (report.__module__, report.__qualname__, world)
+def reports(world: int, module: str) -> list[dict]:
+    """Every rank's report of test module `module` from one group of `world` processes (run once
+    per world size and module)."""
+    key = (module, world)
     if key not in _REPORTS:
         # Processes fork from a server that imported torch and fmha once (a spawned process
         # imports them itself: seconds each on a small machine); the server has run nothing, so
@@ -86,7 +96,7 @@ def reports(world: int, report: Callable[[int], dict]) -> list[dict]:
         multiprocessing.set_forkserver_preload(["torch", "fmha", "fmha.distributed"])
         with tempfile.TemporaryDirectory() as tmp:
             store = os.path.join(tmp, "store")
-            mp.start_processes(_worker, args=(world, store, tmp, report), nprocs=world,
+            mp.start_processes(_worker, args=(world, store, tmp, module), nprocs=world,
                                join=True, start_method="forkserver")  # fmt: skip
             _REPORTS[key] = []
             for r in range(world):
@@ -95,12 +105,33 @@ def reports(world: int, report: Callable[[int], dict]) -> list[dict]:
     return _REPORTS[key]
 
 
-def entries(world: int, name: str, report: Callable[[int], dict]) -> list[tuple[int, dict]]:
+def entries(world: int, name: str, module: str) -> list[tuple[int, dict]]:
     """(rank, its report's entry `name`) for every rank of the group of `world` processes; fails
     with the rank's traceback where the entry raised."""
     found = []
-    for rank, result in enumerate(reports(world, report)):
+    for rank, result in enumerate(reports(world, module)):
         entry = result[name]
         assert "exception" not in entry, f"rank {rank}:\n{entry.get('exception')}"
         found.append((rank, entry))
     return found
+
+
+def check_case(world: int, case: str, module: str, results: set) -> None:
+    """Every rank's entry `case`: skipped as the rank says, or every error of `results` (and any
+    other it reports) within its tolerance."""
+    for rank, result in entries(world, case, module):
+        if "skipped" in result:
+            pytest.skip(result["skipped"])
+        errors = result["errors"]
+        assert results <= errors.keys()
+        bad = {k: (e, result["tolerance"][k]) for k, e in errors.items()
+               if not e <= result["tolerance"][k]}  # fmt: skip
+        assert not bad, f"rank {rank}: (relative error, tolerance) of the failing results: {bad}"
+
+
+def check_all_true(world: int, name: str, module: str, at_least: int) -> None:
+    """Every rank's entry `name`, a dict of named checks: more than `at_least` of them, all True."""
+    for rank, checks in entries(world, name, module):
+        assert len(checks) > at_least
+        failed = [check for check, ok in checks.items() if ok is not True]
+        assert not failed, f"rank {rank}: {failed}"

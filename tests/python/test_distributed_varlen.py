@@ -19,8 +19,8 @@ import torch.distributed as dist
 import fmha
 from attention_reference import attention as naive_attention
 from attention_reference import sequence_mask
-from distributed_group import (DEVICE, LOW_PRECISION, MARKS, TOLERANCE, WORLDS, captured, entries,
-                               rel_error)  # fmt: skip
+from distributed_group import (DEVICE, LOW_PRECISION, MARKS, TOLERANCE, WORLDS,
+                               check_all_true, check_case, entries, rel_error)  # fmt: skip
 
 cp = pytest.importorskip("fmha.distributed", reason="the installed fmha has no fmha.distributed")
 pytestmark = MARKS
@@ -311,34 +311,15 @@ def _run_helpers(world: int) -> dict:
     return checks
 
 
-def _report(world: int) -> dict:
-    """This module's report of one rank of a group of `world` processes (distributed_group.py)."""
-    report = {name: captured(_run_case, spec, world) for name, spec in CASES.items()}
-    report["refusals"] = captured(_run_refusals, world)
-    report["helpers"] = captured(_run_helpers, world)
-    return report
-
-
-def _entries(world: int, name: str) -> list[tuple[int, dict]]:
-    return entries(world, name, _report)
-
-
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_single_process(world: int, case: str) -> None:
-    for rank, result in _entries(world, case):
-        if "skipped" in result:
-            pytest.skip(result["skipped"])
-        errors = result["errors"]
-        assert {"out", "out-local", "dq", "dk", "dv"} <= errors.keys()
-        bad = {k: (e, result["tolerance"][k]) for k, e in errors.items()
-               if not e <= result["tolerance"][k]}  # fmt: skip
-        assert not bad, f"rank {rank}: (relative error, tolerance) of the failing results: {bad}"
+    check_case(world, case, __name__, {"out", "out-local", "dq", "dk", "dv"})
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_refusals(world: int) -> None:
-    for _, refusals in _entries(world, "refusals"):
+    for _, refusals in entries(world, "refusals", __name__):
         assert refusals == {
             "bias": "NotImplementedError",
             "rel-pos": "NotImplementedError",
@@ -355,10 +336,7 @@ def test_refusals(world: int) -> None:
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_shard_helpers_and_call_variants(world: int) -> None:
-    for rank, checks in _entries(world, "helpers"):
-        assert len(checks) > 20
-        failed = [name for name, ok in checks.items() if ok is not True]
-        assert not failed, f"rank {rank}: {failed}"
+    check_all_true(world, "helpers", __name__, 20)
 
 
 # ---- Without processes ---------------------------------------------------------------------------
