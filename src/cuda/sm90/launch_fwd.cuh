@@ -6,6 +6,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/env_switch.h"
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/launch_fwd.h"
 #include "cuda/sm90/launch_limits.h"
@@ -15,6 +16,15 @@
 namespace fmha::cuda::sm90 {
 
 namespace detail {
+
+// FMHA_SM90_DYNAMIC_TILES=1 (read once): every persistent launch with more tiles than blocks takes
+// them one by one from the counter, as unequal tiles always do (launch_forward). For measuring: a
+// block that starts late, behind another stream's kernel on its SM (a collective's transfer
+// during context parallelism), then leaves its share to the blocks already running.
+inline bool dynamic_tiles_requested() {
+  static const bool requested = switched_on_by_env("FMHA_SM90_DYNAMIC_TILES");
+  return requested;
+}
 
 // Pitch of the staged rel_h | rel_w rows (rel_h padded to an even count): a byte stride of 16
 // modulo 128, so that the 8 rows x 4 pair loads of a warp's fragment fall in 32 different banks.
@@ -119,7 +129,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     // from a counter (mainloop_fwd.cuh), zeroed here in stream order.
     const bool unequal = p.window_left != kUnboundedWindow || p.window_right != kUnboundedWindow ||
                          p.cu_seqlens_q != nullptr;
-    if (unequal && grid.x < tiles) {
+    if ((unequal || detail::dynamic_tiles_requested()) && grid.x < tiles) {
       int device = 0;
       e = cudaGetDevice(&device);
       if (e == cudaSuccess) {
