@@ -70,6 +70,16 @@ def _checked_segments(cu: list, world: int, layout: str, lengths: list, cu_name:
 # ---- Calls of packed blocks ----------------------------------------------------------------------
 
 
+def _offsets_on(offsets: tuple, device: torch.device) -> Tensor:
+    """A call's sequence offsets (int32) on `device`. To a GPU from pinned memory without waiting:
+    a copy from pageable memory would hold the host until the stream had run everything before it,
+    and with it the overlap of the ring's transfers."""
+    t = torch.tensor(offsets, dtype=torch.int32)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 class _VarlenCall(NamedTuple):
     """One fmha.attention_varlen call of a step: rows q0..q1-1 of the local queries against rows
     k0..k1-1 of the K/V buffer in hand, cut into sequences by cu_q / cu_k (relative to q0 / k0),
@@ -89,8 +99,7 @@ class _VarlenCall(NamedTuple):
     def _args(self, options, device):
         left, right = self.window if self.window is not None else (-1, -1)
         o = options._replace(window_left=left, window_right=right, bottom_right=self.bottom_right)
-        cu_q, cu_k = (torch.tensor(x, dtype=torch.int32, device=device)
-                      for x in (self.cu_q, self.cu_k))  # fmt: skip
+        cu_q, cu_k = (_offsets_on(x, device) for x in (self.cu_q, self.cu_k))
         return (cu_q, cu_k, self.max_q, self.max_k, False), o
 
     # The local buffers are [1, L, heads, dim] (distributed's dense plumbing); a call takes rows.
