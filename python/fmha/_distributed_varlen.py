@@ -13,6 +13,7 @@ one call per document.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional, Sequence
 
 import torch
@@ -236,6 +237,20 @@ class _VarlenPlan(NamedTuple):
         return _packed_calls(self.blocks(k_segs_in_hand), self.left, self.right)
 
 
+@functools.lru_cache(maxsize=256)
+def _auto_form(q_segs, k_segs, k_lens, cu_q, cu_k, diag, left, right, heads, kv_heads, d, dv,
+               itemsize) -> str:
+    """form='auto' for a packed batch: distributed's rule from the busiest rank's visible entries.
+    Cached: a training loop's calls repeat their documents, and the count walks every one."""
+    world = len(q_segs)
+    if world == 1:
+        return "ring"
+    plan = _VarlenPlan(None, world, 0, "ring", list(k_segs), list(k_lens), [], list(cu_k),
+                       list(diag), left, right, None)  # fmt: skip
+    busiest = max(_visible_entries(plan, _doc_pieces(segs, list(cu_q))) for segs in q_segs)
+    return _form_by_estimate(list(k_lens), busiest, heads, kv_heads, d, dv, itemsize)
+
+
 # ---- The entry point -----------------------------------------------------------------------------
 
 
@@ -319,12 +334,9 @@ def attention_varlen(
                        _doc_pieces(segs[0][rank], cu_q), cu_k, diag, left, right,
                        block_options)  # fmt: skip
     if form == "auto":
-        form = "ring"
-        if world > 1:  # distributed's rule, from the busiest rank's visible entries
-            busiest = max(_visible_entries(plan, _doc_pieces(segs[0][r], cu_q))
-                          for r in range(world))  # fmt: skip
-            form = _form_by_estimate(k_lens, busiest, q.shape[1], k.shape[1], q.shape[2],
-                                     v.shape[2], q.element_size())  # fmt: skip
+        form = _auto_form(tuple(map(tuple, segs[0])), tuple(map(tuple, segs[1])), tuple(k_lens),
+                          tuple(cu_q), tuple(cu_k), tuple(diag), left, right, q.shape[1],
+                          k.shape[1], q.shape[2], v.shape[2], q.element_size())  # fmt: skip
     plan = plan._replace(form=form, backward=_BACKWARD_MODE.get(q.device.type, "merge"))
     out, lse = _run(plan, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sinks, None)
     return (out[0], lse[0]) if return_lse else out[0]
