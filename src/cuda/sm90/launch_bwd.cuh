@@ -160,7 +160,7 @@ Status launch_dkdv(const BackwardParams& params, cudaStream_t stream, bool dv_on
                                 std::is_same_v<Policy, PolicyWindow>)) {
       // The split form's dK and dV from one warp-specialized kernel without its dQ part (S and
       // dP once instead of in both part kernels); where it does not apply, the two kernels below.
-      if (!dv_only && params.fwd.seqlen_q > 0 && params.fwd.seqlen_k > 0) {
+      if (!dv_only) {
         const Status status = launch_backward_fused_d256<T, kD, Policy>(params, stream);
         if (status.code() != StatusCode::kNotSupported) return status;
       }

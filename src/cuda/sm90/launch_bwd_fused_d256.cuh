@@ -18,11 +18,13 @@ Status launch_backward_fused_d256(const BackwardParams& params, cudaStream_t str
   BackwardParams p = params;
   ForwardParams& f = p.fwd;
   FusedBackwardMaps maps;
-  if (f.cu_seqlens_q != nullptr ||
+  // Rows on both sides (an empty side's zero gradients are the other kernels' job) of a dense
+  // batch that tensor maps describe.
+  if (f.seqlen_q <= 0 || f.seqlen_k <= 0 || f.cu_seqlens_q != nullptr ||
       !encode_fused_maps<Smem::KTile, Smem::QTile>(&maps, p, Smem::kN, Smem::kM)) {
     return Status::not_supported(
-        "fmha: the warp-specialized fused backward of D 256 takes dense batches that tensor maps "
-        "describe");
+        "fmha: the warp-specialized fused backward of D 256 takes dense batches with queries and "
+        "keys that tensor maps describe");
   }
   const std::int64_t kv_heads = f.heads / f.kv_group;
   const std::int64_t key_tiles = (f.seqlen_k + Smem::kN - 1) / Smem::kN;

@@ -12,8 +12,9 @@
 namespace fmha::cuda::sm90 {
 
 // dK, dV, and dQ added to the by-column accumulator that the caller zeroed and later converts
-// (the older fused form's, fused_dq.cuh), for dense batches whose q, k, v and dout tensor maps
-// describe; kNotSupported, with nothing launched, elsewhere (the caller runs the older form).
+// (the older fused form's, fused_dq.cuh), for dense batches with queries and keys whose q, k, v
+// and dout tensor maps describe; kNotSupported, with nothing launched, elsewhere (the caller runs
+// the other kernels).
 // Without an accumulator (p.dq_accum null: the split form) dK and dV only.
 template <typename T, int kD, typename Policy>
 Status launch_backward_fused_d256(const BackwardParams& p, cudaStream_t stream);
