@@ -59,6 +59,18 @@ __device__ __forceinline__ bool scale_foldable(const Scores& scores) {
   }
 }
 
+// Softcap's tanh (forward transform and the backward's recomputation alike, so that both see the
+// same scores): MUFU.TANH for 16-bit inputs (tanh_approx; about 2^-11 relative, as a 16-bit P
+// rounds), tanhf for fp32, which SPEC §13 holds to 1e-5.
+template <typename T>
+__device__ __forceinline__ float softcap_tanh(float x) {
+  if constexpr (sizeof(typename tile::Dtype<T>::Storage) == 2) {
+    return tanh_approx(x);
+  } else {
+    return tanhf(x);
+  }
+}
+
 template <typename T>
 struct ScoreModifiers {
   using Elem = typename tile::Dtype<T>::Storage;
@@ -133,7 +145,9 @@ struct ScoreModifiers {
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] = softcap_log2 * tanhf(s[t][e] * scale_over_softcap);
+        for (int e = 0; e < 4; ++e) {
+          s[t][e] = softcap_log2 * softcap_tanh<T>(s[t][e] * scale_over_softcap);
+        }
       }
     } else {
 #pragma unroll
