@@ -22,7 +22,8 @@
 //   options: splits=N (the tensor-core kernel with N splits instead of its rule), stages=N
 //   (instead of mma_stages), tile_keys=64 (64-key tiles instead of the library's 128 at D <= 64 and
 //   its 32 at D 256, where a block then takes the fewest row tiles that cover a kv head's rows),
-//   fast (the tensor-core kernel alone, no comparison)
+//   fast (the tensor-core kernel alone, no comparison), q_elements (Q staged element by element, the
+//   kernels' fallback for query rows that are not 16-byte aligned, instead of 16-byte copies)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -54,6 +55,7 @@ struct Case {
 struct Options {
   int splits = 0, stages = 0, tile_keys = 0;  // 0: the library's choice
   bool fast = false;                          // the tensor-core kernel alone
+  bool q_elements = false;                    // Q by element loads, not 16-byte copies
 };
 
 // Uniform in [-sqrt(3), sqrt(3)) (unit variance) from a hash of the index and the seed.
@@ -201,6 +203,7 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
   k.num_pages = page_size > 0 ? pool : B;
   k.capacity = pages_per_seq * rows;
   k.vector_loads = true;
+  k.q_vector_loads = !opt.q_elements;
   k.batch = B;
   k.heads = H;
   k.kv_heads = Hkv;
@@ -340,6 +343,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (arg == "fast") {
       opt.fast = true;
+    } else if (arg == "q_elements") {
+      opt.q_elements = true;
     } else if (arg.substr(0, 7) == "splits=") {
       opt.splits = std::atoi(argv[i] + 7);
     } else if (arg.substr(0, 7) == "stages=") {
@@ -352,7 +357,7 @@ int main(int argc, char** argv) {
       cases.push_back(c);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [quick] [fast] [splits=N] [stages=N] [tile_keys=64] "
+                   "usage: %s [quick] [fast] [q_elements] [splits=N] [stages=N] [tile_keys=64] "
                    "[case=B,L,H,Hkv,D,page ...]\n",
                    argv[0]);
       return 2;

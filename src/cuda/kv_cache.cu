@@ -202,13 +202,14 @@ int requested_splits(const KvCacheForwardParams& p, const detail::KvCacheShape& 
   return rule_splits(shape, info, plan);
 }
 
-// Every row of a cache tensor [pages, rows, Hkv, features] starts on 16 bytes and holds whole
-// 8-element chunks: the kernel's vector loads apply.
-bool cache_rows_vectorizable(const TensorView& t) {
+// Every row of a tensor whose last dimension holds the features (the cache [pages, rows, Hkv, D],
+// the queries [B, Lq, H, D] or [total_q, H, D]) starts on 16 bytes and holds whole 8-element
+// chunks: the kernels' vector loads apply.
+bool rows_vectorizable(const TensorView& t) {
   constexpr std::int64_t kChunk = 8;  // 16 bytes of fp16 / bf16
-  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0 || t.shape[3] % kChunk != 0) return false;
-  for (int d = 0; d < 3; ++d) {
-    if (t.shape[static_cast<std::size_t>(d)] > 1 && t.stride[static_cast<std::size_t>(d)] % kChunk != 0) return false;
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0 || t.size(-1) % kChunk != 0) return false;
+  for (int d = 0; d + 1 < t.rank; ++d) {
+    if (t.size(d) > 1 && t.stride_of(d) % kChunk != 0) return false;
   }
   return true;
 }
@@ -252,7 +253,8 @@ KvCacheKernelParams make_params(const KvCacheForwardParams& p, const detail::KvC
   k.page_size = g.page_size;
   k.num_pages = g.num_pages;
   k.capacity = g.capacity;
-  k.vector_loads = cache_rows_vectorizable(p.k_cache) && cache_rows_vectorizable(p.v_cache);
+  k.vector_loads = rows_vectorizable(p.k_cache) && rows_vectorizable(p.v_cache);
+  k.q_vector_loads = rows_vectorizable(p.q);
   k.batch = static_cast<int>(s.batch);
   k.heads = static_cast<int>(s.heads);
   k.kv_heads = static_cast<int>(s.kv_heads);

@@ -137,6 +137,16 @@ __device__ inline std::int64_t row_offset(const QueryRows& rows, int b, std::int
   return b * rows.batch + token_in_dim * rows.row + h * rows.head;
 }
 
+// Offset in q of row `row` of a (sequence b, kv head) pair's rows (query row / group, head
+// kv_head * group + row % group), row below the sequence's q_count * group.
+__device__ inline std::int64_t query_row_offset(const KvCacheKernelParams& p, int b, int kv_head,
+                                                std::int64_t q_first, std::int64_t row) {
+  const std::int64_t i = row / p.group;
+  const int h = kv_head * p.group + static_cast<int>(row - i * p.group);
+  const std::int64_t token = p.cu_seqlens_q == nullptr ? i : q_first + i;
+  return row_offset(p.q_rows, p.cu_seqlens_q == nullptr ? b : 0, token, h);
+}
+
 __device__ inline float warp_max(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   return x;
@@ -204,14 +214,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = tid; e < kRows * D; e += kThreads) {
     const int r = e / D, d = e - r * D;
     const std::int64_t row = first_row + r;
-    T value = from_float<T>(0.0f);
-    if (row < q_count * p.group) {
-      const std::int64_t i = row / p.group;
-      const int h = kv_head * p.group + static_cast<int>(row % p.group);
-      const std::int64_t token = p.cu_seqlens_q == nullptr ? i : q_first + i;
-      value = q[row_offset(p.q_rows, p.cu_seqlens_q == nullptr ? b : 0, token, h) + d];
-    }
-    q_tile[e] = value;
+    q_tile[e] = row < q_count * p.group ? q[query_row_offset(p, b, kv_head, q_first, row) + d]
+                                        : from_float<T>(0.0f);
   }
   __syncthreads();
 

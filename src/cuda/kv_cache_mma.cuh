@@ -299,23 +299,36 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const std::int64_t keys = clamp64(p.cache_seqlens[b * p.seqlens_stride], 0, p.capacity);
 
   // Q tile [kBlockRows][k_pitch]: zero past the queries and past D (the padded k-steps add
-  // nothing).
+  // nothing). With 16-byte rows, by cp.async in a commit group of its own ahead of the prologue's
+  // tiles (waited for before the fragments are read, below): thread tid copies 16-byte chunks tid,
+  // tid + kMmaThreads, ... of the tile, a row's (token, head) worked out once a chunk. The element
+  // loop is the fallback: its per-element 64-bit divisions by the group took most of a small
+  // decode's time (H200, 2026-11-28, MQA 32/1 D 128 B 1 L 4k: 40 us a kernel, Nsight Compute's top
+  // stall the integer chain).
   T* q_tile = reinterpret_cast<T*>(shared + layout.q);
   {
     const T* q = static_cast<const T*>(p.q);
     const int cols = round_up16(D);
-    for (int e = tid; e < kBlockRows * cols; e += kMmaThreads) {
-      const int r = e / cols, d = e - r * cols;
-      const std::int64_t row = first_row + r;
-      T value = from_float<T>(0.0f);
-      if (row < valid_rows && d < D) {
-        const std::int64_t i = row / p.group;
-        const int h = kv_head * p.group + static_cast<int>(row % p.group);
-        const std::int64_t token = p.cu_seqlens_q == nullptr ? i : q_first + i;
-        value = q[row_offset(p.q_rows, p.cu_seqlens_q == nullptr ? b : 0, token, h) + d];
+    if (p.q_vector_loads) {
+      const int chunks = cols / 8;
+      for (int e = tid; e < kBlockRows * chunks; e += kMmaThreads) {
+        const int r = e / chunks, chunk = e - r * chunks;
+        const std::int64_t row = first_row + r;
+        const bool live = row < valid_rows && chunk * 8 < D;
+        const T* src = live ? q + query_row_offset(p, b, kv_head, q_first, row) + chunk * 8 : q;
+        tile::cp_async_16(tile::shared_address(q_tile + r * layout.k_pitch + chunk * 8), src,
+                          live ? 16 : 0);
       }
-      q_tile[r * layout.k_pitch + d] = value;
+    } else {
+      for (int e = tid; e < kBlockRows * cols; e += kMmaThreads) {
+        const int r = e / cols, d = e - r * cols;
+        const std::int64_t row = first_row + r;
+        q_tile[r * layout.k_pitch + d] = row < valid_rows && d < D
+                                             ? q[query_row_offset(p, b, kv_head, q_first, row) + d]
+                                             : from_float<T>(0.0f);
+      }
     }
+    tile::cp_async_commit();  // an empty group without vector loads
   }
 
   // The keys any row of the block sees, then this split's part (whole kTileKeys tiles), as the
@@ -382,6 +395,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     look_up(s + 1);
     publish(s + 1);
   }
+
+  // Q's group has landed once at most the prologue's stages - 1 tiles are in flight
+  // (cp_async_wait_stages(n) leaves n - 2 groups pending); the barrier publishes every thread's.
+  cp_async_wait_stages(stages + 1);
+  __syncthreads();
 
   // Per-lane A fragments of Q (rows r + 8 (i % 2), columns 8 (i / 2) of each k-step; i = lane / 8).
   const int mi = lane / 8, mr = lane % 8;

@@ -33,6 +33,7 @@ struct KvCacheKernelParams {
   std::int64_t cu_stride = 0;
   std::int64_t seqlen_q = 0;  // dense: Lq; packed: max_seqlen_q (a sequence's run is cut to it)
   std::int64_t total_q = 0;   // rows of q: B * Lq, or total_q when packed
+  bool q_vector_loads = false;  // every query row 16-byte aligned with D a multiple of 8
 
   // The cache.
   CacheTensor k, v;
