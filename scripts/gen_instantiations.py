@@ -31,6 +31,9 @@ VARIANTS = [
     # The register-form bias in files of their own, so that they compile beside the others.
     ("sm90", "fwd_bias", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
      [FP16, BF16], BUCKETS, ["PolicyBias"]),
+    # Softcap alone (the plain schedule with ScoreSoftcap), likewise.
+    ("sm90", "fwd_softcap", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
+     [FP16, BF16], BUCKETS, ["PolicySoftcap"]),
     # Neighborhood attention in files of their own, so that they compile beside the dense ones.
     ("sm90", "fwd_na", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
      [FP16, BF16], BUCKETS, ["PolicyNeighborhoodPlain", "PolicyNeighborhood"]),
@@ -63,7 +66,7 @@ VARIANTS = [
 ]
 
 DIRECTION_NAMES = {"fwd": "forward", "fwd_planes": "forward on fp32 planes (tf32 wgmma)",
-                   "bwd_planes": "backward on fp32 planes (tf32 wgmma)", "fwd_bias": "forward with a bias alone", "fwd_na": "neighborhood forward", "bwd": "backward", "bwd_fused": "fused backward (warp-specialized)",
+                   "bwd_planes": "backward on fp32 planes (tf32 wgmma)", "fwd_bias": "forward with a bias alone", "fwd_softcap": "forward with softcap alone", "fwd_na": "neighborhood forward", "bwd": "backward", "bwd_fused": "fused backward (warp-specialized)",
                    "bwd_fused256": "fused backward of D 256 (warp-specialized)",
                    "bwd_na": "neighborhood backward",
                    "bwd_bias": "backward with a bias alone", "bwd_general": "backward with score modifiers"}

@@ -39,6 +39,10 @@ bool rel_pos_alone(const ForwardParams& p) {
 bool bias_alone(const ForwardParams& p) {
   return p.bias != nullptr && p.rel_h == nullptr && p.softcap_log2 <= 0.0f;
 }
+// Softcap with nothing else but a mask: PolicySoftcap on sm90.
+bool softcap_alone(const ForwardParams& p) {
+  return p.softcap_log2 > 0.0f && p.bias == nullptr && p.rel_h == nullptr;
+}
 bool needs_general_policy(const ForwardParams& p) {
   return needs_mask(p) || needs_score_modifiers(p);
 }
@@ -63,6 +67,7 @@ Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
       }
       if (rel_pos_alone(p)) return sm90::launch_forward<T, kD, PolicyRelPos>(p, stream);
       if (bias_alone(p)) return sm90::launch_forward<T, kD, PolicyBias>(p, stream);
+      if (softcap_alone(p)) return sm90::launch_forward<T, kD, PolicySoftcap>(p, stream);
       if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
       if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
       return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);

@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         for (int e = 0; e < 4; ++e) {
           float x = s[n][e];
           if (p.softcap > 0.0f) {
-            x = p.softcap * tanhf(x * p.scale / p.softcap) * kLog2e;
+            x = p.softcap * tanh_approx(x * p.scale / p.softcap) * kLog2e;
           } else {
             x *= scale_log2;
           }

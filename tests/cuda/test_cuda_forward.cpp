@@ -138,6 +138,40 @@ TEST(CudaForward, Softcap) {
   check_forward(c, 72);
 }
 
+// Softcap with nothing else but a mask runs its own policy on sm90 (PolicySoftcap: the plain
+// policies' schedule, ping-pong and the softmax overlapped with P V, persistent blocks with the copy
+// warpgroup): the head dims of its three tile shapes, several row blocks and key tiles, both
+// dtypes, causal in both alignments, a window, GQA, varlen, and softcap with sinks and extra keys.
+TEST(CudaForward, SoftcapAlone) {
+  SKIP_WITHOUT_GPU();
+  for (std::int64_t d : {64, 120, 256}) {
+    ForwardCase c = shape_case(DType::kFloat16, 300, 517, d, d, 4, 2, 2);
+    c.options.softcap = 5.0f;
+    c.options.scale = 0.5f;  // scores of several units: the cap bends them
+    check_forward(c, 171);
+    c.dtype = DType::kBFloat16;
+    c.options.causal = true;
+    check_forward(c, 172);
+    c.options.causal_alignment = fmha::CausalAlignment::kBottomRight;
+    check_forward(c, 173);
+    c.options.causal = false;
+    c.options.window_left = 100;
+    c.options.window_right = 7;
+    c.options.softcap = 30.0f;
+    c.options.scale = 2.0f;
+    check_forward(c, 174);
+  }
+  ForwardCase v = shape_case(DType::kFloat16, 0, 0, 128, 128, 8, 1);
+  v.varlen_q = {130, 1, 257};
+  v.varlen_k = {200, 64, 300};
+  v.options.softcap = 8.0f;
+  v.options.causal = true;
+  check_forward(v, 175);
+  v.sinks = true;
+  v.extra = 9;
+  check_forward(v, 176);
+}
+
 TEST(CudaForward, SinksAndExtraKeys) {
   SKIP_WITHOUT_GPU();
   ForwardCase c = shape_case(DType::kFloat16, 113, 239, 64, 64, 4, 2);

@@ -110,7 +110,7 @@ template <typename T>
 __device__ __forceinline__ float score_with_grad(const ScoreModifiers<T>& s, float dot,
                                                  float* grad) {
   if (s.softcap_log2 > 0.0f) {
-    const float t = tanhf(dot * s.scale_over_softcap);  // as the forward's transform computes it
+    const float t = softcap_tanh<T>(dot * s.scale_over_softcap);  // as the forward's transform
     *grad = 1.0f - t * t;
     return s.softcap_log2 * t;
   }

@@ -59,6 +59,15 @@ struct PolicyBias {
   using Scores = ScoreBias<T>;
 };
 
+// Softcap with nothing else but a mask (score_modifiers.cuh: ScoreSoftcap): the sm90 forward keeps
+// the plain policies' schedule (ping-pong, the softmax overlapped with P V, the copy warpgroup),
+// which the general policy gives up for its staged bias tiles.
+struct PolicySoftcap {
+  using Mask = MaskWindow;
+  template <typename T>
+  using Scores = ScoreSoftcap<T>;
+};
+
 // Neighborhood attention: its own mask, every score modifier (softcap, bias and rel-pos over the
 // flattened grid); sinks and extra keys run as in every policy.
 struct PolicyNeighborhood {

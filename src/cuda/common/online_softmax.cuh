@@ -23,6 +23,16 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// tanh on the multi-function unit alone (MUFU.TANH, sm_75 and later): relative error about 2^-11,
+// where tanhf takes some twenty instructions around two MUFU operations for about 2 ulp. Softcap
+// of 16-bit inputs uses it (score_modifiers.cuh: softcap_tanh): its scores come from 16-bit
+// products and its probabilities are rounded to 16 bits, errors of the same size.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Reductions over the 4 lanes of a quad (the lanes that share a fragment row).
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

@@ -59,6 +59,45 @@ __device__ __forceinline__ bool scale_foldable(const Scores& scores) {
   }
 }
 
+// Softcap's tanh (forward transform and the backward's recomputation alike, so that both see the
+// same scores): MUFU.TANH for 16-bit inputs (tanh_approx; about 2^-11 relative, as a 16-bit P
+// rounds), tanhf for fp32, which SPEC §13 holds to 1e-5.
+template <typename T>
+__device__ __forceinline__ float softcap_tanh(float x) {
+  if constexpr (sizeof(typename tile::Dtype<T>::Storage) == 2) {
+    return tanh_approx(x);
+  } else {
+    return tanhf(x);
+  }
+}
+
+// Softcap alone (PolicySoftcap, the sm90 forward): s = softcap * tanh(scale * q.k / softcap) in
+// log2 units, as ScoreModifiers computes it, without its bias and rel-pos state; the rest of
+// ScoreScale's interface (no bias, nothing staged) as it is.
+template <typename T>
+struct ScoreSoftcap : ScoreScale {
+  float softcap_log2, scale_over_softcap;
+
+  __device__ static ScoreSoftcap make(const ForwardParams& p, std::int64_t, std::int64_t,
+                                      std::int64_t, std::int64_t) {
+    ScoreSoftcap m;
+    m.scale_log2 = p.scale_log2;
+    m.softcap_log2 = p.softcap_log2;
+    m.scale_over_softcap = p.scale_over_softcap;
+    return m;
+  }
+  template <int kTiles>
+  __device__ void transform(float (&s)[kTiles][4]) const {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[t][e] = softcap_log2 * softcap_tanh<T>(s[t][e] * scale_over_softcap);
+      }
+    }
+  }
+};
+
 template <typename T>
 struct ScoreModifiers {
   using Elem = typename tile::Dtype<T>::Storage;
@@ -133,7 +172,9 @@ struct ScoreModifiers {
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] = softcap_log2 * tanhf(s[t][e] * scale_over_softcap);
+        for (int e = 0; e < 4; ++e) {
+          s[t][e] = softcap_log2 * softcap_tanh<T>(s[t][e] * scale_over_softcap);
+        }
       }
     } else {
 #pragma unroll
