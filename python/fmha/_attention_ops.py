@@ -594,59 +594,81 @@ def _none():
     return None
 
 
-def _eager_function(layout, num_layout_args: int):
+def _eager_function(layout):
     """The autograd.Function of a layout's eager calls: forward() and backward() of this module
-    with the inputs and gradients of the layout's ops. Its ctx keeps less than the ops' glue
-    (_setup_context, _make_backward), which saves every input by position: q, k, v, out, lse
-    and the optional tensors go through save_for_backward (so in-place changes are caught),
-    varlen's offsets too, and the scalars stay on ctx as one tuple."""
-    n = num_layout_args
-    first_scalar = n + _NUM_OPTIONAL_GRADS
-    no_grads = (None,) * n
+    with the inputs and gradients of the layout's ops. Its inputs are q, k, v, the layout's
+    arguments (one tuple), the Options and, only when any is given, the optional tensors again
+    (bias, rel_h, rel_w, sinks, extra_k, extra_v): the inputs besides q, k, v that gradients flow
+    to. Function.apply costs about 0.1 us an input, so the options as 15 inputs of their own
+    cost 1.6 us a call (CPU tensors, 2-core EPYC, 2026-11-28). Its ctx keeps less than the ops' glue
+    (_setup_context, _make_backward), which saves every input by position: q, k, v, out, lse and
+    the optional tensors go through save_for_backward (so in-place changes are caught), varlen's
+    offsets too, and the scalars stay on ctx as one tuple; a call without optional tensors keeps
+    its Options whole (they hold no tensor), which the backward reuses."""
+
+    def run_backward(ctx, dout, dlse):
+        q, k, v, out, lse, *saved = ctx.saved_tensors
+        o = ctx.options
+        needs = ()  # read only where an optional tensor is given
+        if o is None:
+            o = Options(*saved[:_NUM_OPTIONAL_GRADS], *ctx.scalars)
+            saved = saved[_NUM_OPTIONAL_GRADS:]
+            needs = ctx.needs_input_grad[5:]
+        layout_args = ()
+        if ctx.layout_args:
+            offsets = iter(saved)
+            layout_args = [next(offsets) if a is None else a for a in ctx.layout_args]
+        if dout is None:
+            dout = torch.zeros_like(out)
+        # Gradients not asked for (or of options not given) come back as None.
+        grads = backward(
+            layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False,
+            unasked=_none, views=ctx.views,
+        )  # fmt: skip
+        if needs:
+            return (*grads[:3], None, None, *grads[3:])
+        return (*grads[:3], None, None)
+
+    # As the ops' backward: no autograd of its own. once_differentiable runs the backward under
+    # torch.no_grad() and then, where grad mode is on (create_graph=True), makes its gradients
+    # refuse a second differentiation; in grad mode off, as in every plain backward, it changes
+    # nothing and its context manager alone costs about 1 us, so that case calls run_backward.
+    run_backward_once = torch.autograd.function.once_differentiable(run_backward)
 
     class Eager(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, *rest):
+        def forward(ctx, q, k, v, layout_args, o, *optional):
             # Like the op's: gradients not flowing in stay None (no zeros made for an unused lse).
             ctx.set_materialize_grads(False)
-            layout_args, options = rest[:n], Options(*rest[n:])
             ctx.views = []  # q, k, v, out, lse as the C++ layer sees them: the backward's too
-            out, lse = forward(layout, q, k, v, layout_args, options, fake=False, views=ctx.views)
-            if n:
+            out, lse = forward(layout, q, k, v, layout_args, o, fake=False, views=ctx.views)
+            offsets = ()
+            ctx.layout_args = layout_args
+            if layout_args:
                 offsets = [a for a in layout_args if isinstance(a, Tensor)]
                 ctx.layout_args = [None if isinstance(a, Tensor) else a for a in layout_args]
-                ctx.save_for_backward(q, k, v, out, lse, *rest[n:first_scalar], *offsets)
+            if optional:
+                ctx.options = None
+                ctx.scalars = o[_NUM_OPTIONAL_GRADS:]
+                ctx.save_for_backward(q, k, v, out, lse, *optional, *offsets)
             else:
-                ctx.save_for_backward(q, k, v, out, lse, *rest[n:first_scalar])
-            ctx.scalars = rest[first_scalar:]
+                ctx.options = o
+                ctx.save_for_backward(q, k, v, out, lse, *offsets)
             return out, lse
 
         @staticmethod
-        @torch.autograd.function.once_differentiable  # as the ops' backward: no autograd of its own
         def backward(ctx, dout, dlse):
-            q, k, v, out, lse, *saved = ctx.saved_tensors
-            o = Options(*saved[:_NUM_OPTIONAL_GRADS], *ctx.scalars)
-            layout_args = ()
-            if n:
-                offsets = iter(saved[_NUM_OPTIONAL_GRADS:])
-                layout_args = [next(offsets) if a is None else a for a in ctx.layout_args]
-            if dout is None:
-                dout = torch.zeros_like(out)
-            needs = ctx.needs_input_grad[3 + n : 3 + first_scalar]
-            # Gradients not asked for (or of options not given) come back as None.
-            grads = backward(
-                layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False,
-                unasked=_none, views=ctx.views,
-            )  # fmt: skip
-            return (*grads[:3], *no_grads, *grads[3:], *(None,) * len(ctx.scalars))
+            if torch.is_grad_enabled():
+                return run_backward_once(ctx, dout, dlse)
+            return run_backward(ctx, dout, dlse)
 
     return Eager
 
 
 _EAGER = {
-    attention_fwd: _eager_function(_Dense, 0),
-    attention_varlen_fwd: _eager_function(_Varlen, 5),
-    neighborhood_fwd: _eager_function(_Neighborhood, 3),
+    attention_fwd: _eager_function(_Dense),
+    attention_varlen_fwd: _eager_function(_Varlen),
+    neighborhood_fwd: _eager_function(_Neighborhood),
 }
 
 
@@ -684,16 +706,22 @@ def call(op, q: Tensor, k: Tensor, v: Tensor, *args):
     """A forward op's call with autograd: op(q, k, v, *args), or on the eager path its Function's,
     or forward() itself when no gradient can flow (grad mode off, or no input that requires one):
     the same outputs, without the Function's bookkeeping (about 5 us a call)."""
+    num_layout_args = _LAYOUTS[op][1]
+    return call_options(op, q, k, v, args[:num_layout_args], Options(*args[num_layout_args:]))
+
+
+def call_options(op, q: Tensor, k: Tensor, v: Tensor, layout_args: tuple, o: Options):
+    """call() with the layout's arguments and the Options as they are, for the public functions,
+    which have them so: not unpacked into the op's arguments and gathered again."""
     if not _takes_eager_path(q):
-        return op(q, k, v, *args)
-    layout, num_layout_args = _LAYOUTS[op]
-    if _forward_ad._current_level >= 0:  # forward-mode AD: the Function says what it lacks
-        return _EAGER[op].apply(q, k, v, *args)
-    if torch.is_grad_enabled():
-        if q.requires_grad or k.requires_grad or v.requires_grad:
-            return _EAGER[op].apply(q, k, v, *args)
-        for t in args[num_layout_args : num_layout_args + _NUM_OPTIONAL_GRADS]:
-            if t is not None and t.requires_grad:
-                return _EAGER[op].apply(q, k, v, *args)
-    options = Options(*args[num_layout_args:])
-    return forward(layout, q, k, v, args[:num_layout_args], options, fake=False)
+        return op(q, k, v, *layout_args, *o)
+    optional = o[:_NUM_OPTIONAL_GRADS] if _has_optional_tensors(o) else ()
+    if (
+        _forward_ad._current_level >= 0  # forward-mode AD: the Function says what it lacks
+        or torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad
+            or any(t is not None and t.requires_grad for t in optional)
+        )
+    ):  # fmt: skip
+        return _EAGER[op].apply(q, k, v, layout_args, o, *optional)
+    return forward(_LAYOUTS[op][0], q, k, v, layout_args, o, fake=False)
