@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fmha
@@ -153,6 +154,11 @@ def test_dispatch_modes_see_the_op():
         out = fmha.attention(q, k, v)
     assert any("fmha.attention_fwd" in name for name in seen), seen
     assert torch.equal(out, expected)
+    # torch's infrastructure modes (fake tensors here) are on the dispatch stack that the eager
+    # path reads, as user modes are.
+    with FakeTensorMode():
+        assert not ops._no_op_observers()
+    assert ops._no_op_observers()
 
 
 def test_tracing_records_the_op():
