@@ -2,7 +2,7 @@
 ints for every axis) by the rules of _arguments, which fmha.jax shares, make the last dimension of
 each input contiguous when it is not, and call the custom ops of _attention_ops / _merge_ops, which
 carry autograd and torch.compile support (attention calls on plain tensors through
-_attention_ops.call: the ops' eager path)."""
+_attention_ops.call_options: the ops' eager path)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,9 @@ def attention(
     return_lse = to_bool(return_lse, "return_lse")
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
                  extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
-    out, lse = _ops.call(_ops.attention_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *o)
+    out, lse = _ops.call_options(
+        _ops.attention_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), (), o
+    )
     return (out, lse) if return_lse else out
 
 
@@ -147,11 +149,12 @@ def attention_varlen(
     return_lse = to_bool(return_lse, "return_lse")
     o = _options(scale, causal, causal_alignment, window, bias, rel_pos, softcap, sinks,
                  extra_kv, deterministic, backward_impl, allow_tf32)  # fmt: skip
-    out, lse = _ops.call(
-        _ops.attention_varlen_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"),
-        _tensor(cu_seqlens_q, "cu_seqlens_q"), _tensor(cu_seqlens_k, "cu_seqlens_k"),
-        to_int(max_seqlen_q, "max_seqlen_q"), to_int(max_seqlen_k, "max_seqlen_k"),
-        to_bool(check_cu_seqlens, "check_cu_seqlens"), *o,
+    out, lse = _ops.call_options(
+        _ops.attention_varlen_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), (
+            _tensor(cu_seqlens_q, "cu_seqlens_q"), _tensor(cu_seqlens_k, "cu_seqlens_k"),
+            to_int(max_seqlen_q, "max_seqlen_q"), to_int(max_seqlen_k, "max_seqlen_k"),
+            to_bool(check_cu_seqlens, "check_cu_seqlens"),
+        ), o,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -166,8 +169,8 @@ def _neighborhood(num_dims, q, k, v, kernel_size, dilation, is_causal, scale, ex
     )
     o = _options(scale, False, "top_left", None, None, None, 0.0, sinks, extra_kv, False,
                  backward_impl, False)  # fmt: skip
-    out, lse = _ops.call(
-        _ops.neighborhood_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), *layout_args, *o
+    out, lse = _ops.call_options(
+        _ops.neighborhood_fwd, _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v"), layout_args, o
     )
     return (out, lse) if return_lse else out
 

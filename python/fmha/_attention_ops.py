@@ -88,7 +88,8 @@ class _Dense:
 
     @staticmethod
     def lse_shape(q: Tensor, layout_args) -> tuple:  # [B, H, Lq]
-        return (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (0,)
+        shape = q.shape  # a new torch.Size each time it is read
+        return (shape[0], shape[2], shape[1]) if len(shape) == 4 else (0,)
 
     @staticmethod
     def score_rows(q: Tensor) -> Optional[tuple]:  # [B, H, Lq] of the scores rel-pos adds to
@@ -280,36 +281,39 @@ def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool, views: Opti
         if not layout.check_reads_inputs and _bridge.is_static(
             q, k, v, *layout_tensors, *o[:_NUM_OPTIONAL_GRADS]
         ):
-            params = _params(layout, q, k, v, layout_args, o, planned=True)
+            params, _ = _params(layout, q, k, v, layout_args, o, planned=True)
             params.out = _bridge.planned_contiguous(out_shape, q.dtype, q.device, "out")
             params.lse = _bridge.planned_contiguous(lse_shape, lse_dtype, q.device, "lse")
             _bridge.check(params)  # refuse before allocating anything
         return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=lse_dtype)
-    if q.dim() == v.dim() and q.dim() >= 1 and q.shape[-1] == v.shape[-1]:  # Dv == D: q's shape
+    q_shape, v_shape = q.shape, v.shape
+    if len(q_shape) == len(v_shape) >= 1 and q_shape[-1] == v_shape[-1]:  # Dv == D: q's shape
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
         out = q.new_empty(_out_shape(q, v))
-    lse = q.new_empty(lse_shape, dtype=lse_dtype)
-    params = _params(layout, q, k, v, layout_args, o, planned=False)
-    params.out = _bridge.view(out, "out")
-    params.lse = _bridge.view(lse, "lse")
+    # The sizes as separate arguments: torch parses a tuple of sizes 0.3 us slower.
+    lse = q.new_empty(*lse_shape, dtype=lse_dtype)
+    params, input_views = _params(layout, q, k, v, layout_args, o, planned=False)
+    params.out = out_view = _bridge.view(out, "out")
+    params.lse = lse_view = _bridge.view(lse, "lse")
     _bridge.run(params, q.device)
     if views is not None:
-        views += (params.q, params.k, params.v, params.out, params.lse)
+        views += (*input_views, out_view, lse_view)
     return out, lse
 
 
 def _params(layout, q, k, v, layout_args, o: Options, *, planned: bool):
-    """A forward call's parameters without its outputs."""
+    """A forward call's parameters without its outputs, and the views of q, k and v in them (equal
+    to params.q and the others, which are copies: reading those back would make a wrapper each)."""
     params = layout.forward_params()
-    params.q = _bridge.view(q, "q", planned=planned)
-    params.k = _bridge.view(k, "k", planned=planned)
-    params.v = _bridge.view(v, "v", planned=planned)
+    params.q = q_view = _bridge.view(q, "q", planned=planned)
+    params.k = k_view = _bridge.view(k, "k", planned=planned)
+    params.v = v_view = _bridge.view(v, "v", planned=planned)
     layout.fill(params, layout_args, planned)
     params.options = _c_options(
         o, _as_4d(o.bias), _as_4d(o.rel_h), _as_4d(o.rel_w), planned=planned
     )
-    return params
+    return params, (q_view, k_view, v_view)
 
 
 # ---- Backward ------------------------------------------------------------------------------------
@@ -323,11 +327,14 @@ def backward(
     dbias has the bias's own shape: the C++ layer sums over its broadcast dimensions. A gradient
     not asked for is unasked(): by default an empty tensor of its own (the ops' outputs are
     tensors and may not alias); the eager path, which returns None for it, passes a callable
-    returning None. `views`: the forward's views of q, k, v, out and lse (forward's `views`), valid
-    while the tensors they describe are the ones passed here, unchanged (autograd's saved tensors:
-    kept alive, and checked against in-place changes when unpacked); made here when not given."""
+    returning None. Given an `unasked`, a call without optional tensors calls it once for all six,
+    so its result must be one that may be shared. `views`: the forward's views of q, k, v, out and
+    lse (forward's `views`), valid while the tensors they describe are the ones passed here,
+    unchanged (autograd's saved tensors: kept alive, and checked against in-place changes when
+    unpacked); made here when not given."""
     check_backward_impl(o.backward_impl)
-    if _has_optional_tensors(o):
+    optional = _has_optional_tensors(o)
+    if optional:
         need_bias, need_rel_h, need_rel_w, need_sinks, need_extra_k, need_extra_v = (
             bool(n) and t is not None for n, t in zip(needs, o[:_NUM_OPTIONAL_GRADS])
         )
@@ -338,14 +345,17 @@ def backward(
         return q.new_empty(0) if unasked is None else unasked()
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dbias = o.bias.new_empty(o.bias.shape) if need_bias else empty()
-    dsinks = torch.empty_like(o.sinks) if need_sinks else empty()
-    dextra_k = torch.empty_like(o.extra_k) if need_extra_k else empty()
-    dextra_v = torch.empty_like(o.extra_v) if need_extra_v else empty()
-    # rel-pos gradients are dense, even for an expand()ed rel_h: it has a distinct gradient per
-    # element.
-    drel_h = o.rel_h.new_empty(o.rel_h.shape) if need_rel_h else empty()
-    drel_w = o.rel_w.new_empty(o.rel_w.shape) if need_rel_w else empty()
+    if optional or unasked is None:
+        dbias = o.bias.new_empty(o.bias.shape) if need_bias else empty()
+        dsinks = torch.empty_like(o.sinks) if need_sinks else empty()
+        dextra_k = torch.empty_like(o.extra_k) if need_extra_k else empty()
+        dextra_v = torch.empty_like(o.extra_v) if need_extra_v else empty()
+        # rel-pos gradients are dense, even for an expand()ed rel_h: it has a distinct gradient
+        # per element.
+        drel_h = o.rel_h.new_empty(o.rel_h.shape) if need_rel_h else empty()
+        drel_w = o.rel_w.new_empty(o.rel_w.shape) if need_rel_w else empty()
+    else:  # none asked, and one unasked() result serves all six
+        dbias = drel_h = drel_w = dsinks = dextra_k = dextra_v = unasked()
     if fake:
         return dq, dk, dv, dbias, drel_h, drel_w, dsinks, dextra_k, dextra_v
 
@@ -594,73 +604,95 @@ def _none():
     return None
 
 
-def _eager_function(layout, num_layout_args: int):
+def _eager_function(layout):
     """The autograd.Function of a layout's eager calls: forward() and backward() of this module
-    with the inputs and gradients of the layout's ops. Its ctx keeps less than the ops' glue
-    (_setup_context, _make_backward), which saves every input by position: q, k, v, out, lse
-    and the optional tensors go through save_for_backward (so in-place changes are caught),
-    varlen's offsets too, and the scalars stay on ctx as one tuple."""
-    n = num_layout_args
-    first_scalar = n + _NUM_OPTIONAL_GRADS
-    no_grads = (None,) * n
+    with the inputs and gradients of the layout's ops. Its inputs are q, k, v, the layout's
+    arguments (one tuple), the Options and, only when any is given, the optional tensors again
+    (bias, rel_h, rel_w, sinks, extra_k, extra_v): the inputs besides q, k, v that gradients flow
+    to. Function.apply costs about 0.1 us an input, so the options as 15 inputs of their own
+    cost 1.6 us a call (CPU tensors, 2-core EPYC, 2026-11-28). Its ctx keeps less than the ops' glue
+    (_setup_context, _make_backward), which saves every input by position: q, k, v, out, lse and
+    the optional tensors go through save_for_backward (so in-place changes are caught), varlen's
+    offsets too, and the scalars stay on ctx as one tuple; a call without optional tensors keeps
+    its Options whole (they hold no tensor), which the backward reuses."""
+
+    def run_backward(ctx, dout, dlse):
+        q, k, v, out, lse, *saved = ctx.saved_tensors
+        o = ctx.options
+        needs = ()  # read only where an optional tensor is given
+        if o is None:
+            o = Options(*saved[:_NUM_OPTIONAL_GRADS], *ctx.scalars)
+            saved = saved[_NUM_OPTIONAL_GRADS:]
+            needs = ctx.needs_input_grad[5:]
+        layout_args = ()
+        if ctx.layout_args:
+            offsets = iter(saved)
+            layout_args = [next(offsets) if a is None else a for a in ctx.layout_args]
+        if dout is None:
+            dout = torch.zeros_like(out)
+        # Gradients not asked for (or of options not given) come back as None.
+        grads = backward(
+            layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False,
+            unasked=_none, views=ctx.views,
+        )  # fmt: skip
+        if needs:
+            return (*grads[:3], None, None, *grads[3:])
+        return (*grads[:3], None, None)
+
+    # As the ops' backward: no autograd of its own. once_differentiable runs the backward under
+    # torch.no_grad() and then, where grad mode is on (create_graph=True), makes its gradients
+    # refuse a second differentiation; in grad mode off, as in every plain backward, it changes
+    # nothing and its context manager alone costs about 1 us, so that case calls run_backward.
+    run_backward_once = torch.autograd.function.once_differentiable(run_backward)
 
     class Eager(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, *rest):
+        def forward(ctx, q, k, v, layout_args, o, *optional):
             # Like the op's: gradients not flowing in stay None (no zeros made for an unused lse).
             ctx.set_materialize_grads(False)
-            layout_args, options = rest[:n], Options(*rest[n:])
             ctx.views = []  # q, k, v, out, lse as the C++ layer sees them: the backward's too
-            out, lse = forward(layout, q, k, v, layout_args, options, fake=False, views=ctx.views)
-            if n:
+            out, lse = forward(layout, q, k, v, layout_args, o, fake=False, views=ctx.views)
+            offsets = ()
+            ctx.layout_args = layout_args
+            if layout_args:
                 offsets = [a for a in layout_args if isinstance(a, Tensor)]
                 ctx.layout_args = [None if isinstance(a, Tensor) else a for a in layout_args]
-                ctx.save_for_backward(q, k, v, out, lse, *rest[n:first_scalar], *offsets)
+            if optional:
+                ctx.options = None
+                ctx.scalars = o[_NUM_OPTIONAL_GRADS:]
+                ctx.save_for_backward(q, k, v, out, lse, *optional, *offsets)
             else:
-                ctx.save_for_backward(q, k, v, out, lse, *rest[n:first_scalar])
-            ctx.scalars = rest[first_scalar:]
+                ctx.options = o
+                ctx.save_for_backward(q, k, v, out, lse, *offsets)
             return out, lse
 
         @staticmethod
-        @torch.autograd.function.once_differentiable  # as the ops' backward: no autograd of its own
         def backward(ctx, dout, dlse):
-            q, k, v, out, lse, *saved = ctx.saved_tensors
-            o = Options(*saved[:_NUM_OPTIONAL_GRADS], *ctx.scalars)
-            layout_args = ()
-            if n:
-                offsets = iter(saved[_NUM_OPTIONAL_GRADS:])
-                layout_args = [next(offsets) if a is None else a for a in ctx.layout_args]
-            if dout is None:
-                dout = torch.zeros_like(out)
-            needs = ctx.needs_input_grad[3 + n : 3 + first_scalar]
-            # Gradients not asked for (or of options not given) come back as None.
-            grads = backward(
-                layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False,
-                unasked=_none, views=ctx.views,
-            )  # fmt: skip
-            return (*grads[:3], *no_grads, *grads[3:], *(None,) * len(ctx.scalars))
+            if torch.is_grad_enabled():
+                return run_backward_once(ctx, dout, dlse)
+            return run_backward(ctx, dout, dlse)
 
     return Eager
 
 
 _EAGER = {
-    attention_fwd: _eager_function(_Dense, 0),
-    attention_varlen_fwd: _eager_function(_Varlen, 5),
-    neighborhood_fwd: _eager_function(_Neighborhood, 3),
+    attention_fwd: _eager_function(_Dense),
+    attention_varlen_fwd: _eager_function(_Varlen),
+    neighborhood_fwd: _eager_function(_Neighborhood),
 }
+
+
+# torch's private queries behind _no_op_observers, looked up once; a torch without them keeps the
+# op (a dispatch stack that always holds a mode). The stack's length counts the infrastructure
+# modes too (FakeTensorMode, FunctionalTensorMode, the proxy mode), not only the user's.
+_dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
+_functorch_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 
 
 def _no_op_observers() -> bool:
     """No dispatch mode (fake tensors, flop counters, ...) and no functorch transform is active:
-    nothing that needs to see the op. torch's private queries; a torch without them keeps the op."""
-    try:
-        return (
-            torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
-            and not torch._C._len_torch_dispatch_stack()
-            and not torch._C._are_functorch_transforms_active()
-        )
-    except AttributeError:
-        return False
+    nothing that needs to see the op."""
+    return not _dispatch_stack_len() and not _functorch_transforms_active()
 
 
 def _takes_eager_path(q: Tensor) -> bool:
@@ -684,16 +716,22 @@ def call(op, q: Tensor, k: Tensor, v: Tensor, *args):
     """A forward op's call with autograd: op(q, k, v, *args), or on the eager path its Function's,
     or forward() itself when no gradient can flow (grad mode off, or no input that requires one):
     the same outputs, without the Function's bookkeeping (about 5 us a call)."""
+    num_layout_args = _LAYOUTS[op][1]
+    return call_options(op, q, k, v, args[:num_layout_args], Options(*args[num_layout_args:]))
+
+
+def call_options(op, q: Tensor, k: Tensor, v: Tensor, layout_args: tuple, o: Options):
+    """call() with the layout's arguments and the Options as they are, for the public functions,
+    which have them so: not unpacked into the op's arguments and gathered again."""
     if not _takes_eager_path(q):
-        return op(q, k, v, *args)
-    layout, num_layout_args = _LAYOUTS[op]
-    if _forward_ad._current_level >= 0:  # forward-mode AD: the Function says what it lacks
-        return _EAGER[op].apply(q, k, v, *args)
-    if torch.is_grad_enabled():
-        if q.requires_grad or k.requires_grad or v.requires_grad:
-            return _EAGER[op].apply(q, k, v, *args)
-        for t in args[num_layout_args : num_layout_args + _NUM_OPTIONAL_GRADS]:
-            if t is not None and t.requires_grad:
-                return _EAGER[op].apply(q, k, v, *args)
-    options = Options(*args[num_layout_args:])
-    return forward(layout, q, k, v, args[:num_layout_args], options, fake=False)
+        return op(q, k, v, *layout_args, *o)
+    optional = o[:_NUM_OPTIONAL_GRADS] if _has_optional_tensors(o) else ()
+    if (
+        _forward_ad._current_level >= 0  # forward-mode AD: the Function says what it lacks
+        or torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad
+            or any(t is not None and t.requires_grad for t in optional)
+        )
+    ):  # fmt: skip
+        return _EAGER[op].apply(q, k, v, layout_args, o, *optional)
+    return forward(_LAYOUTS[op][0], q, k, v, layout_args, o, fake=False)

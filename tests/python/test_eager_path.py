@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fmha
@@ -87,6 +88,57 @@ def test_eager_path_keeps_the_autograd_contract(device):
         assert fmha.attention(q, k, v).grad_fn is None
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_public_function_with_every_optional_tensor_gives_the_ops_bits(device):
+    # The public function hands its Options to the eager path whole; with optional tensors given,
+    # they are the Function's inputs too, and their gradients must come back as the op's do.
+    q, k, v = _inputs(device, (1, 7, 4, 16), (1, 9, 2, 16), seed=31)
+    bias = randn(4, 1, 9, seed=32).to(device, DTYPE[device]).requires_grad_()
+    sinks = randn(4, seed=33).to(device, torch.float32).requires_grad_()
+    extra_k = randn(1, 3, 2, 16, seed=34).to(device, DTYPE[device]).requires_grad_()
+    extra_v = randn(1, 3, 2, 16, seed=35).to(device, DTYPE[device])  # no gradient asked for
+    kwargs = dict(causal=True, window=(4, 2), softcap=5.0, bias=bias, sinks=sinks,
+                  extra_kv=(extra_k, extra_v), return_lse=True)  # fmt: skip
+    inputs = (q, k, v, bias, sinks, extra_k)
+    out, lse = fmha.attention(q, k, v, **kwargs)
+    assert type(out.grad_fn).__name__ == "EagerBackward"
+    grads = torch.autograd.grad(out.float().square().sum() + lse.sum(), inputs)
+    o = _api._options(None, True, "top_left", (4, 2), bias, None, 5.0, sinks, (extra_k, extra_v),
+                      False, "auto", False)  # fmt: skip
+    expected = _run(ops.attention_fwd, False, q, k, v, (), o, (bias, sinks, extra_k))
+    _assert_same((out.detach(), lse.detach(), grads), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_place_changes_to_saved_inputs_are_refused_as_by_the_op(device):
+    # The eager Function keeps varlen's offsets (not one of its inputs) and the bias (one of
+    # them) through save_for_backward, as the op does: changing either between forward and
+    # backward is refused by autograd on both paths.
+    q, k, v = _inputs(device, (12, 2, 16), (12, 2, 16), seed=41)
+    o = _api._options(None, True, "top_left", None, None, None, 0.0, None, None, False, "auto",
+                      False)  # fmt: skip
+    for eager in (True, False):
+        cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
+        args = (cu, cu, 7, 7, False, *o)
+        out, _ = ops.call(ops.attention_varlen_fwd, q, k, v, *args) if eager else \
+            ops.attention_varlen_fwd(q, k, v, *args)  # fmt: skip
+        cu.add_(0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(out.sum(), q)
+
+    q, k, v = _inputs(device, (1, 5, 2, 8), (1, 5, 2, 8), seed=43)
+    for eager in (True, False):
+        bias = torch.zeros(1, 5, 5, device=device, dtype=DTYPE[device], requires_grad=True)
+        o = _api._options(None, False, "top_left", None, bias.clone(), None, 0.0, None, None,
+                          False, "auto", False)  # fmt: skip
+        out, _ = ops.call(ops.attention_fwd, q, k, v, *o) if eager else \
+            ops.attention_fwd(q, k, v, *o)  # fmt: skip
+        with torch.no_grad():
+            o.bias.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(out.sum(), q)
+
+
 def test_dispatch_modes_see_the_op():
     seen = []
 
@@ -102,6 +154,11 @@ def test_dispatch_modes_see_the_op():
         out = fmha.attention(q, k, v)
     assert any("fmha.attention_fwd" in name for name in seen), seen
     assert torch.equal(out, expected)
+    # torch's infrastructure modes (fake tensors here) are on the dispatch stack that the eager
+    # path reads, as user modes are.
+    with FakeTensorMode():
+        assert not ops._no_op_observers()
+    assert ops._no_op_observers()
 
 
 def test_tracing_records_the_op():
