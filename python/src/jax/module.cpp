@@ -9,7 +9,7 @@
 // CUDA: the handlers run the library on XLA's stream of the call's device (no synchronisation).
 // The library's CUDA backward takes its scratch space from its own stream-ordered pool
 // (cudaMallocAsync), not from XLA's allocator. The CUDA handlers are registered only when the
-// library was built with CUDA; they have not been run on a GPU yet (docs/jax.md).
+// library was built with CUDA (tests/python/test_jax_cuda.py runs them; docs/jax.md).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
