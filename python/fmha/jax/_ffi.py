@@ -47,7 +47,7 @@ def _register() -> None:
     for name, capsule in _jax_ffi.registrations(cuda=False).items():
         jax.ffi.register_ffi_target(_TARGET_PREFIX + name, capsule, platform="cpu")
     if _jax_ffi.built_with_cuda():
-        # Not run on a GPU yet (docs/jax.md).
+        # tests/python/test_jax_cuda.py runs them on a GPU.
         for name, capsule in _jax_ffi.registrations(cuda=True).items():
             jax.ffi.register_ffi_target(_TARGET_PREFIX + name, capsule, platform="CUDA")
 
