@@ -71,6 +71,20 @@ __device__ __forceinline__ float softcap_tanh(float x) {
   }
 }
 
+// Softcap's transform of a tile of dot products, in place: s = softcap * tanh(scale * s / softcap)
+// in log2 units (softcap_log2 = softcap * log2 e), as ScoreSoftcap and ScoreModifiers apply it.
+template <typename T, int kTiles>
+__device__ __forceinline__ void apply_softcap(float (&s)[kTiles][4], float softcap_log2,
+                                              float scale_over_softcap) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[t][e] = softcap_log2 * softcap_tanh<T>(s[t][e] * scale_over_softcap);
+    }
+  }
+}
+
 // Softcap alone (PolicySoftcap, the sm90 forward): s = softcap * tanh(scale * q.k / softcap) in
 // log2 units, as ScoreModifiers computes it, without its bias and rel-pos state; the rest of
 // ScoreScale's interface (no bias, nothing staged) as it is.
@@ -88,13 +102,7 @@ struct ScoreSoftcap : ScoreScale {
   }
   template <int kTiles>
   __device__ void transform(float (&s)[kTiles][4]) const {
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[t][e] = softcap_log2 * softcap_tanh<T>(s[t][e] * scale_over_softcap);
-      }
-    }
+    apply_softcap<T>(s, softcap_log2, scale_over_softcap);
   }
 };
 
@@ -169,13 +177,7 @@ struct ScoreModifiers {
   template <int kTiles>
   __device__ void transform(float (&s)[kTiles][4]) const {
     if (softcap_log2 > 0.0f) {
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[t][e] = softcap_log2 * softcap_tanh<T>(s[t][e] * scale_over_softcap);
-        }
-      }
+      apply_softcap<T>(s, softcap_log2, scale_over_softcap);
     } else {
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
