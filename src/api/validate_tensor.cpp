@@ -170,7 +170,11 @@ Status expect_data_pointer(const TensorView& t, std::string_view name) {
 
 Status expect_tensor(const Anchor& anchor, const TensorView& t, std::string_view name,
                      const Shape& shape, DTypeRule dtype, Access access, bool size_one_broadcasts) {
-  FMHA_RETURN_IF_ERROR(expect_rank(t, name, static_cast<int>(shape.size()), names_string(shape)));
+  // The layout's names go into a message only: a valid call does not build them (an
+  // ostringstream a tensor was most of a valid call's validation time).
+  const int rank = static_cast<int>(shape.size());
+  FMHA_RETURN_IF_ERROR(
+      expect_rank(t, name, rank, t.rank == rank ? std::string() : names_string(shape)));
   FMHA_RETURN_IF_ERROR(expect_dtype(anchor, t, name, dtype));
   FMHA_RETURN_IF_ERROR(expect_device(anchor, t, name));
   FMHA_RETURN_IF_ERROR(expect_shape(t, name, shape, size_one_broadcasts));
@@ -213,7 +217,7 @@ Status expect_given(const TensorView& t, std::string_view name, std::string_view
 
 Status expect_rank(const TensorView& t, std::string_view name, int rank, std::string_view layout) {
   FMHA_RETURN_IF_ERROR(expect_valid_rank(t, name));
-  FMHA_RETURN_IF_ERROR(expect_given(t, name, "expected " + std::string(layout)));
+  if (!t.defined()) return invalid(name, " is required but not given (rank 0); expected ", layout);
   if (t.rank != rank) {
     return invalid(name, " has rank ", t.rank, " (shape ", t.shape_string(), "); expected rank ",
                    rank, ", ", layout);
