@@ -2,8 +2,9 @@
 // (bench/host_overhead.py times the whole C++ entry; this prices its pieces): cudaGetDevice,
 // cudaDeviceGetAttribute (which fmha asks once per device), cudaFuncSetAttribute (once per kernel
 // and device), cudaGetLastError, launches of an empty kernel with a small parameter block and with
-// blocks of the kernels' sizes, cudaMemsetAsync of a dQ accumulator, a workspace allocation and
-// free from a pool like fmha's (workspace_pool.cu), and cuTensorMapEncodeTiled of a q-sized bf16
+// blocks of the kernels' sizes, cudaMemsetAsync of a dQ accumulator and of 4 bytes (beside
+// cuStreamWriteValue32, which writes 4 bytes without a kernel), a workspace allocation and free
+// from a pool like fmha's (workspace_pool.cu), and cuTensorMapEncodeTiled of a q-sized bf16
 // tensor. Each row: the median over rounds of a call's mean host time over the round's calls,
 // read before the round's synchronisation (the GPU's time is not in it). No library, no Python;
 // built by hand:
@@ -70,6 +71,25 @@ double host_us(cudaStream_t stream, Call&& call) {
   return rounds[rounds.size() / 2];
 }
 
+using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// A driver function by name (the 12.0 ABI), or nullptr.
+void* driver_function(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
+#else
+  const cudaError_t e = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &found);
+#endif
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
 using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                             const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
                             CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
@@ -100,26 +120,20 @@ int main() {
   std::uint64_t threshold = std::uint64_t{1} << 30;
   CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
 
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-#if CUDART_VERSION >= 12050
-  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found));
-#else
-  CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found));
-#endif
-  if (found != cudaDriverEntryPointSuccess) {
+  const auto encode = reinterpret_cast<Encode>(driver_function("cuTensorMapEncodeTiled"));
+  const auto write_value = reinterpret_cast<WriteValue32>(driver_function("cuStreamWriteValue32"));
+  if (encode == nullptr) {
     std::fprintf(stderr, "the driver has no cuTensorMapEncodeTiled\n");
     return 1;
   }
-  const auto encode = reinterpret_cast<Encode>(fn);
-  // q [B, L, H, D] as the kernels map it: columns, rows, heads, batches; boxes of 64 x 128.
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(L),
-                              static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(B)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(H * D * 2),
-                                 static_cast<cuuint64_t>(D * 2),
+  // q [B, L, H, D] as the kernels map it (tile_copies.cuh): columns, then the outer dimensions by
+  // growing stride (heads, rows, batches); boxes of 64 columns x 128 rows.
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(H),
+                              static_cast<cuuint64_t>(L), static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(D * 2),
+                                 static_cast<cuuint64_t>(H * D * 2),
                                  static_cast<cuuint64_t>(L * H * D * 2)};
-  const cuuint32_t box[4] = {64, 128, 1, 1}, element_strides[4] = {1, 1, 1, 1};
+  const cuuint32_t box[4] = {64, 1, 128, 1}, element_strides[4] = {1, 1, 1, 1};
   alignas(64) CUtensorMap map;
 
   int value = 0;
@@ -149,6 +163,17 @@ int main() {
   row("cudaMemsetAsync of the dQ accumulator (B*H*L*D floats)", host_us(stream, [&] {
         CHECK(cudaMemsetAsync(accum, 0, accum_bytes, stream));
       }));
+  row("cudaMemsetAsync of 4 bytes (the forward's tile counter)", host_us(stream, [&] {
+        CHECK(cudaMemsetAsync(accum, 0, 4, stream));
+      }));
+  if (write_value != nullptr) {  // a stream memory operation: no kernel
+    row("cuStreamWriteValue32 (4 bytes)", host_us(stream, [&] {
+          if (write_value(stream, reinterpret_cast<CUdeviceptr>(accum), 0, 0) != CUDA_SUCCESS) {
+            std::fprintf(stderr, "cuStreamWriteValue32 failed\n");
+            std::exit(1);
+          }
+        }));
+  }
   row("cudaMallocFromPoolAsync + cudaFreeAsync (that size)", host_us(stream, [&] {
         void* p = nullptr;
         CHECK(cudaMallocFromPoolAsync(&p, accum_bytes + 8 * 1024, pool, stream));
