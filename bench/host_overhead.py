@@ -13,11 +13,14 @@ fmha are timed apart:
   backend's work, which on CPU tensors is the attention itself; and its validation alone
   (`fmha._C.check`), the part of the entry's host time that is not the backend's;
 - forward + backward (`torch.autograd.grad` of the public function's output), and the C++
-  backward alone on prepared views.
+  backward alone on prepared views (and its validation alone).
 
 The Python layers' own cost is a variant's time minus the C++ entry's time inside it. On CUDA
 (bf16) nothing synchronises inside a call, so a loop of calls whose kernels are short runs as fast
 as the host issues them and the time is the host's; PyTorch SDPA's flash backend is timed beside.
+The `issue` column is each loop's time until its last call returned, before the closing
+synchronisation: the host's time alone, below the call's time where the GPU set the pace.
+bench/cpp/host_call_costs.cu prices the CUDA calls that the C++ entries make.
 On CPU the C++ entry computes, and `--threads 1` with `--clock thread` (CPU seconds of the calling
 thread) keeps other processes of a shared machine out of the figures.
 
@@ -55,20 +58,27 @@ class _Twice(torch.autograd.Function):
         return grad * 2, None
 
 
-def measure(variants: dict, rounds: int, calls: int, clock, sync) -> dict:
+def measure(variants: dict, rounds: int, calls: int, clock, sync) -> tuple[dict, dict]:
     """Median per-call microseconds of each variant: `rounds` rounds, each timing `calls` calls of
-    every variant in turn (a warm-up round first)."""
+    every variant in turn (a warm-up round first). Two figures: up to the round's closing
+    synchronisation (the call's time), and up to the last call's return (the host's issue time:
+    below the first where the GPU, not the host, set the pace)."""
     samples = {name: [] for name in variants}
+    issued = {name: [] for name in variants}
     for r in range(rounds + 1):
         for name, fn in variants.items():
             sync()
             start = clock()
             for _ in range(calls):
                 fn()
+            returned = clock()
             sync()
             if r:
                 samples[name].append((clock() - start) / calls / 1e3)
-    return {name: statistics.median(values) for name, values in samples.items()}
+                issued[name].append((returned - start) / calls / 1e3)
+    def medians(by_name):
+        return {name: statistics.median(values) for name, values in by_name.items()}
+    return medians(samples), medians(issued)
 
 
 def main() -> None:
@@ -161,6 +171,7 @@ def main() -> None:
         "fmha fwd+bwd (autograd.grad)": fwd_bwd,
         "op bodies fwd+bwd, no autograd": bodies_fwd_bwd,
         "C++ backward alone (_C.run)": lambda: fmha._C.run(bparams, stream),
+        "C++ backward validation (_C.check)": lambda: fmha._C.check(bparams),
         # The autograd engine's own cost: a one-kernel op's forward and backward, as torch's op and
         # as a Python autograd.Function (whose backward runs on the engine's device thread on CUDA,
         # holding the GIL); then that Function with the C++ backward called inside its backward.
@@ -202,14 +213,19 @@ def main() -> None:
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     clock = time.thread_time_ns if args.clock == "thread" else time.perf_counter_ns
-    fwd = measure(forward_rows, args.rounds, args.calls, clock, sync)
-    bwd = measure(backward_rows, args.rounds, max(args.calls // 2, 1), clock, sync)
+    fwd, fwd_issued = measure(forward_rows, args.rounds, args.calls, clock, sync)
+    bwd, bwd_issued = measure(backward_rows, args.rounds, max(args.calls // 2, 1), clock, sync)
+    issued = {**fwd_issued, **bwd_issued}
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     print(f"host time per call, {device} ({name}), torch {torch.__version__}, B{B} H{H} L{L} D{D} "
           f"{dtype}, causal, {torch.get_num_threads()} thread(s), {args.clock} clock, median of "
           f"{args.rounds} rounds of {args.calls} calls")
+    if device == "cuda":
+        print(f"  {'':34s} {'call':>9s}    {'issue':>9s}  (issue: until the calls returned, "
+              "before the sync)")
     for label, us in {**fwd, **bwd}.items():
-        print(f"  {label:34s} {us:9.1f} us")
+        extra = f"    {issued[label]:9.1f} us" if device == "cuda" else ""
+        print(f"  {label:34s} {us:9.1f} us{extra}")
     cxx_f, cxx_b = fwd["C++ forward alone (_C.run)"], bwd["C++ backward alone (_C.run)"]
     if args.python_only:
         print("  (--python-only: the rows of fmha's functions and ops are their Python layers "

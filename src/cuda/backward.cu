@@ -4,7 +4,8 @@
 // (O(L) memory: per-row statistics, the dQ accumulator in fused mode; plus, only when requested,
 // fp32 accumulators of dbias's own compact size and, on the sm80 kernels, of drel_h / drel_w)
 // and launches
-//   preprocess (Delta, lse_log2, sink terms) -> dsinks (ordered reduction)
+//   preprocess (Delta, lse_log2, sink terms; zeroes the accumulators) -> dsinks (ordered
+//   reduction)
 //   -> fused on Hopper (sm90_fused, where it applies): the warp-specialized kernel adding dQ to
 //      an fp32 accumulator by bulk reductions, then its conversion (sm90/mainloop_bwd_fused.cuh)
 //      fused: dK/dV kernel with dQ atomics (and dbias / drel accumulation), dQ conversion
@@ -379,7 +380,10 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   // The sm90 backward runs rel-pos alone (PolicyRelPos): its dQ kernel writes drel in place.
   const bool drel_in_place = sm90 && (additive.drel_h || additive.drel_w);
   const std::int64_t additive_floats = additive.floats(drel_in_place);
-  const std::int64_t floats = accum_offset + accum + additive_floats;
+  // The accumulators follow one another from `next` and are zeroed together by the preprocess
+  // kernel in whole 16-byte vectors (the allocation rounded up to them).
+  const std::int64_t zeroed_vectors = (accum + additive_floats + 3) / 4;
+  const std::int64_t floats = accum_offset + zeroed_vectors * 4;
   float* workspace = nullptr;
   if (floats > 0) {
     const cudaError_t e =
@@ -446,17 +450,8 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   auto step = [&](Status next_status) {
     if (s.ok()) s = next_status;
   };
-  if (accum > 0) {
-    const cudaError_t e =
-        cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(accum) * sizeof(float), stream);
-    if (e != cudaSuccess) step(cuda_error("cudaMemsetAsync of the dQ accumulator failed", e));
-  }
-  if (additive_floats > 0) {
-    const cudaError_t e = cudaMemsetAsync(
-        additive_base, 0, static_cast<std::size_t>(additive_floats) * sizeof(float), stream);
-    if (e != cudaSuccess) step(cuda_error("cudaMemsetAsync of the bias gradients failed", e));
-  }
-  step(launch_backward_preprocess(p, dtype, outer, inner, stream));
+  const ZeroedWorkspace zeroed{reinterpret_cast<float4*>(next), zeroed_vectors};
+  step(launch_backward_preprocess(p, dtype, outer, inner, zeroed, stream));
   if (p.dsinks != nullptr) step(launch_backward_dsinks(p, outer, inner, stream));
   if (s.ok() && sm90_fp32) {
     step(dispatch_backward_sm90_fp32(p, stream));

@@ -1,6 +1,6 @@
 // Row-wise kernels around the backward's main kernels: the preprocess (Delta, lse in log2 units,
-// sink terms), the ordered dsinks reduction, the conversion of the fused dQ accumulator and of
-// the bias / rel-pos gradients' accumulators.
+// sink terms; its threads also zero the workspace's accumulators), the ordered dsinks reduction,
+// the conversion of the fused dQ accumulator and of the bias / rel-pos gradients' accumulators.
 // Rows are addressed as [outer, H, inner] (dense: B x Lq; varlen: 1 x total_q, batch strides 0),
 // so none of them needs cu_seqlens. One warp per row; lanes stride over the head dim.
 #include <cuda_bf16.h>
@@ -56,11 +56,25 @@ __device__ __forceinline__ void store_padding_statistics(const BackwardParams& p
   p.lse_log2[stat] = INFINITY;
 }
 
+// The preprocess grid's share of the workspace zeroing (ZeroedWorkspace): consecutive threads of
+// the whole grid store consecutive 16-byte vectors, striding by the grid's threads.
+__device__ __forceinline__ void zero_workspace(const ZeroedWorkspace& zeroed) {
+  const std::int64_t block =
+      (static_cast<std::int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  const std::int64_t threads =
+      static_cast<std::int64_t>(gridDim.x) * gridDim.y * gridDim.z * kRowThreads;
+  for (std::int64_t v = block * kRowThreads + threadIdx.x; v < zeroed.vectors; v += threads) {
+    zeroed.base[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
 // Any layout: one warp per row, lanes striding over the elements. grid (ceil(rows / kRowWarps),
 // H, outer), rows = max(inner, p.stat_rows).
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
-    backward_preprocess_kernel(const __grid_constant__ BackwardParams p, std::int64_t inner) {
+    backward_preprocess_kernel(const __grid_constant__ BackwardParams p, std::int64_t inner,
+                               const ZeroedWorkspace zeroed) {
+  zero_workspace(zeroed);
   const ForwardParams& f = p.fwd;
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -89,7 +103,8 @@ __global__ void __launch_bounds__(kRowThreads)
 template <typename T, int kGroup>
 __global__ void __launch_bounds__(kRowThreads)
     backward_preprocess_chunks_kernel(const __grid_constant__ BackwardParams p,
-                                      std::int64_t inner) {
+                                      std::int64_t inner, const ZeroedWorkspace zeroed) {
+  zero_workspace(zeroed);
   using Elem = typename tile::Dtype<T>::Storage;
   constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Elem));
   constexpr int kRowsPerWarp = 32 / kGroup;
@@ -272,7 +287,7 @@ namespace {
 // (longer rows loop).
 template <typename T>
 void launch_preprocess_chunks(const BackwardParams& p, std::int64_t outer, std::int64_t inner,
-                              cudaStream_t stream) {
+                              const ZeroedWorkspace& zeroed, cudaStream_t stream) {
   const int chunks = p.fwd.value_dim * static_cast<int>(sizeof(T)) / 16;
   const std::int64_t rows = std::max(inner, p.stat_rows);
   auto launch = [&](auto group) {
@@ -280,7 +295,8 @@ void launch_preprocess_chunks(const BackwardParams& p, std::int64_t outer, std::
     constexpr std::int64_t kRowsPerBlock = kRowWarps * 32 / kGroup;
     const dim3 grid(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
                     static_cast<unsigned>(p.fwd.heads), static_cast<unsigned>(outer));
-    backward_preprocess_chunks_kernel<T, kGroup><<<grid, kRowThreads, 0, stream>>>(p, inner);
+    backward_preprocess_chunks_kernel<T, kGroup>
+        <<<grid, kRowThreads, 0, stream>>>(p, inner, zeroed);
   };
   if (chunks <= 4) {
     launch(std::integral_constant<int, 4>{});
@@ -295,26 +311,37 @@ void launch_preprocess_chunks(const BackwardParams& p, std::int64_t outer, std::
 
 template <typename T>
 void launch_preprocess(const BackwardParams& p, std::int64_t outer, std::int64_t inner,
-                       cudaStream_t stream) {
+                       const ZeroedWorkspace& zeroed, cudaStream_t stream) {
   if (p.preprocess_chunks) {
-    launch_preprocess_chunks<T>(p, outer, inner, stream);
+    launch_preprocess_chunks<T>(p, outer, inner, zeroed, stream);
   } else {
     backward_preprocess_kernel<T>
-        <<<row_grid(p, outer, std::max(inner, p.stat_rows)), kRowThreads, 0, stream>>>(p, inner);
+        <<<row_grid(p, outer, std::max(inner, p.stat_rows)), kRowThreads, 0, stream>>>(p, inner,
+                                                                                       zeroed);
   }
 }
 
 }  // namespace
 
 Status launch_backward_preprocess(const BackwardParams& p, DType dtype, std::int64_t outer,
-                                  std::int64_t inner, cudaStream_t stream) {
-  if (outer == 0 || inner == 0 || p.fwd.heads == 0) return Status::ok_status();
+                                  std::int64_t inner, const ZeroedWorkspace& zeroed,
+                                  cudaStream_t stream) {
+  if (outer == 0 || inner == 0 || p.fwd.heads == 0) {
+    // No rows (Lq = 0): a dbias broadcast over the queries still sums nothing into zeros.
+    if (zeroed.vectors == 0) return Status::ok_status();
+    const cudaError_t e = cudaMemsetAsync(
+        zeroed.base, 0, static_cast<std::size_t>(zeroed.vectors) * sizeof(float4), stream);
+    if (e == cudaSuccess) return Status::ok_status();
+    return Status::backend_error(
+        std::string("fmha: cudaMemsetAsync of the backward's accumulators failed: ") +
+        cudaGetErrorString(e));
+  }
   if (dtype == DType::kFloat16) {
-    launch_preprocess<__half>(p, outer, inner, stream);
+    launch_preprocess<__half>(p, outer, inner, zeroed, stream);
   } else if (dtype == DType::kFloat32) {
-    launch_preprocess<float>(p, outer, inner, stream);
+    launch_preprocess<float>(p, outer, inner, zeroed, stream);
   } else {
-    launch_preprocess<__nv_bfloat16>(p, outer, inner, stream);
+    launch_preprocess<__nv_bfloat16>(p, outer, inner, zeroed, stream);
   }
   return launched("backward preprocess");
 }

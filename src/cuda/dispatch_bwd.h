@@ -66,9 +66,20 @@ Status dispatch_backward_sm90_fp32(const BackwardParams& p, cudaStream_t stream)
 
 // Row-wise helpers, over `outer` x `inner` rows of the [outer, H, inner] statistics layout
 // (dense: B x Lq; varlen: 1 x total_q).
-// Delta, lse_log2 and (with p.sink_term) the sink terms.
+// Workspace that must read zero once the preprocess has run (the fp32 accumulators of dQ, dbias
+// and drel, and the deterministic turn counters): `vectors` 16-byte vectors from `base` (16-byte
+// aligned), zeroed by the preprocess kernel's threads in its stream order: no cudaMemsetAsync of
+// their own (one a call for dQ's, one more for dbias / drel), a call that costs the host more than
+// a launch (bench/cpp/host_call_costs.cu prices both).
+struct ZeroedWorkspace {
+  float4* base = nullptr;
+  std::int64_t vectors = 0;
+};
+// Delta, lse_log2 and (with p.sink_term) the sink terms; `zeroed` zeroed (by a cudaMemsetAsync
+// where there are no rows to launch the preprocess over).
 Status launch_backward_preprocess(const BackwardParams& p, DType dtype, std::int64_t outer,
-                                  std::int64_t inner, cudaStream_t stream);
+                                  std::int64_t inner, const ZeroedWorkspace& zeroed,
+                                  cudaStream_t stream);
 // dsinks[h] = -sum of the sink terms of head h, in a fixed order (deterministic).
 Status launch_backward_dsinks(const BackwardParams& p, std::int64_t outer, std::int64_t inner,
                               cudaStream_t stream);
