@@ -226,8 +226,9 @@ namespace {
 
 // The head-dim bucket of a problem the warp-specialized fused kernels' terms admit (D 64 / 128:
 // mainloop_bwd_fused.cuh, D 256: mainloop_bwd_fused_d256.cuh), 0 for any other: fp16/bf16 on
-// sm90, the bucket built, no bias, softcap, rel-pos, neighborhood or extra keys, dense batches whose
-// q, k, v and dout tensor maps describe. Which buckets have such a kernel is the callers' rule.
+// sm90, the bucket built, no bias, rel-pos, neighborhood or extra keys (softcap alone runs
+// PolicySoftcap), dense batches whose q, k, v and dout tensor maps describe. Which buckets have
+// such a kernel is the callers' rule.
 int ws_fused_bucket(const BackwardParams& p, DType dtype, int arch) {
 #if FMHA_WITH_SM90
   const ForwardParams& f = p.fwd;
@@ -236,9 +237,8 @@ int ws_fused_bucket(const BackwardParams& p, DType dtype, int arch) {
   const int bucket = sm80::head_dim_bucket(max_dim(p));
   const bool admitted =
       sixteen_bit && use_sm90_kernels(arch) && head_dim_bucket_built(bucket) &&
-      f.neighborhood.rank == 0 && f.rel_h == nullptr && f.bias == nullptr &&
-      f.softcap_log2 == 0.0f && f.num_extra == 0 && f.cu_seqlens_q == nullptr && f.seqlen_q > 0 &&
-      f.seqlen_k > 0 &&
+      f.neighborhood.rank == 0 && f.rel_h == nullptr && f.bias == nullptr && f.num_extra == 0 &&
+      f.cu_seqlens_q == nullptr && f.seqlen_q > 0 && f.seqlen_k > 0 &&
       sm90::rows_mappable(f.q, f.head_dim, f.seqlen_q, f.heads, f.batch, f.q_row_stride,
                           f.q_head_stride, f.q_batch_stride) &&
       sm90::rows_mappable(p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch, p.dout_row_stride,
@@ -288,16 +288,21 @@ FusedAccumulatorSize sm90_fused_backward_accumulator(BackwardParams* p, std::int
 
 Status dispatch_backward_sm90_fused(const BackwardParams& p, DType dtype, cudaStream_t stream) {
 #if FMHA_WITH_SM90
+  // Softcap (alone: ws_fused_bucket) with or without a mask: PolicySoftcap, whose MaskWindow
+  // serves both.
   auto by_bucket = [&](auto type) -> Status {
     using T = decltype(type);
     const bool window = masked(p);
+    const bool softcap = p.fwd.softcap_log2 > 0.0f;
     if (sm80::head_dim_bucket(max_dim(p)) == 64) {
       if constexpr (head_dim_bucket_built(64)) {
+        if (softcap) return sm90::launch_backward_fused<T, 64, PolicySoftcap>(p, stream);
         return window ? sm90::launch_backward_fused<T, 64, PolicyWindow>(p, stream)
                       : sm90::launch_backward_fused<T, 64, PolicyPlain>(p, stream);
       }
     } else {
       if constexpr (head_dim_bucket_built(128)) {
+        if (softcap) return sm90::launch_backward_fused<T, 128, PolicySoftcap>(p, stream);
         return window ? sm90::launch_backward_fused<T, 128, PolicyWindow>(p, stream)
                       : sm90::launch_backward_fused<T, 128, PolicyPlain>(p, stream);
       }
