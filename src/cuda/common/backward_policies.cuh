@@ -15,8 +15,8 @@
 //     the factor the chain rule puts between dS and the q.k product (1 without softcap,
 //     1 - tanh^2 with it);
 //   fold_softcap_grad (the split kernels' general policy) and softcap_tanh_tiles /
-//     softcap_probs_and_grads_transposed (softcap alone in the warp-specialized fused kernel):
-//     that factor folded into dP - Delta.
+//     softcap_probs_and_grads_transposed (softcap alone in the warp-specialized fused kernel of
+//     D 64 / 128) / softcap_probs_and_grads (that of D 256): that factor folded into dP - Delta.
 #pragma once
 
 #include <cmath>
@@ -198,6 +198,29 @@ __device__ __forceinline__ void softcap_probs_and_grads_transposed(
       const float factor = fmaxf(fmaf(-tanh, tanh, 1.0f), 0.0f);
       const float prob = exp2_ftz(fmaf(tanh, scores.softcap_log2, -((e & 1) ? l.y : l.x)));
       dp[t][e] = prob * ((dp[t][e] - ((e & 1) ? d.y : d.x)) * factor);
+      s[t][e] = prob;
+    }
+  }
+}
+
+// The same in tiles with queries on rows (the D 256 fused kernel, mainloop_bwd_fused_d256.cuh:
+// entries 0, 1 of a thread on query row r0, 2, 3 on r0 + 8), whose lse and Delta are per row:
+// l0, d0 of row r0 and l8, d8 of row r0 + 8. s holds softcap_tanh_tiles' tanh (-inf where the mask
+// hides an entry); P = exp2(softcap tanh - lse) goes into it, dS = P (dP - Delta) (1 - tanh^2),
+// the factor clamped at 0, into dp.
+template <typename T, int kTiles>
+__device__ __forceinline__ void softcap_probs_and_grads(const ScoreSoftcap<T>& scores,
+                                                        float (&s)[kTiles][4],
+                                                        float (&dp)[kTiles][4], float l0, float l8,
+                                                        float d0, float d8) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float tanh = s[t][e];
+      const float factor = fmaxf(fmaf(-tanh, tanh, 1.0f), 0.0f);
+      const float prob = exp2_ftz(fmaf(tanh, scores.softcap_log2, -(e < 2 ? l0 : l8)));
+      dp[t][e] = prob * ((dp[t][e] - (e < 2 ? d0 : d8)) * factor);
       s[t][e] = prob;
     }
   }
