@@ -19,6 +19,7 @@
 #include "cuda/sm90/launch_bwd.h"
 #include "cuda/sm90/launch_bwd_fp32.h"
 #include "cuda/sm90/launch_bwd_fused.h"
+#include "cuda/sm90/launch_bwd_fused_d256.h"
 #include "cuda/sm90/tile_copies.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #endif
@@ -131,6 +132,15 @@ bool sm90_rel_pos_applies(const BackwardParams& p) {
          rel_w_staged_in_chunks(f) && dq_smem <= 227 * 1024 && dkdv_smem <= 227 * 1024;
 }
 
+// Softcap alone (no bias, rel-pos, neighborhood or extra keys) at head-dim bucket 256 in the split
+// form (no dQ accumulator).
+bool softcap_alone_split_d256(const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  return f.softcap_log2 > 0.0f && f.bias == nullptr && f.rel_h == nullptr &&
+         f.neighborhood.rank == 0 && f.num_extra == 0 && p.dq_accum == nullptr &&
+         sm80::head_dim_bucket(max_dim(p)) == 256;
+}
+
 template <typename T, bool kDkDv>
 Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
   if (p.fwd.neighborhood.rank > 0) {
@@ -143,6 +153,17 @@ Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
   // they do not apply.
   if (p.fwd.bias != nullptr && p.fwd.softcap_log2 <= 0.0f && bias_registers_apply(p.fwd)) {
     return launch_policy<Sm90Kernels, T, kDkDv, PolicyBias>(p, stream);
+  }
+  // Softcap alone at D 256, split: dK and dV from the warp-specialized D 256 kernel's softcap
+  // policy without its dQ part, as plain / window problems take them there (launch_bwd.cuh), where
+  // it applies (dense batches whose rows tensor maps describe; elsewhere it launches nothing and
+  // says kNotSupported: the general policy's dK and dV part kernels). The dQ kernel stays the
+  // general policy's, which recomputes P and dS with softcap's factor from the same lse and Delta.
+  if constexpr (kDkDv && head_dim_bucket_built(256)) {
+    if (softcap_alone_split_d256(p)) {
+      const Status status = sm90::launch_backward_fused_d256<T, 256, PolicySoftcap>(p, stream);
+      if (status.code() != StatusCode::kNotSupported) return status;
+    }
   }
   if (p.fwd.bias != nullptr || p.fwd.softcap_log2 > 0.0f) {
     return launch_policy<Sm90Kernels, T, kDkDv, PolicyGeneral>(p, stream);
