@@ -55,10 +55,17 @@ VARIANTS = [
     # The warp-specialized fused backward (mainloop_bwd_fused.cuh): buckets 64 and 128.
     ("sm90", "bwd_fused", "cuda/sm90/launch_bwd_fused.cuh", ["launch_backward_fused"],
      "BackwardParams", [FP16, BF16], [64, 128], ["PolicyPlain", "PolicyWindow"]),
+    # Softcap alone in the warp-specialized fused backward (PolicySoftcap: ScoreSoftcap's scores),
+    # in files of its own, so that the plain and window kernels' files stay as they were.
+    ("sm90", "bwd_fused_softcap", "cuda/sm90/launch_bwd_fused.cuh", ["launch_backward_fused"],
+     "BackwardParams", [FP16, BF16], [64, 128], ["PolicySoftcap"]),
     # The warp-specialized fused backward of D 256 (mainloop_bwd_fused_d256.cuh), in files of its
     # own: beside the other D 256 backward kernels it changed their generated code.
     ("sm90", "bwd_fused256", "cuda/sm90/launch_bwd_fused_d256.cuh", ["launch_backward_fused_d256"],
      "BackwardParams", [FP16, BF16], [256], ["PolicyPlain", "PolicyWindow"]),
+    # Softcap alone in the D 256 one (PolicySoftcap), likewise in files of its own.
+    ("sm90", "bwd_fused256_softcap", "cuda/sm90/launch_bwd_fused_d256.cuh",
+     ["launch_backward_fused_d256"], "BackwardParams", [FP16, BF16], [256], ["PolicySoftcap"]),
     # Score modifiers (softcap, bias) in files of their own, likewise.
     ("sm90", "bwd_general", "cuda/sm90/launch_bwd.cuh",
      ["launch_backward_dkdv", "launch_backward_dq"], "BackwardParams", [FP16, BF16], BUCKETS,
@@ -68,6 +75,8 @@ VARIANTS = [
 DIRECTION_NAMES = {"fwd": "forward", "fwd_planes": "forward on fp32 planes (tf32 wgmma)",
                    "bwd_planes": "backward on fp32 planes (tf32 wgmma)", "fwd_bias": "forward with a bias alone", "fwd_softcap": "forward with softcap alone", "fwd_na": "neighborhood forward", "bwd": "backward", "bwd_fused": "fused backward (warp-specialized)",
                    "bwd_fused256": "fused backward of D 256 (warp-specialized)",
+                   "bwd_fused256_softcap": "fused backward of D 256 with softcap alone (warp-specialized)",
+                   "bwd_fused_softcap": "fused backward with softcap alone (warp-specialized)",
                    "bwd_na": "neighborhood backward",
                    "bwd_bias": "backward with a bias alone", "bwd_general": "backward with score modifiers"}
 

@@ -1,9 +1,12 @@
 // sm90-fused-backward-check: the warp-specialized fused sm90 backward (mainloop_bwd_fused.cuh)
 // alone, without the library or Python: first against a float64 reference on small odd shapes
-// (causal both alignments, GQA, Lq != Lk, fully masked rows), outputs poisoned with NaN before each
-// run; then timed against the split backward's two kernels (dK/dV and dQ, overlapped as the
-// library launches them) on the standard grid (bf16, 16k tokens, hidden 2048, D 64 / 128, L 512 to
-// 16384, causal and not): CUDA events, the L2 flushed before each run, the median of 30 runs.
+// (causal both alignments, GQA, Lq != Lk, fully masked rows, softcap alone), outputs poisoned with
+// NaN before each run; then timed against the split backward's two kernels (dK/dV and dQ,
+// overlapped as the library launches them) on the standard grid (bf16, 16k tokens, hidden 2048,
+// D 64 / 128, L 512 to 16384, causal and not): CUDA events, the L2 flushed before each run, the
+// median of 30 runs. With `--softcap`, the same grid under softcap 50: the fused kernel's softcap
+// policy against its plain / window policy on the same inputs (issue 32's ratio) and against the
+// split kernels' general policy (the route softcap took before).
 // The fused time includes what the fused backward adds around its kernel (zeroing the dQ
 // accumulator and converting it); the preprocess, which both share, is left out of both. Built by
 // hand for sm_90a:
@@ -11,6 +14,9 @@
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
 //        -Isrc -Iinclude -o sm90-fused-backward-check bench/cpp/sm90_fused_backward_check.cu \
 //        src/cuda/workspace_pool.cu -lcuda
+//
+// Arguments: none (checks, then the grid), `--check-only`, `--softcap` (checks, then the softcap
+// grid), `--only D L causal [softcap]` (one timing cell).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,6 +41,10 @@ template Status launch_backward_fused<__nv_bfloat16, 128, PolicyPlain>(const Bac
                                                                        cudaStream_t);
 template Status launch_backward_fused<__nv_bfloat16, 128, PolicyWindow>(const BackwardParams&,
                                                                         cudaStream_t);
+template Status launch_backward_fused<__nv_bfloat16, 64, PolicySoftcap>(const BackwardParams&,
+                                                                        cudaStream_t);
+template Status launch_backward_fused<__nv_bfloat16, 128, PolicySoftcap>(const BackwardParams&,
+                                                                         cudaStream_t);
 }  // namespace fmha::cuda::sm90
 
 namespace {
@@ -42,7 +52,9 @@ namespace {
 using fmha::Status;
 using fmha::cuda::BackwardParams;
 using fmha::cuda::ForwardParams;
+using fmha::cuda::PolicyGeneral;
 using fmha::cuda::PolicyPlain;
+using fmha::cuda::PolicySoftcap;
 using fmha::cuda::PolicyWindow;
 using bf16 = __nv_bfloat16;
 namespace sm90 = fmha::cuda::sm90;
@@ -51,6 +63,7 @@ struct Shape {
   int B, H, Hkv, Lq, Lk, D;
   bool causal, bottom_right;
   int left = -1, right = -1;  // a sliding window instead of causal when right >= 0
+  float softcap = 0.0f;       // > 0: s = softcap * tanh(scale q.k / softcap)
 };
 
 constexpr std::size_t kTileFloats = sm90::DqAccumulator<64>::kTileFloats;
@@ -102,6 +115,10 @@ void set_shape(BackwardParams& p, const Shape& s) {
   f.head_dim = f.value_dim = s.D;
   f.vector_loads = f.vector_stores = true;
   f.scale_log2 = 1.0f / std::sqrt(float(s.D)) * 1.4426950408889634f;
+  if (s.softcap > 0.0f) {
+    f.softcap_log2 = s.softcap * 1.4426950408889634f;
+    f.scale_over_softcap = 1.0f / std::sqrt(float(s.D)) / s.softcap;
+  }
   if (s.causal) {
     f.window_right = 0;
     f.bottom_right = s.bottom_right;
@@ -160,7 +177,14 @@ std::size_t accumulator_floats(BackwardParams& p, int D) {
   return static_cast<std::size_t>(p.accum_batch_stride) * p.fwd.batch;
 }
 
-Status launch_fused(BackwardParams& p, int D, bool causal, std::size_t accum_bytes) {
+// `masked`: the window policy (causal or a window); `softcap`: the softcap policy, which takes
+// either.
+Status launch_fused(BackwardParams& p, int D, bool causal, std::size_t accum_bytes,
+                    bool softcap = false) {
+  if (softcap) {
+    return D == 64 ? run_fused<64, PolicySoftcap>(p, accum_bytes)
+                   : run_fused<128, PolicySoftcap>(p, accum_bytes);
+  }
   if (D == 64) {
     return causal ? run_fused<64, PolicyWindow>(p, accum_bytes)
                   : run_fused<64, PolicyPlain>(p, accum_bytes);
@@ -169,10 +193,18 @@ Status launch_fused(BackwardParams& p, int D, bool causal, std::size_t accum_byt
                 : run_fused<128, PolicyPlain>(p, accum_bytes);
 }
 
-Status launch_split(BackwardParams p, int D, bool causal, cudaStream_t stream) {
+Status launch_split(BackwardParams p, int D, bool causal, cudaStream_t stream,
+                    bool softcap = false) {
   p.dq_overlaps_dkdv = true;
   p.dq_accum = nullptr;  // else the dK/dV launcher runs its own fused form
   Status s = Status::ok_status();
+  if (softcap) {  // the general policy, as the library's split route runs softcap
+    s = D == 64 ? sm90::launch_backward_dkdv<bf16, 64, PolicyGeneral>(p, stream)
+                : sm90::launch_backward_dkdv<bf16, 128, PolicyGeneral>(p, stream);
+    if (!s.ok()) return s;
+    return D == 64 ? sm90::launch_backward_dq<bf16, 64, PolicyGeneral>(p, stream)
+                   : sm90::launch_backward_dq<bf16, 128, PolicyGeneral>(p, stream);
+  }
   if (D == 64) {
     s = causal ? sm90::launch_backward_dkdv<bf16, 64, PolicyWindow>(p, stream)
                : sm90::launch_backward_dkdv<bf16, 64, PolicyPlain>(p, stream);
@@ -219,7 +251,7 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
   auto kj = [&](int b, int j, int h) {
     return (std::size_t(b) * s.Lk + j) * s.Hkv * s.D + (h / G) * s.D;
   };
-  std::vector<double> P(s.Lk), dP(s.Lk);
+  std::vector<double> P(s.Lk), factor(s.Lk);
   for (int b = 0; b < s.B; ++b) {
     for (int h = 0; h < s.H; ++h) {
       for (int i = 0; i < s.Lq; ++i) {
@@ -227,7 +259,12 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
         for (int j = 0; j < s.Lk; ++j) {
           double dot = 0.0;
           for (int c = 0; c < s.D; ++c) dot += double(q[qi(b, i, h) + c]) * k[kj(b, j, h) + c];
-          P[j] = visible(s, i, j) ? dot * scale : -INFINITY;
+          const double score = s.softcap > 0.0f
+                                   ? s.softcap * std::tanh(dot * scale / s.softcap)
+                                   : dot * scale;
+          P[j] = visible(s, i, j) ? score : -INFINITY;
+          const double t = s.softcap > 0.0f ? score / s.softcap : 0.0;
+          factor[j] = 1.0 - t * t;  // softcap's chain-rule factor (1 without softcap)
           m = std::max(m, P[j]);
         }
         double sum = 0.0;
@@ -248,7 +285,7 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
         for (int j = 0; j < s.Lk; ++j) {
           double x = 0.0;
           for (int c = 0; c < s.D; ++c) x += double(dout[qi(b, i, h) + c]) * v[kj(b, j, h) + c];
-          const double ds = P[j] * (x - d);
+          const double ds = P[j] * (x - d) * factor[j];
           for (int c = 0; c < s.D; ++c) {
             dq[qi(b, i, h) + c] += scale * ds * k[kj(b, j, h) + c];
             dk[kj(b, j, h) + c] += scale * ds * q[qi(b, i, h) + c];
@@ -275,7 +312,8 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
   const std::size_t accum = accumulator_floats(p, s.D);
   CHECK(cudaMalloc(&p.dq_accum, accum * 4 + accum / kTileFloats * 4));
   const bool masked = s.causal || s.right >= 0;
-  const Status st = launch_fused(p, s.D, masked, accum * 4);
+  const bool softcap = s.softcap > 0.0f;
+  const Status st = launch_fused(p, s.D, masked, accum * 4, softcap);
   CHECK(cudaDeviceSynchronize());
   const double eq = relative_error(download_bf16(p.dq, nq), dq);
   const double ek = relative_error(download_bf16(p.dk, nk), dk);
@@ -284,21 +322,21 @@ bool check_shape(const Shape& s, std::mt19937& gen) {
   p.dq_semaphore = reinterpret_cast<int*>(p.dq_accum + accum);
   const std::size_t both = accum * 4 + accum / kTileFloats * 4;
   CHECK(cudaMemset(p.dq, 0xff, nq * 2));
-  Status sd = launch_fused(p, s.D, masked, both);
+  Status sd = launch_fused(p, s.D, masked, both, softcap);
   CHECK(cudaDeviceSynchronize());
   const double eq_det = relative_error(download_bf16(p.dq, nq), dq);
   const unsigned long long first = device_digest(p.dq, nq * 2);
-  if (sd.ok()) sd = launch_fused(p, s.D, masked, both);
+  if (sd.ok()) sd = launch_fused(p, s.D, masked, both, softcap);
   CHECK(cudaDeviceSynchronize());
   const bool repeated = device_digest(p.dq, nq * 2) == first;
   p.dq_semaphore = nullptr;
   const bool ok =
       st.ok() && sd.ok() && eq < 1e-2 && ek < 1e-2 && ev < 1e-2 && eq_det < 1e-2 && repeated;
   std::printf(
-      "check B=%d H=%d Hkv=%d Lq=%d Lk=%d D=%d causal=%d window=(%d, %d)%s: dq %.2e dk %.2e "
-      "dv %.2e, deterministic dq %.2e %s: %s%s\n",
+      "check B=%d H=%d Hkv=%d Lq=%d Lk=%d D=%d causal=%d window=(%d, %d)%s softcap=%g: dq %.2e "
+      "dk %.2e dv %.2e, deterministic dq %.2e %s: %s%s\n",
       s.B, s.H, s.Hkv, s.Lq, s.Lk, s.D, s.causal, s.left, s.right,
-      s.bottom_right ? " (bottom-right)" : "", eq, ek,
+      s.bottom_right ? " (bottom-right)" : "", s.softcap, eq, ek,
       ev, eq_det, repeated ? "repeated" : "NOT REPEATED", ok ? "ok" : "FAIL ",
       st.ok() ? "" : st.message().c_str());
   free_backward_buffers(p);
@@ -326,9 +364,12 @@ void* device_filled(std::size_t n, unsigned seed) {
   return d;
 }
 
-void time_cell(int D, int L, bool causal) {
+// With softcap > 0: the softcap policy ("fused") against the plain / window policy on the same
+// inputs ("plain"), and the split kernels' general policy ("split").
+void time_cell(int D, int L, bool causal, float softcap = 0.0f) {
   const int B = 16384 / L, H = 2048 / D;
-  const Shape s{B, H, H, L, L, D, causal, false};
+  const Shape s{B, H, H, L, L, D, causal, false, -1, -1, softcap};
+  const bool capped = softcap > 0.0f;
   const std::size_t n = std::size_t(B) * L * H * D;
   BackwardParams p;
   set_shape(p, s);
@@ -351,15 +392,29 @@ void time_cell(int D, int L, bool causal) {
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     return st;
   }();
-  const float fused_ms = median_launch_ms([&] { return launch_fused(p, D, causal, accum * 4); });
+  const float fused_ms =
+      median_launch_ms([&] { return launch_fused(p, D, causal, accum * 4, capped); });
   const float split_ms =
-      median_launch_ms([&] { return launch_split(p, D, causal, stream); }, stream);
+      median_launch_ms([&] { return launch_split(p, D, causal, stream, capped); }, stream);
   p.dq_semaphore = semaphores;
   const std::size_t both = accum * 4 + accum / kTileFloats * 4;
-  const float ordered_ms = median_launch_ms([&] { return launch_fused(p, D, causal, both); });
+  const float ordered_ms =
+      median_launch_ms([&] { return launch_fused(p, D, causal, both, capped); });
   p.dq_semaphore = nullptr;
   const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;
   const double flops = 2.5 * 4.0 * B * H * pairs * D;
+  if (capped) {
+    const float plain_ms = median_launch_ms([&] { return launch_fused(p, D, causal, accum * 4); });
+    std::printf(
+        "time softcap D=%3d L=%5d causal=%d  fused %.3f ms %4.0f TFLOP/s  plain fused %.3f ms "
+        "%4.0f TFLOP/s (softcap %+.1f%%)  split general %.3f ms %4.0f TFLOP/s %.2fx  "
+        "deterministic %.3f ms (%+.0f%%)\n",
+        D, L, causal, fused_ms, flops / fused_ms * 1e-9, plain_ms, flops / plain_ms * 1e-9,
+        (fused_ms / plain_ms - 1.0) * 100.0, split_ms, flops / split_ms * 1e-9,
+        split_ms / fused_ms, ordered_ms, (ordered_ms / fused_ms - 1.0) * 100.0);
+    free_backward_buffers(p);
+    return;
+  }
   std::printf(
       "time D=%3d L=%5d causal=%d  fused %.3f ms %4.0f TFLOP/s  split %.3f ms %4.0f TFLOP/s  "
       "%.2fx  deterministic %.3f ms %4.0f TFLOP/s (%+.0f%%)\n",
@@ -387,17 +442,27 @@ int main(int argc, char** argv) {
       // row reaches; rows whose window misses every key.
       {1, 2, 1, 90, 400, 128, false, false, 50, 30},  {1, 2, 2, 90, 400, 64, false, false, 50, 30},
       {1, 2, 2, 400, 150, 128, false, false, 20, 10}, {1, 2, 1, 333, 90, 64, false, true, 5, 40},
+      // Softcap alone (PolicySoftcap): mild (softcap 5 over scores about N(0, 1)) and hard (0.7).
+      {2, 3, 3, 77, 200, 64, false, false, -1, -1, 5.0f},
+      {1, 4, 2, 300, 300, 64, true, false, -1, -1, 0.7f},
+      {1, 2, 1, 129, 257, 128, true, true, -1, -1, 2.0f},
+      {1, 6, 2, 513, 385, 128, true, true, -1, -1, 0.7f},
+      {1, 2, 2, 90, 400, 64, false, false, 50, 30, 3.0f},
+      {1, 2, 1, 400, 150, 128, false, false, 20, 10, 5.0f},
+      {1, 1, 1, 1, 1, 128, false, false, -1, -1, 1.0f},
   };
-  if (argc > 4 && std::strcmp(argv[1], "--only") == 0) {  // one timing cell: D L causal
-    time_cell(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0);
+  if (argc > 4 && std::strcmp(argv[1], "--only") == 0) {  // one timing cell: D L causal [softcap]
+    time_cell(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0,
+              argc > 5 ? static_cast<float>(std::atof(argv[5])) : 0.0f);
     return 0;
   }
   for (const Shape& s : shapes) ok = check_shape(s, gen) && ok;
   std::printf("checks: %s\n", ok ? "all ok" : "FAILED");
   if (!ok || (argc > 1 && std::strcmp(argv[1], "--check-only") == 0)) return ok ? 0 : 1;
+  const float softcap = argc > 1 && std::strcmp(argv[1], "--softcap") == 0 ? 50.0f : 0.0f;
   for (int D : {64, 128}) {
     for (bool causal : {false, true}) {
-      for (int L : {512, 1024, 2048, 4096, 8192, 16384}) time_cell(D, L, causal);
+      for (int L : {512, 1024, 2048, 4096, 8192, 16384}) time_cell(D, L, causal, softcap);
     }
   }
   return 0;

@@ -19,6 +19,7 @@
 #include "cuda/sm90/launch_bwd.h"
 #include "cuda/sm90/launch_bwd_fp32.h"
 #include "cuda/sm90/launch_bwd_fused.h"
+#include "cuda/sm90/launch_bwd_fused_d256.h"
 #include "cuda/sm90/tile_copies.cuh"
 #include "cuda/sm90/tile_sizes_bwd.h"
 #endif
@@ -131,6 +132,15 @@ bool sm90_rel_pos_applies(const BackwardParams& p) {
          rel_w_staged_in_chunks(f) && dq_smem <= 227 * 1024 && dkdv_smem <= 227 * 1024;
 }
 
+// Softcap alone (no bias, rel-pos, neighborhood or extra keys) at head-dim bucket 256 in the split
+// form (no dQ accumulator).
+bool softcap_alone_split_d256(const BackwardParams& p) {
+  const ForwardParams& f = p.fwd;
+  return f.softcap_log2 > 0.0f && f.bias == nullptr && f.rel_h == nullptr &&
+         f.neighborhood.rank == 0 && f.num_extra == 0 && p.dq_accum == nullptr &&
+         sm80::head_dim_bucket(max_dim(p)) == 256;
+}
+
 template <typename T, bool kDkDv>
 Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
   if (p.fwd.neighborhood.rank > 0) {
@@ -143,6 +153,17 @@ Status dispatch_sm90_policy(const BackwardParams& p, cudaStream_t stream) {
   // they do not apply.
   if (p.fwd.bias != nullptr && p.fwd.softcap_log2 <= 0.0f && bias_registers_apply(p.fwd)) {
     return launch_policy<Sm90Kernels, T, kDkDv, PolicyBias>(p, stream);
+  }
+  // Softcap alone at D 256, split: dK and dV from the warp-specialized D 256 kernel's softcap
+  // policy without its dQ part, as plain / window problems take them there (launch_bwd.cuh), where
+  // it applies (dense batches whose rows tensor maps describe; elsewhere it launches nothing and
+  // says kNotSupported: the general policy's dK and dV part kernels). The dQ kernel stays the
+  // general policy's, which recomputes P and dS with softcap's factor from the same lse and Delta.
+  if constexpr (kDkDv && head_dim_bucket_built(256)) {
+    if (softcap_alone_split_d256(p)) {
+      const Status status = sm90::launch_backward_fused_d256<T, 256, PolicySoftcap>(p, stream);
+      if (status.code() != StatusCode::kNotSupported) return status;
+    }
   }
   if (p.fwd.bias != nullptr || p.fwd.softcap_log2 > 0.0f) {
     return launch_policy<Sm90Kernels, T, kDkDv, PolicyGeneral>(p, stream);
@@ -226,8 +247,9 @@ namespace {
 
 // The head-dim bucket of a problem the warp-specialized fused kernels' terms admit (D 64 / 128:
 // mainloop_bwd_fused.cuh, D 256: mainloop_bwd_fused_d256.cuh), 0 for any other: fp16/bf16 on
-// sm90, the bucket built, no bias, softcap, rel-pos, neighborhood or extra keys, dense batches whose
-// q, k, v and dout tensor maps describe. Which buckets have such a kernel is the callers' rule.
+// sm90, the bucket built, no bias, rel-pos, neighborhood or extra keys (softcap alone runs
+// PolicySoftcap), dense batches whose q, k, v and dout tensor maps describe. Which buckets have
+// such a kernel is the callers' rule.
 int ws_fused_bucket(const BackwardParams& p, DType dtype, int arch) {
 #if FMHA_WITH_SM90
   const ForwardParams& f = p.fwd;
@@ -236,9 +258,8 @@ int ws_fused_bucket(const BackwardParams& p, DType dtype, int arch) {
   const int bucket = sm80::head_dim_bucket(max_dim(p));
   const bool admitted =
       sixteen_bit && use_sm90_kernels(arch) && head_dim_bucket_built(bucket) &&
-      f.neighborhood.rank == 0 && f.rel_h == nullptr && f.bias == nullptr &&
-      f.softcap_log2 == 0.0f && f.num_extra == 0 && f.cu_seqlens_q == nullptr && f.seqlen_q > 0 &&
-      f.seqlen_k > 0 &&
+      f.neighborhood.rank == 0 && f.rel_h == nullptr && f.bias == nullptr && f.num_extra == 0 &&
+      f.cu_seqlens_q == nullptr && f.seqlen_q > 0 && f.seqlen_k > 0 &&
       sm90::rows_mappable(f.q, f.head_dim, f.seqlen_q, f.heads, f.batch, f.q_row_stride,
                           f.q_head_stride, f.q_batch_stride) &&
       sm90::rows_mappable(p.dout, f.value_dim, f.seqlen_q, f.heads, f.batch, p.dout_row_stride,
@@ -288,16 +309,21 @@ FusedAccumulatorSize sm90_fused_backward_accumulator(BackwardParams* p, std::int
 
 Status dispatch_backward_sm90_fused(const BackwardParams& p, DType dtype, cudaStream_t stream) {
 #if FMHA_WITH_SM90
+  // Softcap (alone: ws_fused_bucket) with or without a mask: PolicySoftcap, whose MaskWindow
+  // serves both.
   auto by_bucket = [&](auto type) -> Status {
     using T = decltype(type);
     const bool window = masked(p);
+    const bool softcap = p.fwd.softcap_log2 > 0.0f;
     if (sm80::head_dim_bucket(max_dim(p)) == 64) {
       if constexpr (head_dim_bucket_built(64)) {
+        if (softcap) return sm90::launch_backward_fused<T, 64, PolicySoftcap>(p, stream);
         return window ? sm90::launch_backward_fused<T, 64, PolicyWindow>(p, stream)
                       : sm90::launch_backward_fused<T, 64, PolicyPlain>(p, stream);
       }
     } else {
       if constexpr (head_dim_bucket_built(128)) {
+        if (softcap) return sm90::launch_backward_fused<T, 128, PolicySoftcap>(p, stream);
         return window ? sm90::launch_backward_fused<T, 128, PolicyWindow>(p, stream)
                       : sm90::launch_backward_fused<T, 128, PolicyPlain>(p, stream);
       }

@@ -41,8 +41,8 @@ Status dispatch_backward_sm90_dq(const BackwardParams& p, DType dtype, cudaStrea
 // Whether the warp-specialized fused sm90 backward (sm90/mainloop_bwd_fused.cuh: one pass, dQ added
 // to an fp32 accumulator by bulk reductions) takes this problem on a device of compute capability
 // `arch`: fp16/bf16, head-dim buckets 64 and 128, dense batches, no mask or a causal/window mask,
-// GQA, sinks and dlse; no bias, softcap, rel-pos, neighborhood attention or extra keys; q, k, v and
-// dout describable by tensor maps (16-byte aligned rows). Not deterministic (the adds' order).
+// softcap, GQA, sinks and dlse; no bias, rel-pos, neighborhood attention or extra keys; q, k, v and
+// dout describable by tensor maps (16-byte aligned rows). Deterministic mode orders the dQ adds.
 bool use_sm90_fused_backward(const BackwardParams& p, DType dtype, int arch);
 // Its dQ accumulator for `inner` rows a head (Lq, or total_q for varlen): floats, query tiles
 // (deterministic mode's turn counters, one a tile) and the rows a head's row statistics need (the

@@ -190,11 +190,12 @@ TEST(CudaBackward, Varlen) {
 }
 
 // On sm90, backward_impl = fused at head-dim buckets 64 and 128 runs the warp-specialized fused
-// kernel where it applies (dense, no score modifiers: FusedWarpSpecialized below) and elsewhere
-// the dK/dV kernel that adds dQ with bulk reductions by column (fused_dq.cuh), next to the split
-// kernels: GQA, masks, a bias without dbias (the register-form policy), softcap (the general one),
-// head dims inside the buckets, several query tiles and key blocks; varlen with odd sequence
-// starts adds single floats instead of pairs.
+// kernel where it applies (dense, no score modifier but softcap alone: FusedWarpSpecialized below)
+// and elsewhere the dK/dV kernel that adds dQ with bulk reductions by column (fused_dq.cuh), next
+// to the split kernels: GQA, masks, a bias without dbias (the register-form policy), softcap (the
+// warp-specialized kernel's softcap policy; at D 100 / 120, rows off 16 bytes, the by-column
+// kernel's general policy), head dims inside the buckets, several query tiles and key blocks;
+// varlen with odd sequence starts adds single floats instead of pairs.
 TEST(CudaBackward, FusedAtBuckets64And128) {
   SKIP_WITHOUT_GPU();
   for (auto [d, dv] : {std::pair<int, int>{64, 64}, {48, 64}, {128, 128}, {100, 120}}) {

@@ -28,6 +28,95 @@ TEST(CudaBackward, Softcap) {
   check_backward(c, 72);
 }
 
+// Softcap alone at head-dim buckets 64 and 128: on Hopper `fused` (and `auto`) run the
+// warp-specialized fused kernel's softcap policy, `split` the split kernels' general policy. No
+// mask, causal (both alignments), a sliding window; odd lengths, Lq > Lk, GQA; scores that the cap
+// bends hard (scale 2) and mildly (the default scale); fp16 and bf16; sinks; deterministic mode
+// bit for bit.
+TEST(CudaBackward, SoftcapAlone) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 260;
+  for (std::int64_t dim : {64, 128}) {
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      BackwardCase c = shape_case(dtype, 239, 577, dim, dim, 4, 2, 2);
+      c.options.softcap = 5.0f;
+      c.options.scale = 2.0f;
+      check_backward(c, seed++);
+      c.options.causal = true;
+      check_backward(c, seed++);
+      c.options.scale.reset();  // 1 / sqrt(D)
+      c.options.softcap = 3.0f;
+      c.options.causal_alignment = CausalAlignment::kBottomRight;
+      check_backward(c, seed++);
+      c.options.causal = false;
+      c.options.causal_alignment = CausalAlignment::kTopLeft;
+      c.options.window_left = 100;
+      c.options.window_right = 17;
+      check_backward(c, seed++);
+    }
+  }
+  BackwardCase t = shape_case(DType::kBFloat16, 577, 113, 128, 128, 4, 1);  // Lq > Lk, MQA
+  t.options.softcap = 8.0f;
+  t.options.causal = true;
+  t.options.causal_alignment = CausalAlignment::kBottomRight;
+  t.sinks = true;
+  check_backward(t, seed++);
+  BackwardCase o = shape_case(DType::kFloat16, 1, 17, 40, 40, 2, 2);  // one query, D 40
+  o.options.softcap = 2.0f;
+  check_backward(o, seed++);
+  BackwardCase d = shape_case(DType::kBFloat16, 300, 300, 64, 64, 4, 2, 2);
+  d.options.softcap = 5.0f;
+  d.options.causal = true;
+  d.options.deterministic = true;
+  d.impls = {BackwardImpl::kAuto};
+  check_backward(d, seed++, /*twice=*/true);
+}
+
+// Softcap alone at head-dim bucket 256: on Hopper `split` (and `auto`) take dK and dV from the
+// warp-specialized D 256 kernel's softcap policy without its dQ part, beside the general policy's
+// dQ kernel; `fused` runs the general policy's kernels. Hard and mild caps, no mask, causal both
+// alignments, a window with sinks, odd lengths, Lq > Lk, GQA, Dv != D, fp16 and bf16; a varlen
+// batch (the general policy's part kernels: the tensor maps describe dense batches only); the
+// deterministic path bit for bit.
+TEST(CudaBackward, SoftcapAloneD256) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 280;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    BackwardCase c = shape_case(dtype, 239, 301, 256, 256, 4, 2, 2);
+    c.options.softcap = 5.0f;
+    c.options.scale = 2.0f;  // large scores so that the cap bends them
+    check_backward(c, seed++);
+    c.options.causal = true;
+    check_backward(c, seed++);
+    c.options.scale.reset();  // 1 / sqrt(D)
+    c.options.softcap = 3.0f;
+    c.options.causal_alignment = CausalAlignment::kBottomRight;
+    check_backward(c, seed++);
+    c.options.causal = false;
+    c.options.causal_alignment = CausalAlignment::kTopLeft;
+    c.options.window_left = 70;
+    c.options.window_right = 13;
+    c.sinks = true;
+    check_backward(c, seed++);
+  }
+  BackwardCase t = shape_case(DType::kBFloat16, 577, 113, 256, 128, 4, 1);  // Lq > Lk, MQA, Dv 128
+  t.options.softcap = 8.0f;
+  t.options.causal = true;
+  t.options.causal_alignment = CausalAlignment::kBottomRight;
+  check_backward(t, seed++);
+  BackwardCase v = shape_case(DType::kFloat16, 0, 0, 256, 256, 4, 2);
+  v.varlen_q = {17, 113, 64};
+  v.varlen_k = {33, 113, 70};
+  v.options.softcap = 4.0f;
+  check_backward(v, seed++);
+  BackwardCase d = shape_case(DType::kBFloat16, 300, 300, 256, 256, 4, 2, 2);
+  d.options.softcap = 5.0f;
+  d.options.causal = true;
+  d.options.deterministic = true;
+  d.impls = {BackwardImpl::kAuto};
+  check_backward(d, seed++, /*twice=*/true);
+}
+
 TEST(CudaBackward, SinksAndExtraKeys) {
   SKIP_WITHOUT_GPU();
   BackwardCase c = shape_case(DType::kFloat16, 113, 239, 64, 64, 4, 2, 2);

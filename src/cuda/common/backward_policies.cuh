@@ -13,7 +13,10 @@
 //     dS of element (i, j) into dbias / drel_h / drel_w (SPEC §4, §5);
 //   score_with_grad(scores, dot, &grad): the forward's transform, plus d(score)/d(scale * dot),
 //     the factor the chain rule puts between dS and the q.k product (1 without softcap,
-//     1 - tanh^2 with it).
+//     1 - tanh^2 with it);
+//   fold_softcap_grad (the split kernels' general policy) and softcap_tanh_tiles /
+//     softcap_probs_and_grads_transposed (softcap alone in the warp-specialized fused kernel of
+//     D 64 / 128) / softcap_probs_and_grads (that of D 256): that factor folded into dP - Delta.
 #pragma once
 
 #include <cmath>
@@ -160,6 +163,65 @@ __device__ __forceinline__ void fold_softcap_grad(const ScoreModifiers<T>& score
     for (int e = 0; e < 4; ++e) {
       const float tanh = s[t][e] * inv_softcap;
       dp[t][e] = (dp[t][e] - delta(t, e)) * (1.0f - tanh * tanh);
+    }
+  }
+}
+
+// Softcap alone (PolicySoftcap) in the warp-specialized fused backward's transposed tiles
+// (mainloop_bwd_fused.cuh; rows = keys, entry e of tile t on query column t * 8 + fragment_col +
+// (e & 1)), in two passes so that the tanh of a score needs no registers of its own while dP^T is
+// computed: softcap_tanh_tiles turns the raw q.k products into tanh(scale q.k / softcap) in place
+// (the forward's softcap_tanh, before the mask hides entries with -inf); after dP^T,
+// softcap_probs_and_grads_transposed forms P^T = exp2(softcap tanh - lse) (log2 units, the
+// forward's score) into them and dS^T = P^T (dP^T - Delta) (1 - tanh^2) into dp. The factor is
+// clamped at 0 so that a hidden entry (tanh = -inf, P = 0) gets dS = 0, not 0 * -inf.
+template <typename T, int kTiles>
+__device__ __forceinline__ void softcap_tanh_tiles(const ScoreSoftcap<T>& scores,
+                                                   float (&s)[kTiles][4]) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[t][e] = softcap_tanh<T>(s[t][e] * scores.scale_over_softcap);
+  }
+}
+template <typename T, int kTiles>
+__device__ __forceinline__ void softcap_probs_and_grads_transposed(
+    const ScoreSoftcap<T>& scores, float (&s)[kTiles][4], float (&dp)[kTiles][4],
+    const float* lse, const float* delta, int fragment_col) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + t * 8 + fragment_col);
+    const float2 d = *reinterpret_cast<const float2*>(delta + t * 8 + fragment_col);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float tanh = s[t][e];
+      const float factor = fmaxf(fmaf(-tanh, tanh, 1.0f), 0.0f);
+      const float prob = exp2_ftz(fmaf(tanh, scores.softcap_log2, -((e & 1) ? l.y : l.x)));
+      dp[t][e] = prob * ((dp[t][e] - ((e & 1) ? d.y : d.x)) * factor);
+      s[t][e] = prob;
+    }
+  }
+}
+
+// The same in tiles with queries on rows (the D 256 fused kernel, mainloop_bwd_fused_d256.cuh:
+// entries 0, 1 of a thread on query row r0, 2, 3 on r0 + 8), whose lse and Delta are per row:
+// l0, d0 of row r0 and l8, d8 of row r0 + 8. s holds softcap_tanh_tiles' tanh (-inf where the mask
+// hides an entry); P = exp2(softcap tanh - lse) goes into it, dS = P (dP - Delta) (1 - tanh^2),
+// the factor clamped at 0, into dp.
+template <typename T, int kTiles>
+__device__ __forceinline__ void softcap_probs_and_grads(const ScoreSoftcap<T>& scores,
+                                                        float (&s)[kTiles][4],
+                                                        float (&dp)[kTiles][4], float l0, float l8,
+                                                        float d0, float d8) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float tanh = s[t][e];
+      const float factor = fmaxf(fmaf(-tanh, tanh, 1.0f), 0.0f);
+      const float prob = exp2_ftz(fmaf(tanh, scores.softcap_log2, -(e < 2 ? l0 : l8)));
+      dp[t][e] = prob * ((dp[t][e] - (e < 2 ? d0 : d8)) * factor);
+      s[t][e] = prob;
     }
   }
 }

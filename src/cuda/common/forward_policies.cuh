@@ -61,7 +61,8 @@ struct PolicyBias {
 
 // Softcap with nothing else but a mask (score_modifiers.cuh: ScoreSoftcap): the sm90 forward keeps
 // the plain policies' schedule (ping-pong, the softmax overlapped with P V, the copy warpgroup),
-// which the general policy gives up for its staged bias tiles.
+// which the general policy gives up for its staged bias tiles; the warp-specialized fused backward
+// (sm90/mainloop_bwd_fused.cuh) runs it at D 64 / 128 instead of the split kernels' general policy.
 struct PolicySoftcap {
   using Mask = MaskWindow;
   template <typename T>

@@ -1,7 +1,8 @@
 // Launch of the warp-specialized fused sm90 backward of head-dim bucket 256
 // (mainloop_bwd_fused_d256.cuh), in translation units of its own (generated/bwd_fused256_*.cu):
 // instantiated beside the other D 256 backward kernels it changed their code. Declared here for
-// launch_bwd.cuh's fused form; defined in launch_bwd_fused_d256.cuh (sm_90a only).
+// launch_bwd.cuh's fused and split forms (plain / window) and for dispatch_bwd.cu's split form of
+// softcap alone (PolicySoftcap); defined in launch_bwd_fused_d256.cuh (sm_90a only).
 #pragma once
 
 #include <cuda_runtime.h>

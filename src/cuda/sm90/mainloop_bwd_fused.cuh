@@ -1,6 +1,6 @@
 // The fused backward on Hopper with warp specialization (sm_90a only): dK, dV and dQ in one pass
 // over the score tiles, each product once (5 a tile pair, where the split backward's two kernels
-// do 7), for the plain and window (causal) policies at head-dim buckets 64 and 128.
+// do 7), for the plain, window (causal) and softcap policies at head-dim buckets 64 and 128.
 //
 // A block owns kN = 128 keys of one (batch, kv head) and walks the query tiles that see them, for
 // every query head of the kv head's GQA group (dK and dV summed over the group in registers: K and
@@ -23,6 +23,12 @@
 //   dK += dS^T Q
 //   wait for dV and dQ; dQ_w -> its staging tile (the accumulator's chunk order), handed to the
 //   writer warp; wait for dK; release the stage.
+// Softcap (PolicySoftcap) runs tanh(scale S^T / softcap) under dP^T instead of exp(S), and after it
+// P^T = exp2(softcap tanh - lse), dS^T = P^T (dP^T - Delta) (1 - tanh^2) from the tanh kept in S^T's
+// registers (backward_policies.cuh: softcap_tanh_tiles). ptxas (CUDA 13.0, sm_90a): no spill at
+// D 128, 64 bytes of loop-invariant values at D 64 (the window policy's kernel: 32). Packing P^T
+// before dP^T's wait instead, so that its exponentials also run under dP^T, spilled 64 bytes at
+// D 128 (P^T's 16-bit fragments and P^T (1 - tanh^2) both live across the wait).
 // The writer waits until the bulk reductions have read the staging tiles before handing them back,
 // never until they have added: the adds run in L2 under the next steps.
 //
@@ -207,9 +213,10 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   using DsTile = typename Smem::DsTile;
   using Accum = DqAccumulator<kD>;
   using Mask = typename Policy::Mask;
-  static_assert(
-      std::is_same_v<typename Policy::template Scores<T>, ScoreScale> && !Mask::kTokenTiles,
-      "the plain and window policies");
+  using Scores = typename Policy::template Scores<T>;
+  constexpr bool kSoftcap = std::is_same_v<Scores, ScoreSoftcap<T>>;
+  static_assert((std::is_same_v<Scores, ScoreScale> || kSoftcap) && !Mask::kTokenTiles,
+                "the plain, window and softcap policies");
   constexpr int kN = Smem::kN, kM = Smem::kM, kStages = Smem::kStages;
   constexpr int kScoreTiles = kM / 8, kOutTiles = kD / 8;
   const ForwardParams& f = p.fwd;
@@ -386,24 +393,35 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
     fence_accumulators(st);
     const bool full =
         m0 + kM <= rows.num_queries && mask.tile_is_full(m0, m0 + kM - 1, n0 + first_key_row, 64);
+    // Softcap: the scores' tanh under dP^T, the probabilities after it (softcap_tanh_tiles).
+    if constexpr (kSoftcap) {
+      softcap_tanh_tiles(Scores::make(f, b, hk, rows.num_queries, rows.num_keys), st);
+    }
     if (!full) hide_invisible_transposed(mask, st, key_row, m0 + fragment_col, rows.num_queries);
     const float* lse = stats + s * kM;
     const float* delta = stats + (kStages + s) * kM;
+    if constexpr (!kSoftcap) {
 #pragma unroll
-    for (int t = 0; t < kScoreTiles; ++t) {
-      const float2 l = *reinterpret_cast<const float2*>(lse + t * 8 + fragment_col);
+      for (int t = 0; t < kScoreTiles; ++t) {
+        const float2 l = *reinterpret_cast<const float2*>(lse + t * 8 + fragment_col);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        st[t][e] = exp2_ftz(fmaf(st[t][e], f.scale_log2, -((e & 1) ? l.y : l.x)));
+        for (int e = 0; e < 4; ++e) {
+          st[t][e] = exp2_ftz(fmaf(st[t][e], f.scale_log2, -((e & 1) ? l.y : l.x)));
+        }
       }
     }
     wgmma_wait<0>();
     fence_accumulators(dp);
+    if constexpr (kSoftcap) {
+      softcap_probs_and_grads_transposed(Scores::make(f, b, hk, rows.num_queries, rows.num_keys),
+                                         st, dp, lse, delta, fragment_col);
+    } else {
 #pragma unroll
-    for (int t = 0; t < kScoreTiles; ++t) {
-      const float2 d = *reinterpret_cast<const float2*>(delta + t * 8 + fragment_col);
+      for (int t = 0; t < kScoreTiles; ++t) {
+        const float2 d = *reinterpret_cast<const float2*>(delta + t * 8 + fragment_col);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[t][e] = st[t][e] * (dp[t][e] - ((e & 1) ? d.y : d.x));
+        for (int e = 0; e < 4; ++e) dp[t][e] = st[t][e] * (dp[t][e] - ((e & 1) ? d.y : d.x));
+      }
     }
 
     std::uint32_t pa[kM / 16][4], da[kM / 16][4];

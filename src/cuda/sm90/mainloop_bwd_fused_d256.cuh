@@ -1,6 +1,6 @@
 // The warp-specialized fused backward at head-dim bucket 256 (sm_90a only), launched by the fused
-// form's dK/dV launch (launch_bwd.cuh) for dense plain / window problems; backward.cu's auto picks
-// that form where it applies.
+// form's dK/dV launch (launch_bwd.cuh) for dense plain / window problems, and without its dQ part
+// as the split form's dK/dV kernel for those and (dispatch_bwd.cu) for softcap alone.
 //
 // At D 256 the D 64 / 128 kernel's layout (mainloop_bwd_fused.cuh: keys on the M of every product,
 // dK and dV of 64 keys a warpgroup in registers) would need 256 accumulator registers a thread for
@@ -22,6 +22,11 @@
 // copying warp, each releasing its own statistics' stores), and two named barriers of the 256
 // math threads: kD256Free (both warpgroups are done with the previous step's P and dS) and
 // kD256Ready (this step's P and dS are stored).
+// Softcap alone (PolicySoftcap) turns S into tanh(scale S / softcap) under dP (softcap_tanh_tiles,
+// before the mask hides entries), then forms P = exp2(softcap tanh - lse) and
+// dS = P (dP - Delta) (1 - tanh^2) from it (softcap_probs_and_grads: backward_policies.cuh).
+// Rows past the sequence keep lse = Delta = 0 and zero Q and dO: tanh 0 gives P = 1 there, but
+// their dP is 0, so dS and their P dO terms vanish as without softcap.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +34,7 @@
 #include <type_traits>
 
 #include "cuda/common/backward_params.h"
+#include "cuda/common/backward_policies.cuh"
 #include "cuda/common/block_coords.cuh"
 #include "cuda/common/mask_policies.cuh"
 #include "cuda/common/tile_primitives.cuh"
@@ -75,9 +81,10 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   using QTile = Smem::QTile;
   using PTile = Smem::PTile;
   using Mask = typename Policy::Mask;
-  static_assert(
-      std::is_same_v<typename Policy::template Scores<T>, ScoreScale> && !Mask::kTokenTiles,
-      "the plain and window policies");
+  using Scores = typename Policy::template Scores<T>;
+  constexpr bool kSoftcap = std::is_same_v<Scores, ScoreSoftcap<T>>;
+  static_assert((std::is_same_v<Scores, ScoreScale> || kSoftcap) && !Mask::kTokenTiles,
+                "the plain, window and softcap policies");
   constexpr int kD = Smem::kD, kN = Smem::kN, kM = Smem::kM, kStages = Smem::kStages;
   constexpr int kHalfKeys = kN / 2;  // S and dP columns of a math warpgroup
   const ForwardParams& f = p.fwd;
@@ -191,23 +198,34 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
     const float* const delta = delta_smem + st * kM;
     wgmma_wait<1>();
     fence_accumulators(s);
+    // Softcap: the scores' tanh under dP, the probabilities after it.
+    if constexpr (kSoftcap) {
+      softcap_tanh_tiles(Scores::make(f, b, hk, rows.num_queries, rows.num_keys), s);
+    }
     if (!mask.tile_is_full(m0, m0 + kM - 1, n0 + first_key, kHalfKeys)) {
       hide_invisible(mask, s, m0 + r0, n0 + first_key + fragment_col);
     }
     const float l0 = lse[r0], l8 = lse[r0 + 8];
+    if constexpr (!kSoftcap) {
 #pragma unroll
-    for (int t = 0; t < kHalfKeys / 8; ++t) {
+      for (int t = 0; t < kHalfKeys / 8; ++t) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[t][e] = exp2_ftz(fmaf(s[t][e], f.scale_log2, -(e < 2 ? l0 : l8)));
+        for (int e = 0; e < 4; ++e)
+          s[t][e] = exp2_ftz(fmaf(s[t][e], f.scale_log2, -(e < 2 ? l0 : l8)));
+      }
     }
     wgmma_wait<0>();
     fence_accumulators(dp);
     const float d0 = delta[r0], d8 = delta[r0 + 8];
+    if constexpr (kSoftcap) {
+      softcap_probs_and_grads(Scores::make(f, b, hk, rows.num_queries, rows.num_keys), s, dp, l0,
+                              l8, d0, d8);
+    } else {
 #pragma unroll
-    for (int t = 0; t < kHalfKeys / 8; ++t) {
+      for (int t = 0; t < kHalfKeys / 8; ++t) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[t][e] = s[t][e] * (dp[t][e] - (e < 2 ? d0 : d8));
+        for (int e = 0; e < 4; ++e) dp[t][e] = s[t][e] * (dp[t][e] - (e < 2 ? d0 : d8));
+      }
     }
     std::uint32_t pa[kHalfKeys / 16][4], da[kHalfKeys / 16][4];
     pack_fragments<T>(s, pa);
