@@ -34,6 +34,15 @@ struct PolicyWindow {
   using Scores = ScoreScale;
 };
 
+// Causal and windows over long rows: the window policy on the sm90 forward's three math warpgroups
+// up to D 64 (sm90/forward_pipeline.cuh: fwd_warp_groups), which its launch picks from the query
+// count.
+struct PolicyWindowLongRows {
+  using Mask = MaskWindow;
+  template <typename T>
+  using Scores = ScoreScale;
+};
+
 struct PolicyGeneral {
   using Mask = MaskWindow;
   template <typename T>

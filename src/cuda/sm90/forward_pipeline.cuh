@@ -132,11 +132,16 @@ inline constexpr int kBiasStages = 2;
 // products and two warpgroups, two math warps a scheduler, leave the tensor cores idle about
 // half of the time. Measured on an H100 (2026-11-28, bf16, D 64, kernel alone, against two in
 // ping-pong): L 512 298 -> 329 TFLOP/s, L 2048 380 -> 475, L 8192 406 -> 503, SAM-B 392 -> 511.
-// Not under masks: the causal mask lost 17% at L 512 (192-row tiles hold more masked work on the
-// diagonal, and three warpgroups run without ping-pong), 3% at L 2048.
+// Under masks the causal forward lost 17% at L 512 (192-row tiles hold more masked work on the
+// diagonal, and three warpgroups run without ping-pong), 3% at L 2048, so the window policy keeps
+// two; PolicyWindowLongRows, its copy on three, is for longer rows (wide_window_min_rows below),
+// where the diagonal is a small share of a row's tiles and the plain policy gains 20-25%.
 template <int kD, typename Policy>
 constexpr int fwd_warp_groups() {
-  return kD <= 64 && std::is_same_v<Policy, PolicyPlain> ? 3 : warp_groups(kD);
+  return kD <= 64 && (std::is_same_v<Policy, PolicyPlain> ||
+                      std::is_same_v<Policy, PolicyWindowLongRows>)
+             ? 3
+             : warp_groups(kD);
 }
 template <int kD, typename Policy>
 constexpr int fwd_block_m() {
@@ -161,6 +166,14 @@ inline constexpr std::int64_t kLongRowKeys = 1024;
 inline bool long_row_tiles_enabled() {
   static const bool enabled = switched_on_by_env("FMHA_SM90_LONG_ROWS");
   return enabled;
+}
+
+// The query rows from which a causal or windowed forward up to D 64 runs PolicyWindowLongRows:
+// FMHA_SM90_WIDE_WINDOW=<rows> (read once; unset: never). Not yet timed beyond L 2048 nor run
+// against the tests: FMHA_SM90_WIDE_WINDOW=1 sends every such call to it, for the tests.
+inline std::int64_t wide_window_min_rows() {
+  static const std::int64_t rows = count_from_env("FMHA_SM90_WIDE_WINDOW");
+  return rows;
 }
 
 // Threads of a forward block: the math warpgroups, and the copy warpgroup after them.

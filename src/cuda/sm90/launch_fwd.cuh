@@ -44,6 +44,13 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
       return launch_forward<T, kD, PolicyPlainLongRows>(params, stream);
     }
   }
+  if constexpr (std::is_same_v<Policy, PolicyWindow> &&
+                fwd_warp_groups<kD, PolicyWindowLongRows>() != fwd_warp_groups<kD, Policy>()) {
+    const std::int64_t min_rows = wide_window_min_rows();
+    if (min_rows > 0 && p.seqlen_q >= min_rows) {
+      return launch_forward<T, kD, PolicyWindowLongRows>(params, stream);
+    }
+  }
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
   constexpr int kM = fwd_block_m<kD, Policy>();
   // Token tiles keep their bookkeeping after the K/V stages, and stage neither bias nor rel-pos
