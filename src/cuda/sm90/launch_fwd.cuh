@@ -47,7 +47,9 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   if constexpr (std::is_same_v<Policy, PolicyWindow> &&
                 fwd_warp_groups<kD, PolicyWindowLongRows>() != fwd_warp_groups<kD, Policy>()) {
     const std::int64_t min_rows = wide_window_min_rows();
-    if (min_rows > 0 && p.seqlen_q >= min_rows) {
+    // The band a row sees: a window's left side, or every key before the row under a causal mask.
+    const bool long_band = p.window_left >= min_rows - 1;
+    if (min_rows > 0 && p.seqlen_q >= min_rows && long_band) {
       return launch_forward<T, kD, PolicyWindowLongRows>(params, stream);
     }
   }
