@@ -602,7 +602,7 @@ struct TileFns {
 
 TileFns tile_fns_for(Isa isa) {
 #if FMHA_CPU_X86
-  if (isa == Isa::kAvx512) {
+  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16) {  // no bf16 dot products here yet
     return {dq_tile_avx512, dkdv_tile_avx512, dextra_tile_avx512, fused_avx512};
   }
   if (isa == Isa::kAvx2) return {dq_tile_avx2, dkdv_tile_avx2, dextra_tile_avx2, fused_avx2};
