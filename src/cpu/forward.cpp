@@ -85,17 +85,6 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int6
   }
 }
 
-// Reads the n bf16 features of one row (stride apart) as pairs into dst[0], dst[step], ...; an odd
-// n's last pair has 0 in its high half.
-FMHA_CPU_INLINE void load_bf16_pairs(const Operand& op, std::int64_t offset, std::int64_t n,
-                                     std::uint32_t* dst, std::int64_t step) {
-  const auto* src = static_cast<const std::uint16_t*>(op.data) + offset;
-  const std::int64_t stride = op.feature_stride;
-  for (std::int64_t p = 0; p < n / 2; ++p)
-    dst[p * step] = bf16_pair(src[2 * p * stride], src[(2 * p + 1) * stride]);
-  if (n % 2 != 0) dst[n / 2 * step] = bf16_pair(src[(n - 1) * stride], 0);
-}
-
 // load_key_tile for the bf16 dot products: K transposed as pairs into kt_pairs (columns
 // keys.count .. ncols - 1 zeroed, the product reads them), V row-major into v as fp32.
 FMHA_CPU_INLINE void load_key_tile_pairs(const Call& c, const KeyRows& from, std::int64_t kvh,

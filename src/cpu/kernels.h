@@ -29,7 +29,8 @@
 namespace fmha::cpu {
 
 // kAvx512Bf16: AVX-512 with its bf16 dot product (vdpbf16ps), which the kernels use for products
-// of two bf16 tensors (S = Q K^T of bf16 inputs); every other product runs as under kAvx512.
+// of two bf16 tensors (S = Q K^T and dP = dO V^T of bf16 inputs); every other product runs as
+// under kAvx512.
 enum class Isa : std::uint8_t { kPortable, kAvx2, kAvx512, kAvx512Bf16 };
 
 // The best ISA this CPU runs, lowered by FMHA_CPU_ISA=portable|avx2|avx512|avx512bf16 (tests use
