@@ -9,7 +9,7 @@
 #
 # Steps (STEPS, in this order): asan-build, asan-ctest (every test, each in its own process),
 # asan-fuzz (Fuzz.* once per seed of FUZZ_SEEDS with FUZZ_VALID / FUZZ_INVALID draws, each seed
-# under every CPU ISA of FUZZ_ISAS, FMHA_CPU_ISA's values: portable, avx2, avx512 or native, the
+# under every CPU ISA of FUZZ_ISAS, FMHA_CPU_ISA's values: portable, avx2, avx512, avx512bf16 or native, the
 # CPU's best; the portable kernels are plain C++ that the sanitizers see whole, the AVX2 / AVX-512
 # ones load through intrinsics, whose masked loads ASan does not check), tsan-build, tsan-tests
 # (TSAN_FILTER, with 4 threads for each CPU backend). A failing fuzz draw prints the command that

@@ -51,6 +51,9 @@ class ScopedEnv {
 std::vector<std::string> runnable_isas() {
   std::vector<std::string> isas;
   switch (fmha::cpu::selected_isa()) {
+    case fmha::cpu::Isa::kAvx512Bf16:
+      isas.push_back("avx512bf16");
+      [[fallthrough]];
     case fmha::cpu::Isa::kAvx512:
       isas.push_back("avx512");
       [[fallthrough]];

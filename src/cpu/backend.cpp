@@ -161,9 +161,9 @@ bool isa_allowed(const char* name) {
   const char* env = std::getenv("FMHA_CPU_ISA");
   if (env == nullptr || *env == '\0') return true;
   // Each name allows itself and every ISA below it.
-  const char* order[] = {"portable", "avx2", "avx512"};
+  const char* order[] = {"portable", "avx2", "avx512", "avx512bf16"};
   int requested = -1, asked = -1;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     if (std::strcmp(env, order[i]) == 0) requested = i;
     if (std::strcmp(name, order[i]) == 0) asked = i;
   }
@@ -178,7 +178,8 @@ Isa selected_isa() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("fma") && isa_allowed("avx512")) {
-    return Isa::kAvx512;
+    return __builtin_cpu_supports("avx512bf16") && isa_allowed("avx512bf16") ? Isa::kAvx512Bf16
+                                                                               : Isa::kAvx512;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && isa_allowed("avx2")) {
     return Isa::kAvx2;
@@ -191,6 +192,8 @@ const char* to_string(Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvx512Bf16:
+      return "avx512bf16";
     case Isa::kAvx2:
       return "avx2";
     case Isa::kPortable:

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cpu/backend.h"
+#include "cpu/bf16_dot.h"
 #include "cpu/kernels.h"
 #include "cpu/neighborhood.h"
 #include "cpu/parallel.h"
@@ -79,6 +80,11 @@ struct BackwardScratch {
   // dS of both signs (a row's sum to its dlse), and fp32 partial sums of a few hundred of them
   // left an fp32 draw's dbias 1.2e-5 from float64 against SPEC's 1e-5.
   std::vector<double> dbias_sum;
+  // S = Q K^T and dP = dO V^T on bf16 dot products (bf16_dot.h), set per call: Q and dO as bf16
+  // pairs [kQueryTile, pairs(D) / pairs(Dv)], unscaled, besides q and dout (the other products'
+  // operands); K and V transposed as pairs [pairs(D) / pairs(Dv), kKeyTile] in place of kt, vt.
+  bool bf16_dot = false;
+  std::vector<std::uint32_t> q_pairs, dout_pairs, kt_pairs, vt_pairs;
   NeighborhoodScratch na;        // a neighborhood task's gathered tiles
 
   void allocate(const Call& c) {
@@ -87,6 +93,11 @@ struct BackwardScratch {
     value_dim = c.value_dim;
     const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
     const std::int64_t tile = std::max(kQueryTile, kKeyTile);
+    const std::int64_t pq = (c.head_dim + 1) / 2, pv = (c.value_dim + 1) / 2;
+    q_pairs.assign(at(kQueryTile * pq), 0u);
+    dout_pairs.assign(at(kQueryTile * pv), 0u);
+    kt_pairs.assign(at(pq * kKeyTile), 0u);
+    vt_pairs.assign(at(pv * kKeyTile), 0u);
     q.assign(at(kQueryTile * dp), 0.0f);
     dout.assign(at(kQueryTile * dvp), 0.0f);
     kt.assign(at(c.head_dim * kKeyTile), 0.0f);
@@ -111,12 +122,18 @@ FMHA_CPU_INLINE void load_query_tile(const Call& c, const RowStats& stats, const
                                      std::int64_t h, const Tile& queries, std::int64_t rows_pad,
                                      BackwardScratch& w) {
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
+  const std::int64_t pq = (c.head_dim + 1) / 2, pv = (c.value_dim + 1) / 2;
   const std::int64_t rows = queries.count;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t token = seq.first_q + queries.token(r);
     load_features(c.q, c.q.offset(seq.batch, token, h), c.head_dim, c.scale, &w.q[at(r * dp)], 1);
     load_features(c.dout, c.dout.offset(seq.batch, token, h), c.value_dim, 1.0f,
                   &w.dout[at(r * dvp)], 1);
+    if (w.bf16_dot) {
+      load_bf16_pairs(c.q, c.q.offset(seq.batch, token, h), c.head_dim, &w.q_pairs[at(r * pq)], 1);
+      load_bf16_pairs(c.dout, c.dout.offset(seq.batch, token, h), c.value_dim,
+                      &w.dout_pairs[at(r * pv)], 1);
+    }
     const std::size_t row = at((seq.row + queries.token(r)) * c.heads + h);
     w.lse[at(r)] = stats.lse[row];
     w.delta[at(r)] = stats.delta[row];
@@ -125,6 +142,10 @@ FMHA_CPU_INLINE void load_query_tile(const Call& c, const RowStats& stats, const
   for (std::int64_t r = rows; r < rows_pad; ++r) {
     std::fill_n(&w.q[at(r * dp)], dp, 0.0f);
     std::fill_n(&w.dout[at(r * dvp)], dvp, 0.0f);
+    if (w.bf16_dot) {
+      std::fill_n(&w.q_pairs[at(r * pq)], pq, 0u);
+      std::fill_n(&w.dout_pairs[at(r * pv)], pv, 0u);
+    }
     w.lse[at(r)] = kInf;
     w.delta[at(r)] = 0.0f;
     w.dlse[at(r)] = 0.0f;
@@ -140,10 +161,22 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int6
   for (std::int64_t j = 0; j < cols; ++j) {
     const std::int64_t token = from.first + keys.token(j);
     const std::int64_t k_offset = from.k->offset(from.batch, token, kvh);
-    load_features(*from.k, k_offset, c.head_dim, 1.0f, &w.kt[at(j)], kKeyTile);
-    load_features(*from.v, from.v->offset(from.batch, token, kvh), c.value_dim, 1.0f,
-                  &w.vt[at(j)], kKeyTile);
+    const std::int64_t v_offset = from.v->offset(from.batch, token, kvh);
+    if (w.bf16_dot) {
+      load_bf16_pairs(*from.k, k_offset, c.head_dim, &w.kt_pairs[at(j)], kKeyTile);
+      load_bf16_pairs(*from.v, v_offset, c.value_dim, &w.vt_pairs[at(j)], kKeyTile);
+    } else {
+      load_features(*from.k, k_offset, c.head_dim, 1.0f, &w.kt[at(j)], kKeyTile);
+      load_features(*from.v, v_offset, c.value_dim, 1.0f, &w.vt[at(j)], kKeyTile);
+    }
     if (with_rows) load_features(*from.k, k_offset, c.head_dim, 1.0f, &w.k[at(j * dp)], 1);
+  }
+  if (w.bf16_dot) {
+    for (std::int64_t p = 0; p < (c.head_dim + 1) / 2; ++p)
+      std::fill_n(&w.kt_pairs[at(p * kKeyTile + cols)], ncols - cols, 0u);
+    for (std::int64_t p = 0; p < (c.value_dim + 1) / 2; ++p)
+      std::fill_n(&w.vt_pairs[at(p * kKeyTile + cols)], ncols - cols, 0u);
+    return;
   }
   for (std::int64_t d = 0; d < c.head_dim; ++d)
     std::fill_n(&w.kt[at(d * kKeyTile + cols)], ncols - cols, 0.0f);
@@ -190,6 +223,35 @@ FMHA_CPU_INLINE void zero_dbias_row(const Call& c, std::int64_t b, std::int64_t 
   }
 }
 
+// S = Qs K^T into w.p and dP = dO V^T into w.ds for the loaded tiles (rows_pad rows, ncols
+// columns): on bf16 pairs where w.bf16_dot says so (S scaled after the sums), else on fp32 tiles.
+template <typename Traits>
+FMHA_CPU_INLINE void score_products(const Call& c, std::int64_t rows_pad, std::int64_t ncols,
+                                    BackwardScratch& w) {
+#if FMHA_CPU_X86
+  if (w.bf16_dot) {
+    using V = typename Traits::V;
+    const std::int64_t pq = (c.head_dim + 1) / 2, pv = (c.value_dim + 1) / 2;
+    gemm_bf16_pairs(rows_pad, ncols, pq, w.q_pairs.data(), pq, w.kt_pairs.data(), kKeyTile,
+                    w.p.data(), kKeyTile);
+    gemm_bf16_pairs(rows_pad, ncols, pv, w.dout_pairs.data(), pv, w.vt_pairs.data(), kKeyTile,
+                    w.ds.data(), kKeyTile);
+    const typename V::F scale = V::broadcast(c.scale);
+    for (std::int64_t r = 0; r < rows_pad; ++r) {
+      float* row = &w.p[at(r * kKeyTile)];
+      for (std::int64_t j = 0; j < ncols; j += V::kWidth)
+        V::store(row + j, V::load(row + j) * scale);
+    }
+    return;
+  }
+#endif
+  const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
+  gemm<Traits>(rows_pad, ncols, c.head_dim, w.q.data(), dp, 1, w.kt.data(), kKeyTile, w.p.data(),
+               kKeyTile, false);
+  gemm<Traits>(rows_pad, ncols, c.value_dim, w.dout.data(), dvp, 1, w.vt.data(), kKeyTile,
+               w.ds.data(), kKeyTile, false);
+}
+
 // For tile pair t of `tiles` (its query tile loaded, rows_pad rows of batch index b, head h, and
 // its key tile, ncols columns): w.p = P and w.ds = dS' = P (dP - Delta) x softcap slope; the
 // scores recomputed with the bias and rel-pos too. Masked and padding entries get P = 0, hence
@@ -203,15 +265,11 @@ FMHA_CPU_INLINE void score_gradients(const Call& c, const Tiles& tiles, std::int
                                      double* dbias_sum = nullptr,
                                      std::int64_t dbias_sum_width = 0) {
   using V = typename Traits::V;
-  const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
   const Tile queries = tiles.queries(t), keys = tiles.keys(t);
   const std::int64_t rows = queries.count, cols = keys.count, k0 = keys.first;
   float* p = w.p.data();
   float* ds = w.ds.data();
-  gemm<Traits>(rows_pad, ncols, c.head_dim, w.q.data(), dp, 1, w.kt.data(), kKeyTile, p, kKeyTile,
-               false);
-  gemm<Traits>(rows_pad, ncols, c.value_dim, w.dout.data(), dvp, 1, w.vt.data(), kKeyTile, ds,
-               kKeyTile, false);
+  score_products<Traits>(c, rows_pad, ncols, w);
   const bool full = tiles.full(t);
   const bool softcap = c.softcap > 0.0f;
   for (std::int64_t r = 0; r < rows_pad; ++r) {
@@ -602,7 +660,7 @@ struct TileFns {
 
 TileFns tile_fns_for(Isa isa) {
 #if FMHA_CPU_X86
-  if (isa == Isa::kAvx512) {
+  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16) {
     return {dq_tile_avx512, dkdv_tile_avx512, dextra_tile_avx512, fused_avx512};
   }
   if (isa == Isa::kAvx2) return {dq_tile_avx2, dkdv_tile_avx2, dextra_tile_avx2, fused_avx2};
@@ -664,12 +722,13 @@ struct TileTask {
   std::int64_t sequence, head, start;  // head: query head (dQ) or kv head (dK/dV)
 };
 
-void run_tiles(const Call& c, std::vector<TileTask> tasks, RowStats& stats) {
+void run_tiles(const Call& c, std::vector<TileTask> tasks, RowStats& stats, bool bf16_dot) {
   const auto count = static_cast<std::int64_t>(tasks.size());
   parallel_for(count, c.threads, [&](std::int64_t t, int) {
     const TileTask& task = tasks[at(t)];
     thread_local BackwardScratch w;
     w.allocate(c);
+    w.bf16_dot = bf16_dot;
     task.fn(c, stats, c.sequences[at(task.sequence)], task.head, task.start, w);
   });
 }
@@ -708,7 +767,10 @@ bool use_fused(const Call& c) {
 }  // namespace
 
 void backward(const Call& c) {
-  const TileFns fns = tile_fns_for(selected_isa());
+  const Isa isa = selected_isa();
+  const TileFns fns = tile_fns_for(isa);
+  // Q K^T and dO V^T on bf16 pairs where the CPU has the dot product and the inputs are bf16.
+  const bool bf16_dot = isa == Isa::kAvx512Bf16 && c.q.dtype == DType::kBFloat16;
   RowStats stats = row_stats(c);
   if (use_fused(c)) {
     std::vector<TileTask> tasks;
@@ -716,7 +778,7 @@ void backward(const Call& c) {
       for (std::int64_t kvh = 0; kvh < c.kv_heads; ++kvh)
         tasks.push_back({fns.fused, static_cast<std::int64_t>(b), kvh, 0});
     }
-    run_tiles(c, std::move(tasks), stats);
+    run_tiles(c, std::move(tasks), stats, bf16_dot);
     if (c.dsinks.given()) sink_gradients(c, stats);
     return;
   }
@@ -748,8 +810,8 @@ void backward(const Call& c) {
         dq.push_back({fns.dq, sequence, h, q0});
     }
   }
-  run_tiles(c, std::move(dkdv), stats);
-  run_tiles(c, std::move(dq), stats);
+  run_tiles(c, std::move(dkdv), stats, bf16_dot);
+  run_tiles(c, std::move(dq), stats, bf16_dot);
   if (c.dsinks.given()) sink_gradients(c, stats);
 }
 

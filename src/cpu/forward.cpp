@@ -3,13 +3,14 @@
 // The task streams the key tiles its mask lets it see (tiles.h), then the sequence's extra keys
 // (SPEC §7), through an fp32 online softmax (SPEC §10), so no Lq x Lk buffer exists: S = Q K^T and
 // O += P V are register-blocked products on fp32 tiles, converted from the tensors' dtype once per
-// tile.
+// tile (S of bf16 inputs on bf16 pairs where the CPU has AVX-512's bf16 dot product: bf16_dot.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "cpu/backend.h"
+#include "cpu/bf16_dot.h"
 #include "cpu/kernels.h"
 #include "cpu/neighborhood.h"
 #include "cpu/parallel.h"
@@ -38,13 +39,21 @@ struct ForwardScratch {
   std::vector<float> s;     // [kForwardQueryTile, kKeyTile]: scores, then probabilities
   std::vector<float> o;     // [kForwardQueryTile, Dv rounded up]: unnormalised output
   std::vector<float> m, l;  // [kForwardQueryTile]: running maximum and normaliser
-  NeighborhoodScratch na;   // a neighborhood task's gathered tiles
+  // S = Q K^T on bf16 dot products (bf16_dot.h), set per call: Q as bf16 pairs
+  // [kForwardQueryTile, pairs(D)], unscaled, and K transposed as pairs [pairs(D), kKeyTile], in
+  // place of q and kt.
+  bool bf16_dot = false;
+  std::vector<std::uint32_t> q_pairs, kt_pairs;
+  NeighborhoodScratch na;  // a neighborhood task's gathered tiles
 
   void allocate(const Call& c) {
     if (head_dim == c.head_dim && value_dim == c.value_dim) return;
     head_dim = c.head_dim;
     value_dim = c.value_dim;
     const std::int64_t dv = round_up(c.value_dim, kLanes);
+    const std::int64_t pairs = (c.head_dim + 1) / 2;
+    q_pairs.assign(static_cast<std::size_t>(kForwardQueryTile * pairs), 0u);
+    kt_pairs.assign(static_cast<std::size_t>(pairs * kKeyTile), 0u);
     q.assign(static_cast<std::size_t>(kForwardQueryTile * c.head_dim), 0.0f);
     k.assign(static_cast<std::size_t>(kKeyTile * c.head_dim), 0.0f);
     kt.assign(static_cast<std::size_t>(c.head_dim * kKeyTile), 0.0f);
@@ -76,6 +85,53 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int6
   }
 }
 
+// load_key_tile for the bf16 dot products: K transposed as pairs into kt_pairs (columns
+// keys.count .. ncols - 1 zeroed, the product reads them), V row-major into v as fp32.
+FMHA_CPU_INLINE void load_key_tile_pairs(const Call& c, const KeyRows& from, std::int64_t kvh,
+                                         const Tile& keys, std::int64_t ncols,
+                                         std::uint32_t* kt_pairs, float* v, std::int64_t ldv) {
+  const std::int64_t pairs = (c.head_dim + 1) / 2, cols = keys.count;
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const std::int64_t token = from.first + keys.token(j);
+    load_bf16_pairs(*from.k, from.k->offset(from.batch, token, kvh), c.head_dim, kt_pairs + j,
+                    kKeyTile);
+    load_features(*from.v, from.v->offset(from.batch, token, kvh), c.value_dim, 1.0f, v + j * ldv,
+                  1);
+  }
+  for (std::int64_t p = 0; p < pairs; ++p) {
+    for (std::int64_t j = cols; j < ncols; ++j) kt_pairs[p * kKeyTile + j] = 0u;
+  }
+}
+
+// S = Q K^T of a key tile into s (rows_pad rows, ncols columns), scaled by the softmax scale: on
+// bf16 pairs where w.bf16_dot says so (the scale applied to the sums), else on fp32 tiles (Q
+// loaded scaled).
+template <typename Traits>
+FMHA_CPU_INLINE void score_tile(const Call& c, const KeyRows& from, std::int64_t kvh,
+                                const Tile& keys, std::int64_t rows_pad, std::int64_t ncols,
+                                ForwardScratch& w) {
+  using V = typename Traits::V;
+  const std::int64_t dim = c.head_dim, dv = round_up(c.value_dim, kLanes);
+  float* s = w.s.data();
+#if FMHA_CPU_X86
+  if (w.bf16_dot) {
+    const std::int64_t pairs = (dim + 1) / 2;
+    load_key_tile_pairs(c, from, kvh, keys, ncols, w.kt_pairs.data(), w.v.data(), dv);
+    gemm_bf16_pairs(rows_pad, ncols, pairs, w.q_pairs.data(), pairs, w.kt_pairs.data(), kKeyTile,
+                    s, kKeyTile);
+    const typename V::F scale = V::broadcast(c.scale);
+    for (std::int64_t r = 0; r < rows_pad; ++r) {
+      float* row = s + r * kKeyTile;
+      for (std::int64_t j = 0; j < ncols; j += V::kWidth)
+        V::store(row + j, V::load(row + j) * scale);
+    }
+    return;
+  }
+#endif
+  load_key_tile(c, from, kvh, keys, ncols, w.k.data(), w.kt.data(), w.v.data(), dv);
+  gemm<Traits>(rows_pad, ncols, dim, w.q.data(), dim, 1, w.kt.data(), kKeyTile, s, kKeyTile, false);
+}
+
 // Softcap, the additive bias and rel-pos (SPEC §2), then the mask: entries the tiles' mask hides
 // and padding columns become -inf. Row r of tile pair t (batch index b, head h).
 template <typename V, typename Tiles>
@@ -98,18 +154,16 @@ template <typename Traits, typename Tiles>
 FMHA_CPU_INLINE void attend(const Call& c, const Sequence& seq, std::int64_t h, const Tiles& tiles,
                             std::int64_t rows, std::int64_t rows_pad, ForwardScratch& w) {
   using V = typename Traits::V;
-  const std::int64_t dim = c.head_dim, dv = round_up(c.value_dim, kLanes);
+  const std::int64_t dv = round_up(c.value_dim, kLanes);
   const std::int64_t kvh = h / c.group();
   const KeyRows from = key_rows<Tiles>(c, seq);
-  const float* q = w.q.data();
   float* s = w.s.data();
   float* o = w.o.data();
   for (std::int64_t t = 0; t < tiles.count(); ++t) {
     const Tile keys = tiles.keys(t);
     const std::int64_t cols = keys.count;
     const std::int64_t ncols = round_up(cols, kLanes);
-    load_key_tile(c, from, kvh, keys, ncols, w.k.data(), w.kt.data(), w.v.data(), dv);
-    gemm<Traits>(rows_pad, ncols, dim, q, dim, 1, w.kt.data(), kKeyTile, s, kKeyTile, false);
+    score_tile<Traits>(c, from, kvh, keys, rows_pad, ncols, w);
 
     const bool full = tiles.full(t);
     for (std::int64_t r = 0; r < rows_pad; ++r) {
@@ -161,11 +215,21 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
   float* q = w.q.data();
   float* o = w.o.data();
 
-  for (std::int64_t r = 0; r < rows; ++r) {
-    load_features(c.q, c.q.offset(seq.batch, seq.first_q + queries.token(r), h), dim, c.scale,
-                  q + r * dim, 1);
+  if (w.bf16_dot) {
+    const std::int64_t pairs = (dim + 1) / 2;
+    std::uint32_t* q_pairs = w.q_pairs.data();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      load_bf16_pairs(c.q, c.q.offset(seq.batch, seq.first_q + queries.token(r), h), dim,
+                      q_pairs + r * pairs, 1);
+    }
+    for (std::int64_t x = rows * pairs; x < rows_pad * pairs; ++x) q_pairs[x] = 0u;
+  } else {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      load_features(c.q, c.q.offset(seq.batch, seq.first_q + queries.token(r), h), dim, c.scale,
+                    q + r * dim, 1);
+    }
+    for (std::int64_t x = rows * dim; x < rows_pad * dim; ++x) q[x] = 0.0f;
   }
-  for (std::int64_t x = rows * dim; x < rows_pad * dim; ++x) q[x] = 0.0f;
   // A sink is a logit with no value: the running maximum starts at it with exp(0) = 1 summed.
   const float sink = c.sinks.given() ? load_stat(c.sinks, h * c.sinks.head_stride) : kNegInf;
   for (std::int64_t r = 0; r < rows_pad; ++r) {
@@ -227,7 +291,7 @@ FMHA_CPU_TARGET_AVX512 void forward_tile_avx512(const Call& c, const Sequence& s
 
 ForwardTileFn forward_tile_for(Isa isa) {
 #if FMHA_CPU_X86
-  if (isa == Isa::kAvx512) return forward_tile_avx512;
+  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16) return forward_tile_avx512;
   if (isa == Isa::kAvx2) return forward_tile_avx2;
 #endif
   (void)isa;
@@ -243,7 +307,11 @@ struct ForwardTask {
 }  // namespace
 
 void forward(const Call& c) {
-  const ForwardTileFn tile = forward_tile_for(selected_isa());
+  const Isa isa = selected_isa();
+  const ForwardTileFn tile = forward_tile_for(isa);
+  // Q K^T on bf16 pairs where the CPU has the dot product and Q and K are bf16 (extra keys share
+  // K's dtype).
+  const bool bf16_dot = isa == Isa::kAvx512Bf16 && c.q.dtype == DType::kBFloat16;
   std::vector<ForwardTask> tasks;
   for (std::size_t b = 0; b < c.sequences.size(); ++b) {
     const std::int64_t step = c.neighborhood != nullptr ? 1 : kForwardQueryTile;
@@ -266,6 +334,7 @@ void forward(const Call& c) {
     const ForwardTask& task = tasks[static_cast<std::size_t>(t)];
     thread_local ForwardScratch w;
     w.allocate(c);
+    w.bf16_dot = bf16_dot;
     tile(c, c.sequences[static_cast<std::size_t>(task.sequence)], task.head, task.start, w);
   });
 }

@@ -20,16 +20,21 @@
 #define FMHA_CPU_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define FMHA_CPU_TARGET_AVX512 \
   __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+#define FMHA_CPU_TARGET_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma,f16c")))
 #else
 #define FMHA_CPU_X86 0
 #endif
 
 namespace fmha::cpu {
 
-enum class Isa : std::uint8_t { kPortable, kAvx2, kAvx512 };
+// kAvx512Bf16: AVX-512 with its bf16 dot product (vdpbf16ps), which the kernels use for products
+// of two bf16 tensors (S = Q K^T and dP = dO V^T of bf16 inputs); every other product runs as
+// under kAvx512.
+enum class Isa : std::uint8_t { kPortable, kAvx2, kAvx512, kAvx512Bf16 };
 
-// The best ISA this CPU runs, lowered by FMHA_CPU_ISA=portable|avx2|avx512 (tests use it to run
-// every variant on one machine; a request above the CPU's support is ignored).
+// The best ISA this CPU runs, lowered by FMHA_CPU_ISA=portable|avx2|avx512|avx512bf16 (tests use
+// it to run every variant on one machine; a request above the CPU's support is ignored).
 Isa selected_isa();
 const char* to_string(Isa isa);
 
