@@ -47,6 +47,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     B, H = 1, 8
+    print(f"fmha's CPU kernels: {fmha._C.cpu_isa()}; torch {torch.__version__}\n")
     print("| dtype | D | causal | L | fmha fwd | torch fwd | fwd ratio | fmha bwd | torch bwd | bwd ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

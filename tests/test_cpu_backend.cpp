@@ -95,6 +95,17 @@ AttentionCase dense_case(std::int64_t lq, std::int64_t lk, std::int64_t d, std::
   return c;
 }
 
+// fmha::cpu_isa names the kernels' instruction set, which FMHA_CPU_ISA lowers.
+TEST(CpuBackend, CpuIsaNamesTheSelectedInstructionSet) {
+  EXPECT_EQ(std::string(fmha::cpu_isa()), fmha::cpu::to_string(fmha::cpu::selected_isa()));
+  for (const std::string& isa : runnable_isas()) {
+    ScopedEnv env("FMHA_CPU_ISA", isa);
+    EXPECT_EQ(std::string(fmha::cpu_isa()), isa);
+  }
+  ScopedEnv env("FMHA_CPU_ISA", "portable");
+  EXPECT_EQ(std::string(fmha::cpu_isa()), "portable");
+}
+
 TEST(CpuBackend, OddShapesEveryDtype) {
   struct Shape {
     std::int64_t lq, lk, d, dv;

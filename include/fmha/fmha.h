@@ -36,6 +36,9 @@ Status run(const MergeBackwardParams& params, void* stream = nullptr);
 // True when this build contains the CUDA backend.
 bool built_with_cuda();
 const char* version();
+// The instruction set the fast CPU backend's kernels run on this machine, as FMHA_CPU_ISA leaves it:
+// "avx512bf16" (AVX-512 with its bf16 dot product), "avx512", "avx2" or "portable".
+const char* cpu_isa();
 
 // The fast CPU backend runs a call's workers on threads of its own, kept between calls. A host
 // that already keeps an OpenMP team (PyTorch does; fmha's Python package hands it over) can have

@@ -301,4 +301,6 @@ NB_MODULE(_C, m) {
       },
       nb::arg("parallel"), nb::arg("thread_num"));
   m.def("version", &fmha::version);
+  m.def("cpu_isa", &fmha::cpu_isa,
+        "The instruction set of the fast CPU backend's kernels on this machine.");
 }

@@ -3,6 +3,7 @@
 
 #include "api/validate.h"
 #include "cpu/backend.h"
+#include "cpu/kernels.h"
 #include "fmha/fmha.h"
 #include "reference/reference.h"
 
@@ -98,5 +99,6 @@ Status run(const MergeBackwardParams& p, void* stream) { return run_merge(p, str
 
 bool built_with_cuda() { return FMHA_WITH_CUDA != 0; }
 const char* version() { return FMHA_VERSION_STRING; }
+const char* cpu_isa() { return cpu::to_string(cpu::selected_isa()); }
 
 }  // namespace fmha

@@ -72,6 +72,7 @@ def test_quick_cpu_run_writes_json_and_markdown(tmp_path):
                "--min-reps", "2", "--max-reps", "2"])
     data = json.loads((out / "quick.json").read_text())
     assert data["meta"]["suite"] == "quick" and data["meta"]["device"] == "cpu"
+    assert data["meta"]["fmha_cpu_isa"] in ("avx512bf16", "avx512", "avx2", "portable")
     records = data["records"]
     assert {r["impl"] for r in records} == {"fmha", "sdpa-math", "naive"}
     assert {r["case"] for r in records} == {"D32 L128", "NA2d 12x12 K5x5 D32"}
@@ -89,6 +90,7 @@ def test_quick_cpu_run_writes_json_and_markdown(tmp_path):
     assert rc == 0
     markdown = (out / "quick.md").read_text()
     assert "torch version" in markdown and "| case | impl | dir |" in markdown
+    assert f"- **fmha cpu isa**: {data['meta']['fmha_cpu_isa']}" in markdown
     assert "D32 L128" in markdown
     if any(os.path.exists(out / f"quick_{d}.png") for d in ("fwd", "bwd", "fwd-bwd")):
         assert os.path.getsize(out / "quick_fwd.png") > 0

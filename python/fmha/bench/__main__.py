@@ -83,6 +83,15 @@ def fmha_version() -> str:
     return getattr(fmha, "__version__", "unknown")
 
 
+def fmha_cpu_isa() -> str:
+    """The instruction set of fmha's CPU kernels here (a CPU run's report records it)."""
+    try:
+        from fmha import _C
+    except ImportError as e:
+        return f"not importable ({e})"
+    return _C.cpu_isa()
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m fmha.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,6 +212,7 @@ def main(argv=None) -> int:
         "suite": args.suite, "device": device, "device_name": name,
         "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
         "fmha_version": fmha_version(), "python_version": platform.python_version(),
+        **({"fmha_cpu_isa": fmha_cpu_isa()} if device == "cpu" else {}),
         "command": "python -m fmha.bench " + " ".join(shlex.quote(a) for a in
                                                       (sys.argv[1:] if argv is None else argv)),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),

@@ -166,8 +166,10 @@ def write_json(path: str, meta: dict, records: list) -> None:
 
 def write_markdown(path: str, meta: dict, records: list, memory: bool, plots: list) -> None:
     lines = [f"# fmha benchmark: {meta['suite']} suite on {meta['device_name']}", ""]
-    for key in ("device_name", "torch_version", "cuda_version", "fmha_version", "command",
-                "date_utc", "timing", "flex", "check"):
+    for key in ("device_name", "torch_version", "cuda_version", "fmha_version", "fmha_cpu_isa",
+                "command", "date_utc", "timing", "flex", "check"):
+        if key == "fmha_cpu_isa" and key not in meta:
+            continue
         lines.append(f"- **{key.replace('_', ' ')}**: `{meta.get(key)}`" if key == "command"
                      else f"- **{key.replace('_', ' ')}**: {meta.get(key)}")
     lines.append(f"- **FLOPs**: {FLOP_CONVENTION}")
