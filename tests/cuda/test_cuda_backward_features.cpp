@@ -33,27 +33,33 @@ TEST(CudaBackward, Softcap) {
 // mask, causal (both alignments), a sliding window; odd lengths, Lq > Lk, GQA; scores that the cap
 // bends hard (scale 2) and mildly (the default scale); fp16 and bf16; sinks; deterministic mode
 // bit for bit.
+// One shape under softcap's masks: a hard cap (scale 2) without a mask and causal, a mild one
+// (the default scale) causal bottom-right, then a window (with sinks where asked).
+void check_softcap_masks(BackwardCase c, std::uint64_t* seed, std::int64_t window_left,
+                         std::int64_t window_right, bool sinks_with_window) {
+  c.options.softcap = 5.0f;
+  c.options.scale = 2.0f;  // large scores, so that the cap bends them
+  check_backward(c, (*seed)++);
+  c.options.causal = true;
+  check_backward(c, (*seed)++);
+  c.options.scale.reset();  // 1 / sqrt(D)
+  c.options.softcap = 3.0f;
+  c.options.causal_alignment = CausalAlignment::kBottomRight;
+  check_backward(c, (*seed)++);
+  c.options.causal = false;
+  c.options.causal_alignment = CausalAlignment::kTopLeft;
+  c.options.window_left = window_left;
+  c.options.window_right = window_right;
+  c.sinks = sinks_with_window;
+  check_backward(c, (*seed)++);
+}
+
 TEST(CudaBackward, SoftcapAlone) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 260;
   for (std::int64_t dim : {64, 128}) {
-    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-      BackwardCase c = shape_case(dtype, 239, 577, dim, dim, 4, 2, 2);
-      c.options.softcap = 5.0f;
-      c.options.scale = 2.0f;
-      check_backward(c, seed++);
-      c.options.causal = true;
-      check_backward(c, seed++);
-      c.options.scale.reset();  // 1 / sqrt(D)
-      c.options.softcap = 3.0f;
-      c.options.causal_alignment = CausalAlignment::kBottomRight;
-      check_backward(c, seed++);
-      c.options.causal = false;
-      c.options.causal_alignment = CausalAlignment::kTopLeft;
-      c.options.window_left = 100;
-      c.options.window_right = 17;
-      check_backward(c, seed++);
-    }
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      check_softcap_masks(shape_case(dtype, 239, 577, dim, dim, 4, 2, 2), &seed, 100, 17, false);
   }
   BackwardCase t = shape_case(DType::kBFloat16, 577, 113, 128, 128, 4, 1);  // Lq > Lk, MQA
   t.options.softcap = 8.0f;
@@ -81,24 +87,8 @@ TEST(CudaBackward, SoftcapAlone) {
 TEST(CudaBackward, SoftcapAloneD256) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 280;
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    BackwardCase c = shape_case(dtype, 239, 301, 256, 256, 4, 2, 2);
-    c.options.softcap = 5.0f;
-    c.options.scale = 2.0f;  // large scores so that the cap bends them
-    check_backward(c, seed++);
-    c.options.causal = true;
-    check_backward(c, seed++);
-    c.options.scale.reset();  // 1 / sqrt(D)
-    c.options.softcap = 3.0f;
-    c.options.causal_alignment = CausalAlignment::kBottomRight;
-    check_backward(c, seed++);
-    c.options.causal = false;
-    c.options.causal_alignment = CausalAlignment::kTopLeft;
-    c.options.window_left = 70;
-    c.options.window_right = 13;
-    c.sinks = true;
-    check_backward(c, seed++);
-  }
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+    check_softcap_masks(shape_case(dtype, 239, 301, 256, 256, 4, 2, 2), &seed, 70, 13, true);
   BackwardCase t = shape_case(DType::kBFloat16, 577, 113, 256, 128, 4, 1);  // Lq > Lk, MQA, Dv 128
   t.options.softcap = 8.0f;
   t.options.causal = true;
