@@ -156,8 +156,10 @@ constexpr int fwd_threads() {  // the math threads
 // operands in shared memory, needs about as many bytes a clock as the SM's shared memory delivers
 // and n 80 reads Q a fifth less often. Measured on an H100 (2026-11-28, bf16, kernel alone, against
 // 64-key tiles): L 2048 628 -> 656 TFLOP/s, L 8192 682-692 -> 713, SAM-B's shape 615-632 -> 720;
-// L 512 434 -> 400 (a last tile of 32 keys in 80), hence from kLongRowKeys keys on. Not yet run
-// against the tests: taken only with FMHA_SM90_LONG_ROWS=1 (read once) until it has.
+// L 512 434 -> 400 (a last tile of 32 keys in 80), hence from kLongRowKeys keys on. It passes the
+// forward tests (gpu-check's long-rows step: H100 and H200, 2026-11-28), but a later side-by-side
+// run of the kernels alone on an H200 found it level (L 2048 0.425 -> 0.421 ms, L 8192 1.556 ->
+// 1.573), so it is taken only with FMHA_SM90_LONG_ROWS=1 (read once).
 template <int kD, typename Policy>
 constexpr int fwd_block_n() {
   return kD == 256 && std::is_same_v<Policy, PolicyPlainLongRows> ? 80 : block_n(kD);
