@@ -90,7 +90,8 @@ inline int split_rule(std::int64_t blocks, std::int64_t capacity, std::int64_t r
                       int tile_keys) {
   blocks = std::max<std::int64_t>(blocks, 1);
   resident = std::max<std::int64_t>(resident, 1);
-  const std::int64_t split_keys = (std::max(kMinSplitKeys, tile_keys) + tile_keys - 1) / tile_keys * tile_keys;
+  const std::int64_t split_keys =
+      (std::max(kMinSplitKeys, tile_keys) + tile_keys - 1) / tile_keys * tile_keys;
   const std::int64_t limit =
       std::clamp<std::int64_t>((capacity + split_keys - 1) / split_keys, 1, kMaxSplits);
   int best = 1;

@@ -178,11 +178,17 @@ __device__ __forceinline__ void fold_softcap_grad(const ScoreModifiers<T>& score
 template <typename T, int kTiles>
 __device__ __forceinline__ void softcap_tanh_tiles(const ScoreSoftcap<T>& scores,
                                                    float (&s)[kTiles][4]) {
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[t][e] = softcap_tanh<T>(s[t][e] * scores.scale_over_softcap);
-  }
+  apply_softcap<T>(s, 1.0f, scores.scale_over_softcap);  // the tanh itself, not scaled
+}
+// One entry: s holds its tanh and becomes P = exp2(softcap tanh - lse); dp becomes
+// dS = P (dP - Delta) (1 - tanh^2), the factor clamped at 0.
+__device__ __forceinline__ void softcap_prob_and_grad(float& s, float& dp, float softcap_log2,
+                                                      float lse, float delta) {
+  const float tanh = s;
+  const float factor = fmaxf(fmaf(-tanh, tanh, 1.0f), 0.0f);
+  const float prob = exp2_ftz(fmaf(tanh, softcap_log2, -lse));
+  dp = prob * ((dp - delta) * factor);
+  s = prob;
 }
 template <typename T, int kTiles>
 __device__ __forceinline__ void softcap_probs_and_grads_transposed(
@@ -194,11 +200,8 @@ __device__ __forceinline__ void softcap_probs_and_grads_transposed(
     const float2 d = *reinterpret_cast<const float2*>(delta + t * 8 + fragment_col);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float tanh = s[t][e];
-      const float factor = fmaxf(fmaf(-tanh, tanh, 1.0f), 0.0f);
-      const float prob = exp2_ftz(fmaf(tanh, scores.softcap_log2, -((e & 1) ? l.y : l.x)));
-      dp[t][e] = prob * ((dp[t][e] - ((e & 1) ? d.y : d.x)) * factor);
-      s[t][e] = prob;
+      softcap_prob_and_grad(s[t][e], dp[t][e], scores.softcap_log2, (e & 1) ? l.y : l.x,
+                            (e & 1) ? d.y : d.x);
     }
   }
 }
@@ -217,11 +220,8 @@ __device__ __forceinline__ void softcap_probs_and_grads(const ScoreSoftcap<T>& s
   for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float tanh = s[t][e];
-      const float factor = fmaxf(fmaf(-tanh, tanh, 1.0f), 0.0f);
-      const float prob = exp2_ftz(fmaf(tanh, scores.softcap_log2, -(e < 2 ? l0 : l8)));
-      dp[t][e] = prob * ((dp[t][e] - (e < 2 ? d0 : d8)) * factor);
-      s[t][e] = prob;
+      softcap_prob_and_grad(s[t][e], dp[t][e], scores.softcap_log2, e < 2 ? l0 : l8,
+                            e < 2 ? d0 : d8);
     }
   }
 }

@@ -72,7 +72,8 @@ __device__ __forceinline__ float softcap_tanh(float x) {
 }
 
 // Softcap's transform of a tile of dot products, in place: s = softcap * tanh(scale * s / softcap)
-// in log2 units (softcap_log2 = softcap * log2 e), as ScoreSoftcap and ScoreModifiers apply it.
+// in log2 units (softcap_log2 = softcap * log2 e), as ScoreSoftcap and ScoreModifiers apply it;
+// with softcap_log2 = 1 the tanh alone, as the softcap backward keeps it (backward_policies.cuh).
 template <typename T, int kTiles>
 __device__ __forceinline__ void apply_softcap(float (&s)[kTiles][4], float softcap_log2,
                                               float scale_over_softcap) {
