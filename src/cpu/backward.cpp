@@ -93,7 +93,7 @@ struct BackwardScratch {
     value_dim = c.value_dim;
     const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
     const std::int64_t tile = std::max(kQueryTile, kKeyTile);
-    const std::int64_t pq = (c.head_dim + 1) / 2, pv = (c.value_dim + 1) / 2;
+    const std::int64_t pq = pair_count(c.head_dim), pv = pair_count(c.value_dim);
     q_pairs.assign(at(kQueryTile * pq), 0u);
     dout_pairs.assign(at(kQueryTile * pv), 0u);
     kt_pairs.assign(at(pq * kKeyTile), 0u);
@@ -122,7 +122,7 @@ FMHA_CPU_INLINE void load_query_tile(const Call& c, const RowStats& stats, const
                                      std::int64_t h, const Tile& queries, std::int64_t rows_pad,
                                      BackwardScratch& w) {
   const std::int64_t dp = round_up(c.head_dim, kLanes), dvp = round_up(c.value_dim, kLanes);
-  const std::int64_t pq = (c.head_dim + 1) / 2, pv = (c.value_dim + 1) / 2;
+  const std::int64_t pq = pair_count(c.head_dim), pv = pair_count(c.value_dim);
   const std::int64_t rows = queries.count;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t token = seq.first_q + queries.token(r);
@@ -172,9 +172,9 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int6
     if (with_rows) load_features(*from.k, k_offset, c.head_dim, 1.0f, &w.k[at(j * dp)], 1);
   }
   if (w.bf16_dot) {
-    for (std::int64_t p = 0; p < (c.head_dim + 1) / 2; ++p)
+    for (std::int64_t p = 0; p < pair_count(c.head_dim); ++p)
       std::fill_n(&w.kt_pairs[at(p * kKeyTile + cols)], ncols - cols, 0u);
-    for (std::int64_t p = 0; p < (c.value_dim + 1) / 2; ++p)
+    for (std::int64_t p = 0; p < pair_count(c.value_dim); ++p)
       std::fill_n(&w.vt_pairs[at(p * kKeyTile + cols)], ncols - cols, 0u);
     return;
   }
@@ -231,7 +231,7 @@ FMHA_CPU_INLINE void score_products(const Call& c, std::int64_t rows_pad, std::i
 #if FMHA_CPU_X86
   if (w.bf16_dot) {
     using V = typename Traits::V;
-    const std::int64_t pq = (c.head_dim + 1) / 2, pv = (c.value_dim + 1) / 2;
+    const std::int64_t pq = pair_count(c.head_dim), pv = pair_count(c.value_dim);
     gemm_bf16_pairs(rows_pad, ncols, pq, w.q_pairs.data(), pq, w.kt_pairs.data(), kKeyTile,
                     w.p.data(), kKeyTile);
     gemm_bf16_pairs(rows_pad, ncols, pv, w.dout_pairs.data(), pv, w.vt_pairs.data(), kKeyTile,

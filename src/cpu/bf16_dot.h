@@ -23,6 +23,9 @@ void gemm_bf16_pairs(std::int64_t m, std::int64_t n, std::int64_t kp, const std:
                      std::int64_t ldc);
 #endif
 
+// Pairs that hold n bf16 elements (an odd n's last pair half empty).
+FMHA_CPU_INLINE std::int64_t pair_count(std::int64_t n) { return (n + 1) / 2; }
+
 // Two bf16 bit patterns as one pair (lo: the even element).
 FMHA_CPU_INLINE std::uint32_t bf16_pair(std::uint16_t lo, std::uint16_t hi) {
   return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);

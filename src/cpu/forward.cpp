@@ -51,7 +51,7 @@ struct ForwardScratch {
     head_dim = c.head_dim;
     value_dim = c.value_dim;
     const std::int64_t dv = round_up(c.value_dim, kLanes);
-    const std::int64_t pairs = (c.head_dim + 1) / 2;
+    const std::int64_t pairs = pair_count(c.head_dim);
     q_pairs.assign(static_cast<std::size_t>(kForwardQueryTile * pairs), 0u);
     kt_pairs.assign(static_cast<std::size_t>(pairs * kKeyTile), 0u);
     q.assign(static_cast<std::size_t>(kForwardQueryTile * c.head_dim), 0.0f);
@@ -90,7 +90,7 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int6
 FMHA_CPU_INLINE void load_key_tile_pairs(const Call& c, const KeyRows& from, std::int64_t kvh,
                                          const Tile& keys, std::int64_t ncols,
                                          std::uint32_t* kt_pairs, float* v, std::int64_t ldv) {
-  const std::int64_t pairs = (c.head_dim + 1) / 2, cols = keys.count;
+  const std::int64_t pairs = pair_count(c.head_dim), cols = keys.count;
   for (std::int64_t j = 0; j < cols; ++j) {
     const std::int64_t token = from.first + keys.token(j);
     load_bf16_pairs(*from.k, from.k->offset(from.batch, token, kvh), c.head_dim, kt_pairs + j,
@@ -115,7 +115,7 @@ FMHA_CPU_INLINE void score_tile(const Call& c, const KeyRows& from, std::int64_t
   float* s = w.s.data();
 #if FMHA_CPU_X86
   if (w.bf16_dot) {
-    const std::int64_t pairs = (dim + 1) / 2;
+    const std::int64_t pairs = pair_count(dim);
     load_key_tile_pairs(c, from, kvh, keys, ncols, w.kt_pairs.data(), w.v.data(), dv);
     gemm_bf16_pairs(rows_pad, ncols, pairs, w.q_pairs.data(), pairs, w.kt_pairs.data(), kKeyTile,
                     s, kKeyTile);
@@ -216,7 +216,7 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
   float* o = w.o.data();
 
   if (w.bf16_dot) {
-    const std::int64_t pairs = (dim + 1) / 2;
+    const std::int64_t pairs = pair_count(dim);
     std::uint32_t* q_pairs = w.q_pairs.data();
     for (std::int64_t r = 0; r < rows; ++r) {
       load_bf16_pairs(c.q, c.q.offset(seq.batch, seq.first_q + queries.token(r), h), dim,
