@@ -88,8 +88,7 @@ struct Sizes {
   DType stat = DType::kFloat32;  // lse, dlse
 };
 
-// Params are filled field by field: designated initialisers that skip fields trip GCC 12's
-// -Wmissing-field-initializers.
+// Params filled field by field.
 inline fmha::AttentionForwardParams dense_forward(Store& s, const Sizes& z = {}) {
   fmha::AttentionForwardParams p;
   p.q = s.make(z.dtype, {z.B, z.Lq, z.H, z.D});

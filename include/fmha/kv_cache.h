@@ -40,11 +40,11 @@ namespace fmha {
 // * page_size). Pages written by different sequences must be distinct (a shared prefix page is only
 // ever read). k_cache and v_cache fix the dtype and device.
 struct KvCacheAppendParams {
-  TensorView k_new, v_new;
-  TensorView cu_seqlens_new;  // optional [B + 1] int32: packed new tokens
-  TensorView k_cache, v_cache;  // written
-  TensorView block_table;       // optional [B, max_pages_per_seq] int32: the cache is paged
-  TensorView cache_seqlens;     // [B] int32: tokens already in the cache, read only
+  TensorView k_new = {}, v_new = {};
+  TensorView cu_seqlens_new = {};  // optional [B + 1] int32: packed new tokens
+  TensorView k_cache = {}, v_cache = {};  // written
+  TensorView block_table = {};            // optional [B, max_pages_per_seq] int32: the cache is paged
+  TensorView cache_seqlens = {};          // [B] int32: tokens already in the cache, read only
 };
 
 // out[b, i] = attention of q[b, i] over keys 0 .. cache_seqlens[b] - 1 of sequence b (SPEC §2-§10).
@@ -62,15 +62,15 @@ struct KvCacheAppendParams {
 // needs none; results differ only by summation order. num_splits > 0 asks for that many splits
 // (the same limits apply); 0 lets the library choose. The CPU backend needs no workspace.
 struct KvCacheForwardParams {
-  TensorView q;
-  TensorView cu_seqlens_q;        // optional [B + 1] int32: packed queries
+  TensorView q = {};
+  TensorView cu_seqlens_q = {};   // optional [B + 1] int32: packed queries
   std::int64_t max_seqlen_q = 0;  // with cu_seqlens_q: the longest query run
-  TensorView k_cache, v_cache;
-  TensorView block_table;    // optional [B, max_pages_per_seq] int32: the cache is paged
-  TensorView cache_seqlens;  // [B] int32: keys of sequence b
-  TensorView out;
-  TensorView lse;  // optional output, fp32
-  AttentionOptions options;
+  TensorView k_cache = {}, v_cache = {};
+  TensorView block_table = {};    // optional [B, max_pages_per_seq] int32: the cache is paged
+  TensorView cache_seqlens = {};  // [B] int32: keys of sequence b
+  TensorView out = {};
+  TensorView lse = {};  // optional output, fp32
+  AttentionOptions options = {};
   int num_splits = 0;  // 0: chosen by the library
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;

@@ -46,12 +46,12 @@ struct AttentionOptions {
   CausalAlignment causal_alignment = CausalAlignment::kTopLeft;
   std::int64_t window_left = -1;   // -1: unbounded
   std::int64_t window_right = -1;  // -1: unbounded
-  TensorView bias;     // [B, H, Lq, Lk], any strides, 0 broadcasts
-  TensorView rel_h;    // [B, H, Lq, Hk]  decomposed 2-D relative-position bias, Lk = Hk * Wk
-  TensorView rel_w;    // [B, H, Lq, Wk]
-  TensorView sinks;    // [H] fp32
-  TensorView extra_k;  // [B, R, Hkv, D]  keys visible to every query, not masked, no bias
-  TensorView extra_v;  // [B, R, Hkv, Dv]
+  TensorView bias = {};     // [B, H, Lq, Lk], any strides, 0 broadcasts
+  TensorView rel_h = {};    // [B, H, Lq, Hk]  decomposed 2-D relative-position bias, Lk = Hk * Wk
+  TensorView rel_w = {};    // [B, H, Lq, Wk]
+  TensorView sinks = {};    // [H] fp32
+  TensorView extra_k = {};  // [B, R, Hkv, D]  keys visible to every query, not masked, no bias
+  TensorView extra_v = {};  // [B, R, Hkv, Dv]
   bool deterministic = false;  // bitwise-identical results run to run
   bool allow_tf32 = false;     // fp32 inputs only: TF32 tensor cores (SPEC §13 tolerance 2e-3)
   CpuBackend cpu_backend = CpuBackend::kAuto;
@@ -63,29 +63,29 @@ struct AttentionOptions {
 // shape and dtype (dsinks: fp32). dbias must be zero-strided exactly where bias is: broadcast
 // dimensions receive the sum over them (SPEC §4).
 struct AttentionGradients {
-  TensorView dq, dk, dv;
-  TensorView dbias, drel_h, drel_w;
-  TensorView dsinks;
-  TensorView dextra_k, dextra_v;
+  TensorView dq = {}, dk = {}, dv = {};
+  TensorView dbias = {}, drel_h = {}, drel_w = {};
+  TensorView dsinks = {};
+  TensorView dextra_k = {}, dextra_v = {};
 };
 
 // ---- Dense attention --------------------------------------------------------------------------
 
 struct AttentionForwardParams {
-  TensorView q, k, v;
-  TensorView out;
-  TensorView lse;  // optional output, [B, H, Lq] fp32
-  AttentionOptions options;
+  TensorView q = {}, k = {}, v = {};
+  TensorView out = {};
+  TensorView lse = {};  // optional output, [B, H, Lq] fp32
+  AttentionOptions options = {};
 };
 
 struct AttentionBackwardParams {
-  TensorView q, k, v;
-  TensorView out, lse;  // from the forward pass (lse required)
-  TensorView dout;
-  TensorView dlse;  // optional, [B, H, Lq] fp32: the gradient flowing into lse
-  AttentionOptions options;
+  TensorView q = {}, k = {}, v = {};
+  TensorView out = {}, lse = {};  // from the forward pass (lse required)
+  TensorView dout = {};
+  TensorView dlse = {};  // optional, [B, H, Lq] fp32: the gradient flowing into lse
+  AttentionOptions options = {};
   BackwardImpl backward_impl = BackwardImpl::kAuto;
-  AttentionGradients grads;
+  AttentionGradients grads = {};
 };
 
 // ---- Variable-length packed batches (SPEC §8) ----------------------------------------------------
@@ -102,26 +102,26 @@ struct AttentionBackwardParams {
 // allowed while a CUDA graph is being captured).
 
 struct VarlenForwardParams {
-  TensorView q, k, v;
-  TensorView cu_seqlens_q, cu_seqlens_k;
+  TensorView q = {}, k = {}, v = {};
+  TensorView cu_seqlens_q = {}, cu_seqlens_k = {};
   std::int64_t max_seqlen_q = 0, max_seqlen_k = 0;
   bool check_cu_seqlens = false;  // CUDA: check the offsets on the host (a sync; see above)
-  TensorView out;
-  TensorView lse;  // optional output, [H, total_q] fp32
-  AttentionOptions options;
+  TensorView out = {};
+  TensorView lse = {};  // optional output, [H, total_q] fp32
+  AttentionOptions options = {};
 };
 
 struct VarlenBackwardParams {
-  TensorView q, k, v;
-  TensorView cu_seqlens_q, cu_seqlens_k;
+  TensorView q = {}, k = {}, v = {};
+  TensorView cu_seqlens_q = {}, cu_seqlens_k = {};
   std::int64_t max_seqlen_q = 0, max_seqlen_k = 0;
   bool check_cu_seqlens = false;  // CUDA: check the offsets on the host (a sync; see above)
-  TensorView out, lse;
-  TensorView dout;
-  TensorView dlse;  // optional, [H, total_q] fp32
-  AttentionOptions options;
+  TensorView out = {}, lse = {};
+  TensorView dout = {};
+  TensorView dlse = {};  // optional, [H, total_q] fp32
+  AttentionOptions options = {};
   BackwardImpl backward_impl = BackwardImpl::kAuto;
-  AttentionGradients grads;
+  AttentionGradients grads = {};
 };
 
 // ---- Neighborhood attention (SPEC §6) -------------------------------------------------------------
@@ -137,38 +137,38 @@ struct NeighborhoodOptions {
 };
 
 struct NeighborhoodForwardParams {
-  TensorView q, k, v;
-  TensorView out;
-  TensorView lse;  // optional output
-  NeighborhoodOptions neighborhood;
-  AttentionOptions options;
+  TensorView q = {}, k = {}, v = {};
+  TensorView out = {};
+  TensorView lse = {};  // optional output
+  NeighborhoodOptions neighborhood = {};
+  AttentionOptions options = {};
 };
 
 struct NeighborhoodBackwardParams {
-  TensorView q, k, v;
-  TensorView out, lse;
-  TensorView dout;
-  TensorView dlse;  // optional
-  NeighborhoodOptions neighborhood;
-  AttentionOptions options;
+  TensorView q = {}, k = {}, v = {};
+  TensorView out = {}, lse = {};
+  TensorView dout = {};
+  TensorView dlse = {};  // optional
+  NeighborhoodOptions neighborhood = {};
+  AttentionOptions options = {};
   BackwardImpl backward_impl = BackwardImpl::kAuto;
-  AttentionGradients grads;
+  AttentionGradients grads = {};
 };
 
 // ---- Merging partial attentions (SPEC §12) --------------------------------------------------------
 // Each part: out [B, Lq, H, Dv] (fp32/fp16/bf16, all the same dtype), lse [B, H, Lq] fp32.
 
 struct MergeForwardParams {
-  std::vector<TensorView> outs, lses;
-  TensorView out, lse;
+  std::vector<TensorView> outs = {}, lses = {};
+  TensorView out = {}, lse = {};
 };
 
 struct MergeBackwardParams {
-  std::vector<TensorView> outs, lses;
-  TensorView out, lse;  // the merged result
-  TensorView dout;
-  TensorView dlse;                    // optional
-  std::vector<TensorView> douts, dlses;  // one per part, shapes of outs / lses
+  std::vector<TensorView> outs = {}, lses = {};
+  TensorView out = {}, lse = {};  // the merged result
+  TensorView dout = {};
+  TensorView dlse = {};  // optional
+  std::vector<TensorView> douts = {}, dlses = {};  // one per part, shapes of outs / lses
 };
 
 }  // namespace fmha
