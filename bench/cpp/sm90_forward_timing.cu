@@ -6,7 +6,7 @@
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
 //        -Isrc -Iinclude -DFMHA_TIMING_BUCKET=96 -DFMHA_TIMING_D=80 -DVARIANT='"main"' \
-//        -o sm90-forward-timing bench/cpp/sm90_forward_timing.cu src/cuda/workspace_pool.cu -lcuda
+//        -o sm90-forward-timing bench/cpp/sm90_forward_timing.cu -lcuda
 //
 // Cases: the SAM-B shape (SAM-H at D 80), then 16k tokens at L 512 / 2048 / 8192 with 2048 / D
 // heads (a hidden size of 2048; 2000 at D 80), non-causal and causal (issue 4's grid). The
@@ -78,6 +78,10 @@ static double run_case(int B, int H, int L, int D, bool causal, bool bias = fals
   p.out = o;
   set_dense_forward(p, B, H, L, D);
   if (causal) p.window_right = 0;
+  // The call's scratch memory, as forward.cu hands it over: the persistent kernel's tile counter.
+  void* scratch = nullptr;
+  CHECK(cudaMalloc(&scratch, 256));
+  p.scratch = scratch;
   auto launch = [&] {
     using namespace fmha::cuda;
     auto st =
@@ -94,6 +98,7 @@ static double run_case(int B, int H, int L, int D, bool causal, bool bias = fals
   CHECK(cudaFree(k));
   CHECK(cudaFree(v));
   CHECK(cudaFree(o));
+  CHECK(cudaFree(scratch));
   if (bias_data != nullptr) CHECK(cudaFree(bias_data));
   const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;
   const double flops = 4.0 * pairs * D * B * H;

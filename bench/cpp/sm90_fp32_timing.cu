@@ -2,15 +2,15 @@
 // mainloop_fwd_fp32.cuh, mainloop_bwd_fp32.cuh) on issue 4's fp32 case (B 4, H 16, L 2048, D 64;
 // plain and causal), the forward against the sm80 fp32 forward (mma.sync on tf32), each through
 // its launcher on random inputs: CUDA events around each launch (the sm90 ones include their planes
-// pass and its allocation; the backward not the row statistics' preprocess, whose values here are
-// random), the L2 flushed in between, the median of 50 runs. First a quick check of the sm90
-// kernels against a float64 reference on small odd shapes (norm-wise relative errors of out, lse,
-// dq, dk, dv), for iterating on the kernels without the library; the GPU suite is the test. Built
-// by hand, from the source root, for sm_90a:
+// pass, into scratch memory allocated beforehand as the library's callers hand it over; the
+// backward not the row statistics' preprocess, whose values here are random), the L2 flushed in
+// between, the median of 50 runs. First a quick check of the sm90 kernels against a float64
+// reference on small odd shapes (norm-wise relative errors of out, lse, dq, dk, dv), for iterating
+// on the kernels without the library; the GPU suite is the test. Built by hand, from the source
+// root, for sm_90a:
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
-//        -Isrc -Iinclude -o sm90-fp32-timing bench/cpp/sm90_fp32_timing.cu \
-//        src/cuda/workspace_pool.cu -lcuda
+//        -Isrc -Iinclude -o sm90-fp32-timing bench/cpp/sm90_fp32_timing.cu -lcuda
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -65,8 +65,22 @@ void* upload(const std::vector<float>& h) {
   return d;
 }
 
-fmha::Status launch_sm90(const ForwardParams& p, bool causal) {
+// The launchers' scratch memory (their planes), as forward.cu / backward.cu hand it over: one
+// buffer grown to the largest call's size and kept for the run.
+void* scratch_of(std::size_t bytes) {
+  static void* buffer = nullptr;
+  static std::size_t size = 0;
+  if (bytes > size) {
+    if (buffer != nullptr) CHECK(cudaFree(buffer));
+    CHECK(cudaMalloc(&buffer, bytes));
+    size = bytes;
+  }
+  return buffer;
+}
+
+fmha::Status launch_sm90(ForwardParams p, bool causal) {
   using namespace fmha::cuda;
+  p.scratch = scratch_of(sm90::fp32_forward_planes_floats(p) * sizeof(float));
   return causal ? sm90::launch_forward_fp32<float, 64, PolicyWindow>(p, nullptr)
                 : sm90::launch_forward_fp32<float, 64, PolicyPlain>(p, nullptr);
 }
@@ -150,8 +164,9 @@ void check(int B, int H, int Hkv, int Lq, int Lk, int D, int Dv, bool causal) {
   CHECK(cudaFree(lse));
 }
 
-fmha::Status launch_sm90_backward(const BackwardParams& p, bool causal) {
+fmha::Status launch_sm90_backward(BackwardParams p, bool causal) {
   using namespace fmha::cuda;
+  p.fwd.scratch = scratch_of(sm90::fp32_backward_planes_floats(p.fwd) * sizeof(float));
   return causal ? sm90::launch_backward_fp32<float, 64, PolicyWindow>(p, nullptr)
                 : sm90::launch_backward_fp32<float, 64, PolicyPlain>(p, nullptr);
 }

@@ -33,6 +33,18 @@ Status run(const NeighborhoodBackwardParams& params, void* stream = nullptr);
 Status run(const MergeForwardParams& params, void* stream = nullptr);
 Status run(const MergeBackwardParams& params, void* stream = nullptr);
 
+// Bytes of scratch memory run(params) takes at most (params.workspace, params.h): validates params
+// first (their workspace is not read), then plans the call as run() would on the tensors' device,
+// launching nothing. Depends on the shapes, dtypes, options and the device, never on tensor
+// contents, so a serving engine can size one buffer ahead (CUDA graph capture included). 0 on the
+// CPU. Merge calls need none.
+Status workspace_size(const AttentionForwardParams& params, std::size_t* bytes);
+Status workspace_size(const AttentionBackwardParams& params, std::size_t* bytes);
+Status workspace_size(const VarlenForwardParams& params, std::size_t* bytes);
+Status workspace_size(const VarlenBackwardParams& params, std::size_t* bytes);
+Status workspace_size(const NeighborhoodForwardParams& params, std::size_t* bytes);
+Status workspace_size(const NeighborhoodBackwardParams& params, std::size_t* bytes);
+
 // True when this build contains the CUDA backend.
 bool built_with_cuda();
 const char* version();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -69,6 +70,27 @@ struct AttentionGradients {
   TensorView dextra_k = {}, dextra_v = {};
 };
 
+// Scratch memory of a call on a CUDA device: the backward's fp32 row statistics and accumulators
+// (dQ, dbias, drel), the fp32 kernels' operand planes, the forward's tile counter under a mask.
+// fmha::workspace_size(params) gives the bytes a call takes at most (0 on the CPU, and for most
+// 16-bit forward calls). Where they come from, the first that is set:
+//   data      the caller's memory, at least workspace_size bytes (`bytes` says how many it has),
+//             16-byte aligned, not touched by other work while the call's work runs on its stream:
+//             the call allocates nothing;
+//   allocate  called by run(), before it queues any work, with the bytes it needs (at most
+//             workspace_size; not called when it needs none); returns device memory on the call's
+//             device that stays valid for the work the call queues on its stream (freed after run()
+//             returns, in that stream's order, as PyTorch's caching allocator and XLA's scratch
+//             allocator do), or nullptr, which fails the call (backend_error) with nothing written;
+//   neither   fmha's own stream-ordered pool (cudaMallocAsync), given back in stream order.
+// The CPU backend ignores it.
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  void* (*allocate)(void* context, std::size_t bytes) = nullptr;
+  void* context = nullptr;
+};
+
 // ---- Dense attention --------------------------------------------------------------------------
 
 struct AttentionForwardParams {
@@ -76,6 +98,7 @@ struct AttentionForwardParams {
   TensorView out = {};
   TensorView lse = {};  // optional output, [B, H, Lq] fp32
   AttentionOptions options = {};
+  Workspace workspace = {};
 };
 
 struct AttentionBackwardParams {
@@ -86,6 +109,7 @@ struct AttentionBackwardParams {
   AttentionOptions options = {};
   BackwardImpl backward_impl = BackwardImpl::kAuto;
   AttentionGradients grads = {};
+  Workspace workspace = {};
 };
 
 // ---- Variable-length packed batches (SPEC §8) ----------------------------------------------------
@@ -109,6 +133,7 @@ struct VarlenForwardParams {
   TensorView out = {};
   TensorView lse = {};  // optional output, [H, total_q] fp32
   AttentionOptions options = {};
+  Workspace workspace = {};
 };
 
 struct VarlenBackwardParams {
@@ -122,6 +147,7 @@ struct VarlenBackwardParams {
   AttentionOptions options = {};
   BackwardImpl backward_impl = BackwardImpl::kAuto;
   AttentionGradients grads = {};
+  Workspace workspace = {};
 };
 
 // ---- Neighborhood attention (SPEC §6) -------------------------------------------------------------
@@ -142,6 +168,7 @@ struct NeighborhoodForwardParams {
   TensorView lse = {};  // optional output
   NeighborhoodOptions neighborhood = {};
   AttentionOptions options = {};
+  Workspace workspace = {};
 };
 
 struct NeighborhoodBackwardParams {
@@ -153,6 +180,7 @@ struct NeighborhoodBackwardParams {
   AttentionOptions options = {};
   BackwardImpl backward_impl = BackwardImpl::kAuto;
   AttentionGradients grads = {};
+  Workspace workspace = {};
 };
 
 // ---- Merging partial attentions (SPEC §12) --------------------------------------------------------

@@ -56,6 +56,23 @@ Status run_shaped(const Params& p, void* stream) {
 #endif
 }
 
+// The scratch bytes a validated shaped problem takes on its device (fmha.h's workspace_size).
+template <typename Params>
+Status workspace_size_shaped(const Params& p, std::size_t* bytes) {
+  if (bytes == nullptr) {
+    return Status::invalid_argument("fmha: workspace_size got a null `bytes`; expected a pointer");
+  }
+  *bytes = 0;
+  detail::ProblemShape shape;
+  FMHA_RETURN_IF_ERROR(detail::validate(p, &shape));
+  if (p.q.device.type == DeviceType::kCPU) return Status::ok_status();
+#if FMHA_WITH_CUDA
+  return cuda::workspace_size(p, shape, bytes);
+#else
+  return cuda_unavailable();
+#endif
+}
+
 template <typename Params>
 Status check_shaped(const Params& p) {
   detail::ProblemShape shape;
@@ -96,6 +113,25 @@ Status run(const NeighborhoodForwardParams& p, void* stream) { return run_shaped
 Status run(const NeighborhoodBackwardParams& p, void* stream) { return run_shaped(p, stream); }
 Status run(const MergeForwardParams& p, void* stream) { return run_merge(p, stream); }
 Status run(const MergeBackwardParams& p, void* stream) { return run_merge(p, stream); }
+
+Status workspace_size(const AttentionForwardParams& p, std::size_t* bytes) {
+  return workspace_size_shaped(p, bytes);
+}
+Status workspace_size(const AttentionBackwardParams& p, std::size_t* bytes) {
+  return workspace_size_shaped(p, bytes);
+}
+Status workspace_size(const VarlenForwardParams& p, std::size_t* bytes) {
+  return workspace_size_shaped(p, bytes);
+}
+Status workspace_size(const VarlenBackwardParams& p, std::size_t* bytes) {
+  return workspace_size_shaped(p, bytes);
+}
+Status workspace_size(const NeighborhoodForwardParams& p, std::size_t* bytes) {
+  return workspace_size_shaped(p, bytes);
+}
+Status workspace_size(const NeighborhoodBackwardParams& p, std::size_t* bytes) {
+  return workspace_size_shaped(p, bytes);
+}
 
 bool built_with_cuda() { return FMHA_WITH_CUDA != 0; }
 const char* version() { return FMHA_VERSION_STRING; }

@@ -1,9 +1,9 @@
 // CUDA backend entry points of the backward: dense and varlen attention, and the dense backward
 // that neighborhood attention runs on its flattened grid (backward_setup.h). Fills BackwardParams
-// from the validated views, picks fused or split, allocates the fp32 workspace stream-ordered
-// (O(L) memory: per-row statistics, the dQ accumulator in fused mode; plus, only when requested,
-// fp32 accumulators of dbias's own compact size and, on the sm80 kernels, of drel_h / drel_w)
-// and launches
+// from the validated views, picks fused or split, takes its fp32 scratch memory where the params'
+// Workspace says (O(L) memory: per-row statistics, the dQ accumulator in fused mode; plus, only
+// when requested, fp32 accumulators of dbias's own compact size and, on the sm80 kernels, of
+// drel_h / drel_w; the sm90 fp32 kernels' operand planes) and launches
 //   preprocess (Delta, lse_log2, sink terms; zeroes the accumulators) -> dsinks (ordered
 //   reduction)
 //   -> fused on Hopper (sm90_fused, where it applies): the warp-specialized kernel adding dQ to
@@ -12,7 +12,7 @@
 //      split: dK/dV kernel (and dbias / drel accumulation on sm80), dQ kernel (on sm90: drel
 //      written in place, and the dQ kernel overlapping the dK/dV kernel's last wave)
 //      fp32 on Hopper (sm90_fp32): the planes pass, dK/dV kernel and dQ kernel of
-//      sm90/mainloop_bwd_fp32.cuh, with planes of their own (freed after them)
+//      sm90/mainloop_bwd_fp32.cuh, on their planes
 //   -> dbias / drel conversions (drel: sm80 only)
 // with no device synchronisation.
 #include <cuda_runtime.h>
@@ -23,6 +23,7 @@
 
 #include "cuda/backend.h"
 #include "cuda/backward_setup.h"
+#include "cuda/call_workspace.h"
 #include "cuda/common/backward_params.h"
 #include "cuda/common/env_switch.h"
 #include "cuda/common/kernel_attributes.h"
@@ -30,8 +31,8 @@
 #include "cuda/device_guard.h"
 #include "cuda/dispatch_bwd.h"
 #include "cuda/forward_setup.h"
+#include "cuda/sm90/fp32_plane_sizes.h"
 #include "cuda/varlen_offsets.h"
-#include "cuda/workspace_pool.h"
 
 namespace fmha::cuda {
 namespace {
@@ -255,20 +256,20 @@ bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl 
 
 // A call without rows (batch or heads 0): every gradient is empty except those that sum over the
 // empty dimension, dsinks and a bias broadcast over it, which are sums of nothing: zeros (dsinks
-// keeps its values when the call adds to them).
-Status zero_empty_sums(const BackwardParams& p, const AdditiveGradients& additive, DType dtype,
-                       int device, cudaStream_t stream) {
+// keeps its values when the call adds to them). The bias's sum is converted from a zeroed fp32
+// buffer in scratch memory, of this many floats:
+std::int64_t empty_call_bias_floats(const AdditiveGradients& additive) {
   // A dbias with a dimension of size 0 has no elements (a batch-sized bias of an empty batch).
   bool dbias_elements = additive.dbias != nullptr;
   for (int d = 0; d < 4 && dbias_elements; ++d) {
     dbias_elements = additive.dbias->shape[static_cast<std::size_t>(d)] > 0;
   }
-  const std::int64_t bias_floats =
-      dbias_elements ? AdditiveGradients::count(additive.dbias_sizes) : 0;
+  return dbias_elements ? AdditiveGradients::count(additive.dbias_sizes) : 0;
+}
+
+Status zero_empty_sums(const BackwardParams& p, const AdditiveGradients& additive, DType dtype,
+                       std::int64_t bias_floats, CallWorkspace* scratch, cudaStream_t stream) {
   const bool dsinks = p.dsinks != nullptr && !p.accumulate_dsinks && p.fwd.heads > 0;
-  if (!dsinks && bias_floats == 0) return Status::ok_status();
-  DeviceGuard guard;
-  FMHA_RETURN_IF_ERROR(guard.enter(device));
   if (dsinks) {
     const std::size_t pitch = static_cast<std::size_t>(std::max<std::int64_t>(p.dsinks_stride, 1));
     const cudaError_t e = cudaMemset2DAsync(p.dsinks, pitch * sizeof(float), 0, sizeof(float),
@@ -276,38 +277,53 @@ Status zero_empty_sums(const BackwardParams& p, const AdditiveGradients& additiv
     if (e != cudaSuccess) return cuda_error("cudaMemset2DAsync of dsinks failed", e);
   }
   if (bias_floats == 0) return Status::ok_status();
-  float* zeros = nullptr;
+  void* zeros = nullptr;
   const std::size_t bytes = static_cast<std::size_t>(bias_floats) * sizeof(float);
-  cudaError_t e = workspace_malloc_async(reinterpret_cast<void**>(&zeros), bytes, device, stream);
-  if (e != cudaSuccess) return cuda_error("cudaMallocAsync of the backward workspace failed", e);
-  e = cudaMemsetAsync(zeros, 0, bytes, stream);
-  const Status converted =
-      e == cudaSuccess ? launch_backward_convert_4d(zeros, additive.dbias_sizes,
-                                                    additive.dbias->data,
-                                                    strides_of(*additive.dbias), dtype, stream)
-                       : cuda_error("cudaMemsetAsync of the bias gradient failed", e);
-  e = cudaFreeAsync(zeros, stream);
-  if (!converted.ok()) return converted;
-  if (e != cudaSuccess) return cuda_error("cudaFreeAsync of the backward workspace failed", e);
-  return Status::ok_status();
+  FMHA_RETURN_IF_ERROR(scratch->take(bytes, &zeros));
+  const cudaError_t e = cudaMemsetAsync(zeros, 0, bytes, stream);
+  if (e != cudaSuccess) return cuda_error("cudaMemsetAsync of the bias gradient failed", e);
+  return launch_backward_convert_4d(static_cast<float*>(zeros), additive.dbias_sizes,
+                                    additive.dbias->data, strides_of(*additive.dbias), dtype,
+                                    stream);
 }
 
-// Statistics rows are [outer, H, inner]: dense B x Lq, varlen 1 x total_q.
-Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl impl,
-                    const AdditiveGradients& additive, DType dtype, int device, std::int64_t outer,
-                    std::int64_t inner, bool varlen, void* stream_ptr) {
-  const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  if (p.fwd.heads > kMaxGridYZ || p.fwd.batch > kMaxGridYZ) {
+// A backward call's decisions and its scratch memory, made before anything is queued (the same
+// for run_backward and workspace_size). The scratch holds, in floats from its start: Delta and
+// lse_log2 (and the sink terms) by row, then from accum_offset the accumulators that the
+// preprocess zeroes (zeroed_vectors float4s: dQ, its turn counters, dbias, drel), then the sm90
+// fp32 kernels' operand planes (plane_floats).
+struct BackwardPlan {
+  bool empty = false;  // no rows: zero_empty_sums' work only, on empty_bias_floats of scratch
+  std::int64_t empty_bias_floats = 0;
+  bool sm90_fp32 = false, sm90_fused = false, fused = false, sm90 = false;
+  bool drel_in_place = false;  // the sm90 dQ kernel writes drel itself
+  FusedAccumulatorSize fused_size{0, 0, 0};
+  std::int64_t stats = 0, stat_inner = 0, fused_accum = 0, turn_counters = 0, accum = 0;
+  std::int64_t accum_offset = 0, zeroed_vectors = 0, floats = 0, plane_floats = 0;
+
+  std::size_t bytes() const {
+    const std::int64_t n = empty ? empty_bias_floats : floats + plane_floats;
+    return scratch_round_up(static_cast<std::size_t>(n) * sizeof(float));
+  }
+};
+
+// The refusals, the kernels and the scratch layout of a backward call on `device` (made current
+// by the caller); fills the parts of *p that the layout fixes but no address (the fused
+// accumulator's strides, stat_rows).
+Status plan_backward(BackwardParams* p, const AttentionOptions& o, BackwardImpl impl,
+                     const AdditiveGradients& additive, DType dtype, int device,
+                     std::int64_t outer, std::int64_t inner, bool varlen, BackwardPlan* plan) {
+  if (p->fwd.heads > kMaxGridYZ || p->fwd.batch > kMaxGridYZ) {
     return Status::not_supported(
         "fmha: the CUDA backward kernels take at most 65535 heads and 65535 batches (one grid "
         "dimension each); got " +
-        std::to_string(p.fwd.heads) + " heads and " + std::to_string(p.fwd.batch) + " batches");
+        std::to_string(p->fwd.heads) + " heads and " + std::to_string(p->fwd.batch) + " batches");
   }
   // drel_h / drel_w accumulate at the full [B, H, Lq, Hk|Wk] size; a gradient that broadcasts
   // (size 1 where the problem is larger) would need the sum the dbias path does.
   for (const TensorView* drel : {additive.drel_h, additive.drel_w}) {
     if (drel == nullptr) continue;
-    const std::int64_t problem[3] = {p.fwd.batch, p.fwd.heads, p.fwd.seqlen_q};
+    const std::int64_t problem[3] = {p->fwd.batch, p->fwd.heads, p->fwd.seqlen_q};
     for (int d = 0; d < 3; ++d) {
       if (drel->shape[static_cast<std::size_t>(d)] == 1 && problem[d] > 1) {
         return Status::not_supported(
@@ -324,96 +340,121 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
         "deterministic=true with grads.dbias over a broadcast bias (that sum is accumulated with "
         "atomics; a full-size bias or deterministic=false works)");
   }
-  if (p.fwd.batch == 0 || p.fwd.heads == 0) {
-    return zero_empty_sums(p, additive, dtype, device, stream);
+  if (p->fwd.batch == 0 || p->fwd.heads == 0) {
+    plan->empty = true;
+    plan->empty_bias_floats = empty_call_bias_floats(additive);
+    return Status::ok_status();
   }
-  DeviceGuard guard;
-  FMHA_RETURN_IF_ERROR(guard.enter(device));
   int sm_count = 0, arch = 0;
   FMHA_RETURN_IF_ERROR(check_device(device, &sm_count, &arch));
   // fp32 on Hopper: the sm90 fp32 kernels (split, deterministic) unless fused is asked for.
-  const bool sm90_fp32 = impl != BackwardImpl::kFused && use_sm90_fp32_backward(p, dtype, arch);
+  plan->sm90_fp32 = impl != BackwardImpl::kFused && use_sm90_fp32_backward(*p, dtype, arch);
   // The warp-specialized fused kernel wherever it applies, unless split is asked for (auto
   // included). Measured on an H100 (bf16, 2026-11-27, the kernels alone with
   // bench/cpp/sm90_fused_backward_check.cu): 1.16-1.83x the split kernels' speed at D 64 / 128,
   // L 512-16384, causal or not, since its dQ conversion stores whole lines (1.16x at D 128 causal
   // L 512, where its fixed cost weighs most). Deterministic too: its dQ adds then go in key-block
   // order.
-  const bool sm90_fused = !sm90_fp32 && impl != BackwardImpl::kSplit &&
-                          use_sm90_fused_backward(p, dtype, arch);
+  plan->sm90_fused = !plan->sm90_fp32 && impl != BackwardImpl::kSplit &&
+                     use_sm90_fused_backward(*p, dtype, arch);
   const bool sm90_eligible =
-      !sm90_fused && use_sm90_backward(p, additive.dbias != nullptr, dtype, arch);
-  const bool fused = !sm90_fp32 && !sm90_fused &&
-                     use_fused(p, o, impl, sm_count, sm90_eligible);
-  const bool sm90 =
-      sm90_eligible && (!fused || sm90_fused_backward_applies(p, additive.dbias != nullptr));
+      !plan->sm90_fused && use_sm90_backward(*p, additive.dbias != nullptr, dtype, arch);
+  plan->fused = !plan->sm90_fp32 && !plan->sm90_fused &&
+                use_fused(*p, o, impl, sm_count, sm90_eligible);
+  plan->sm90 = sm90_eligible &&
+               (!plan->fused || sm90_fused_backward_applies(*p, additive.dbias != nullptr));
   // The sm90 dQ kernel sums drel_h / drel_w per query row without atomics; the sm80 kernels add
   // them with atomics.
-  if (o.deterministic && !sm90 && (additive.drel_h || additive.drel_w)) {
+  if (o.deterministic && !plan->sm90 && (additive.drel_h || additive.drel_w)) {
     return refuse(
         "deterministic=true with grads.drel_h / grads.drel_w on this problem (the sm80 kernels "
         "accumulate those sums with atomics; Hopper runs SAM-style rel-pos alone on a "
         "power-of-two grid width without them; deterministic=false works everywhere)");
   }
 
-  const std::int64_t heads = p.fwd.heads;
-  const FusedAccumulatorSize fused_size = sm90_fused
-                                              ? sm90_fused_backward_accumulator(&p, inner, varlen)
-                                              : FusedAccumulatorSize{0, 0, inner};
+  const std::int64_t heads = p->fwd.heads;
+  plan->fused_size = plan->sm90_fused ? sm90_fused_backward_accumulator(p, inner, varlen)
+                                      : FusedAccumulatorSize{0, 0, inner};
   // Statistics rows a head: the warp-specialized fused kernel copies whole query tiles of them
   // (stat_rows: padding rows the preprocess fills).
-  const std::int64_t stat_inner = fused_size.stat_rows;
-  if (sm90_fused && !varlen) p.stat_rows = stat_inner;
-  const std::int64_t stats = outer * heads * stat_inner;
+  plan->stat_inner = plan->fused_size.stat_rows;
+  if (plan->sm90_fused && !varlen) p->stat_rows = plan->stat_inner;
+  plan->stats = outer * heads * plan->stat_inner;
   // The sm90 fused kernel's accumulator is by column (fused_dq.cuh): rows of inner_pad queries,
   // 16-byte aligned, so that a tile's bulk reductions start aligned where its first query is a
   // multiple of 4.
-  const std::int64_t inner_pad = sm90 && fused ? (inner + 3) / 4 * 4 : inner;
-  const std::int64_t fused_accum = fused_size.floats;
+  const std::int64_t inner_pad = plan->sm90 && plan->fused ? (inner + 3) / 4 * 4 : inner;
+  plan->fused_accum = plan->fused_size.floats;
   // Deterministic: a turn counter a query tile after the accumulator, zeroed with it.
-  const std::int64_t turn_counters = o.deterministic ? fused_size.tiles : 0;
-  const std::int64_t accum = sm90_fused ? fused_accum + turn_counters
-                             : fused    ? outer * heads * inner_pad * p.fwd.head_dim
-                                        : 0;
-  const std::int64_t stat_floats = 2 * stats + (p.dsinks != nullptr ? stats : 0);
-  const std::int64_t accum_offset = (stat_floats + 3) / 4 * 4;  // 16-byte aligned
+  plan->turn_counters = o.deterministic ? plan->fused_size.tiles : 0;
+  plan->accum = plan->sm90_fused ? plan->fused_accum + plan->turn_counters
+                : plan->fused    ? outer * heads * inner_pad * p->fwd.head_dim
+                                 : 0;
+  const std::int64_t stat_floats = 2 * plan->stats + (p->dsinks != nullptr ? plan->stats : 0);
+  plan->accum_offset = (stat_floats + 3) / 4 * 4;  // 16-byte aligned
   // The sm90 backward runs rel-pos alone (PolicyRelPos): its dQ kernel writes drel in place.
-  const bool drel_in_place = sm90 && (additive.drel_h || additive.drel_w);
-  const std::int64_t additive_floats = additive.floats(drel_in_place);
-  // The accumulators follow one another from `next` and are zeroed together by the preprocess
-  // kernel in whole 16-byte vectors (the allocation rounded up to them).
-  const std::int64_t zeroed_vectors = (accum + additive_floats + 3) / 4;
-  const std::int64_t floats = accum_offset + zeroed_vectors * 4;
-  float* workspace = nullptr;
-  if (floats > 0) {
-    const cudaError_t e =
-        workspace_malloc_async(reinterpret_cast<void**>(&workspace),
-                               static_cast<std::size_t>(floats) * sizeof(float), device, stream);
-    if (e != cudaSuccess) return cuda_error("cudaMallocAsync of the backward workspace failed", e);
+  plan->drel_in_place = plan->sm90 && (additive.drel_h || additive.drel_w);
+  const std::int64_t additive_floats = additive.floats(plan->drel_in_place);
+  // The accumulators follow one another from accum_offset and are zeroed together by the
+  // preprocess kernel in whole 16-byte vectors (the region rounded up to them).
+  plan->zeroed_vectors = (plan->accum + additive_floats + 3) / 4;
+  plan->floats = plan->accum_offset + plan->zeroed_vectors * 4;
+  plan->plane_floats = plan->sm90_fp32 ? sm90::fp32_backward_planes_floats(p->fwd) : 0;
+  return Status::ok_status();
+}
+
+// Statistics rows are [outer, H, inner]: dense B x Lq, varlen 1 x total_q.
+Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl impl,
+                    const AdditiveGradients& additive, DType dtype, int device, std::int64_t outer,
+                    std::int64_t inner, bool varlen, const Workspace& workspace,
+                    void* stream_ptr) {
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  DeviceGuard guard;
+  FMHA_RETURN_IF_ERROR(guard.enter(device));
+  BackwardPlan plan;
+  FMHA_RETURN_IF_ERROR(
+      plan_backward(&p, o, impl, additive, dtype, device, outer, inner, varlen, &plan));
+  CallWorkspace scratch(workspace, device, stream);
+  FMHA_RETURN_IF_ERROR(scratch.fits(plan.bytes()));
+  if (plan.empty) {
+    const Status s =
+        zero_empty_sums(p, additive, dtype, plan.empty_bias_floats, &scratch, stream);
+    const Status released = scratch.release();
+    return s.ok() ? released : s;
   }
-  p.delta = workspace;
-  p.lse_log2 = workspace + stats;
-  p.stat_batch_stride = varlen ? 0 : heads * stat_inner;
-  p.stat_head_stride = stat_inner;
-  if (p.dsinks != nullptr && p.fwd.sinks != nullptr) p.sink_term = workspace + 2 * stats;
-  float* const next = workspace + accum_offset;
-  if (sm90_fused) {
+  const std::int64_t heads = p.fwd.heads;
+  void* base = nullptr;
+  FMHA_RETURN_IF_ERROR(scratch.take(plan.bytes(), &base));
+  float* const workspace_floats = static_cast<float*>(base);
+  p.delta = workspace_floats;
+  p.lse_log2 = workspace_floats + plan.stats;
+  p.stat_batch_stride = varlen ? 0 : heads * plan.stat_inner;
+  p.stat_head_stride = plan.stat_inner;
+  if (p.dsinks != nullptr && p.fwd.sinks != nullptr) p.sink_term = workspace_floats + 2 * plan.stats;
+  float* const next = workspace_floats + plan.accum_offset;
+  if (plan.sm90_fused) {
     p.dq_accum = next;  // its strides: sm90_fused_backward_accumulator
-    if (turn_counters > 0) p.dq_semaphore = reinterpret_cast<int*>(next + fused_accum);
-  } else if (fused && sm90) {
+    if (plan.turn_counters > 0) {
+      p.dq_semaphore = reinterpret_cast<int*>(next + plan.fused_accum);
+    }
+  } else if (plan.fused && plan.sm90) {
+    const std::int64_t inner_pad = (inner + 3) / 4 * 4;
     p.dq_accum = next;
     p.accum_row_stride = 1;
     p.accum_col_stride = inner_pad;
     p.accum_head_stride = p.fwd.head_dim * inner_pad;
     p.accum_batch_stride = varlen ? 0 : heads * p.fwd.head_dim * inner_pad;
-  } else if (fused) {
+  } else if (plan.fused) {
     p.dq_accum = next;
     p.accum_row_stride = p.fwd.head_dim;
     p.accum_head_stride = inner * p.fwd.head_dim;
     p.accum_batch_stride = varlen ? 0 : heads * inner * p.fwd.head_dim;
   }
+  // The sm90 fp32 kernels' planes after the zeroed region (16-byte aligned: floats is a multiple
+  // of 4).
+  if (plan.plane_floats > 0) p.fwd.scratch = workspace_floats + plan.floats;
 
-  float* const additive_base = next + accum;
+  float* const additive_base = next + plan.accum;
   if (additive.dbias) {
     p.dbias_accum = additive_base;
     p.dbias_atomic = additive.dbias_atomic;
@@ -425,7 +466,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   }
   float* const drel_h_base =
       additive_base + (additive.dbias ? AdditiveGradients::count(additive.dbias_sizes) : 0);
-  if (drel_in_place) {
+  if (plan.drel_in_place) {
     if (additive.drel_h) {
       p.drel_h_out = additive.drel_h->data;
       for (int d = 0; d < 4; ++d) p.drel_h_stride[d] = additive.drel_h->stride_of(d);
@@ -450,12 +491,13 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   auto step = [&](Status next_status) {
     if (s.ok()) s = next_status;
   };
-  const ZeroedWorkspace zeroed{reinterpret_cast<float4*>(next), zeroed_vectors};
+  const ZeroedWorkspace zeroed{reinterpret_cast<float4*>(next), plan.zeroed_vectors};
   step(launch_backward_preprocess(p, dtype, outer, inner, zeroed, stream));
   if (p.dsinks != nullptr) step(launch_backward_dsinks(p, outer, inner, stream));
-  if (s.ok() && sm90_fp32) {
+  const bool sm90 = plan.sm90, fused = plan.fused;
+  if (s.ok() && plan.sm90_fp32) {
     step(dispatch_backward_sm90_fp32(p, stream));
-  } else if (s.ok() && sm90_fused) {
+  } else if (s.ok() && plan.sm90_fused) {
     step(dispatch_backward_sm90_fused(p, dtype, stream));  // dq converted there
   } else if (s.ok()) {
     step(sm90 ? dispatch_backward_sm90_dkdv(p, dtype, stream)
@@ -465,7 +507,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   // are no keys: then the kernel before would be the preprocess, whose Delta the dQ kernel reads).
   p.dq_overlaps_dkdv = sm90 && !fused && p.fwd.seqlen_k > 0 && dq_overlap_enabled();
   // Conversions after the dQ kernel (the fused path's dQ, dbias, the sm80 kernels' drel).
-  if (s.ok() && !sm90_fp32 && !sm90_fused) {
+  if (s.ok() && !plan.sm90_fp32 && !plan.sm90_fused) {
     step(fused  ? launch_backward_convert_dq(p, dtype, outer, inner, stream)
          : sm90 ? dispatch_backward_sm90_dq(p, dtype, stream)
                 : dispatch_backward_dq(p, dtype, stream));
@@ -482,11 +524,22 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
     step(launch_backward_convert_4d(p.drel_w_accum, additive.drel_w_sizes, additive.drel_w->data,
                                     strides_of(*additive.drel_w), dtype, stream));
   }
-  if (workspace != nullptr) {
-    const cudaError_t e = cudaFreeAsync(workspace, stream);
-    if (e != cudaSuccess) step(cuda_error("cudaFreeAsync of the backward workspace failed", e));
-  }
+  step(scratch.release());
   return s;
+}
+
+// The scratch bytes run_backward takes for the same arguments.
+Status backward_workspace_bytes(BackwardParams p, const AttentionOptions& o, BackwardImpl impl,
+                                const AdditiveGradients& additive, DType dtype, int device,
+                                std::int64_t outer, std::int64_t inner, bool varlen,
+                                std::size_t* bytes) {
+  DeviceGuard guard;
+  FMHA_RETURN_IF_ERROR(guard.enter(device));
+  BackwardPlan plan;
+  FMHA_RETURN_IF_ERROR(
+      plan_backward(&p, o, impl, additive, dtype, device, outer, inner, varlen, &plan));
+  *bytes = plan.bytes();
+  return Status::ok_status();
 }
 
 }  // namespace
@@ -498,11 +551,28 @@ Status run_dense_backward(const AttentionBackwardParams& a, const detail::Proble
   p.accumulate_dsinks = accumulate_dsinks;
   set_neighborhood_mask(grid, &p.fwd);
   return run_backward(p, a.options, a.backward_impl, plan_additive(a.grads, shape), a.q.dtype,
-                      a.q.device.index, shape.batch, shape.seqlen_q, /*varlen=*/false, stream);
+                      a.q.device.index, shape.batch, shape.seqlen_q, /*varlen=*/false,
+                      a.workspace, stream);
+}
+
+Status dense_backward_workspace_bytes(const AttentionBackwardParams& a,
+                                      const detail::ProblemShape& shape,
+                                      const NeighborhoodGrid& grid, std::size_t* bytes) {
+  FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype));
+  BackwardParams p = make_params(a, shape, /*varlen=*/false);
+  set_neighborhood_mask(grid, &p.fwd);
+  return backward_workspace_bytes(p, a.options, a.backward_impl, plan_additive(a.grads, shape),
+                                  a.q.dtype, a.q.device.index, shape.batch, shape.seqlen_q,
+                                  /*varlen=*/false, bytes);
 }
 
 Status run(const AttentionBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
   return run_dense_backward(a, shape, NeighborhoodGrid{}, stream);
+}
+
+Status workspace_size(const AttentionBackwardParams& a, const detail::ProblemShape& shape,
+                      std::size_t* bytes) {
+  return dense_backward_workspace_bytes(a, shape, NeighborhoodGrid{}, bytes);
 }
 
 Status run(const VarlenBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
@@ -512,7 +582,18 @@ Status run(const VarlenBackwardParams& a, const detail::ProblemShape& shape, voi
   p.fwd.cu_seqlens_q = static_cast<const std::int32_t*>(a.cu_seqlens_q.data);
   p.fwd.cu_seqlens_k = static_cast<const std::int32_t*>(a.cu_seqlens_k.data);
   return run_backward(p, a.options, a.backward_impl, plan_additive(a.grads, shape), a.q.dtype,
-                      a.q.device.index, 1, shape.total_q, /*varlen=*/true, stream);
+                      a.q.device.index, 1, shape.total_q, /*varlen=*/true, a.workspace, stream);
+}
+
+Status workspace_size(const VarlenBackwardParams& a, const detail::ProblemShape& shape,
+                      std::size_t* bytes) {
+  FMHA_RETURN_IF_ERROR(check_supported(a.q.dtype));
+  BackwardParams p = make_params(a, shape, /*varlen=*/true);
+  p.fwd.cu_seqlens_q = static_cast<const std::int32_t*>(a.cu_seqlens_q.data);
+  p.fwd.cu_seqlens_k = static_cast<const std::int32_t*>(a.cu_seqlens_k.data);
+  return backward_workspace_bytes(p, a.options, a.backward_impl, plan_additive(a.grads, shape),
+                                  a.q.dtype, a.q.device.index, 1, shape.total_q, /*varlen=*/true,
+                                  bytes);
 }
 
 }  // namespace fmha::cuda

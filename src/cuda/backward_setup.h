@@ -3,6 +3,8 @@
 // the dense backward with its grid's mask policy. Defined in backward.cu.
 #pragma once
 
+#include <cstddef>
+
 #include "api/problem.h"
 #include "cuda/common/forward_params.h"
 #include "fmha/params.h"
@@ -13,8 +15,12 @@ namespace fmha::cuda {
 // The dense backward of `a` (q [B, L, H, D], lse [B, H, L], ...) under the neighborhood mask of
 // `grid` (rank 0: no neighborhood mask, plain dense attention). With `accumulate_dsinks` the sink
 // gradient of these rows is added to grads.dsinks instead of written (a problem run in parts).
+// It runs in a.workspace's scratch memory; dense_backward_workspace_bytes gives the bytes it takes.
 Status run_dense_backward(const AttentionBackwardParams& a, const detail::ProblemShape& shape,
                           const NeighborhoodGrid& grid, void* stream,
                           bool accumulate_dsinks = false);
+Status dense_backward_workspace_bytes(const AttentionBackwardParams& a,
+                                      const detail::ProblemShape& shape,
+                                      const NeighborhoodGrid& grid, std::size_t* bytes);
 
 }  // namespace fmha::cuda

@@ -3,16 +3,21 @@
 // helpers are shared with the neighborhood entry point (neighborhood.cu) through forward_setup.h.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "cuda/backend.h"
+#include "cuda/call_workspace.h"
 #include "cuda/common/forward_params.h"
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/device_guard.h"
 #include "cuda/dispatch_fwd.h"
 #include "cuda/forward_setup.h"
+#include "cuda/head_dim_buckets.h"
+#include "cuda/sm90/fp32_plane_sizes.h"
+#include "cuda/sm90/launch_limits.h"
 #include "cuda/varlen_offsets.h"
 
 namespace fmha::cuda {
@@ -120,25 +125,73 @@ void fill_forward_alignment(const TensorView& q, const TensorView& k, const Tens
   p->vector_stores = p->value_dim % chunk == 0 && rows_aligned16(out);
 }
 
-// Common tail of every forward entry point: device, grid limits, launch.
-Status launch_forward_kernel(const ForwardParams& p, const TensorView& q, void* stream) {
+namespace {
+
+// Scratch bytes of a forward on `arch` (the current device's): the sm90 fp32 kernels' operand
+// planes, or the persistent sm90 kernel's tile counter when it takes its tiles dynamically and may
+// have more of them than blocks (tiles counted at 64 query rows, fewer than any sm90 forward tile
+// has, so the count is an upper bound; small calls need no counter and allocate nothing).
+std::size_t forward_scratch_bytes(const ForwardParams& p, DType dtype, int arch) {
+  if (!use_sm90_kernels(arch)) return 0;
+  if (dtype == DType::kFloat32) {
+    const bool planes = head_dim_bucket_built(64) && fp32_planes_apply(p);
+    return planes ? scratch_round_up(static_cast<std::size_t>(
+                        sm90::fp32_forward_planes_floats(p) * std::int64_t{sizeof(float)}))
+                  : 0;
+  }
+  if (!sm90::forward_tiles_dynamic(p)) return 0;
+  const std::int64_t tiles = (p.seqlen_q + 63) / 64 * p.heads * p.batch;
+  const bool counted = tiles > sm90::persistent_blocks() || sm90::dynamic_tiles_requested();
+  return counted ? kScratchAlignment : 0;
+}
+
+// The checks every forward entry point makes before its device work (dtype, grid limits), then
+// the device guard and the device's architecture. *empty: nothing to compute (an empty out).
+Status enter_forward(const ForwardParams& p, const TensorView& q, DeviceGuard* guard, int* arch,
+                     bool* empty) {
   FMHA_RETURN_IF_ERROR(check_forward_dtype(q.dtype));
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::ok_status();  // empty out
+  *empty = p.batch == 0 || p.heads == 0 || p.seqlen_q == 0;
+  if (*empty) return Status::ok_status();
   if (p.heads > kMaxGridYZ || p.batch > kMaxGridYZ) {
     return Status::not_supported(
         "fmha: the CUDA forward kernel takes at most 65535 heads and 65535 batches (one grid "
         "dimension each); got " +
         std::to_string(p.heads) + " heads and " + std::to_string(p.batch) + " batches");
   }
-  DeviceGuard guard;
-  FMHA_RETURN_IF_ERROR(guard.enter(q.device.index));
-  int arch = 0;
-  FMHA_RETURN_IF_ERROR(check_device(q.device.index, &arch));
-  return dispatch_forward(p, q.dtype, arch, static_cast<cudaStream_t>(stream));
+  FMHA_RETURN_IF_ERROR(guard->enter(q.device.index));
+  return check_device(q.device.index, arch);
 }
 
-Status run_dense_forward(const AttentionForwardParams& a, const detail::ProblemShape& shape,
-                         const NeighborhoodGrid& grid, void* stream) {
+// Common tail of every forward entry point: device, grid limits, scratch memory, launch.
+Status launch_forward_kernel(const ForwardParams& p, const TensorView& q,
+                             const Workspace& workspace, void* stream) {
+  DeviceGuard guard;
+  int arch = 0;
+  bool empty = false;
+  FMHA_RETURN_IF_ERROR(enter_forward(p, q, &guard, &arch, &empty));
+  if (empty) return Status::ok_status();
+  const std::size_t bytes = forward_scratch_bytes(p, q.dtype, arch);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  CallWorkspace scratch(workspace, q.device.index, cuda_stream);
+  FMHA_RETURN_IF_ERROR(scratch.fits(bytes));
+  ForwardParams launched = p;
+  FMHA_RETURN_IF_ERROR(scratch.take(bytes, &launched.scratch));
+  const Status s = dispatch_forward(launched, q.dtype, arch, cuda_stream);
+  const Status released = scratch.release();
+  return s.ok() ? released : s;
+}
+
+Status forward_workspace_bytes(const ForwardParams& p, const TensorView& q, std::size_t* bytes) {
+  DeviceGuard guard;
+  int arch = 0;
+  bool empty = false;
+  FMHA_RETURN_IF_ERROR(enter_forward(p, q, &guard, &arch, &empty));
+  *bytes = empty ? 0 : forward_scratch_bytes(p, q.dtype, arch);
+  return Status::ok_status();
+}
+
+ForwardParams dense_forward_params(const AttentionForwardParams& a,
+                                   const detail::ProblemShape& shape, const NeighborhoodGrid& grid) {
   ForwardParams p;
   fill_forward_sizes(shape, &p);
   p.q = a.q.data;
@@ -159,15 +212,11 @@ Status run_dense_forward(const AttentionForwardParams& a, const detail::ProblemS
   fill_forward_options(a.options, shape, &p);
   set_neighborhood_mask(grid, &p);
   fill_forward_alignment(a.q, a.k, a.v, a.out, a.options, &p);
-  return launch_forward_kernel(p, a.q, stream);
+  return p;
 }
 
-Status run(const AttentionForwardParams& a, const detail::ProblemShape& shape, void* stream) {
-  return run_dense_forward(a, shape, NeighborhoodGrid{}, stream);
-}
-
-Status run(const VarlenForwardParams& a, const detail::ProblemShape& shape, void* stream) {
-  FMHA_RETURN_IF_ERROR(check_device_offsets(a, shape, stream));  // only when asked: a sync
+ForwardParams varlen_forward_params(const VarlenForwardParams& a,
+                                    const detail::ProblemShape& shape) {
   ForwardParams p;
   fill_forward_sizes(shape, &p);
   p.q = a.q.data;
@@ -188,7 +237,39 @@ Status run(const VarlenForwardParams& a, const detail::ProblemShape& shape, void
   p.cu_seqlens_k = static_cast<const std::int32_t*>(a.cu_seqlens_k.data);
   fill_forward_options(a.options, shape, &p);
   fill_forward_alignment(a.q, a.k, a.v, a.out, a.options, &p);
-  return launch_forward_kernel(p, a.q, stream);
+  return p;
+}
+
+}  // namespace
+
+Status run_dense_forward(const AttentionForwardParams& a, const detail::ProblemShape& shape,
+                         const NeighborhoodGrid& grid, void* stream) {
+  return launch_forward_kernel(dense_forward_params(a, shape, grid), a.q, a.workspace, stream);
+}
+
+Status dense_forward_workspace_bytes(const AttentionForwardParams& a,
+                                     const detail::ProblemShape& shape,
+                                     const NeighborhoodGrid& grid, std::size_t* bytes) {
+  return forward_workspace_bytes(dense_forward_params(a, shape, grid), a.q, bytes);
+}
+
+Status run(const AttentionForwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  return run_dense_forward(a, shape, NeighborhoodGrid{}, stream);
+}
+
+Status workspace_size(const AttentionForwardParams& a, const detail::ProblemShape& shape,
+                      std::size_t* bytes) {
+  return dense_forward_workspace_bytes(a, shape, NeighborhoodGrid{}, bytes);
+}
+
+Status run(const VarlenForwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  FMHA_RETURN_IF_ERROR(check_device_offsets(a, shape, stream));  // only when asked: a sync
+  return launch_forward_kernel(varlen_forward_params(a, shape), a.q, a.workspace, stream);
+}
+
+Status workspace_size(const VarlenForwardParams& a, const detail::ProblemShape& shape,
+                      std::size_t* bytes) {
+  return forward_workspace_bytes(varlen_forward_params(a, shape), a.q, bytes);
 }
 
 }  // namespace fmha::cuda

@@ -3,6 +3,7 @@
 // forward.cu.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "api/problem.h"
@@ -34,11 +35,13 @@ void fill_forward_alignment(const TensorView& q, const TensorView& k, const Tens
 // neighborhood mask policy (token tiles). A grid of rank 0 (dense attention) changes nothing.
 // Defined in neighborhood.cu.
 void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p);
-// Dtype and grid-limit checks, the device guard, then the dispatch; asynchronous on `stream`.
-Status launch_forward_kernel(const ForwardParams& p, const TensorView& q, void* stream);
 // The dense forward of `a` (q [B, L, H, D], lse [B, H, L]) under the neighborhood mask of `grid`
-// (rank 0: no neighborhood mask, plain dense attention), as run_dense_backward (backward_setup.h).
+// (rank 0: no neighborhood mask, plain dense attention), as run_dense_backward (backward_setup.h),
+// in a.workspace's scratch memory; and the bytes of it that call takes.
 Status run_dense_forward(const AttentionForwardParams& a, const detail::ProblemShape& shape,
                          const NeighborhoodGrid& grid, void* stream);
+Status dense_forward_workspace_bytes(const AttentionForwardParams& a,
+                                     const detail::ProblemShape& shape,
+                                     const NeighborhoodGrid& grid, std::size_t* bytes);
 
 }  // namespace fmha::cuda

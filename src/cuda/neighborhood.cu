@@ -4,6 +4,7 @@
 // D] becomes [B, N, H, D] with one token stride, lse [B, H, X...] becomes [B, H, N], and bias /
 // rel-pos already index the flattened grid. A 1-D grid without dilation runs as a window mask
 // (set_neighborhood_mask), and so do the dilation groups of a dilated one (dilation_groups).
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -265,35 +266,58 @@ void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p) {
   p->window_shifts_at_borders = !grid.causal[axis];
 }
 
-Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape, void* stream) {
-  FMHA_RETURN_IF_ERROR(check_forward_dtype(a.q.dtype));
-  if (shape.seqlen_q == 0 || shape.batch == 0 || shape.heads == 0) return Status::ok_status();
-  FMHA_RETURN_IF_ERROR(check_token_count(shape));
+namespace {
+
+// A neighborhood call as dense calls: the flattened views, the grid and its dilation groups.
+template <typename DenseParams>
+struct FlattenedCall {
+  DenseParams dense;
+  NeighborhoodGrid grid;
+  DilationGroups groups;
+};
+
+// The grid-shaped views of the dense forward (tokens at dim 1, lse's at 2), for
+// run_dilation_groups.
+struct ForwardGridViews {
+  template <typename Each>
+  void operator()(AttentionForwardParams& p, Each&& each) const {
+    for (TensorView* t : {&p.q, &p.k, &p.v, &p.out}) each(t, 1);
+    each(&p.lse, 2);
+  }
+};
+
+// Those of the dense backward.
+struct BackwardGridViews {
+  template <typename Each>
+  void operator()(AttentionBackwardParams& p, Each&& each) const {
+    for (TensorView* t :
+         {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.grads.dq, &p.grads.dk, &p.grads.dv}) {
+      each(t, 1);
+    }
+    for (TensorView* t : {&p.lse, &p.dlse}) each(t, 2);
+  }
+};
+
+Status flatten_forward(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape,
+                       FlattenedCall<AttentionForwardParams>* call) {
   const int rank = shape.grid_rank;
-  AttentionForwardParams dense;
+  AttentionForwardParams& dense = call->dense;
   FMHA_RETURN_IF_ERROR(flatten_grid(a.q, "q", 1, rank, &dense.q));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.k, "k", 1, rank, &dense.k));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.v, "v", 1, rank, &dense.v));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.out, "out", 1, rank, &dense.out));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.lse, "lse", 2, rank, &dense.lse));  // [B, H, X...]
   dense.options = a.options;
-  const NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
-  const DilationGroups groups = dilation_groups(grid, shape, a.options, /*grads=*/nullptr);
-  auto grid_views = [](AttentionForwardParams& p, auto&& each) {  // tokens at dim 1, lse's at 2
-    for (TensorView* t : {&p.q, &p.k, &p.v, &p.out}) each(t, 1);
-    each(&p.lse, 2);
-  };
-  return run_dilation_groups(
-      groups, dense, shape, grid, grid_views,
-      [stream](const AttentionForwardParams& p, const detail::ProblemShape& s,
-               const NeighborhoodGrid& g, bool) { return run_dense_forward(p, s, g, stream); });
+  dense.workspace = a.workspace;
+  call->grid = grid_of(a.neighborhood, shape);
+  call->groups = dilation_groups(call->grid, shape, a.options, /*grads=*/nullptr);
+  return Status::ok_status();
 }
 
-// The backward is the dense backward on the flattened views, with the grid's mask policy.
-Status run(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
-  FMHA_RETURN_IF_ERROR(check_token_count(shape));
+Status flatten_backward(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shape,
+                        FlattenedCall<AttentionBackwardParams>* call) {
   const int rank = shape.grid_rank;
-  AttentionBackwardParams dense;
+  AttentionBackwardParams& dense = call->dense;
   FMHA_RETURN_IF_ERROR(flatten_grid(a.q, "q", 1, rank, &dense.q));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.k, "k", 1, rank, &dense.k));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.v, "v", 1, rank, &dense.v));
@@ -307,23 +331,78 @@ Status run(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shap
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dq, "grads.dq", 1, rank, &dense.grads.dq));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dk, "grads.dk", 1, rank, &dense.grads.dk));
   FMHA_RETURN_IF_ERROR(flatten_grid(a.grads.dv, "grads.dv", 1, rank, &dense.grads.dv));
-  const NeighborhoodGrid grid = grid_of(a.neighborhood, shape);
-  const DilationGroups groups = dilation_groups(grid, shape, a.options, &a.grads);
-  auto grid_views = [](AttentionBackwardParams& p, auto&& each) {
-    for (TensorView* t :
-         {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.grads.dq, &p.grads.dk, &p.grads.dv}) {
-      each(t, 1);
-    }
-    for (TensorView* t : {&p.lse, &p.dlse}) each(t, 2);
-  };
+  dense.workspace = a.workspace;
+  call->grid = grid_of(a.neighborhood, shape);
+  call->groups = dilation_groups(call->grid, shape, a.options, &a.grads);
+  return Status::ok_status();
+}
+
+// The largest scratch that one of a flattened call's dense calls takes (they run one after the
+// other on one stream, so they share it); `bytes_of(params, shape, grid, &bytes)` sizes one.
+template <typename DenseParams, typename GridViews, typename BytesOf>
+Status largest_group_workspace(const FlattenedCall<DenseParams>& call,
+                               const detail::ProblemShape& shape, GridViews grid_views,
+                               BytesOf bytes_of, std::size_t* bytes) {
+  *bytes = 0;
+  return run_dilation_groups(call.groups, call.dense, shape, call.grid, grid_views,
+                             [&](const DenseParams& p, const detail::ProblemShape& s,
+                                 const NeighborhoodGrid& g, bool) {
+                               std::size_t group_bytes = 0;
+                               FMHA_RETURN_IF_ERROR(bytes_of(p, s, g, &group_bytes));
+                               *bytes = std::max(*bytes, group_bytes);
+                               return Status::ok_status();
+                             });
+}
+
+}  // namespace
+
+Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  FMHA_RETURN_IF_ERROR(check_forward_dtype(a.q.dtype));
+  if (shape.seqlen_q == 0 || shape.batch == 0 || shape.heads == 0) return Status::ok_status();
+  FMHA_RETURN_IF_ERROR(check_token_count(shape));
+  FlattenedCall<AttentionForwardParams> call;
+  FMHA_RETURN_IF_ERROR(flatten_forward(a, shape, &call));
+  return run_dilation_groups(
+      call.groups, call.dense, shape, call.grid, ForwardGridViews{},
+      [stream](const AttentionForwardParams& p, const detail::ProblemShape& s,
+               const NeighborhoodGrid& g, bool) { return run_dense_forward(p, s, g, stream); });
+}
+
+Status workspace_size(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape,
+                      std::size_t* bytes) {
+  *bytes = 0;
+  FMHA_RETURN_IF_ERROR(check_forward_dtype(a.q.dtype));
+  if (shape.seqlen_q == 0 || shape.batch == 0 || shape.heads == 0) return Status::ok_status();
+  FMHA_RETURN_IF_ERROR(check_token_count(shape));
+  FlattenedCall<AttentionForwardParams> call;
+  FMHA_RETURN_IF_ERROR(flatten_forward(a, shape, &call));
+  return largest_group_workspace(call, shape, ForwardGridViews{}, dense_forward_workspace_bytes,
+                                 bytes);
+}
+
+// The backward is the dense backward on the flattened views, with the grid's mask policy.
+Status run(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shape, void* stream) {
+  FMHA_RETURN_IF_ERROR(check_token_count(shape));
+  FlattenedCall<AttentionBackwardParams> call;
+  FMHA_RETURN_IF_ERROR(flatten_backward(a, shape, &call));
   // Group launches after the first add their rows' dsinks to the earlier ones' (the same order
   // every run: deterministic sums).
   return run_dilation_groups(
-      groups, dense, shape, grid, grid_views,
+      call.groups, call.dense, shape, call.grid, BackwardGridViews{},
       [stream](const AttentionBackwardParams& p, const detail::ProblemShape& s,
                const NeighborhoodGrid& g, bool first) {
         return run_dense_backward(p, s, g, stream, /*accumulate_dsinks=*/!first);
       });
+}
+
+Status workspace_size(const NeighborhoodBackwardParams& a, const detail::ProblemShape& shape,
+                      std::size_t* bytes) {
+  *bytes = 0;
+  FMHA_RETURN_IF_ERROR(check_token_count(shape));
+  FlattenedCall<AttentionBackwardParams> call;
+  FMHA_RETURN_IF_ERROR(flatten_backward(a, shape, &call));
+  return largest_group_workspace(call, shape, BackwardGridViews{},
+                                 dense_backward_workspace_bytes, bytes);
 }
 
 }  // namespace fmha::cuda

@@ -186,7 +186,9 @@ fmha::AttentionOptions options_of(const BackwardCase& c, const Views& v) {
   return o;
 }
 
-fmha::Status run_forward(const BackwardCase& c, const Views& v) {
+// Calls fn with the case's forward parameters on views `v` (dense or varlen).
+template <typename Fn>
+fmha::Status with_forward_params(const BackwardCase& c, const Views& v, Fn fn) {
   const fmha::AttentionOptions o = options_of(c, v);
   if (c.varlen()) {
     fmha::VarlenForwardParams p{.q = v.q,
@@ -198,18 +200,24 @@ fmha::Status run_forward(const BackwardCase& c, const Views& v) {
                                 .max_seqlen_k = c.rows_k(),
                                 .out = v.out,
                                 .lse = v.lse,
-                                .options = o};
-    return fmha::run(p, nullptr);
+                                .options = o,
+                                .workspace = c.workspace};
+    return fn(p);
   }
-  fmha::AttentionForwardParams p{
-      .q = v.q, .k = v.k, .v = v.v, .out = v.out, .lse = v.lse, .options = o};
-  return fmha::run(p, nullptr);
+  fmha::AttentionForwardParams p{.q = v.q,
+                                 .k = v.k,
+                                 .v = v.v,
+                                 .out = v.out,
+                                 .lse = v.lse,
+                                 .options = o,
+                                 .workspace = c.workspace};
+  return fn(p);
 }
 
-}  // namespace
-
-fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl impl,
-                          void* stream) {
+// Likewise with its backward parameters.
+template <typename Fn>
+fmha::Status with_backward_params(const BackwardCase& c, const Views& v, BackwardImpl impl,
+                                  Fn fn) {
   const fmha::AttentionOptions o = options_of(c, v);
   fmha::AttentionGradients g;
   g.dq = v.dq, g.dk = v.dk, g.dv = v.dv, g.dsinks = v.dsinks;
@@ -229,8 +237,9 @@ fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl im
                                  .dlse = v.dlse,
                                  .options = o,
                                  .backward_impl = impl,
-                                 .grads = g};
-    return fmha::run(p, stream);
+                                 .grads = g,
+                                 .workspace = c.workspace};
+    return fn(p);
   }
   fmha::AttentionBackwardParams p{.q = v.q,
                                   .k = v.k,
@@ -241,8 +250,30 @@ fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl im
                                   .dlse = v.dlse,
                                   .options = o,
                                   .backward_impl = impl,
-                                  .grads = g};
-  return fmha::run(p, stream);
+                                  .grads = g,
+                                  .workspace = c.workspace};
+  return fn(p);
+}
+
+}  // namespace
+
+fmha::Status run_forward(const BackwardCase& c, const Views& v) {
+  return with_forward_params(c, v, [](const auto& p) { return fmha::run(p, nullptr); });
+}
+
+fmha::Status forward_workspace_size(const BackwardCase& c, const Views& v, std::size_t* bytes) {
+  return with_forward_params(c, v, [&](const auto& p) { return fmha::workspace_size(p, bytes); });
+}
+
+fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl impl,
+                          void* stream) {
+  return with_backward_params(c, v, impl, [&](const auto& p) { return fmha::run(p, stream); });
+}
+
+fmha::Status backward_workspace_size(const BackwardCase& c, const Views& v, BackwardImpl impl,
+                                     std::size_t* bytes) {
+  return with_backward_params(c, v, impl,
+                              [&](const auto& p) { return fmha::workspace_size(p, bytes); });
 }
 
 namespace {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -44,6 +45,7 @@ struct BackwardCase {
   bool drel = false;        // request drel_h / drel_w
   Layout q_layout, kv_layout, grad_layout;
   std::vector<BackwardImpl> impls{BackwardImpl::kFused, BackwardImpl::kSplit};
+  fmha::Workspace workspace;  // the scratch memory of its calls (default: the library's pool)
 
   bool varlen() const { return !varlen_q.empty(); }
   std::int64_t batches() const {
@@ -92,10 +94,17 @@ bool gpu_available();
 // Allocates every tensor in `dtype` (statistics in `stat`), random inputs, NaN-poisoned outputs.
 Tensors make_tensors(const BackwardCase& c, DType dtype, DType stat, std::mt19937_64* rng);
 
+// The case's forward on views `v` (out and lse), on the default stream, and the scratch bytes it
+// takes (fmha::workspace_size).
+fmha::Status run_forward(const BackwardCase& c, const Views& v);
+fmha::Status forward_workspace_size(const BackwardCase& c, const Views& v, std::size_t* bytes);
+
 // The case's backward on views `v` with one implementation, on `stream` (the default one unless
-// given).
+// given), and the scratch bytes it takes.
 fmha::Status run_backward(const BackwardCase& c, const Views& v, BackwardImpl impl,
                           void* stream = nullptr);
+fmha::Status backward_workspace_size(const BackwardCase& c, const Views& v, BackwardImpl impl,
+                                     std::size_t* bytes);
 
 // Runs the case's forward and backward on the GPU, once per implementation in c.impls, and checks
 // every gradient; with `twice`, runs each implementation again and requires identical bits.

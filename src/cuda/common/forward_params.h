@@ -134,6 +134,11 @@ struct ForwardParams {
   // Neighborhood attention over the flattened grid (rows and keys are token indices); rank 0
   // otherwise.
   NeighborhoodGrid neighborhood;
+
+  // Host side: the call's scratch memory that its launcher may use (forward.cu / backward.cu size
+  // it): the sm90 forward's tile counter, the sm90 fp32 kernels' operand planes. Kernels read
+  // tile_counter and their planes, never this.
+  void* scratch = nullptr;
 };
 
 }  // namespace fmha::cuda

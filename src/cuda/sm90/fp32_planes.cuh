@@ -22,11 +22,10 @@
 
 #include "cuda/common/tile_operands.cuh"
 #include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/fp32_plane_sizes.h"
 
 namespace fmha::cuda::sm90 {
 
-inline constexpr int kFp32PlaneWidth = 64;  // head dims up to 64, padded to it
-inline constexpr int kFp32PlaneRowFloats = 2 * kFp32PlaneWidth;
 inline constexpr int kFp32PlaneTile = 64;  // rows a block of the pass covers
 
 struct Fp32Planes {
@@ -36,11 +35,6 @@ struct Fp32Planes {
   std::int64_t q_rows = 0;  // Lq padded (a multiple of the kernel's query tile)
   std::int64_t k_rows = 0;  // Lk padded (a multiple of the kernel's key tile)
 };
-
-// x rounded up to a multiple of `to`: a plane's padded rows.
-__host__ __device__ constexpr std::int64_t round_up(std::int64_t x, std::int64_t to) {
-  return (x + to - 1) / to * to;
-}
 
 // Key of slot s of an 8-key step in the permuted order (the inverse of the accumulator's pairs).
 __host__ __device__ constexpr int permuted_key(int slot) { return slot < 4 ? 2 * slot : 2 * slot - 7; }

@@ -9,26 +9,11 @@
 #include "cuda/sm90/fp32_planes.cuh"
 #include "cuda/sm90/launch_bwd_fp32.h"
 #include "cuda/sm90/mainloop_bwd_fp32.cuh"
-#include "cuda/workspace_pool.h"
 
 namespace fmha::cuda::sm90 {
 
-// Floats of one query-side plane (Q, dO, Q^T, dO^T) and of one key-side plane (K, V, K^T).
-struct BackwardPlaneFloats {
-  std::int64_t q, k;
-};
-inline BackwardPlaneFloats backward_plane_floats(const ForwardParams& f) {
-  return {f.batch * f.heads * round_up(f.seqlen_q, kFp32BwdBlock) * kFp32PlaneRowFloats,
-          f.batch * (f.heads / f.kv_group) * round_up(f.seqlen_k, kFp32BwdBlock) *
-              kFp32PlaneRowFloats};
-}
-
-// The planes of p in `workspace` (fp32_backward_planes_floats of them): their layout in *planes,
-// then the passes that write them, on `stream`.
-inline std::int64_t fp32_backward_planes_floats(const ForwardParams& f) {
-  const BackwardPlaneFloats n = backward_plane_floats(f);
-  return 4 * n.q + 3 * n.k;
-}
+// The planes of p in `workspace` (fp32_backward_planes_floats of them, fp32_plane_sizes.h): their
+// layout in *planes, then the passes that write them, on `stream`.
 inline cudaError_t write_backward_planes(const BackwardParams& p, float* workspace,
                                          Fp32BackwardPlanes* planes, cudaStream_t stream) {
   const ForwardParams& f = p.fwd;
@@ -112,23 +97,17 @@ Status launch_backward_fp32(const BackwardParams& p, cudaStream_t stream) {
     return Status::backend_error(std::string("fmha: CUDA backward kernels (sm90 fp32): ") + what +
                                  ": " + cudaGetErrorString(e));
   };
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  float* workspace = nullptr;
-  if (e == cudaSuccess) {
-    e = workspace_malloc_async(
-        reinterpret_cast<void**>(&workspace),
-        static_cast<std::size_t>(fp32_backward_planes_floats(p.fwd)) * sizeof(float), device,
-        stream);
+  // The planes in the call's scratch memory (backward.cu's plan).
+  if (p.fwd.scratch == nullptr) {
+    return Status::backend_error(
+        "fmha: CUDA backward kernels (sm90 fp32): no scratch memory for their operand planes (an "
+        "internal error: the call's workspace plan missed them)");
   }
-  if (e != cudaSuccess) return fail("its operand planes (cudaMallocAsync)", e);
   Fp32BackwardPlanes planes;
-  e = write_backward_planes(p, workspace, &planes, stream);
+  cudaError_t e = write_backward_planes(p, static_cast<float*>(p.fwd.scratch), &planes, stream);
   if (e == cudaSuccess) e = launch_backward_fp32_dkdv<Policy>(p, planes, stream);
   if (e == cudaSuccess) e = launch_backward_fp32_dq<Policy>(p, planes, stream);
-  const cudaError_t freed = cudaFreeAsync(workspace, stream);
   if (e != cudaSuccess) return fail("launch failed", e);
-  if (freed != cudaSuccess) return fail("cudaFreeAsync of its operand planes", freed);
   return Status::ok_status();
 }
 

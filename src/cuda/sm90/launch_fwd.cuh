@@ -6,25 +6,14 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/common/env_switch.h"
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/launch_fwd.h"
 #include "cuda/sm90/launch_limits.h"
 #include "cuda/sm90/mainloop_fwd.cuh"
-#include "cuda/workspace_pool.h"
 
 namespace fmha::cuda::sm90 {
 
 namespace detail {
-
-// FMHA_SM90_DYNAMIC_TILES=1 (read once): every persistent launch with more tiles than blocks takes
-// them one by one from the counter, as unequal tiles always do (launch_forward). For measuring: a
-// block that starts late, behind another stream's kernel on its SM (a collective's transfer
-// during context parallelism), then leaves its share to the blocks already running.
-inline bool dynamic_tiles_requested() {
-  static const bool requested = switched_on_by_env("FMHA_SM90_DYNAMIC_TILES");
-  return requested;
-}
 
 // Pitch of the staged rel_h | rel_w rows (rel_h padded to an even count): a byte stride of 16
 // modulo 128, so that the 8 rows x 4 pair loads of a warp's fragment fall in 32 different banks.
@@ -134,31 +123,26 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
       return Status::backend_error("fmha: CUDA forward kernel (sm90): more than 2^32 query tiles");
     }
     grid = dim3(static_cast<unsigned>(std::min<std::int64_t>(tiles, persistent_blocks())));
-    // Tiles of unequal work (a window, causal included, or varlen sequences) are taken one by one
-    // from a counter (mainloop_fwd.cuh), zeroed here in stream order.
-    const bool unequal = p.window_left != kUnboundedWindow || p.window_right != kUnboundedWindow ||
-                         p.cu_seqlens_q != nullptr;
-    if ((unequal || detail::dynamic_tiles_requested()) && grid.x < tiles) {
-      int device = 0;
-      e = cudaGetDevice(&device);
-      if (e == cudaSuccess) {
-        e = workspace_malloc_async(reinterpret_cast<void**>(&p.tile_counter), sizeof(unsigned),
-                                   device, stream);
+    // Tiles of unequal work are taken one by one from a counter (mainloop_fwd.cuh) in the call's
+    // scratch memory, zeroed here in stream order.
+    p.tile_counter = nullptr;
+    if (forward_tiles_dynamic(p) && grid.x < tiles) {
+      if (p.scratch == nullptr) {
+        return Status::backend_error(
+            "fmha: CUDA forward kernel (sm90): no scratch memory for its tile counter (an "
+            "internal error: the call's workspace plan missed it)");
       }
-      if (e == cudaSuccess) e = cudaMemsetAsync(p.tile_counter, 0, sizeof(unsigned), stream);
+      p.tile_counter = static_cast<unsigned*>(p.scratch);
+      e = cudaMemsetAsync(p.tile_counter, 0, sizeof(unsigned), stream);
       if (e != cudaSuccess) {
         return Status::backend_error(
-            std::string("fmha: CUDA forward kernel (sm90): its tile counter: ") +
+            std::string("fmha: CUDA forward kernel (sm90): zeroing its tile counter: ") +
             cudaGetErrorString(e));
       }
     }
   }
   kernel<<<grid, block_threads<kD, Policy>(), smem, stream>>>(p, maps);
   e = cudaGetLastError();
-  if (p.tile_counter != nullptr) {
-    const cudaError_t freed = cudaFreeAsync(p.tile_counter, stream);
-    if (e == cudaSuccess) e = freed;
-  }
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA forward kernel (sm90) launch failed: ") +
                                  cudaGetErrorString(e));

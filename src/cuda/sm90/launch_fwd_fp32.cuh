@@ -9,7 +9,6 @@
 #include "cuda/sm90/fp32_planes.cuh"
 #include "cuda/sm90/launch_fwd_fp32.h"
 #include "cuda/sm90/mainloop_fwd_fp32.cuh"
-#include "cuda/workspace_pool.h"
 
 namespace fmha::cuda::sm90 {
 
@@ -20,28 +19,25 @@ Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
   Fp32Planes planes;
   planes.q_rows = round_up(p.seqlen_q, kFp32QueryTile);
   planes.k_rows = round_up(p.seqlen_k, kFp32KeyTile);
+  // The planes, fp32_forward_planes_floats of them, in the call's scratch memory (forward.cu).
   const std::int64_t q_floats = p.batch * p.heads * planes.q_rows * kFp32PlaneRowFloats;
   const std::int64_t k_floats = p.batch * kv_heads * planes.k_rows * kFp32PlaneRowFloats;
+  if (p.scratch == nullptr) {
+    return Status::backend_error(
+        "fmha: CUDA forward kernel (sm90 fp32): no scratch memory for its operand planes (an "
+        "internal error: the call's workspace plan missed them)");
+  }
   auto fail = [](const char* what, cudaError_t e) {
     return Status::backend_error(std::string("fmha: CUDA forward kernel (sm90 fp32): ") + what +
                                  ": " + cudaGetErrorString(e));
   };
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  float* workspace = nullptr;
-  if (e == cudaSuccess) {
-    e = workspace_malloc_async(reinterpret_cast<void**>(&workspace),
-                               static_cast<std::size_t>(q_floats + 2 * k_floats) * sizeof(float),
-                               device, stream);
-  }
-  if (e != cudaSuccess) return fail("its operand planes (cudaMallocAsync)", e);
-  float* q = workspace;
+  float* q = static_cast<float*>(p.scratch);
   float* k = q + q_floats;
   float* vt = k + k_floats;
   planes.q = q;
   planes.k = k;
   planes.vt = vt;
-  e = split_planes(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.batch, p.heads,
+  cudaError_t e = split_planes(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.batch, p.heads,
                    p.seqlen_q, p.head_dim, q, nullptr, planes.q_rows, stream);
   if (e == cudaSuccess) {
     e = split_planes(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.batch, kv_heads,
@@ -62,9 +58,7 @@ Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
       e = cudaGetLastError();
     }
   }
-  const cudaError_t freed = cudaFreeAsync(workspace, stream);
   if (e != cudaSuccess) return fail("launch failed", e);
-  if (freed != cudaSuccess) return fail("cudaFreeAsync of its operand planes", freed);
   return Status::ok_status();
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "cuda/common/env_switch.h"
 #include "cuda/common/forward_params.h"
 #include "cuda/common/kernel_attributes.h"
 
@@ -37,6 +38,23 @@ inline std::int64_t persistent_blocks() {
     return kUnlimited;
   }
   return sms;
+}
+
+// FMHA_SM90_DYNAMIC_TILES=1 (read once): every persistent forward with more tiles than blocks takes
+// them one by one from the counter, as unequal tiles always do (launch_forward). For measuring: a
+// block that starts late, behind another stream's kernel on its SM (a collective's transfer
+// during context parallelism), then leaves its share to the blocks already running.
+inline bool dynamic_tiles_requested() {
+  static const bool requested = switched_on_by_env("FMHA_SM90_DYNAMIC_TILES");
+  return requested;
+}
+
+// Whether a persistent forward (a copy warpgroup) takes its tiles one by one from a counter, when
+// it has more tiles than blocks: under tiles of unequal work (a window, causal included, or varlen
+// sequences) or when asked. The counter lives in the call's scratch memory (forward.cu sizes it).
+inline bool forward_tiles_dynamic(const ForwardParams& p) {
+  return p.window_left != kUnboundedWindow || p.window_right != kUnboundedWindow ||
+         p.cu_seqlens_q != nullptr || dynamic_tiles_requested();
 }
 
 // Whether the bias rows can be copied 16 bytes at a time: keys contiguous, every (b, h, row)

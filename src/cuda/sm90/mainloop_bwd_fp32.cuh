@@ -51,7 +51,6 @@ struct Fp32BackwardPlanes {
   std::int64_t k_rows = 0;      // Lk padded to kFp32BwdBlock
 };
 
-inline constexpr int kFp32BwdBlock = 64;  // rows a block owns (keys in dK/dV, queries in dQ)
 inline constexpr int kFp32BwdTile = 32;   // columns a warpgroup takes a step
 inline constexpr int kFp32BwdThreads = 256;
 

@@ -34,8 +34,6 @@
 
 namespace fmha::cuda::sm90 {
 
-inline constexpr int kFp32QueryTile = 128;  // 64 rows a warpgroup
-inline constexpr int kFp32KeyTile = 64;
 inline constexpr int kFp32Stages = 2;
 inline constexpr int kFp32Threads = 256;
 

@@ -1,0 +1,46 @@
+// Tile sizes of the sm90 fp32 kernels and the sizes of their operand planes (fp32_planes.cuh), on
+// the host side too: a call's workspace is sized from them before anything is launched
+// (forward.cu, backward.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/forward_params.h"
+
+namespace fmha::cuda::sm90 {
+
+inline constexpr int kFp32PlaneWidth = 64;  // head dims up to 64, padded to it
+inline constexpr int kFp32PlaneRowFloats = 2 * kFp32PlaneWidth;
+inline constexpr int kFp32QueryTile = 128;  // forward: 64 rows a warpgroup
+inline constexpr int kFp32KeyTile = 64;     // forward
+// Backward: rows a block owns (keys in dK/dV, queries in dQ).
+inline constexpr int kFp32BwdBlock = 64;
+
+// x rounded up to a multiple of `to`: a plane's padded rows.
+__host__ __device__ constexpr std::int64_t round_up(std::int64_t x, std::int64_t to) {
+  return (x + to - 1) / to * to;
+}
+
+// The forward's planes: Q [rows, 128], K [rows, 128] and V^T [128, rows] a (batch, head).
+inline std::int64_t fp32_forward_planes_floats(const ForwardParams& f) {
+  const std::int64_t kv_heads = f.heads / f.kv_group;
+  return f.batch * f.heads * round_up(f.seqlen_q, kFp32QueryTile) * kFp32PlaneRowFloats +
+         2 * f.batch * kv_heads * round_up(f.seqlen_k, kFp32KeyTile) * kFp32PlaneRowFloats;
+}
+
+// Floats of one of the backward's query-side planes (Q, dO, Q^T, dO^T) and of one key-side plane
+// (K, V, K^T).
+struct BackwardPlaneFloats {
+  std::int64_t q, k;
+};
+inline BackwardPlaneFloats backward_plane_floats(const ForwardParams& f) {
+  return {f.batch * f.heads * round_up(f.seqlen_q, kFp32BwdBlock) * kFp32PlaneRowFloats,
+          f.batch * (f.heads / f.kv_group) * round_up(f.seqlen_k, kFp32BwdBlock) *
+              kFp32PlaneRowFloats};
+}
+inline std::int64_t fp32_backward_planes_floats(const ForwardParams& f) {
+  const BackwardPlaneFloats n = backward_plane_floats(f);
+  return 4 * n.q + 3 * n.k;
+}
+
+}  // namespace fmha::cuda::sm90
