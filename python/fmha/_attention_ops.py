@@ -296,7 +296,7 @@ def forward(layout, q, k, v, layout_args, o: Options, *, fake: bool, views: Opti
     params, input_views = _params(layout, q, k, v, layout_args, o, planned=False)
     params.out = out_view = _bridge.view(out, "out")
     params.lse = lse_view = _bridge.view(lse, "lse")
-    _bridge.run(params, q.device)
+    _bridge.run_shaped(params, q.device)
     if views is not None:
         views += (*input_views, out_view, lse_view)
     return out, lse
@@ -400,7 +400,7 @@ def backward(
     if need_extra_v:
         grads.dextra_v = _bridge.view(dextra_v, "dextra_v")
     params.grads = grads
-    _bridge.run(params, q.device)
+    _bridge.run_shaped(params, q.device)
     if need_rel_h:
         drel_h = drel_h_full.sum_to_size(o.rel_h.shape)
     if need_rel_w:

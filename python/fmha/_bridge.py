@@ -192,5 +192,38 @@ def run(params, device: torch.device) -> None:
     raise_for_status(status)
 
 
+# torch.empty of n bytes on CUDA device `index`, one function a device, made on first use.
+_SCRATCH_ALLOCATORS: dict = {}
+
+
+def _scratch_allocator(index: int):
+    allocate = _SCRATCH_ALLOCATORS.get(index)
+    if allocate is None:
+        device = torch.device("cuda", index)
+
+        def allocate(nbytes: int) -> torch.Tensor:
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+        _SCRATCH_ALLOCATORS[index] = allocate
+    return allocate
+
+
+def run_shaped(params, device: torch.device) -> None:
+    """run() for the attention entry points (dense, varlen, neighborhood), whose scratch memory on
+    CUDA (the backward's fp32 statistics and accumulators, the fp32 kernels' operand planes, a
+    masked forward's tile counter) comes from PyTorch's caching allocator: a uint8 tensor on the
+    current stream, asked for by the C++ call with the bytes it needs and released when it returns
+    (stream-ordered, as any tensor freed after its kernels are queued). So it shows in
+    torch.cuda.memory_allocated, and under CUDA graph capture it comes from the graph's pool."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        status = _C.run_allocating(
+            params, _current_raw_stream(index), _scratch_allocator(index)
+        )
+    else:
+        status = _C.run(params, 0)
+    raise_for_status(status)
+
+
 def check(params) -> None:
     raise_for_status(_C.check(params))

@@ -52,6 +52,59 @@ void bind_entry_point(nb::module_& m) {
       nb::arg("params"), nb::arg("stream") = 0);
 }
 
+// A Python callable as the Workspace allocator of one run (fmha/params.h): allocate(bytes) returns
+// an object with data_ptr() (a torch tensor); the objects it returns are kept until run() returns,
+// then released, so that their memory goes back to the caller's allocator in the stream order of
+// the work queued on it (PyTorch's caching allocator).
+struct PythonAllocator {
+  nb::handle allocate;
+  std::vector<nb::object> held;
+  std::string error;  // what the callable raised, for the Status
+};
+
+void* allocate_from_python(void* context, std::size_t bytes) {
+  auto* a = static_cast<PythonAllocator*>(context);
+  try {
+    nb::object block = a->allocate(bytes);
+    const auto address = nb::cast<std::uintptr_t>(block.attr("data_ptr")());
+    a->held.push_back(std::move(block));
+    return reinterpret_cast<void*>(address);
+  } catch (const std::exception& e) {
+    a->error = e.what();
+    return nullptr;
+  }
+}
+
+// fmha::run of CUDA tensors with its scratch memory from `allocate` (PythonAllocator) instead of
+// fmha's own pool: the shaped entry points, whose structs have a Workspace. The GIL stays held: a
+// CUDA call only queues work, and the allocator is Python.
+template <typename Params>
+void bind_allocating_entry_point(nb::module_& m) {
+  m.def(
+      "run_allocating",
+      [](Params p, std::uintptr_t stream, nb::handle allocate) {
+        PythonAllocator a{allocate, {}, {}};
+        p.workspace.allocate = &allocate_from_python;
+        p.workspace.context = &a;
+        const fmha::Status status = fmha::run(p, reinterpret_cast<void*>(stream));
+        if (!status.ok() && !a.error.empty()) {
+          return fmha::Status::backend_error(status.message() + " (the allocator raised: " +
+                                             a.error + ")");
+        }
+        return status;
+      },
+      nb::arg("params"), nb::arg("stream"), nb::arg("allocate"));
+  // (status, bytes): the scratch memory run() takes at most for these params on their device.
+  m.def(
+      "workspace_size",
+      [](const Params& p) {
+        std::size_t bytes = 0;
+        fmha::Status status = fmha::workspace_size(p, &bytes);
+        return nb::make_tuple(status, bytes);
+      },
+      nb::arg("params"));
+}
+
 // The fields every shaped backward struct shares.
 template <typename Params, typename Class>
 void bind_backward_fields(Class& c) {
@@ -286,6 +339,12 @@ NB_MODULE(_C, m) {
   bind_entry_point<fmha::NeighborhoodBackwardParams>(m);
   bind_entry_point<fmha::MergeForwardParams>(m);
   bind_entry_point<fmha::MergeBackwardParams>(m);
+  bind_allocating_entry_point<fmha::AttentionForwardParams>(m);
+  bind_allocating_entry_point<fmha::AttentionBackwardParams>(m);
+  bind_allocating_entry_point<fmha::VarlenForwardParams>(m);
+  bind_allocating_entry_point<fmha::VarlenBackwardParams>(m);
+  bind_allocating_entry_point<fmha::NeighborhoodForwardParams>(m);
+  bind_allocating_entry_point<fmha::NeighborhoodBackwardParams>(m);
 
   m.def("built_with_cuda", &fmha::built_with_cuda,
         "True when this build contains the CUDA backend.");

@@ -234,9 +234,9 @@ def test_cuda_runs_on_the_current_stream(monkeypatch):
             return getattr(fmha._C, name)
 
         @staticmethod
-        def run(params, stream):
+        def run_allocating(params, stream, allocate):  # CUDA attention calls
             streams.append(stream)
-            return fmha._C.run(params, stream)
+            return fmha._C.run_allocating(params, stream, allocate)
 
     monkeypatch.setattr(fmha._bridge, "_C", RecordingC())
     q = torch.randn(2, 64, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -42,14 +42,14 @@ def _cpu_gradients(layout, backward_impl):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_backward_impl_reaches_the_backward_params(layout, monkeypatch):
     seen = []
-    run = fmha._bridge.run
+    run = fmha._bridge.run_shaped
 
     def recording_run(params, device):
         if hasattr(params, "backward_impl"):
             seen.append(params.backward_impl)
         run(params, device)
 
-    monkeypatch.setattr(fmha._bridge, "run", recording_run)
+    monkeypatch.setattr(fmha._bridge, "run_shaped", recording_run)
     for backward_impl in IMPLS:
         _cpu_gradients(layout, backward_impl)
     assert seen == [getattr(fmha._C.BackwardImpl, name) for name in IMPLS]
@@ -131,9 +131,10 @@ def test_compiled_fused_backward_matches_eager():
 @pytest.mark.parametrize("backward_impl", ["fused", "split"])
 def test_cuda_graph_replays_forward_and_backward(backward_impl):
     """Forward and backward captured in one CUDA graph, as torch.compile's reduce-overhead mode and
-    hand-made training graphs capture them, replay to the eager gradients: the workspace comes from
-    stream-ordered allocations (graph memory nodes), the split backward's overlapped dQ launch
-    (Hopper) becomes a programmatic edge, and nothing in either call synchronises the device."""
+    hand-made training graphs capture them, replay to the eager gradients: the scratch memory comes
+    from torch's allocator (the graph's private pool while capturing), the split backward's
+    overlapped dQ launch (Hopper) becomes a programmatic edge, and nothing in either call
+    synchronises the device."""
     inputs = _causal_inputs(64)
     leaves = [x.to("cuda", torch.bfloat16).requires_grad_(True) for x in inputs.values()]
     dout = randn(2, 257, 8, 64, seed=8).to("cuda", torch.bfloat16)
@@ -160,3 +161,35 @@ def test_cuda_graph_replays_forward_and_backward(backward_impl):
             assert torch.equal(c, e), name
         else:  # fused adds dq with fp32 atomics: equal up to summation order
             assert rel_error(c, e) <= _BF16_AGREEMENT, name
+
+
+@_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_scratch_memory_comes_from_torch(dtype, monkeypatch):
+    """The backward's scratch memory (fp32 row statistics and accumulators; fp32's operand planes)
+    comes from PyTorch's caching allocator, asked once per call: it shows in
+    torch.cuda.max_memory_allocated beside the gradients, and the library allocates nothing of its
+    own."""
+    leaves = [randn(2, 300, h, 64, seed=i).to("cuda", dtype).requires_grad_(True)
+              for i, h in enumerate((4, 2, 2))]  # fmt: skip
+    out = fmha.attention(*leaves, causal=True)
+    dout = torch.randn_like(out)
+    index = out.device.index
+    allocate = fmha._bridge._scratch_allocator(index)
+    requests = []
+
+    def recording(nbytes):
+        requests.append(nbytes)
+        return allocate(nbytes)
+
+    monkeypatch.setitem(fmha._bridge._SCRATCH_ALLOCATORS, index, recording)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    grads = torch.autograd.grad(out, leaves, dout)
+    torch.cuda.synchronize()
+    assert len(requests) == 1 and requests[0] > 0
+    grad_bytes = sum(g.numel() * g.element_size() for g in grads)
+    assert torch.cuda.max_memory_allocated() - before >= grad_bytes + requests[0]
+    # The scratch went back (and the graph's saved lse with it).
+    assert torch.cuda.memory_allocated() - before <= grad_bytes
