@@ -114,8 +114,10 @@ void fill_layout(Params& p, const CallAttrs& a, Cursor&) {
 }
 
 template <typename Params>
-Status forward(const CallAttrs& a, Cursor& args, Cursor& rets, void* stream, bool check_only) {
+Status forward(const CallAttrs& a, Cursor& args, Cursor& rets, void* stream, bool check_only,
+               const Workspace& workspace) {
   Params p;
+  p.workspace = workspace;
   p.q = args.next();
   p.k = args.next();
   p.v = args.next();
@@ -127,8 +129,10 @@ Status forward(const CallAttrs& a, Cursor& args, Cursor& rets, void* stream, boo
 }
 
 template <typename Params>
-Status backward(const CallAttrs& a, Cursor& args, Cursor& rets, void* stream, bool check_only) {
+Status backward(const CallAttrs& a, Cursor& args, Cursor& rets, void* stream, bool check_only,
+                const Workspace& workspace) {
   Params p;
+  p.workspace = workspace;
   p.q = args.next();
   p.k = args.next();
   p.v = args.next();
@@ -191,22 +195,22 @@ bool entry_from_name(std::string_view name, Entry* entry) {
 
 Status call(Entry entry, const Operand* args, std::size_t num_args, const Operand* rets,
             std::size_t num_rets, const CallAttrs& attrs, Device device, void* stream,
-            bool check_only) {
+            bool check_only, const Workspace& workspace) {
   Cursor in(args, num_args, device, "operands");
   Cursor out(rets, num_rets, device, "results");
   switch (entry) {
     case Entry::kAttentionForward:
-      return forward<AttentionForwardParams>(attrs, in, out, stream, check_only);
+      return forward<AttentionForwardParams>(attrs, in, out, stream, check_only, workspace);
     case Entry::kAttentionBackward:
-      return backward<AttentionBackwardParams>(attrs, in, out, stream, check_only);
+      return backward<AttentionBackwardParams>(attrs, in, out, stream, check_only, workspace);
     case Entry::kVarlenForward:
-      return forward<VarlenForwardParams>(attrs, in, out, stream, check_only);
+      return forward<VarlenForwardParams>(attrs, in, out, stream, check_only, workspace);
     case Entry::kVarlenBackward:
-      return backward<VarlenBackwardParams>(attrs, in, out, stream, check_only);
+      return backward<VarlenBackwardParams>(attrs, in, out, stream, check_only, workspace);
     case Entry::kNeighborhoodForward:
-      return forward<NeighborhoodForwardParams>(attrs, in, out, stream, check_only);
+      return forward<NeighborhoodForwardParams>(attrs, in, out, stream, check_only, workspace);
     case Entry::kNeighborhoodBackward:
-      return backward<NeighborhoodBackwardParams>(attrs, in, out, stream, check_only);
+      return backward<NeighborhoodBackwardParams>(attrs, in, out, stream, check_only, workspace);
     case Entry::kMergeForward: return merge_forward(attrs, in, out, stream, check_only);
     case Entry::kMergeBackward: return merge_backward(attrs, in, out, stream, check_only);
   }

@@ -82,10 +82,11 @@ struct CallAttrs {
 };
 
 // Builds the entry point's parameters from the operands and checks them (check_only), or runs
-// them on `stream` (CUDA; ignored on the CPU). A miscount of operands is an invalid argument
-// naming what was expected.
+// them on `stream` (CUDA; ignored on the CPU) with their scratch memory from `workspace` (the
+// attention entry points; fmha/params.h). A miscount of operands is an invalid argument naming
+// what was expected.
 Status call(Entry entry, const Operand* args, std::size_t num_args, const Operand* rets,
             std::size_t num_rets, const CallAttrs& attrs, Device device, void* stream,
-            bool check_only);
+            bool check_only, const Workspace& workspace = {});
 
 }  // namespace fmha::jax

@@ -6,14 +6,16 @@
 // (jax.ffi.register_ffi_target) and offers check(), which runs the C++ validation on shapes and
 // dtypes alone, so that jax.jit refuses an invalid call while tracing, with the library's message.
 //
-// CUDA: the handlers run the library on XLA's stream of the call's device (no synchronisation).
-// The library's CUDA backward takes its scratch space from its own stream-ordered pool
-// (cudaMallocAsync), not from XLA's allocator. The CUDA handlers are registered only when the
-// library was built with CUDA (tests/python/test_jax_cuda.py runs them; docs/jax.md).
+// CUDA: the handlers run the library on XLA's stream of the call's device (no synchronisation),
+// with the library's scratch memory (the backward's fp32 statistics and accumulators; fmha/params.h's
+// Workspace) from XLA's scratch allocator, so that the library allocates nothing of its own. The
+// CUDA handlers are registered only when the library was built with CUDA
+// (tests/python/test_jax_cuda.py runs them; docs/jax.md).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -98,7 +100,8 @@ ffi::Error to_ffi(const Status& status) {
 }
 
 Status handle(Entry entry, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
-              const ffi::Dictionary& dict, Device device, void* stream) {
+              const ffi::Dictionary& dict, Device device, void* stream,
+              const Workspace& workspace = {}) {
   std::vector<Operand> in(args.size()), out(rets.size());
   for (std::size_t i = 0; i < in.size(); ++i) {
     auto buffer = args.get<ffi::AnyBuffer>(i);
@@ -114,7 +117,7 @@ Status handle(Entry entry, const ffi::RemainingArgs& args, const ffi::RemainingR
   FfiAttrs source(dict);
   FMHA_RETURN_IF_ERROR(decode_attrs(source, &attrs));
   return call(entry, in.data(), in.size(), out.data(), out.size(), attrs, device, stream,
-              /*check_only=*/false);
+              /*check_only=*/false, workspace);
 }
 
 // ---- Handlers ------------------------------------------------------------------------------------
@@ -124,10 +127,23 @@ ffi::Error cpu_call(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dicti
   return to_ffi(handle(kEntry, args, rets, attrs, Device::cpu(), nullptr));
 }
 
+// XLA's scratch allocator as the library's Workspace allocator: memory of XLA's device allocator,
+// given back when the handler returns, in the order of XLA's stream, which the call's work is on.
+// 16-byte alignment: what the library needs, and the most XLA's allocator takes as an argument
+// (a larger one is refused: "Unsupported alignment").
+void* allocate_from_xla(void* context, std::size_t bytes) {
+  auto* scratch = static_cast<ffi::ScratchAllocator*>(context);
+  const std::optional<void*> block = scratch->Allocate(bytes, /*alignment=*/16);
+  return block.has_value() ? *block : nullptr;
+}
+
 template <Entry kEntry>
-ffi::Error cuda_call(void* stream, std::int32_t device, ffi::RemainingArgs args,
-                     ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  return to_ffi(handle(kEntry, args, rets, attrs, Device::cuda(device), stream));
+ffi::Error cuda_call(void* stream, std::int32_t device, ffi::ScratchAllocator scratch,
+                     ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  Workspace workspace;
+  workspace.allocate = &allocate_from_xla;
+  workspace.context = &scratch;
+  return to_ffi(handle(kEntry, args, rets, attrs, Device::cuda(device), stream, workspace));
 }
 
 // The handler symbol XLA calls: the binding is built once, on the first call.
@@ -147,6 +163,7 @@ XLA_FFI_Error* cuda_handler(XLA_FFI_CallFrame* frame) {
   static auto* handler = ffi::Ffi::Bind()
                              .Ctx<ffi::PlatformStream<void*>>()
                              .Ctx<ffi::DeviceOrdinal>()
+                             .Ctx<ffi::ScratchAllocator>()
                              .RemainingArgs()
                              .RemainingRets()
                              .Attrs<ffi::Dictionary>()
