@@ -282,7 +282,8 @@ def _checked_dims(call: Call, slot: Slot, x: torch.Tensor) -> list:
     """The dimensions of `x` whose size another argument must match. The Python layer allocates
     out and lse from q and v, so q's query count and heads are checked only where bias, rel-pos
     or sinks have them, and v's value width only against extra_v (the first merge part's against
-    the other parts)."""
+    the other parts). A varlen q's row count must match the last query offset, which the library
+    reads on the CPU only (CUDA offsets stay on the device)."""
     def held_by_bias(position):  # a size > 1 at this position from the right of [B, H, Lq, Lk]
         tensors = [call.keywords.get("bias"), *(call.keywords.get("rel_pos") or ())]
         return any(isinstance(t, torch.Tensor) and t.dim() >= position and t.shape[-position] > 1
@@ -295,6 +296,8 @@ def _checked_dims(call: Call, slot: Slot, x: torch.Tensor) -> list:
             dims.remove(heads)
         if call.kind == "dense" and not held_by_bias(2):
             dims.remove(1)
+        if call.kind == "varlen" and x.device.type != "cpu":
+            dims.remove(0)
     if slot.label == "v" and call.keywords.get("extra_kv") is None:
         dims = dims[:-1]
     if slot.label == "outs[0]" and call.sizes.get("parts") == 1:
