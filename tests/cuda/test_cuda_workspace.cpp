@@ -266,19 +266,22 @@ TEST(CudaWorkspace, ForwardSizesAndSources) {
     ASSERT_TRUE(forward_workspace_size(plain, dev.views(), &plain_bytes).ok());
     if (!fp32) EXPECT_EQ(plain_bytes, 0u) << "an unmasked 16-bit forward takes no scratch";
 
-    ASSERT_TRUE(run_forward(c, dev.views()).ok());  // the pool
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    dev.download(t.out, dev.views().out);
+    // The forward of `run_case` on poisoned out, downloaded after the device has drained.
+    auto forward_poisoned = [&](const BackwardCase& run_case) {
+      t.out.poison();
+      dev.reset(t.out, dev.views().out);
+      const fmha::Status s = run_forward(run_case, dev.views());
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      dev.download(t.out, dev.views().out);
+      return s;
+    };
+    ASSERT_TRUE(forward_poisoned(c).ok());  // the pool
     const HostTensor pooled = t.out;
 
     RecordingAllocator allocator;
     BackwardCase through = c;
     through.workspace = allocator.workspace();
-    t.out.poison();
-    dev.reset(t.out, dev.views().out);
-    ASSERT_TRUE(run_forward(through, dev.views()).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    dev.download(t.out, dev.views().out);
+    ASSERT_TRUE(forward_poisoned(through).ok());
     EXPECT_TRUE(t.out.bitwise_equal(pooled));
     EXPECT_EQ(allocator.requests(),
               bytes == 0 ? std::vector<std::size_t>{} : std::vector<std::size_t>{bytes});
@@ -287,20 +290,12 @@ TEST(CudaWorkspace, ForwardSizesAndSources) {
     DeviceBuffer buffer(bytes);
     BackwardCase given = c;
     given.workspace = {.data = buffer.get(), .bytes = bytes};
-    t.out.poison();
-    dev.reset(t.out, dev.views().out);
-    ASSERT_TRUE(run_forward(given, dev.views()).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    dev.download(t.out, dev.views().out);
+    ASSERT_TRUE(forward_poisoned(given).ok());
     EXPECT_TRUE(t.out.bitwise_equal(pooled));
 
     given.workspace.bytes = bytes - 1;
-    t.out.poison();
-    dev.reset(t.out, dev.views().out);
-    const fmha::Status s = run_forward(given, dev.views());
+    const fmha::Status s = forward_poisoned(given);
     EXPECT_EQ(s.code(), fmha::StatusCode::kInvalidArgument) << s.message();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    dev.download(t.out, dev.views().out);
     EXPECT_TRUE(t.out.poisoned()) << "a refused forward wrote out";
   }
 }
