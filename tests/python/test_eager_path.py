@@ -192,7 +192,7 @@ def test_options_follow_the_cpu_backend_and_threads(monkeypatch):
     # The options of calls without optional tensors are reused between calls: a change of the CPU
     # backend or of torch's thread count must still reach the next call.
     seen = []
-    monkeypatch.setattr(fmha._bridge, "run",
+    monkeypatch.setattr(fmha._bridge, "run_shaped",
                         lambda params, device: seen.append((params.options.cpu_backend,
                                                             params.options.cpu_threads)))
     q = randn(1, 4, 2, 8, seed=3)

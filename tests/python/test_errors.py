@@ -186,14 +186,16 @@ def test_bad_arguments_raise_with_the_library_message(case, device, monkeypatch)
     make_call, exception, fragments = CASES[case]
     runs = []
 
-    # _bridge.run stands in for the C++ run without its backends: the check that fmha::run makes
-    # first (src/api/dispatch.cpp), then a record of the run that would follow. The forward
-    # leaves its check to run, as a user's call of the C++ API does.
+    # _bridge.run and run_shaped (the attention calls') stand in for the C++ run without its
+    # backends: the check that fmha::run makes first (src/api/dispatch.cpp), then a record of the
+    # run that would follow. The forward leaves its check to run, as a user's call of the C++ API
+    # does.
     def checked_run(params, device):
         fmha._bridge.check(params)
         runs.append(params)
 
     monkeypatch.setattr(fmha._bridge, "run", checked_run)
+    monkeypatch.setattr(fmha._bridge, "run_shaped", checked_run)
     with pytest.raises(exception) as error:
         make_call(device)
     for fragment in fragments:
