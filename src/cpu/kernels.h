@@ -83,7 +83,7 @@ FMHA_CPU_INLINE void gemm_block(std::int64_t k, const float* a, std::int64_t a_r
     for (int x = 0; x < N; ++x) bv[x] = V::load(b + p * ldb + x * V::kWidth);
     const float* ap = a + p * a_col;
     for (int r = 0; r < R; ++r) {
-      const typename V::F av = V::broadcast(ap[r * a_row]);
+      const typename V::F av = V::broadcast_load(ap + r * a_row);
       for (int x = 0; x < N; ++x) acc[r][x] += av * bv[x];
     }
   }

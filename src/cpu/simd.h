@@ -54,6 +54,21 @@ struct Vec {
   }
   static FMHA_CPU_INLINE void store(float* p, const F& v) { std::memcpy(p, &v, sizeof v); }
   static FMHA_CPU_INLINE F broadcast(float x) { return F{} + x; }
+  // Lane-wide copies of *p, read straight from memory: on x86 with AVX (8- and 16-float vectors)
+  // one vbroadcastss from memory, which issues as a load. broadcast(*p) costs a scalar add (GCC
+  // keeps F{} + x, as 0 + x is not x for x = -0) and a broadcast from a register, which Intel's
+  // cores issue on the port of their second 512-bit FMA unit: in the matrix products (kernels.h)
+  // 8 such pairs beside 16 FMAs a step left an Intel Xeon core at 35-42% of its FMA peak.
+  static FMHA_CPU_INLINE F broadcast_load(const float* p) {
+#if defined(__x86_64__)
+    if constexpr (kWidth >= 8) {
+      F v;
+      asm("vbroadcastss %1, %0" : "=v"(v) : "m"(*p));
+      return v;
+    }
+#endif
+    return broadcast(*p);
+  }
   static FMHA_CPU_INLINE F max(const F& a, const F& b) { return a > b ? a : b; }
 
   static FMHA_CPU_INLINE float reduce_max(const F& v) {
