@@ -3,7 +3,6 @@
 // helpers are shared with the neighborhood entry point (neighborhood.cu) through forward_setup.h.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 
