@@ -79,9 +79,10 @@ struct AttentionGradients {
 //             the call allocates nothing;
 //   allocate  called by run(), before it queues any work, with the bytes it needs (at most
 //             workspace_size; not called when it needs none); returns device memory on the call's
-//             device that stays valid for the work the call queues on its stream (freed after run()
-//             returns, in that stream's order, as PyTorch's caching allocator and XLA's scratch
-//             allocator do), or nullptr, which fails the call (backend_error) with nothing written;
+//             device, 16-byte aligned, that stays valid for the work the call queues on its stream
+//             (freed after run() returns, in that stream's order, as PyTorch's caching allocator
+//             and XLA's scratch allocator do), or nullptr, which fails the call (backend_error)
+//             with nothing written;
 //   neither   fmha's own stream-ordered pool (cudaMallocAsync), given back in stream order.
 // The CPU backend ignores it.
 struct Workspace {

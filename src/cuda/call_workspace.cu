@@ -42,6 +42,11 @@ Status CallWorkspace::take(std::size_t bytes, void** out) {
       return Status::backend_error("fmha: the workspace allocator returned no memory for " +
                                    std::to_string(bytes) + " bytes");
     }
+    if (reinterpret_cast<std::uintptr_t>(*out) % 16 != 0) {
+      *out = nullptr;
+      return Status::backend_error(
+          "fmha: the workspace allocator returned memory that is not 16-byte aligned");
+    }
     return Status::ok_status();
   }
   if (pool_count_ == kMaxPoolBlocks) {
