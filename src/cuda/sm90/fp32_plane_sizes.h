@@ -21,11 +21,20 @@ __host__ __device__ constexpr std::int64_t round_up(std::int64_t x, std::int64_t
   return (x + to - 1) / to * to;
 }
 
-// The forward's planes: Q [rows, 128], K [rows, 128] and V^T [128, rows] a (batch, head).
+// Floats of the forward's query plane (Q [rows, 128] a (batch, head)) and of each of its two
+// key-side planes (K [rows, 128] and V^T [128, rows] a (batch, kv head)); Q, K, V^T follow one
+// another in the call's scratch memory.
+struct ForwardPlaneFloats {
+  std::int64_t q, k;
+};
+inline ForwardPlaneFloats forward_plane_floats(const ForwardParams& f) {
+  return {f.batch * f.heads * round_up(f.seqlen_q, kFp32QueryTile) * kFp32PlaneRowFloats,
+          f.batch * (f.heads / f.kv_group) * round_up(f.seqlen_k, kFp32KeyTile) *
+              kFp32PlaneRowFloats};
+}
 inline std::int64_t fp32_forward_planes_floats(const ForwardParams& f) {
-  const std::int64_t kv_heads = f.heads / f.kv_group;
-  return f.batch * f.heads * round_up(f.seqlen_q, kFp32QueryTile) * kFp32PlaneRowFloats +
-         2 * f.batch * kv_heads * round_up(f.seqlen_k, kFp32KeyTile) * kFp32PlaneRowFloats;
+  const ForwardPlaneFloats n = forward_plane_floats(f);
+  return n.q + 2 * n.k;
 }
 
 // Floats of one of the backward's query-side planes (Q, dO, Q^T, dO^T) and of one key-side plane

@@ -19,9 +19,8 @@ Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
   Fp32Planes planes;
   planes.q_rows = round_up(p.seqlen_q, kFp32QueryTile);
   planes.k_rows = round_up(p.seqlen_k, kFp32KeyTile);
-  // The planes, fp32_forward_planes_floats of them, in the call's scratch memory (forward.cu).
-  const std::int64_t q_floats = p.batch * p.heads * planes.q_rows * kFp32PlaneRowFloats;
-  const std::int64_t k_floats = p.batch * kv_heads * planes.k_rows * kFp32PlaneRowFloats;
+  // The planes in the call's scratch memory (forward.cu sized it by fp32_forward_planes_floats).
+  const ForwardPlaneFloats floats = forward_plane_floats(p);
   if (p.scratch == nullptr) {
     return Status::backend_error(
         "fmha: CUDA forward kernel (sm90 fp32): no scratch memory for its operand planes (an "
@@ -32,8 +31,8 @@ Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
                                  ": " + cudaGetErrorString(e));
   };
   float* q = static_cast<float*>(p.scratch);
-  float* k = q + q_floats;
-  float* vt = k + k_floats;
+  float* k = q + floats.q;
+  float* vt = k + floats.k;
   planes.q = q;
   planes.k = k;
   planes.vt = vt;
