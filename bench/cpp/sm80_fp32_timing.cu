@@ -10,7 +10,7 @@
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
 //        -Isrc -Iinclude -DVARIANT='"main"' -o sm80-fp32-timing \
-//        bench/cpp/sm80_fp32_timing.cu src/cuda/workspace_pool.cu -lcuda
+//        bench/cpp/sm80_fp32_timing.cu -lcuda
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -12,7 +12,7 @@
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
 //        -Isrc -Iinclude -DVARIANT='"main"' -o sm90-backward-timing \
-//        bench/cpp/sm90_backward_timing.cu src/cuda/workspace_pool.cu -lcuda
+//        bench/cpp/sm90_backward_timing.cu -lcuda
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -12,8 +12,7 @@
 // hand for sm_90a:
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
-//        -Isrc -Iinclude -o sm90-fused-backward-check bench/cpp/sm90_fused_backward_check.cu \
-//        src/cuda/workspace_pool.cu -lcuda
+//        -Isrc -Iinclude -o sm90-fused-backward-check bench/cpp/sm90_fused_backward_check.cu -lcuda
 //
 // Arguments: none (checks, then the grid), `--check-only`, `--softcap` (checks, then the softcap
 // grid), `--only D L causal [softcap]` (one timing cell).
