@@ -227,8 +227,7 @@ kernel_timing() {
   mkdir -p build-gpu/timing
   for b in ${TIMING_BUCKETS:-64 128 256}; do
     nvcc "${nvcc_args[@]}" -DFMHA_TIMING_BUCKET="$b" -DFMHA_TIMING_D="$b" \
-      -o "build-gpu/timing/sm90-forward-timing-$b" bench/cpp/sm90_forward_timing.cu \
-      src/cuda/workspace_pool.cu -lcuda &
+      -o "build-gpu/timing/sm90-forward-timing-$b" bench/cpp/sm90_forward_timing.cu -lcuda &
   done
   nvcc "${nvcc_args[@]}" -o build-gpu/timing/kv-cache-decode-timing \
     bench/cpp/kv_cache_decode_timing.cu &
