@@ -133,6 +133,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   // Whether the tensor-memory accelerator copies Q and the main key tiles (a dense batch whose
   // maps the launcher made); else the copy warpgroup copies them with cp.async.
   [[maybe_unused]] const bool tma = kCopyWarps && !kTokenTiles && maps.usable;
+  // Whether the epilogue stores the output rows by TMA (a tile of their own and a map the launcher
+  // made), or the math threads store them.
+  const bool out_by_tma = output_tile<kD, Policy>() && maps.out_usable;
   // Whether the copy warpgroup stages the bias by TMA (bias_ring(); the launcher made its map), or
   // the math threads load it into registers.
   [[maybe_unused]] const bool staged_bias = bias_ring<kD, Policy>() && maps.bias_usable;
@@ -715,16 +718,34 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         // flight, and each phase of the barrier is waited for in turn.
         if (!kStagedBoxes && num_phases == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
       }
+      // The warp's rows of the output tile, free again once the bulk stores of its previous grid
+      // tile have read them (out_by_tma).
+      if (out_by_tma) {
+        if (lane == 0) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
+        __syncwarp();
+      }
       stage_output_rows<T, QTile>(o, factor, smem_o, warp * 16, lane);
-      __syncwarp();
-
-      const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
-      // Token tiles address rows by token: their pointer starts at token 0.
-      auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
-                  (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
-                  h * p.out_head_stride;
-      store_output_rows<kD, kTokenTiles, QTile>(p, out, smem_q_ptr + (smem_o - smem_q), warp * 16,
-                                                warp_rows, kTokenTiles ? qb->token : nullptr, lane);
+      const std::uint8_t* const staged_rows = smem_q_ptr + (smem_o - smem_q);
+      if (out_by_tma) {
+        // Every lane's rows made visible to the bulk copy, which lane 0 issues: the math warps go
+        // on to the next grid tile while it stores them.
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) {
+          tma_store_rows<QTile>(staged_rows + warp * 16 * QTile::kSwizzleBytes, maps.out,
+                                m0 + warp * 16, h, b, p.value_dim);
+          ::cuda::ptx::cp_async_bulk_commit_group();
+        }
+      } else {
+        __syncwarp();
+        const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
+        // Token tiles address rows by token: their pointer starts at token 0.
+        auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
+                    (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
+                    h * p.out_head_stride;
+        store_output_rows<kD, kTokenTiles, QTile>(p, out, staged_rows, warp * 16, warp_rows,
+                                                  kTokenTiles ? qb->token : nullptr, lane);
+      }
       // The query box's buffer is free for grid tile + 2 once this warp's reads of it are done.
       if constexpr (kStagedBoxes) {
         __syncwarp();
@@ -870,6 +891,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(math_registers<kD, Policy>()));
       walk_grid_tiles<false, kThreads>(p, bars, lane, tile_runner(std::false_type{}));
+      // No thread leaves with its output stores in flight.
+      if (out_by_tma && lane == 0) ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
       // The follower arrived after each of its phases: the leader's wait for the last one.
       if (kPingPong && warpgroup == 0 && phases_done > 0) {
         named_barrier_sync<kTurnBackBarrier, kThreads>();

@@ -44,11 +44,13 @@ struct RowsMap {
 
 // The forward kernel's maps of q, k and v; `usable` is false where any of them could not be made.
 // `bias`: a 16-bit bias's rows of queries (columns = keys), in blocks of a key tile's columns,
-// where the kernel stages the bias by TMA (bias_usable: mainloop_fwd.cuh).
+// where the kernel stages the bias by TMA (bias_usable: mainloop_fwd.cuh). `out`: the output's
+// rows in boxes of a warp's 16, where the epilogue stores them by TMA (out_usable).
 struct ForwardTileMaps {
-  RowsMap q, k, v, bias;
+  RowsMap q, k, v, bias, out;
   bool usable = false;
   bool bias_usable = false;
+  bool out_usable = false;
 };
 
 // The split backward's maps (mainloop_bwd_dq.cuh, mainloop_bwd_dkdv.cuh): k and v in the dQ
@@ -86,6 +88,13 @@ __device__ __forceinline__ std::uint64_t* init_stage_barriers() {
 // maps would take (scripts/gpu-check.sh).
 inline bool tma_enabled() {
   static const bool enabled = !switched_off_by_env("FMHA_SM90_TMA");
+  return enabled;
+}
+
+// Whether the forward's epilogue may store its output rows by TMA (mainloop_fwd.cuh):
+// FMHA_SM90_TMA_STORE=0 (read once) keeps the threads' own 16-byte stores, for comparing the two.
+inline bool tma_store_enabled() {
+  static const bool enabled = !switched_off_by_env("FMHA_SM90_TMA_STORE");
   return enabled;
 }
 
@@ -286,6 +295,30 @@ __device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& 
     const std::int32_t coords[4] = {first_col + block * Tile::kBlockCols, c1, c2, c3};
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
                                       dst + block * Tile::kBlockBytes, &m.map, coords, bar);
+  }
+}
+
+// The reverse of tma_load_tile: rows [row, row + the box's rows) of head `head`, batch `batch`
+// from the tile rows at `src` (shared memory; column blocks Tile::kBlockBytes apart) to global
+// memory, in this thread's bulk group (the caller commits it, and waits for its reads before it
+// writes those rows again). Rows past L and columns past the map's columns are not written; column
+// blocks at or past `cols` are not copied at all.
+template <typename Tile>
+__device__ __forceinline__ void tma_store_rows(const std::uint8_t* src, const RowsMap& m,
+                                               std::int64_t row, int head, std::int64_t batch,
+                                               int cols) {
+  auto outer = [&](int which) {
+    return which == kRowDim    ? static_cast<std::int32_t>(row)
+           : which == kHeadDim ? head
+                               : static_cast<std::int32_t>(batch);
+  };
+  const std::int32_t c1 = outer(m.order[0]), c2 = outer(m.order[1]), c3 = outer(m.order[2]);
+#pragma unroll
+  for (int block = 0; block < Tile::kBytes / Tile::kBlockBytes; ++block) {
+    if (block * Tile::kBlockCols >= cols) break;
+    const std::int32_t coords[4] = {block * Tile::kBlockCols, c1, c2, c3};
+    ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, &m.map,
+                                      coords, src + block * Tile::kBlockBytes);
   }
 }
 
