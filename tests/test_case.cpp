@@ -644,13 +644,16 @@ void check_case(const AttentionCase& c, std::uint64_t seed, CaseDevice* device, 
   // 8.1e-3, of which 7.9e-3 from its out alone, against a naive error of 2.2e-3). out is an input
   // of the backward, and SPEC §13 compares on the same inputs: a gradient's bound adds the error
   // its float64 value takes from the library's out alone. By the triangle inequality, what remains
-  // is the backward's own error on its inputs, held to 2 x naive + 1e-4 as before.
+  // is the backward's own error on its inputs, held to 2 x naive + 1e-4 as before. The same holds
+  // for an fp32 out (its rounding, magnified alike, exceeded the flat 1e-5 in ill-conditioned fuzz
+  // draws): fp32 gradients are held to 1e-5 on their inputs.
+  const bool out_rounded = c.dtype != DType::kFloat64;
   const naive::Gradients from_out =
-      lowp ? naive::backward(p, with_out(p, ref, t.out.to_double()), dout, dlse, naive::exact)
-           : naive::Gradients{};
+      out_rounded ? naive::backward(p, with_out(p, ref, t.out.to_double()), dout, dlse, naive::exact)
+                  : naive::Gradients{};
   auto grad_tol = [&](const std::vector<double>& r, const std::vector<double>& lr,
                       const std::vector<double>& out_r) {
-    return tol(r, lr, dt) + (lowp ? fmha_test::compare(out_r, r, 0).rel_error : 0.0);
+    return tol(r, lr, dt) + (out_rounded ? fmha_test::compare(out_r, r, 0).rel_error : 0.0);
   };
   for (const auto& [name, grad] : {std::pair{"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}})
     EXPECT_TRUE(grad->padding_untouched()) << name << ": an element outside the view (padding) was written";
@@ -663,7 +666,7 @@ void check_case(const AttentionCase& c, std::uint64_t seed, CaseDevice* device, 
     const std::vector<std::int64_t> full{p.batch, c.heads, p.bias_rows, p.bias_cols};
     const auto ref_db = reduce_like(g.dbias, full, t.dbias);
     const auto lowp_db = lowp || tf32 ? reduce_like(lg.dbias, full, t.dbias) : ref_db;
-    const auto out_db = lowp ? reduce_like(from_out.dbias, full, t.dbias) : ref_db;
+    const auto out_db = out_rounded ? reduce_like(from_out.dbias, full, t.dbias) : ref_db;
     EXPECT_TRUE(close("dbias", t.dbias.to_double(), ref_db, t.dbias.shape(),
                       grad_tol(ref_db, lowp_db, out_db)));
   }
@@ -673,8 +676,8 @@ void check_case(const AttentionCase& c, std::uint64_t seed, CaseDevice* device, 
     const auto ref_h = reduce_like(g.drel_h, full_h, t.drel_h), ref_w = reduce_like(g.drel_w, full_w, t.drel_w);
     const auto lowp_h = lowp || tf32 ? reduce_like(lg.drel_h, full_h, t.drel_h) : ref_h;
     const auto lowp_w = lowp || tf32 ? reduce_like(lg.drel_w, full_w, t.drel_w) : ref_w;
-    const auto out_h = lowp ? reduce_like(from_out.drel_h, full_h, t.drel_h) : ref_h;
-    const auto out_w = lowp ? reduce_like(from_out.drel_w, full_w, t.drel_w) : ref_w;
+    const auto out_h = out_rounded ? reduce_like(from_out.drel_h, full_h, t.drel_h) : ref_h;
+    const auto out_w = out_rounded ? reduce_like(from_out.drel_w, full_w, t.drel_w) : ref_w;
     EXPECT_TRUE(close("drel_h", t.drel_h.to_double(), ref_h, t.drel_h.shape(),
                       grad_tol(ref_h, lowp_h, out_h)));
     EXPECT_TRUE(close("drel_w", t.drel_w.to_double(), ref_w, t.drel_w.shape(),
@@ -683,7 +686,8 @@ void check_case(const AttentionCase& c, std::uint64_t seed, CaseDevice* device, 
   if (t.dsinks.defined()) {
     // dsinks = -sum_i P_sink(i) Delta(i) adds terms of both signs, so the out that Delta is taken
     // from moves it most of all: it gets the same allowance as the gradients above.
-    const double from_out_error = lowp ? fmha_test::compare(from_out.dsinks, g.dsinks, 0).rel_error : 0.0;
+    const double from_out_error =
+        out_rounded ? fmha_test::compare(from_out.dsinks, g.dsinks, 0).rel_error : 0.0;
     const double sink_tol = stat_tol(g.dsinks, lg.dsinks, t.dsinks.dtype()) + from_out_error;  // fp32, as lse
     EXPECT_TRUE(close("dsinks", t.dsinks.to_double(), g.dsinks, t.dsinks.shape(), sink_tol));
   }
