@@ -67,6 +67,7 @@ struct ForwardScratch {
 
 // Loads the keys of `keys` (from `from`) of kv head kvh: K transposed into kt (columns keys.count
 // .. ncols - 1 zeroed, the product reads them) and V row-major into v.
+template <typename V>
 FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int64_t kvh,
                                    const Tile& keys, std::int64_t ncols, float* k_rows, float* kt,
                                    float* v, std::int64_t ldv) {
@@ -77,10 +78,23 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int6
     load_features(*from.v, from.v->offset(from.batch, token, kvh), c.value_dim, 1.0f, v + j * ldv,
                   1);
   }
-  // Transposed from the converted rows, which stay in L1: contiguous stores, cached loads.
+  // Transposed from the converted rows, which stay in L1, in blocks of kWidth keys x kWidth
+  // features transposed in registers; the ragged edges element by element. (Element by element
+  // throughout, the transpose took about 8% of a one-thread fp32 forward on an Intel Xeon core.)
+  constexpr std::int64_t kWidth = V::kWidth;
+  const std::int64_t block_cols = cols / kWidth * kWidth, block_dims = dim / kWidth * kWidth;
+  for (std::int64_t j0 = 0; j0 < block_cols; j0 += kWidth) {
+    for (std::int64_t d0 = 0; d0 < block_dims; d0 += kWidth) {
+      typename V::F r[kWidth];
+      for (std::int64_t i = 0; i < kWidth; ++i) r[i] = V::load(k_rows + (j0 + i) * dim + d0);
+      V::transpose(r);
+      for (std::int64_t i = 0; i < kWidth; ++i) V::store(kt + (d0 + i) * kKeyTile + j0, r[i]);
+    }
+  }
   for (std::int64_t d = 0; d < dim; ++d) {
     float* row = kt + d * kKeyTile;
-    for (std::int64_t j = 0; j < cols; ++j) row[j] = k_rows[j * dim + d];
+    const std::int64_t first = d < block_dims ? block_cols : 0;  // before it: the blocks'
+    for (std::int64_t j = first; j < cols; ++j) row[j] = k_rows[j * dim + d];
     for (std::int64_t j = cols; j < ncols; ++j) row[j] = 0.0f;
   }
 }
@@ -128,7 +142,7 @@ FMHA_CPU_INLINE void score_tile(const Call& c, const KeyRows& from, std::int64_t
     return;
   }
 #endif
-  load_key_tile(c, from, kvh, keys, ncols, w.k.data(), w.kt.data(), w.v.data(), dv);
+  load_key_tile<V>(c, from, kvh, keys, ncols, w.k.data(), w.kt.data(), w.v.data(), dv);
   gemm<Traits>(rows_pad, ncols, dim, w.q.data(), dim, 1, w.kt.data(), kKeyTile, s, kKeyTile, false);
 }
 

@@ -2,13 +2,15 @@
 // one source serves every ISA. Each instruction set gets its own copy of the kernels (functions
 // marked with a `target` attribute, see kernels.h) into which these helpers are force-inlined, with
 // the vector width of its registers: Vec<64> (16 floats) for AVX-512, Vec<32> for AVX2, Vec<16> for
-// the portable baseline (SSE2, NEON). A vector wider than the target's registers has no machine
-// mode and lives in memory (AVX2 ran 13x slower on 16-float vectors than on 8-float ones). Nothing
-// here is called out of line, so no vector crosses a function boundary.
+// the portable baseline (SSE2, NEON); shuffles by __builtin_shufflevector (GCC 12 or later, Clang).
+// A vector wider than the target's registers has no machine mode and lives in memory (AVX2 ran 13x
+// slower on 16-float vectors than on 8-float ones). Nothing here is called out of line, so no vector
+// crosses a function boundary.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 // Vectors returned by the inlined helpers trigger GCC's note that the ABI of such values depends on
 // the target's vector extensions; they never cross a real call. Arguments go by reference.
@@ -127,6 +129,28 @@ struct Vec {
     const F clamped = a < nine ? a : nine;
     const F far = 1.0f - 2.0f / (exp(clamped + clamped) + 1.0f);
     return a < broadcast(0.25f) ? series : (x < zero ? -far : far);
+  }
+
+  // Transposes the kWidth x kWidth block held by r (row i in r[i]) in place, in log2(kWidth)
+  // rounds: round S swaps the off-diagonal S x S blocks of every 2S x 2S block, two two-source
+  // shuffles a pair of rows (24 shuffles for 8 x 8, 64 for 16 x 16).
+  static FMHA_CPU_INLINE void transpose(F (&r)[kWidth]) {
+    transpose_round<1>(r, std::make_integer_sequence<int, kWidth>{});
+  }
+
+ private:
+  template <int S, int... L>
+  static FMHA_CPU_INLINE void transpose_round(F (&r)[kWidth],
+                                              std::integer_sequence<int, L...> lanes) {
+    for (int i = 0; i < kWidth; ++i) {
+      if ((i & S) != 0) continue;
+      const F a = r[i], b = r[i + S];
+      // Lane l of row i keeps a[l] where bit S of l is clear and takes b[l - S] where it is set;
+      // row i + S takes a[l + S] and b[l] alike.
+      r[i] = __builtin_shufflevector(a, b, ((L & S) == 0 ? L : kWidth + L - S)...);
+      r[i + S] = __builtin_shufflevector(a, b, ((L & S) == 0 ? L + S : kWidth + L)...);
+    }
+    if constexpr (2 * S < kWidth) transpose_round<2 * S>(r, lanes);
   }
 };
 
