@@ -275,13 +275,12 @@ __device__ __forceinline__ void barrier_arrive_expect_bytes(std::uint64_t* bar, 
                                                static_cast<std::uint32_t>(bytes));
 }
 
-// Rows [row, row + the box's rows) of head `head`, batch `batch` (every column block of the tile,
-// from column first_col on) into the tile at `dst` (shared memory), completing Tile::kBytes on
-// `bar`.
-template <typename Tile>
-__device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& m, std::int64_t row,
-                                              int head, std::int64_t batch, std::uint64_t* bar,
-                                              std::int32_t first_col = 0) {
+// The coordinates of (row, head, batch) in a map's outer dimensions, in the map's order.
+struct OuterCoords {
+  std::int32_t c1, c2, c3;
+};
+__device__ __forceinline__ OuterCoords outer_coords(const RowsMap& m, std::int64_t row, int head,
+                                                    std::int64_t batch) {
   // Selects, not an array indexed by the map's order (which went through local memory, a store
   // and a load before every copy).
   auto outer = [&](int which) {
@@ -289,10 +288,20 @@ __device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& 
            : which == kHeadDim ? head
                                : static_cast<std::int32_t>(batch);
   };
-  const std::int32_t c1 = outer(m.order[0]), c2 = outer(m.order[1]), c3 = outer(m.order[2]);
+  return {outer(m.order[0]), outer(m.order[1]), outer(m.order[2])};
+}
+
+// Rows [row, row + the box's rows) of head `head`, batch `batch` (every column block of the tile,
+// from column first_col on) into the tile at `dst` (shared memory), completing Tile::kBytes on
+// `bar`.
+template <typename Tile>
+__device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& m, std::int64_t row,
+                                              int head, std::int64_t batch, std::uint64_t* bar,
+                                              std::int32_t first_col = 0) {
+  const OuterCoords c = outer_coords(m, row, head, batch);
 #pragma unroll
   for (int block = 0; block < Tile::kBytes / Tile::kBlockBytes; ++block) {
-    const std::int32_t coords[4] = {first_col + block * Tile::kBlockCols, c1, c2, c3};
+    const std::int32_t coords[4] = {first_col + block * Tile::kBlockCols, c.c1, c.c2, c.c3};
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
                                       dst + block * Tile::kBlockBytes, &m.map, coords, bar);
   }
@@ -307,16 +316,11 @@ template <typename Tile>
 __device__ __forceinline__ void tma_store_rows(const std::uint8_t* src, const RowsMap& m,
                                                std::int64_t row, int head, std::int64_t batch,
                                                int cols) {
-  auto outer = [&](int which) {
-    return which == kRowDim    ? static_cast<std::int32_t>(row)
-           : which == kHeadDim ? head
-                               : static_cast<std::int32_t>(batch);
-  };
-  const std::int32_t c1 = outer(m.order[0]), c2 = outer(m.order[1]), c3 = outer(m.order[2]);
+  const OuterCoords c = outer_coords(m, row, head, batch);
 #pragma unroll
   for (int block = 0; block < Tile::kBytes / Tile::kBlockBytes; ++block) {
     if (block * Tile::kBlockCols >= cols) break;
-    const std::int32_t coords[4] = {block * Tile::kBlockCols, c1, c2, c3};
+    const std::int32_t coords[4] = {block * Tile::kBlockCols, c.c1, c.c2, c.c3};
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, &m.map,
                                       coords, src + block * Tile::kBlockBytes);
   }
