@@ -3,9 +3,9 @@
 // marked with a `target` attribute, see kernels.h) into which these helpers are force-inlined, with
 // the vector width of its registers: Vec<64> (16 floats) for AVX-512, Vec<32> for AVX2, Vec<16> for
 // the portable baseline (SSE2, NEON); shuffles by __builtin_shufflevector (GCC 12 or later, Clang).
-// A vector wider than the target's registers has no machine mode and lives in memory (AVX2 ran 13x
-// slower on 16-float vectors than on 8-float ones). Nothing here is called out of line, so no vector
-// crosses a function boundary.
+// A vector wider than the target's registers has no machine mode and lives in memory (AVX2 ran
+// 13x slower on 16-float vectors than on 8-float ones). Nothing here is called out of line, so no
+// vector crosses a function boundary.
 #pragma once
 
 #include <cstdint>

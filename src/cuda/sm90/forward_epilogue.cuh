@@ -1,9 +1,9 @@
 // The sm90 forward's epilogue (mainloop_fwd.cuh): a warp's 16 output rows, normalised, staged in
-// its own rows of a shared-memory tile, then stored to global memory in 16-byte chunks (each thread
-// storing its accumulator pairs itself cost 9.5% at D 128 L 8192: H200, 2026-11-26, docs/perf-log.md),
-// or, where the output has a tile of its own and a tensor map, by one bulk tensor store a warp
-// (tile_copies.cuh: tma_store_rows), which the math warps do not wait for: the threads' stores
-// held them 4-6.5% of a short forward's time (H200, 2026-11-29, L 512).
+// its own rows of a shared-memory tile, then stored to global memory in 16-byte chunks (each
+// thread storing its accumulator pairs itself cost 9.5% at D 128 L 8192: H200, 2026-11-26,
+// docs/perf-log.md), or, where the output has a tile of its own and a tensor map, by one bulk
+// tensor store a warp (tile_copies.cuh: tma_store_rows), which the math warps do not wait for:
+// the threads' stores held them 4-6.5% of a short forward's time (H200, 2026-11-29, L 512).
 #pragma once
 
 #include <cstdint>

@@ -97,7 +97,7 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
       maps.bias_usable = maps.usable && encode_bias_map<BiasTile<kD>>(&maps.bias, p, kM);
     }
     if constexpr (output_tile<kD, Policy>()) {
-      // The epilogue's stores by TMA, a warp's 16 rows a box, where the output has a tile of its own.
+      // The epilogue's stores by TMA, a warp's 16 rows a box (the output has a tile of its own).
       maps.out_usable = maps.usable && tma_store_enabled() &&
                         encode_rows_map(&maps.out, p.out, p.value_dim, p.seqlen_q, p.heads, p.batch,
                                         p.out_row_stride, p.out_head_stride, p.out_batch_stride,
