@@ -21,34 +21,32 @@ __host__ __device__ constexpr std::int64_t round_up(std::int64_t x, std::int64_t
   return (x + to - 1) / to * to;
 }
 
-// Floats of the forward's query plane (Q [rows, 128] a (batch, head)) and of each of its two
-// key-side planes (K [rows, 128] and V^T [128, rows] a (batch, kv head)); Q, K, V^T follow one
-// another in the call's scratch memory.
-struct ForwardPlaneFloats {
+// Floats of one query-side plane and one key-side plane of a call: rows [rows, 128] a (batch,
+// head) or a (batch, kv head), the rows padded to the kernels' tiles.
+struct PlaneFloats {
   std::int64_t q, k;
 };
-inline ForwardPlaneFloats forward_plane_floats(const ForwardParams& f) {
-  return {f.batch * f.heads * round_up(f.seqlen_q, kFp32QueryTile) * kFp32PlaneRowFloats,
-          f.batch * (f.heads / f.kv_group) * round_up(f.seqlen_k, kFp32KeyTile) *
-              kFp32PlaneRowFloats};
+inline PlaneFloats plane_floats(const ForwardParams& f, int query_tile, int key_tile) {
+  return {f.batch * f.heads * round_up(f.seqlen_q, query_tile) * kFp32PlaneRowFloats,
+          f.batch * (f.heads / f.kv_group) * round_up(f.seqlen_k, key_tile) * kFp32PlaneRowFloats};
+}
+
+// The forward's planes: Q, then the key-side K [rows, 128] and V^T [128, rows], one after another
+// in the call's scratch memory.
+inline PlaneFloats forward_plane_floats(const ForwardParams& f) {
+  return plane_floats(f, kFp32QueryTile, kFp32KeyTile);
 }
 inline std::int64_t fp32_forward_planes_floats(const ForwardParams& f) {
-  const ForwardPlaneFloats n = forward_plane_floats(f);
+  const PlaneFloats n = forward_plane_floats(f);
   return n.q + 2 * n.k;
 }
 
-// Floats of one of the backward's query-side planes (Q, dO, Q^T, dO^T) and of one key-side plane
-// (K, V, K^T).
-struct BackwardPlaneFloats {
-  std::int64_t q, k;
-};
-inline BackwardPlaneFloats backward_plane_floats(const ForwardParams& f) {
-  return {f.batch * f.heads * round_up(f.seqlen_q, kFp32BwdBlock) * kFp32PlaneRowFloats,
-          f.batch * (f.heads / f.kv_group) * round_up(f.seqlen_k, kFp32BwdBlock) *
-              kFp32PlaneRowFloats};
+// The backward's planes: four query-side (Q, dO, Q^T, dO^T) and three key-side (K, V, K^T).
+inline PlaneFloats backward_plane_floats(const ForwardParams& f) {
+  return plane_floats(f, kFp32BwdBlock, kFp32BwdBlock);
 }
 inline std::int64_t fp32_backward_planes_floats(const ForwardParams& f) {
-  const BackwardPlaneFloats n = backward_plane_floats(f);
+  const PlaneFloats n = backward_plane_floats(f);
   return 4 * n.q + 3 * n.k;
 }
 

@@ -20,7 +20,7 @@ inline cudaError_t write_backward_planes(const BackwardParams& p, float* workspa
   const std::int64_t kv_heads = f.heads / f.kv_group;
   planes->q_rows = round_up(f.seqlen_q, kFp32BwdBlock);
   planes->k_rows = round_up(f.seqlen_k, kFp32BwdBlock);
-  const BackwardPlaneFloats n = backward_plane_floats(f);
+  const PlaneFloats n = backward_plane_floats(f);
   const std::int64_t q_plane = n.q, k_plane = n.k;
   float* const q = workspace;
   float* const dout = q + q_plane;

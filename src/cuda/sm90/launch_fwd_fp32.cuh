@@ -20,7 +20,7 @@ Status launch_forward_fp32(const ForwardParams& p, cudaStream_t stream) {
   planes.q_rows = round_up(p.seqlen_q, kFp32QueryTile);
   planes.k_rows = round_up(p.seqlen_k, kFp32KeyTile);
   // The planes in the call's scratch memory (forward.cu sized it by fp32_forward_planes_floats).
-  const ForwardPlaneFloats floats = forward_plane_floats(p);
+  const PlaneFloats floats = forward_plane_floats(p);
   if (p.scratch == nullptr) {
     return Status::backend_error(
         "fmha: CUDA forward kernel (sm90 fp32): no scratch memory for its operand planes (an "
