@@ -354,14 +354,24 @@ Status largest_group_workspace(const FlattenedCall<DenseParams>& call,
                              });
 }
 
+// What a forward call and its size query share: the checks, then the flattening; `*empty`: the
+// call computes nothing (no launch, no scratch).
+Status prepare_forward(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape,
+                       FlattenedCall<AttentionForwardParams>* call, bool* empty) {
+  FMHA_RETURN_IF_ERROR(check_forward_dtype(a.q.dtype));
+  *empty = shape.seqlen_q == 0 || shape.batch == 0 || shape.heads == 0;
+  if (*empty) return Status::ok_status();
+  FMHA_RETURN_IF_ERROR(check_token_count(shape));
+  return flatten_forward(a, shape, call);
+}
+
 }  // namespace
 
 Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape, void* stream) {
-  FMHA_RETURN_IF_ERROR(check_forward_dtype(a.q.dtype));
-  if (shape.seqlen_q == 0 || shape.batch == 0 || shape.heads == 0) return Status::ok_status();
-  FMHA_RETURN_IF_ERROR(check_token_count(shape));
   FlattenedCall<AttentionForwardParams> call;
-  FMHA_RETURN_IF_ERROR(flatten_forward(a, shape, &call));
+  bool empty = false;
+  FMHA_RETURN_IF_ERROR(prepare_forward(a, shape, &call, &empty));
+  if (empty) return Status::ok_status();
   return run_dilation_groups(
       call.groups, call.dense, shape, call.grid, ForwardGridViews{},
       [stream](const AttentionForwardParams& p, const detail::ProblemShape& s,
@@ -371,11 +381,10 @@ Status run(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape
 Status workspace_size(const NeighborhoodForwardParams& a, const detail::ProblemShape& shape,
                       std::size_t* bytes) {
   *bytes = 0;
-  FMHA_RETURN_IF_ERROR(check_forward_dtype(a.q.dtype));
-  if (shape.seqlen_q == 0 || shape.batch == 0 || shape.heads == 0) return Status::ok_status();
-  FMHA_RETURN_IF_ERROR(check_token_count(shape));
   FlattenedCall<AttentionForwardParams> call;
-  FMHA_RETURN_IF_ERROR(flatten_forward(a, shape, &call));
+  bool empty = false;
+  FMHA_RETURN_IF_ERROR(prepare_forward(a, shape, &call, &empty));
+  if (empty) return Status::ok_status();
   return largest_group_workspace(call, shape, ForwardGridViews{}, dense_forward_workspace_bytes,
                                  bytes);
 }
