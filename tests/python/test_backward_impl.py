@@ -190,9 +190,10 @@ def test_cuda_scratch_memory_comes_from_torch(dtype, monkeypatch):
     torch.cuda.synchronize()
     assert len(requests) == 1 and requests[0] > 0
     grad_bytes = sum(g.numel() * g.element_size() for g in grads)
-    # The scratch shows on top of the gradients, less what the autograd graph released before the
-    # node ran (its saved tensors that the test does not hold: 24,064 bytes in one H200 run,
-    # 2026-11-29). Scratch allocated outside PyTorch would leave the peak at the gradients.
+    # The scratch shows on top of the gradients, less a slack: on an H200 (2026-11-29, every bucket
+    # built) the bf16 case's peak grew by 24,064 bytes less than both, presumably memory released
+    # before the node allocated (not identified). Scratch allocated outside PyTorch would leave the
+    # peak near the gradients, below this bound.
     released_early = 64 * 1024
     assert requests[0] > released_early
     assert torch.cuda.max_memory_allocated() - before >= grad_bytes + requests[0] - released_early
