@@ -496,7 +496,8 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   if (p.dsinks != nullptr) step(launch_backward_dsinks(p, outer, inner, stream));
   const bool sm90 = plan.sm90, fused = plan.fused;
   if (s.ok() && plan.sm90_fp32) {
-    step(dispatch_backward_sm90_fp32(p, stream));
+    // No planes: neither queries nor keys, so dq, dk and dv are empty (dsinks is done above).
+    if (plan.plane_floats > 0) step(dispatch_backward_sm90_fp32(p, stream));
   } else if (s.ok() && plan.sm90_fused) {
     step(dispatch_backward_sm90_fused(p, dtype, stream));  // dq converted there
   } else if (s.ok()) {

@@ -138,6 +138,13 @@ TEST(CudaBackward, EmptyBatchSinks) {
   c.dtype = DType::kBFloat16;
   c.options.causal = true;
   check_backward(c, 87);
+  // fp32 on Hopper: its kernels' operand planes are empty too, so no kernel runs.
+  c.dtype = DType::kFloat32;
+  c.head_dim = c.value_dim = 24;
+  check_backward(c, 88);
+  BackwardCase none = shape_case(DType::kFloat32, 0, 0, 24, 24, 6, 2, 2);  // no query, no key
+  none.sinks = true;
+  check_backward(none, 89);
 }
 
 TEST(CudaBackward, BiasAndItsGradient) {
