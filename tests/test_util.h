@@ -57,6 +57,9 @@ class HostTensor {
   // After poison() and a run: false when a storage element outside the logical view (padding) was
   // written, i.e. the library wrote out of bounds.
   bool padding_untouched() const;
+  // What padding_untouched() found: "" when nothing outside the view was written, else the first
+  // written storage element and the view's shape and strides (for the failure message).
+  std::string padding_report() const;
   // After poison() and a call: true when every storage element still holds the poison (the call
   // wrote nothing).
   bool poisoned() const;
