@@ -254,21 +254,24 @@ bool use_fused(const BackwardParams& p, const AttentionOptions& o, BackwardImpl 
   return 2 * backward_dkdv_blocks(p) >= sm_count;
 }
 
-// A call without rows (batch or heads 0): every gradient is empty except those that sum over the
-// empty dimension, dsinks and a bias broadcast over it, which are sums of nothing: zeros (dsinks
-// keeps its values when the call adds to them). The bias's sum is converted from a zeroed fp32
-// buffer in scratch memory, of this many floats:
-std::int64_t empty_call_bias_floats(const AdditiveGradients& additive) {
-  // A dbias with a dimension of size 0 has no elements (a batch-sized bias of an empty batch).
-  bool dbias_elements = additive.dbias != nullptr;
-  for (int d = 0; d < 4 && dbias_elements; ++d) {
-    dbias_elements = additive.dbias->shape[static_cast<std::size_t>(d)] > 0;
+// A gradient of an additive term with elements of its own, where the sums that make it run over
+// no rows (a size-1 dimension over a problem dimension of size 0): zeros.
+Status zero_sum_of_nothing(const TensorView* gradient, DType dtype, cudaStream_t stream) {
+  if (gradient == nullptr) return Status::ok_status();
+  Extents4 sizes{{0, 0, 0, 0}};
+  for (int d = 0; d < 4; ++d) {
+    sizes.v[d] = gradient->shape[static_cast<std::size_t>(d)];
+    if (sizes.v[d] <= 0) return Status::ok_status();  // no element
   }
-  return dbias_elements ? AdditiveGradients::count(additive.dbias_sizes) : 0;
+  return launch_backward_convert_4d(nullptr, sizes, gradient->data, strides_of(*gradient), dtype,
+                                    stream);
 }
 
+// A call without rows (batch or heads 0): every gradient is empty except those that sum over the
+// empty dimension, dsinks, a bias and rel-pos broadcast over it, which are sums of nothing: zeros
+// (dsinks keeps its values when the call adds to them).
 Status zero_empty_sums(const BackwardParams& p, const AdditiveGradients& additive, DType dtype,
-                       std::int64_t bias_floats, CallWorkspace* scratch, cudaStream_t stream) {
+                       cudaStream_t stream) {
   const bool dsinks = p.dsinks != nullptr && !p.accumulate_dsinks && p.fwd.heads > 0;
   if (dsinks) {
     const std::size_t pitch = static_cast<std::size_t>(std::max<std::int64_t>(p.dsinks_stride, 1));
@@ -276,15 +279,10 @@ Status zero_empty_sums(const BackwardParams& p, const AdditiveGradients& additiv
                                             static_cast<std::size_t>(p.fwd.heads), stream);
     if (e != cudaSuccess) return cuda_error("cudaMemset2DAsync of dsinks failed", e);
   }
-  if (bias_floats == 0) return Status::ok_status();
-  void* zeros = nullptr;
-  const std::size_t bytes = static_cast<std::size_t>(bias_floats) * sizeof(float);
-  FMHA_RETURN_IF_ERROR(scratch->take(bytes, &zeros));
-  const cudaError_t e = cudaMemsetAsync(zeros, 0, bytes, stream);
-  if (e != cudaSuccess) return cuda_error("cudaMemsetAsync of the bias gradient failed", e);
-  return launch_backward_convert_4d(static_cast<float*>(zeros), additive.dbias_sizes,
-                                    additive.dbias->data, strides_of(*additive.dbias), dtype,
-                                    stream);
+  for (const TensorView* gradient : {additive.dbias, additive.drel_h, additive.drel_w}) {
+    FMHA_RETURN_IF_ERROR(zero_sum_of_nothing(gradient, dtype, stream));
+  }
+  return Status::ok_status();
 }
 
 // A backward call's decisions and its scratch memory, made before anything is queued (the same
@@ -293,8 +291,7 @@ Status zero_empty_sums(const BackwardParams& p, const AdditiveGradients& additiv
 // preprocess zeroes (zeroed_vectors float4s: dQ, its turn counters, dbias, drel), then the sm90
 // fp32 kernels' operand planes (plane_floats).
 struct BackwardPlan {
-  bool empty = false;  // no rows: zero_empty_sums' work only, on empty_bias_floats of scratch
-  std::int64_t empty_bias_floats = 0;
+  bool empty = false;  // no rows: zero_empty_sums' work only, without scratch
   bool sm90_fp32 = false, sm90_fused = false, fused = false, sm90 = false;
   bool drel_in_place = false;  // the sm90 dQ kernel writes drel itself
   FusedAccumulatorSize fused_size{0, 0, 0};
@@ -302,7 +299,7 @@ struct BackwardPlan {
   std::int64_t accum_offset = 0, zeroed_vectors = 0, floats = 0, plane_floats = 0;
 
   std::size_t bytes() const {
-    const std::int64_t n = empty ? empty_bias_floats : floats + plane_floats;
+    const std::int64_t n = empty ? 0 : floats + plane_floats;
     return scratch_round_up(static_cast<std::size_t>(n) * sizeof(float));
   }
 };
@@ -342,7 +339,6 @@ Status plan_backward(BackwardParams* p, const AttentionOptions& o, BackwardImpl 
   }
   if (p->fwd.batch == 0 || p->fwd.heads == 0) {
     plan->empty = true;
-    plan->empty_bias_floats = empty_call_bias_floats(additive);
     return Status::ok_status();
   }
   int sm_count = 0, arch = 0;
@@ -417,8 +413,7 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   CallWorkspace scratch(workspace, device, stream);
   FMHA_RETURN_IF_ERROR(scratch.fits(plan.bytes()));
   if (plan.empty) {
-    const Status s =
-        zero_empty_sums(p, additive, dtype, plan.empty_bias_floats, &scratch, stream);
+    const Status s = zero_empty_sums(p, additive, dtype, stream);
     const Status released = scratch.release();
     return s.ok() ? released : s;
   }
@@ -516,6 +511,12 @@ Status run_backward(BackwardParams p, const AttentionOptions& o, BackwardImpl im
   if (s.ok() && additive.dbias) {
     step(launch_backward_convert_4d(p.dbias_accum, additive.dbias_sizes, additive.dbias->data,
                                     strides_of(*additive.dbias), dtype, stream));
+  }
+  // No query rows (Lq 0): the rel-pos gradients' sums over the rows are of nothing.
+  if (s.ok() && p.fwd.seqlen_q == 0) {
+    for (const TensorView* drel : {additive.drel_h, additive.drel_w}) {
+      step(zero_sum_of_nothing(drel, dtype, stream));
+    }
   }
   if (s.ok() && p.drel_h_accum != nullptr) {
     step(launch_backward_convert_4d(p.drel_h_accum, additive.drel_h_sizes, additive.drel_h->data,

@@ -212,10 +212,11 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// A compact fp32 accumulator [sizes] -> a 4-D gradient with its own strides: one warp per row of
-// the last dimension (grid-stride over the rows), lanes along it; a row's offset takes two
-// divisions (32-bit where the row count allows), where one per element took four 64-bit ones
-// (0.3 ms of the SAM-B backward for drel_h / drel_w, Nsight Systems via torch.profiler).
+// A compact fp32 accumulator [sizes] -> a 4-D gradient with its own strides (src null: zeros, a
+// sum over no rows): one warp per row of the last dimension (grid-stride over the rows), lanes
+// along it; a row's offset takes two divisions (32-bit where the row count allows), where one per
+// element took four 64-bit ones (0.3 ms of the SAM-B backward for drel_h / drel_w, Nsight Systems
+// via torch.profiler).
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     backward_convert_4d_kernel(const float* src, Extents4 sizes, void* dst, Extents4 stride,
@@ -239,9 +240,9 @@ __global__ void __launch_bounds__(kRowThreads)
       i0 = row / sizes.v[2] / sizes.v[1];
     }
     auto* const dst_row = out + i0 * stride.v[0] + i1 * stride.v[1] + i2 * stride.v[2];
-    const float* const src_row = src + row * width;
+    const float* const src_row = src != nullptr ? src + row * width : nullptr;
     for (std::int64_t c = lane; c < width; c += 32) {
-      dst_row[c * stride.v[3]] = tile::Dtype<T>::from_float(src_row[c]);
+      dst_row[c * stride.v[3]] = tile::Dtype<T>::from_float(src_row != nullptr ? src_row[c] : 0.0f);
     }
   }
 }

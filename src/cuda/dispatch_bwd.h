@@ -87,7 +87,7 @@ struct Extents4 {
   std::int64_t v[4];
 };
 // A compact row-major fp32 accumulator of `sizes` -> a gradient of `dtype` with strides
-// `dst_stride` (dbias, drel_h, drel_w).
+// `dst_stride` (dbias, drel_h, drel_w); src null writes zeros (a sum over no rows).
 Status launch_backward_convert_4d(const float* src, const Extents4& sizes, void* dst,
                                   const Extents4& dst_stride, DType dtype, cudaStream_t stream);
 // dq = scale * dq_accum in q's dtype (fused mode).

@@ -130,5 +130,35 @@ TEST(CudaFuzz, EmptyKeysWithStrideZeroBiasGradient) {
   }
 }
 
+// The draws that found it (seeds 1992 and 30000084): rel-pos whose gradients have a size-1
+// dimension over an empty problem dimension (no query, or no batch), so they sum over nothing and
+// must be zeros. The backward left them unwritten (the NaN poison came back).
+TEST(CudaFuzz, RelPosGradientsOverNoRows) {
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA device present";
+  CudaCaseDevice device;
+  for (fmha::DType dtype : {fmha::DType::kFloat32, fmha::DType::kBFloat16}) {
+    fmha_test::AttentionCase c;
+    c.dtype = dtype;
+    c.batch = 3;
+    c.heads = 6;
+    c.kv_heads = 2;
+    c.head_dim = 16;
+    c.value_dim = 24;
+    c.seqlen_q = 0;  // the first draw: no query, rel-pos broadcast over Lq by a size-1 dimension
+    c.seqlen_k = 7;
+    c.rel_hk = 1;
+    c.rel_broadcast = {false, false, true};
+    c.sinks = true;
+    c.dlse = true;
+    fmha_test::check_case(c, 1992, &device);
+    c.batch = 0;  // the second: no batch, rel-pos broadcast over B
+    c.seqlen_q = 3;
+    c.seqlen_k = 4;
+    c.rel_hk = 2;
+    c.rel_broadcast = {true, false, false};
+    fmha_test::check_case(c, 30000084, &device);
+  }
+}
+
 }  // namespace
 }  // namespace fmha_cuda_test
