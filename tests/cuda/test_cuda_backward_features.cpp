@@ -462,6 +462,24 @@ TEST(CudaBackward, Float32Sm90Planes) {
   check_backward(k, 248);  // keys 90-299 seen by no query: whole dK/dV blocks without a query tile
 }
 
+// A scale <= 0 on dense batches that tensor maps describe: the warp-specialized kernels (D 64 /
+// 128 fused, D 256 fused and split) fold a positive scale into their exponentials after masking
+// raw scores, so these problems must take the other kernels (a masked -inf times a negative scale
+// was +inf: NaN gradients). Causal and a partial last tile, so masked scores exist.
+TEST(CudaBackward, NonPositiveScaleOnTensorMapRows) {
+  SKIP_WITHOUT_GPU();
+  for (std::int64_t dim : {64, 128, 256}) {
+    BackwardCase c = shape_case(DType::kBFloat16, 200, 200, dim, dim, 2, 1);
+    c.options.scale = -0.5f;
+    c.options.causal = true;
+    check_backward(c, 250 + dim / 64);
+    c.options.causal = false;
+    c.options.scale = 0.0f;
+    c.dtype = DType::kFloat16;
+    check_backward(c, 260 + dim / 64);
+  }
+}
+
 TEST(CudaBackward, RefusesDeterministicBroadcastBiasGradient) {
   SKIP_WITHOUT_GPU();
   BackwardCase c = shape_case(DType::kFloat16, 17, 17, 64, 64, 2, 1, 2);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "cuda/common/block_coords.cuh"
 #include "cuda/common/kernel_attributes.h"
@@ -25,6 +26,12 @@ Status launch_backward_fused_d256(const BackwardParams& params, cudaStream_t str
     return Status::not_supported(
         "fmha: the warp-specialized fused backward of D 256 takes dense batches with queries and "
         "keys that tensor maps describe");
+  }
+  // Without softcap the kernel masks the raw scores (-inf) and folds the scale into the
+  // exponentials' FMA, which a scale <= 0 would turn into +inf or NaN (scale_foldable).
+  if (!std::is_same_v<Policy, PolicySoftcap> && !(f.scale_log2 > 0.0f)) {
+    return Status::not_supported(
+        "fmha: the warp-specialized fused backward of D 256 takes positive scales");
   }
   const std::int64_t kv_heads = f.heads / f.kv_group;
   const std::int64_t key_tiles = (f.seqlen_k + Smem::kN - 1) / Smem::kN;
