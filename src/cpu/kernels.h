@@ -34,7 +34,9 @@ namespace fmha::cpu {
 enum class Isa : std::uint8_t { kPortable, kAvx2, kAvx512, kAvx512Bf16 };
 
 // The best ISA this CPU runs, lowered by FMHA_CPU_ISA=portable|avx2|avx512|avx512bf16 (tests use
-// it to run every variant on one machine; a request above the CPU's support is ignored).
+// it to run every variant on one machine; a request above the CPU's support is ignored). avx512bf16
+// is the default on AMD's cores only, where the bf16 dot product pays (backend.cpp: bf16_dot_pays);
+// FMHA_CPU_ISA=avx512bf16 selects it wherever the CPU has it.
 Isa selected_isa();
 const char* to_string(Isa isa);
 
