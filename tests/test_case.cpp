@@ -656,7 +656,8 @@ void check_case(const AttentionCase& c, std::uint64_t seed, CaseDevice* device, 
     return tol(r, lr, dt) + (out_rounded ? fmha_test::compare(out_r, r, 0).rel_error : 0.0);
   };
   for (const auto& [name, grad] : {std::pair{"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}})
-    EXPECT_EQ(grad->padding_report(), "") << name << ": an element outside the view (padding) was written";
+    EXPECT_EQ(grad->padding_report(), "")
+        << name << ": an element outside the view (padding) was written";
   EXPECT_TRUE(
       close("dq", t.dq.to_double(), g.dq, t.dq.shape(), grad_tol(g.dq, lg.dq, from_out.dq)));
   EXPECT_TRUE(

@@ -183,10 +183,11 @@ std::string HostTensor::padding_report() const {
   std::vector<bool> in_view(bytes_.size() / pattern.size(), false);
   for (std::int64_t i = 0; i < numel(); ++i) in_view[static_cast<std::size_t>(offset_of(i))] = true;
   for (std::size_t e = 0; e < in_view.size(); ++e) {
-    if (in_view[e] || std::memcmp(bytes_.data() + e * pattern.size(), pattern.data(), pattern.size()) == 0)
-      continue;
+    const unsigned char* element = bytes_.data() + e * pattern.size();
+    if (in_view[e] || std::memcmp(element, pattern.data(), pattern.size()) == 0) continue;
     std::ostringstream s;
-    s << "storage element " << e << " of " << in_view.size() << " written outside the view; shape [";
+    s << "storage element " << e << " of " << in_view.size()
+      << " written outside the view; shape [";
     for (std::size_t d = 0; d < shape_.size(); ++d) s << (d ? ", " : "") << shape_[d];
     s << "], strides [";
     for (std::size_t d = 0; d < stride_.size(); ++d) s << (d ? ", " : "") << stride_[d];

@@ -62,7 +62,8 @@ TEST(CudaForward, HeadDimsNotMultipleOf8) {
   // rows are no whole 16-byte chunks, which a bulk tensor store would overwrite up to the next
   // boundary (out's padding is checked untouched).
   for (std::int64_t dim : {5, 13}) {
-    ForwardCase c = shape_case(dim == 5 ? DType::kFloat16 : DType::kBFloat16, 40, 41, dim, dim, 6, 1);
+    const DType dtype = dim == 5 ? DType::kFloat16 : DType::kBFloat16;
+    ForwardCase c = shape_case(dtype, 40, 41, dim, dim, 6, 1);
     c.q_layout.pad = c.kv_layout.pad = c.out_layout.pad = 3;
     check_forward(c, 25 + dim);
   }

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("jax")
 try:
     import fmha.jax  # noqa: F401
-except ImportError as error:  # fmha built without jax: fmha.jax exists but cannot load its extension
+except ImportError as error:  # built without jax: fmha.jax exists but has no extension to load
     pytest.skip(f"fmha.jax is not available: {error}", allow_module_level=True)
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "jax_attention.py"
