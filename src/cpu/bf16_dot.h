@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "cpu/kernels.h"
 
@@ -37,8 +38,13 @@ FMHA_CPU_INLINE void load_bf16_pairs(const Operand& op, std::int64_t offset, std
                                      std::uint32_t* dst, std::int64_t step) {
   const auto* src = static_cast<const std::uint16_t*>(op.data) + offset;
   const std::int64_t stride = op.feature_stride;
-  for (std::int64_t p = 0; p < n / 2; ++p)
-    dst[p * step] = bf16_pair(src[2 * p * stride], src[(2 * p + 1) * stride]);
+  if (stride == 1 && step == 1) {
+    // Contiguous: two neighbouring bf16 are the pair as it lies in (little-endian) memory.
+    std::memcpy(dst, src, static_cast<std::size_t>(n / 2) * sizeof(std::uint32_t));
+  } else {
+    for (std::int64_t p = 0; p < n / 2; ++p)
+      dst[p * step] = bf16_pair(src[2 * p * stride], src[(2 * p + 1) * stride]);
+  }
   if (n % 2 != 0) dst[n / 2 * step] = bf16_pair(src[(n - 1) * stride], 0);
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/backend.h"
@@ -40,10 +41,10 @@ struct ForwardScratch {
   std::vector<float> o;     // [kForwardQueryTile, Dv rounded up]: unnormalised output
   std::vector<float> m, l;  // [kForwardQueryTile]: running maximum and normaliser
   // S = Q K^T on bf16 dot products (bf16_dot.h), set per call: Q as bf16 pairs
-  // [kForwardQueryTile, pairs(D)], unscaled, and K transposed as pairs [pairs(D), kKeyTile], in
-  // place of q and kt.
+  // [kForwardQueryTile, pairs(D)], unscaled, and K transposed as pairs [pairs(D), kKeyTile] from its
+  // rows of pairs k_pairs [kKeyTile, pairs(D)], in place of q, k and kt.
   bool bf16_dot = false;
-  std::vector<std::uint32_t> q_pairs, kt_pairs;
+  std::vector<std::uint32_t> q_pairs, k_pairs, kt_pairs;
   NeighborhoodScratch na;  // a neighborhood task's gathered tiles
 
   void allocate(const Call& c) {
@@ -53,6 +54,7 @@ struct ForwardScratch {
     const std::int64_t dv = round_up(c.value_dim, kLanes);
     const std::int64_t pairs = pair_count(c.head_dim);
     q_pairs.assign(static_cast<std::size_t>(kForwardQueryTile * pairs), 0u);
+    k_pairs.assign(static_cast<std::size_t>(kKeyTile * pairs), 0u);
     kt_pairs.assign(static_cast<std::size_t>(pairs * kKeyTile), 0u);
     q.assign(static_cast<std::size_t>(kForwardQueryTile * c.head_dim), 0.0f);
     k.assign(static_cast<std::size_t>(kKeyTile * c.head_dim), 0.0f);
@@ -65,8 +67,47 @@ struct ForwardScratch {
   }
 };
 
+// Writes the rows x cols block `src` (row-major) transposed into dst (dst_ld apart), columns rows
+// .. ncols - 1 of dst zeroed (the products read them): in blocks of kWidth x kWidth transposed in
+// registers, the ragged edges element by element. T: float, or bf16 pairs moved as 32-bit patterns.
+// (Element by element throughout, K's transpose took about 8% of a one-thread fp32 forward on an
+// Intel Xeon core.)
+template <typename V, typename T>
+FMHA_CPU_INLINE void transpose_rows(const T* src, std::int64_t rows, std::int64_t cols, T* dst,
+                                    std::int64_t dst_ld, std::int64_t ncols) {
+  constexpr std::int64_t kWidth = V::kWidth;
+  const std::int64_t block_rows = rows / kWidth * kWidth, block_cols = cols / kWidth * kWidth;
+  for (std::int64_t j0 = 0; j0 < block_rows; j0 += kWidth) {
+    for (std::int64_t d0 = 0; d0 < block_cols; d0 += kWidth) {
+      typename V::F r[kWidth];
+      for (std::int64_t i = 0; i < kWidth; ++i) {
+        if constexpr (std::is_same_v<T, float>) {
+          r[i] = V::load(src + (j0 + i) * cols + d0);
+        } else {
+          r[i] = V::load_bits(src + (j0 + i) * cols + d0);
+        }
+      }
+      V::transpose(r);
+      for (std::int64_t i = 0; i < kWidth; ++i) {
+        if constexpr (std::is_same_v<T, float>) {
+          V::store(dst + (d0 + i) * dst_ld + j0, r[i]);
+        } else {
+          V::store_bits(dst + (d0 + i) * dst_ld + j0, r[i]);
+        }
+      }
+    }
+  }
+  for (std::int64_t d = 0; d < cols; ++d) {
+    T* row = dst + d * dst_ld;
+    const std::int64_t first = d < block_cols ? block_rows : 0;  // before it: the blocks'
+    for (std::int64_t j = first; j < rows; ++j) row[j] = src[j * cols + d];
+    for (std::int64_t j = rows; j < ncols; ++j) row[j] = T{};
+  }
+}
+
 // Loads the keys of `keys` (from `from`) of kv head kvh: K transposed into kt (columns keys.count
-// .. ncols - 1 zeroed, the product reads them) and V row-major into v.
+// .. ncols - 1 zeroed, the product reads them) through its converted rows k_rows, and V row-major
+// into v.
 template <typename V>
 FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int64_t kvh,
                                    const Tile& keys, std::int64_t ncols, float* k_rows, float* kt,
@@ -78,43 +119,26 @@ FMHA_CPU_INLINE void load_key_tile(const Call& c, const KeyRows& from, std::int6
     load_features(*from.v, from.v->offset(from.batch, token, kvh), c.value_dim, 1.0f, v + j * ldv,
                   1);
   }
-  // Transposed from the converted rows, which stay in L1, in blocks of kWidth keys x kWidth
-  // features transposed in registers; the ragged edges element by element. (Element by element
-  // throughout, the transpose took about 8% of a one-thread fp32 forward on an Intel Xeon core.)
-  constexpr std::int64_t kWidth = V::kWidth;
-  const std::int64_t block_cols = cols / kWidth * kWidth, block_dims = dim / kWidth * kWidth;
-  for (std::int64_t j0 = 0; j0 < block_cols; j0 += kWidth) {
-    for (std::int64_t d0 = 0; d0 < block_dims; d0 += kWidth) {
-      typename V::F r[kWidth];
-      for (std::int64_t i = 0; i < kWidth; ++i) r[i] = V::load(k_rows + (j0 + i) * dim + d0);
-      V::transpose(r);
-      for (std::int64_t i = 0; i < kWidth; ++i) V::store(kt + (d0 + i) * kKeyTile + j0, r[i]);
-    }
-  }
-  for (std::int64_t d = 0; d < dim; ++d) {
-    float* row = kt + d * kKeyTile;
-    const std::int64_t first = d < block_dims ? block_cols : 0;  // before it: the blocks'
-    for (std::int64_t j = first; j < cols; ++j) row[j] = k_rows[j * dim + d];
-    for (std::int64_t j = cols; j < ncols; ++j) row[j] = 0.0f;
-  }
+  transpose_rows<V>(k_rows, cols, dim, kt, kKeyTile, ncols);
 }
 
-// load_key_tile for the bf16 dot products: K transposed as pairs into kt_pairs (columns
-// keys.count .. ncols - 1 zeroed, the product reads them), V row-major into v as fp32.
+// load_key_tile for the bf16 dot products: K transposed as pairs into kt_pairs through its rows of
+// pairs k_pairs (columns keys.count .. ncols - 1 zeroed, the product reads them), V row-major into
+// v as fp32.
+template <typename V>
 FMHA_CPU_INLINE void load_key_tile_pairs(const Call& c, const KeyRows& from, std::int64_t kvh,
                                          const Tile& keys, std::int64_t ncols,
-                                         std::uint32_t* kt_pairs, float* v, std::int64_t ldv) {
+                                         std::uint32_t* k_pairs, std::uint32_t* kt_pairs, float* v,
+                                         std::int64_t ldv) {
   const std::int64_t pairs = pair_count(c.head_dim), cols = keys.count;
   for (std::int64_t j = 0; j < cols; ++j) {
     const std::int64_t token = from.first + keys.token(j);
-    load_bf16_pairs(*from.k, from.k->offset(from.batch, token, kvh), c.head_dim, kt_pairs + j,
-                    kKeyTile);
+    load_bf16_pairs(*from.k, from.k->offset(from.batch, token, kvh), c.head_dim,
+                    k_pairs + j * pairs, 1);
     load_features(*from.v, from.v->offset(from.batch, token, kvh), c.value_dim, 1.0f, v + j * ldv,
                   1);
   }
-  for (std::int64_t p = 0; p < pairs; ++p) {
-    for (std::int64_t j = cols; j < ncols; ++j) kt_pairs[p * kKeyTile + j] = 0u;
-  }
+  transpose_rows<V>(k_pairs, cols, pairs, kt_pairs, kKeyTile, ncols);
 }
 
 // S = Q K^T of a key tile into s (rows_pad rows, ncols columns), scaled by the softmax scale: on
@@ -130,7 +154,8 @@ FMHA_CPU_INLINE void score_tile(const Call& c, const KeyRows& from, std::int64_t
 #if FMHA_CPU_X86
   if (w.bf16_dot) {
     const std::int64_t pairs = pair_count(dim);
-    load_key_tile_pairs(c, from, kvh, keys, ncols, w.kt_pairs.data(), w.v.data(), dv);
+    load_key_tile_pairs<V>(c, from, kvh, keys, ncols, w.k_pairs.data(), w.kt_pairs.data(),
+                           w.v.data(), dv);
     gemm_bf16_pairs(rows_pad, ncols, pairs, w.q_pairs.data(), pairs, w.kt_pairs.data(), kKeyTile,
                     s, kKeyTile);
     const typename V::F scale = V::broadcast(c.scale);

@@ -55,6 +55,15 @@ struct Vec {
     return v;
   }
   static FMHA_CPU_INLINE void store(float* p, const F& v) { std::memcpy(p, &v, sizeof v); }
+  // 32-bit patterns moved as they are (bf16 pairs through transpose()): no arithmetic touches them.
+  static FMHA_CPU_INLINE F load_bits(const std::uint32_t* p) {
+    F v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static FMHA_CPU_INLINE void store_bits(std::uint32_t* p, const F& v) {
+    std::memcpy(p, &v, sizeof v);
+  }
   static FMHA_CPU_INLINE F broadcast(float x) { return F{} + x; }
   // Lane-wide copies of *p, read straight from memory: on x86 with AVX (8- and 16-float vectors)
   // one vbroadcastss from memory, which issues as a load. broadcast(*p) costs a scalar add (GCC
