@@ -47,10 +47,19 @@ class ScopedEnv {
   std::string old_;
 };
 
-// The instruction-set variants this CPU runs, best first.
+// The instruction-set variants this CPU runs, best first. avx512bf16 is not the default on every
+// CPU that has it (backend.cpp: bf16_dot_pays), so it is asked for, unless FMHA_CPU_ISA already
+// limits the variants.
 std::vector<std::string> runnable_isas() {
+  fmha::cpu::Isa best = fmha::cpu::Isa::kPortable;
+  if (std::getenv("FMHA_CPU_ISA") != nullptr) {
+    best = fmha::cpu::selected_isa();
+  } else {
+    ScopedEnv ask("FMHA_CPU_ISA", "avx512bf16");
+    best = fmha::cpu::selected_isa();
+  }
   std::vector<std::string> isas;
-  switch (fmha::cpu::selected_isa()) {
+  switch (best) {
     case fmha::cpu::Isa::kAvx512Bf16:
       isas.push_back("avx512bf16");
       [[fallthrough]];
