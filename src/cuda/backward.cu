@@ -260,8 +260,9 @@ Status zero_sum_of_nothing(const TensorView* gradient, DType dtype, cudaStream_t
   if (gradient == nullptr) return Status::ok_status();
   Extents4 sizes{{0, 0, 0, 0}};
   for (int d = 0; d < 4; ++d) {
-    sizes.v[d] = gradient->shape[static_cast<std::size_t>(d)];
-    if (sizes.v[d] <= 0) return Status::ok_status();  // no element
+    const auto u = static_cast<std::size_t>(d);
+    if (gradient->shape[u] <= 0) return Status::ok_status();  // no element
+    sizes.v[d] = gradient->stride[u] == 0 ? 1 : gradient->shape[u];  // stride 0: one element
   }
   return launch_backward_convert_4d(nullptr, sizes, gradient->data, strides_of(*gradient), dtype,
                                     stream);
