@@ -248,9 +248,8 @@ namespace {
 // The head-dim bucket of a problem the warp-specialized fused kernels' terms admit (D 64 / 128:
 // mainloop_bwd_fused.cuh, D 256: mainloop_bwd_fused_d256.cuh), 0 for any other: fp16/bf16 on
 // sm90, the bucket built, no bias, rel-pos, neighborhood or extra keys (softcap alone runs
-// PolicySoftcap), a positive scale unless softcap transforms the scores first (the kernels mask
-// raw scores and fold the scale into the exponentials: scale_foldable), dense batches whose q, k,
-// v and dout tensor maps describe. Which buckets have such a kernel is the callers' rule.
+// PolicySoftcap), a scale they take (ws_backward_takes_scale), dense batches whose q, k, v and dout
+// tensor maps describe. Which buckets have such a kernel is the callers' rule.
 int ws_fused_bucket(const BackwardParams& p, DType dtype, int arch) {
 #if FMHA_WITH_SM90
   const ForwardParams& f = p.fwd;
@@ -260,7 +259,7 @@ int ws_fused_bucket(const BackwardParams& p, DType dtype, int arch) {
   const bool admitted =
       sixteen_bit && use_sm90_kernels(arch) && head_dim_bucket_built(bucket) &&
       f.neighborhood.rank == 0 && f.rel_h == nullptr && f.bias == nullptr && f.num_extra == 0 &&
-      (f.softcap_log2 > 0.0f || f.scale_log2 > 0.0f) &&
+      sm90::ws_backward_takes_scale(f) &&
       f.cu_seqlens_q == nullptr && f.seqlen_q > 0 && f.seqlen_k > 0 &&
       sm90::rows_mappable(f.q, f.head_dim, f.seqlen_q, f.heads, f.batch, f.q_row_stride,
                           f.q_head_stride, f.q_batch_stride) &&

@@ -3,12 +3,12 @@
 #pragma once
 
 #include <string>
-#include <type_traits>
 
 #include "cuda/common/block_coords.cuh"
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/launch_bwd_fused_d256.h"
 #include "cuda/sm90/mainloop_bwd_fused_d256.cuh"
+#include "cuda/sm90/tile_sizes_bwd.h"
 
 namespace fmha::cuda::sm90 {
 
@@ -27,9 +27,7 @@ Status launch_backward_fused_d256(const BackwardParams& params, cudaStream_t str
         "fmha: the warp-specialized fused backward of D 256 takes dense batches with queries and "
         "keys that tensor maps describe");
   }
-  // Without softcap the kernel masks the raw scores (-inf) and folds the scale into the
-  // exponentials' FMA, which a scale <= 0 would turn into +inf or NaN (scale_foldable).
-  if (!std::is_same_v<Policy, PolicySoftcap> && !(f.scale_log2 > 0.0f)) {
+  if (!ws_backward_takes_scale(f)) {
     return Status::not_supported(
         "fmha: the warp-specialized fused backward of D 256 takes positive scales");
   }

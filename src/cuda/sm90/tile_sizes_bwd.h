@@ -76,6 +76,13 @@ constexpr bool bwd_fused_ws_bucket(int head_dim_bucket) {
 constexpr int bwd_fused_queries_per_tile(int head_dim_bucket) {
   return head_dim_bucket <= 64 ? 128 : 64;
 }
+// Whether the warp-specialized kernels (mainloop_bwd_fused.cuh, mainloop_bwd_fused_d256.cuh) take a
+// problem's scale: they hide masked raw scores as -inf and fold the scale into the exponentials'
+// FMA, which a scale <= 0 turns into +inf or NaN, unless softcap transforms the scores first.
+inline bool ws_backward_takes_scale(const ForwardParams& f) {
+  return f.softcap_log2 > 0.0f || f.scale_log2 > 0.0f;
+}
+
 // Threads: a producer warpgroup (warp 0 loads, warp 1 adds dQ to the accumulator) and two math
 // warpgroups.
 inline constexpr int kBwdFusedThreads = 384;
