@@ -170,22 +170,22 @@ bool isa_allowed(const char* name) {
   return requested < 0 || asked <= requested;
 }
 
+#if FMHA_CPU_X86
 // Whether FMHA_CPU_ISA names this ISA itself.
 bool isa_requested(const char* name) {
   const char* env = std::getenv("FMHA_CPU_ISA");
   return env != nullptr && std::strcmp(env, name) == 0;
 }
 
-#if FMHA_CPU_X86
 // Whether the bf16 dot product beats two fp32 FMAs here, so that avx512bf16 is the default: on
 // AMD's cores (Zen 5, 2026-11-28: bf16 forward 2.12-3.06x PyTorch's CPU SDPA against 1.72-2.51x on
-// fp32 FMAs, one thread), not on Intel's, where the product ran at about the fp32 FMAs' rate
-// (107 GFLOP/s a core, as if vdpbf16ps issued once a cycle), so that it saves nothing and the bf16 path's own
-// work (operands packed as pairs, S scaled in a pass of its own) makes it the slower one:
-// one thread of a 2-core Intel Xeon (AVX-512 BF16 / FP16, 2026-11-29), bf16 B 1 H 8, avx512 against
-// avx512bf16, ms: D 128 L 1024 forward 39.0 / 52.6, backward 89.1 / 117.5; D 64 L 1024 forward
-// 31.5 / 38.1, backward 52.2 / 89.4; D 128 causal L 2048 forward 104.8 / 159.2; D 128 L 512 forward
-// 14.4 / 13.7. FMHA_CPU_ISA=avx512bf16 selects it anywhere the CPU has it (the tests do).
+// fp32 FMAs, one thread), not on Intel's, where the product ran at about the fp32 FMAs' rate (107
+// GFLOP/s a core, as if vdpbf16ps issued once a cycle), so that it saves nothing and the bf16
+// path's own work (operands packed as pairs, S scaled in a pass of its own) makes it the slower
+// one: one thread of a 2-core Intel Xeon (AVX-512 BF16 / FP16, 2026-11-29), bf16 B 1 H 8, avx512
+// against avx512bf16, ms: D 128 L 1024 forward 39.0 / 52.6, backward 89.1 / 117.5; D 64 L 1024
+// forward 31.5 / 38.1, backward 52.2 / 89.4; D 128 causal L 2048 forward 104.8 / 159.2; D 128 L 512
+// forward 14.4 / 13.7. FMHA_CPU_ISA=avx512bf16 selects it anywhere the CPU has it (the tests do).
 bool bf16_dot_pays() {
   return __builtin_cpu_is("amd") || isa_requested("avx512bf16");
 }

@@ -41,8 +41,8 @@ struct ForwardScratch {
   std::vector<float> o;     // [kForwardQueryTile, Dv rounded up]: unnormalised output
   std::vector<float> m, l;  // [kForwardQueryTile]: running maximum and normaliser
   // S = Q K^T on bf16 dot products (bf16_dot.h), set per call: Q as bf16 pairs
-  // [kForwardQueryTile, pairs(D)], unscaled, and K transposed as pairs [pairs(D), kKeyTile] from its
-  // rows of pairs k_pairs [kKeyTile, pairs(D)], in place of q, k and kt.
+  // [kForwardQueryTile, pairs(D)], unscaled, and K transposed as pairs [pairs(D), kKeyTile] from
+  // its rows of pairs k_pairs [kKeyTile, pairs(D)], in place of q, k and kt.
   bool bf16_dot = false;
   std::vector<std::uint32_t> q_pairs, k_pairs, kt_pairs;
   NeighborhoodScratch na;  // a neighborhood task's gathered tiles
