@@ -150,8 +150,10 @@ def query_run(p, b):
 
 def row_offset(rows, b, token, h): return b * rows[0] + token * rows[1] + h * rows[2]
 
-def key_row_offsets(p, b, kv_head, key, end):
-    if key >= end: return -1, -1
+def key_rows(p, b, kv_head, key, end):
+    """The kernel's key_rows as element offsets into the caches (its row addresses): past the
+    split's keys the caches' bases (offset 0), which copy_tile never reads."""
+    if key >= end: return 0, 0
     page, row = b, key
     if p.block_table is not None:
         entry = key // p.page_size
@@ -182,7 +184,7 @@ class Async:
         assert not self.open[tid]
         self.wait(tid, 0)
 
-def copy_tile(p, tid, offsets_at, stage, L, asy, sm, kTileKeys, kBucket):
+def copy_tile(p, tid, offsets_at, live, stage, L, asy, sm, kTileKeys, kBucket):
     D, Dv = p.head_dim, p.value_dim
     k_cols, v_cols = r16(D), r16(Dv)
     i64 = sm.i64(); u = sm.u16()
@@ -191,13 +193,15 @@ def copy_tile(p, tid, offsets_at, stage, L, asy, sm, kTileKeys, kBucket):
         assert kThreads % kChunks == 0 and kTileKeys % kRowsPerPass == 0
         assert kPitch == L.k_pitch == L.v_pitch
         chunk, row0 = tid % kChunks, tid // kChunks
+        k_rows = live - row0 if chunk * 8 < D else 0
+        v_rows = live - row0 if chunk * 8 < Dv else 0
         for i in range(kTileKeys // kRowsPerPass):
             j = row0 + i * kRowsPerPass
-            for part, cache, tile, dim in ((0, p.k_cache, stage, D), (1, p.v_cache, stage + L.v_in_stage, Dv)):
+            for part, cache, tile, rows in ((0, p.k_cache, stage, k_rows), (1, p.v_cache, stage + L.v_in_stage, v_rows)):
                 offset = int(i64[offsets_at // 8 + j * 2 + part])
-                live = offset >= 0 and chunk * 8 < dim
+                copied = i * kRowsPerPass < rows
                 asy.copy16(tid, tile + (j * kPitch + chunk * 8) * 2,
-                           cache[offset + chunk * 8: offset + chunk * 8 + 8] if live else None)
+                           cache[offset + chunk * 8: offset + chunk * 8 + 8] if copied else None)
         return
     if p.vector_loads:
         for part in range(2):
@@ -210,21 +214,21 @@ def copy_tile(p, tid, offsets_at, stage, L, asy, sm, kTileKeys, kBucket):
             j, chunk = tid // chunks, tid % chunks
             while j < kTileKeys:
                 offset = int(i64[offsets_at // 8 + j * 2 + part])
-                live = offset >= 0 and chunk * 8 < dim
-                if live: assert (offset + chunk * 8) % 8 == 0
+                copied = j < live and chunk * 8 < dim
+                if copied: assert (offset + chunk * 8) % 8 == 0
                 asy.copy16(tid, tile + (j * pitch + chunk * 8) * 2,
-                           cache[offset + chunk * 8: offset + chunk * 8 + 8] if live else None)
+                           cache[offset + chunk * 8: offset + chunk * 8 + 8] if copied else None)
                 j += step_rows; chunk += step_chunks
                 if chunk >= chunks: chunk -= chunks; j += 1
         return
     for e in range(tid, kTileKeys * k_cols, kThreads):
         j, d = e // k_cols, e % k_cols
         offset = int(i64[offsets_at // 8 + j * 2])
-        u[stage // 2 + j * L.k_pitch + d] = f16bits(p.k_cache[offset + d] if offset >= 0 and d < D else 0.0)
+        u[stage // 2 + j * L.k_pitch + d] = f16bits(p.k_cache[offset + d] if j < live and d < D else 0.0)
     for e in range(tid, kTileKeys * v_cols, kThreads):
         j, d = e // v_cols, e % v_cols
         offset = int(i64[offsets_at // 8 + j * 2 + 1])
-        u[(stage + L.v_in_stage) // 2 + j * L.v_pitch + d] = f16bits(p.v_cache[offset + d] if offset >= 0 and d < Dv else 0.0)
+        u[(stage + L.v_in_stage) // 2 + j * L.v_pitch + d] = f16bits(p.v_cache[offset + d] if j < live and d < Dv else 0.0)
 
 def cp_async_wait_stages(stages):  # the groups left pending: the kernel's switch
     return {2: 0, 3: 1, 4: 2, 5: 3}.get(stages, 4)
@@ -279,10 +283,10 @@ def kernel(p, bx, split, stages, order, kRowTiles, kTileKeys):
     tiles = (end - begin + kTileKeys - 1) // kTileKeys
 
     i64 = sm.i64()
-    nxt = [(-1, -1)] * kThreads
+    nxt = [(0, 0)] * kThreads
     def look_up(uu):
         for tid in range(kTileKeys):
-            nxt[tid] = key_row_offsets(p, b, kv_head, begin + uu * kTileKeys + tid, end)
+            nxt[tid] = key_rows(p, b, kv_head, begin + uu * kTileKeys + tid, end)
     def publish(uu):
         for tid in range(kTileKeys):
             base = L.offsets // 8 + (uu % 2) * kTileKeys * 2 + tid * 2
@@ -290,8 +294,9 @@ def kernel(p, bx, split, stages, order, kRowTiles, kTileKeys):
     def issue(uu):
         for tid in range(kThreads):
             if uu < tiles:
-                copy_tile(p, tid, L.offsets + (uu % 2) * kTileKeys * 2 * 8, (uu % stages) * L.stage, L, asy, sm,
-                          kTileKeys, kBucket)
+                live = min(end - begin - uu * kTileKeys, kTileKeys)
+                copy_tile(p, tid, L.offsets + (uu % 2) * kTileKeys * 2 * 8, live, (uu % stages) * L.stage, L,
+                          asy, sm, kTileKeys, kBucket)
             asy.commit(tid)
 
     look_up(0); publish(0)
@@ -364,6 +369,7 @@ def kernel(p, bx, split, stages, order, kRowTiles, kTileKeys):
                             if not visible: x = -math.inf
                         s[n][lane][e] = x
             rescale = [[0, 0] for _ in range(32)]
+            changed = False  # update<kLazyRescale>: O rescaled only when a seen row's max moved
             for h in range(2):
                 tm = [max(max(s[n][l][2*h], s[n][l][2*h+1]) for n in range(kScoreTiles)) for l in range(32)]
                 tm = [max(tm[(l & ~3) + k] for k in range(4)) for l in range(32)]  # quad_max
@@ -371,6 +377,7 @@ def kernel(p, bx, split, stages, order, kRowTiles, kTileKeys):
                     new_max = max(st['max'][l][h], tm[l])
                     base = 0.0 if new_max == -math.inf else new_max
                     rescale[l][h] = 2.0 ** (st['max'][l][h] - base)
+                    changed = changed or (st['max'][l][h] != -math.inf and new_max != st['max'][l][h])
                     st['max'][l][h] = new_max
                     tot = 0.0
                     for n in range(kScoreTiles):
@@ -378,7 +385,7 @@ def kernel(p, bx, split, stages, order, kRowTiles, kTileKeys):
                         s[n][l][2*h+1] = 2.0 ** (s[n][l][2*h+1] - base)
                         tot += s[n][l][2*h] + s[n][l][2*h+1]
                     st['sum'][l][h] = st['sum'][l][h] * rescale[l][h] + tot
-            for n in range(kOutTiles):
+            for n in range(kOutTiles if changed else 0):
                 for l in range(32):
                     o = st['o'][n][l]
                     o[0] *= rescale[l][0]; o[1] *= rescale[l][0]; o[2] *= rescale[l][1]; o[3] *= rescale[l][1]

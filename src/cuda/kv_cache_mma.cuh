@@ -107,7 +107,7 @@ __host__ __device__ constexpr MmaLayout mma_layout(int head_dim, int value_dim, 
   s.ring = stages * s.stage > merge ? stages * s.stage : merge;
   s.q = s.ring;
   s.offsets = s.q + (row_tiles * kRows * s.k_pitch * 2 + 15) / 16 * 16;
-  s.stats = s.offsets + 2 * s.tile_keys * 2 * 8;  // two slots of (K, V) int64 offsets per key
+  s.stats = s.offsets + 2 * s.tile_keys * 2 * 8;  // two slots of (K, V) row addresses per key
   // A warp's max and sum per row of its tile, then the block's per row (at most 4 tiles).
   s.total = s.stats + 4 * kMmaWarps * kRows * 4;
   return s;
@@ -145,13 +145,17 @@ static_assert(mma_layout(kMaxHeadDim, kMaxHeadDim, kMinStages).ring >=
                   kMmaWarps * kRows * (kMaxHeadDim + 8) * 4,
               "the merge of the warps' O tiles fits over the ring");
 
-// Cache-row offsets (elements) of one key of K and of V; -1 past the split's keys.
-__device__ __forceinline__ void key_row_offsets(const KvCacheKernelParams& p, int b, int kv_head,
-                                                std::int64_t key, std::int64_t end,
-                                                std::int64_t* k_offset, std::int64_t* v_offset) {
+// The cache rows of one key: K's and V's first element. Past the split's keys (key >= end) the
+// caches' bases, which the copies never read (they zero-fill rows from the tile's live count on).
+template <typename T>
+__device__ __forceinline__ void key_rows(const KvCacheKernelParams& p, int b, int kv_head,
+                                         std::int64_t key, std::int64_t end, const T** k_row,
+                                         const T** v_row) {
+  const T* k_cache = static_cast<const T*>(p.k.data);
+  const T* v_cache = static_cast<const T*>(p.v.data);
   if (key >= end) {
-    *k_offset = -1;
-    *v_offset = -1;
+    *k_row = k_cache;
+    *v_row = v_cache;
     return;
   }
   std::int64_t page = b, row = key;
@@ -163,19 +167,19 @@ __device__ __forceinline__ void key_row_offsets(const KvCacheKernelParams& p, in
                 0, p.num_pages - 1);
     row = key - static_cast<std::int64_t>(entry) * p.page_size;
   }
-  *k_offset = page * p.k.page + row * p.k.row + kv_head * p.k.head;
-  *v_offset = page * p.v.page + row * p.v.row + kv_head * p.v.head;
+  *k_row = k_cache + (page * p.k.page + row * p.k.row + kv_head * p.k.head);
+  *v_row = v_cache + (page * p.v.page + row * p.v.row + kv_head * p.v.head);
 }
 
-// Copies the rows of one tile (cache element offsets in `offsets`, [kTileKeys][2]) into a stage:
-// K [kTileKeys][k_pitch], then V [kTileKeys][v_pitch]. 16-byte cp.async where every row allows
-// (p.vector_loads), zero-filled past the keys and the dims; otherwise element loads stored directly
-// (unaligned rows, D or Dv not a multiple of 8: correct, not fast).
+// Copies the rows of one tile (each key's K and V row in `rows`, [kTileKeys][2]; the first `live`
+// keys are the split's, the rest zero-filled) into a stage: K [kTileKeys][k_pitch], then V
+// [kTileKeys][v_pitch]. 16-byte cp.async where every row allows (p.vector_loads), zero-filled past
+// the keys and the dims; otherwise element loads stored directly (unaligned rows, D or Dv not a
+// multiple of 8: correct, not fast).
 template <typename T, int kTileKeys, int kBucket>
-__device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const std::int64_t* offsets,
-                                          unsigned char* stage, const MmaLayout& layout, int tid) {
-  const T* k_cache = static_cast<const T*>(p.k.data);
-  const T* v_cache = static_cast<const T*>(p.v.data);
+__device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const T* const* rows,
+                                          int live, unsigned char* stage, const MmaLayout& layout,
+                                          int tid) {
   T* k_tile = reinterpret_cast<T*>(stage);
   T* v_tile = reinterpret_cast<T*>(stage + layout.v_in_stage);
   const int D = p.head_dim, Dv = p.value_dim;
@@ -183,24 +187,28 @@ __device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const st
   if (p.vector_loads && k_cols == kBucket && v_cols == kBucket) {
     // Rows as wide as the bucket (D and Dv pad to it): the chunk pattern is known at compile time.
     // Thread tid copies chunk tid % kChunks of rows tid / kChunks + kRowsPerPass i, K and V, so
-    // the loop has no divisions and the stage offsets are immediates. Nsight Compute put most of
-    // the kernel's issue slots in the general loop below (H200, 2026-11-28: IMAD and ISETP 39% of
-    // the instructions, LDGSTS 1.5%).
+    // the loop has no divisions and the stage offsets are immediates. A copy costs its row's
+    // address (one 16-byte shared load for K's and V's), a 64-bit add and a compare with the live
+    // rows: the form that read element offsets, tested each for -1 and selected a source took
+    // about 230 instructions of a warp's tile at D 128 (the SASS of bf16, 64-key tiles).
     constexpr int kChunks = kBucket / 8, kRowsPerPass = kMmaThreads / kChunks, kPitch = kBucket + 8;
     static_assert(kMmaThreads % kChunks == 0 && kTileKeys % kRowsPerPass == 0, "whole passes of rows");
     const int chunk = tid % kChunks, row0 = tid / kChunks;
-    const bool k_column = chunk * 8 < D, v_column = chunk * 8 < Dv;
+    // Rows this thread copies from the cache: i kRowsPerPass < its live count (none for a column
+    // past D / Dv).
+    const int k_rows = chunk * 8 < D ? live - row0 : 0, v_rows = chunk * 8 < Dv ? live - row0 : 0;
     const std::uint32_t k_base = tile::shared_address(k_tile + row0 * kPitch + chunk * 8);
     const std::uint32_t v_base = tile::shared_address(v_tile + row0 * kPitch + chunk * 8);
 #pragma unroll
     for (int i = 0; i < kTileKeys / kRowsPerPass; ++i) {
       const int j = row0 + i * kRowsPerPass;
-      const std::int64_t k_offset = offsets[j * 2], v_offset = offsets[j * 2 + 1];
-      const bool k_live = k_offset >= 0 && k_column, v_live = v_offset >= 0 && v_column;
-      tile::cp_async_16(k_base + i * kRowsPerPass * kPitch * 2,
-                        k_live ? k_cache + k_offset + chunk * 8 : k_cache, k_live ? 16 : 0);
-      tile::cp_async_16(v_base + i * kRowsPerPass * kPitch * 2,
-                        v_live ? v_cache + v_offset + chunk * 8 : v_cache, v_live ? 16 : 0);
+      const uint4 pair = *reinterpret_cast<const uint4*>(rows + j * 2);  // K and V row addresses
+      const T* k_row = reinterpret_cast<const T*>((static_cast<std::uint64_t>(pair.y) << 32) | pair.x);
+      const T* v_row = reinterpret_cast<const T*>((static_cast<std::uint64_t>(pair.w) << 32) | pair.z);
+      tile::cp_async_16(k_base + i * kRowsPerPass * kPitch * 2, k_row + chunk * 8,
+                        i * kRowsPerPass < k_rows ? 16 : 0);
+      tile::cp_async_16(v_base + i * kRowsPerPass * kPitch * 2, v_row + chunk * 8,
+                        i * kRowsPerPass < v_rows ? 16 : 0);
     }
     return;
   }
@@ -209,7 +217,6 @@ __device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const st
     // elements): consecutive lanes take consecutive 16 bytes of a row.
 #pragma unroll 1
     for (int part = 0; part < 2; ++part) {
-      const T* cache = part == 0 ? k_cache : v_cache;
       T* tile = part == 0 ? k_tile : v_tile;
       const int dim = part == 0 ? D : Dv, chunks = (part == 0 ? k_cols : v_cols) / 8;
       const int pitch = part == 0 ? layout.k_pitch : layout.v_pitch;
@@ -217,10 +224,9 @@ __device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const st
       int j = tid / chunks, chunk = tid % chunks;
 #pragma unroll 4
       while (j < kTileKeys) {
-        const std::int64_t offset = offsets[j * 2 + part];
-        const bool live = offset >= 0 && chunk * 8 < dim;
+        const bool copied = j < live && chunk * 8 < dim;
         tile::cp_async_16(tile::shared_address(tile + j * pitch + chunk * 8),
-                          live ? cache + offset + chunk * 8 : cache, live ? 16 : 0);
+                          rows[j * 2 + part] + chunk * 8, copied ? 16 : 0);
         j += step_rows;
         chunk += step_chunks;
         if (chunk >= chunks) {
@@ -234,16 +240,12 @@ __device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const st
 #pragma unroll 1
   for (int e = tid; e < kTileKeys * k_cols; e += kMmaThreads) {
     const int j = e / k_cols, d = e - j * k_cols;
-    const std::int64_t offset = offsets[j * 2];
-    k_tile[j * layout.k_pitch + d] =
-        offset >= 0 && d < D ? k_cache[offset + d] : from_float<T>(0.0f);
+    k_tile[j * layout.k_pitch + d] = j < live && d < D ? rows[j * 2][d] : from_float<T>(0.0f);
   }
 #pragma unroll 1
   for (int e = tid; e < kTileKeys * v_cols; e += kMmaThreads) {
     const int j = e / v_cols, d = e - j * v_cols;
-    const std::int64_t offset = offsets[j * 2 + 1];
-    v_tile[j * layout.v_pitch + d] =
-        offset >= 0 && d < Dv ? v_cache[offset + d] : from_float<T>(0.0f);
+    v_tile[j * layout.v_pitch + d] = j < live && d < Dv ? rows[j * 2 + 1][d] : from_float<T>(0.0f);
   }
 }
 
@@ -362,26 +364,29 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const std::int64_t tile_lowest = keys - q_count + tile_row / p.group;
   const std::int64_t tile_highest = keys - q_count + tile_last / p.group;
 
-  auto* offsets = reinterpret_cast<std::int64_t*>(shared + layout.offsets);  // [2][kTileKeys][2]
+  auto* row_table = reinterpret_cast<const T**>(shared + layout.offsets);  // [2][kTileKeys][2]
   unsigned char* ring = shared;
-  std::int64_t next_k = -1, next_v = -1;  // offsets of this thread's key of a tile not yet issued
+  const T* next_k = nullptr;  // this thread's key's rows of a tile not yet issued
+  const T* next_v = nullptr;
   auto look_up = [&](int u) {
     if (tid < kTileKeys) {
-      key_row_offsets(p, b, kv_head, begin + static_cast<std::int64_t>(u) * kTileKeys + tid, end,
-                      &next_k, &next_v);
+      key_rows(p, b, kv_head, begin + static_cast<std::int64_t>(u) * kTileKeys + tid, end, &next_k,
+               &next_v);
     }
   };
   auto publish = [&](int u) {  // into slot u % 2; read by copy_tile(u) after the next barrier
     if (tid < kTileKeys) {
-      offsets[(u % 2) * kTileKeys * 2 + tid * 2] = next_k;
-      offsets[(u % 2) * kTileKeys * 2 + tid * 2 + 1] = next_v;
+      row_table[(u % 2) * kTileKeys * 2 + tid * 2] = next_k;
+      row_table[(u % 2) * kTileKeys * 2 + tid * 2 + 1] = next_v;
     }
   };
   auto issue =
       [&](int u) {  // tile u into stage u % stages, one commit group (empty past the tiles)
         if (u < tiles) {
-          copy_tile<T, kTileKeys, kBucket>(p, offsets + (u % 2) * kTileKeys * 2,
-                                  ring + (u % stages) * layout.stage, layout, tid);
+          const std::int64_t left = end - begin - static_cast<std::int64_t>(u) * kTileKeys;
+          copy_tile<T, kTileKeys, kBucket>(p, row_table + (u % 2) * kTileKeys * 2,
+                                           static_cast<int>(left < kTileKeys ? left : kTileKeys),
+                                           ring + (u % stages) * layout.stage, layout, tid);
         }
         tile::cp_async_commit();
       };
@@ -486,7 +491,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       }
 
       // Online softmax of rows g (elements 0, 1) and g + 8 (elements 2, 3); O rescaled with it.
-      softmax.update(s, o);
+      softmax.update</*kLazyRescale=*/true>(s, o);
 
       // O += P V, one k-step (16 keys) at a time: P's C fragments of two n-tiles are the A
       // fragment of a k-step.

@@ -53,9 +53,13 @@ struct OnlineSoftmax {
   }
 
   // Turns a tile of scores into unnormalised probabilities in place and rescales the output
-  // accumulator `o` to the new running max.
-  template <int kScoreTiles, int kOutTiles>
+  // accumulator `o` to the new running max. kLazyRescale: `o` is rescaled only when the max of a
+  // row of the warp that has seen a key changed (a warp vote: the whole warp calls update); decode,
+  // whose maxima settle after a few tiles, then skips most of the multiplies.
+  template <bool kLazyRescale = false, int kScoreTiles, int kOutTiles>
   __device__ __forceinline__ void update(float (&s)[kScoreTiles][4], float (&o)[kOutTiles][4]) {
+    float rescales[2];
+    bool changed = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
@@ -66,6 +70,7 @@ struct OnlineSoftmax {
       const float new_max = fmaxf(row_max[r], quad_max(tile_max));
       const float base = new_max == -INFINITY ? 0.0f : new_max;
       const float rescale = exp2f(row_max[r] - base);
+      changed = changed || (row_max[r] != -INFINITY && new_max != row_max[r]);
       row_max[r] = new_max;
       float sum = 0.0f;
 #pragma unroll
@@ -75,10 +80,25 @@ struct OnlineSoftmax {
         sum += s[t][2 * r] + s[t][2 * r + 1];
       }
       row_sum[r] = row_sum[r] * rescale + sum;
+      rescales[r] = rescale;
+      if constexpr (!kLazyRescale) {
 #pragma unroll
-      for (int t = 0; t < kOutTiles; ++t) {
-        o[t][2 * r] *= rescale;
-        o[t][2 * r + 1] *= rescale;
+        for (int t = 0; t < kOutTiles; ++t) {
+          o[t][2 * r] *= rescale;
+          o[t][2 * r + 1] *= rescale;
+        }
+      }
+    }
+    if constexpr (kLazyRescale) {
+      // Rows whose max did not change have rescale 1; rows that had seen no key have o == 0.
+      if (__any_sync(0xffffffffu, changed)) {
+#pragma unroll
+        for (int t = 0; t < kOutTiles; ++t) {
+          o[t][0] *= rescales[0];
+          o[t][1] *= rescales[0];
+          o[t][2] *= rescales[1];
+          o[t][3] *= rescales[1];
+        }
       }
     }
   }
