@@ -20,10 +20,14 @@
 //   ./kv-cache-decode-timing quick      # B 1 L 128k and B 8 L 32k, contiguous and pages of 64
 //   ./kv-cache-decode-timing case=B,L,H,Hkv,D,page ...   # these cases only (page 0: contiguous)
 //   options: splits=N (the tensor-core kernel with N splits instead of its rule), stages=N
-//   (instead of mma_stages), tile_keys=64 (64-key tiles instead of the library's 128 at D <= 64 and
-//   its 32 at D 256, where a block then takes the fewest row tiles that cover a kv head's rows),
+//   (instead of mma_stages), tile_keys=32 (32-key tiles at D 128, two row tiles a block so that each
+//   warp keeps a 16-key k-step, instead of the library's 64), tile_keys=64 (64-key tiles instead of
+//   the library's 128 at D <= 64 and its 32 at D 256, where a block then takes the fewest row tiles
+//   that cover a kv head's rows),
 //   fast (the tensor-core kernel alone, no comparison), q_elements (Q staged element by element, the
-//   kernels' fallback for query rows that are not 16-byte aligned, instead of 16-byte copies)
+//   kernels' fallback for query rows that are not 16-byte aligned, instead of 16-byte copies),
+//   head_major (each page's rows head by head, [pages, Hkv, page_size, D], instead of the usual
+//   [pages, page_size, Hkv, D]: a head's keys of a page contiguous)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -56,6 +60,7 @@ struct Options {
   int splits = 0, stages = 0, tile_keys = 0;  // 0: the library's choice
   bool fast = false;                          // the tensor-core kernel alone
   bool q_elements = false;                    // Q by element loads, not 16-byte copies
+  bool head_major = false;                    // pages [pages, Hkv, rows, D], not [pages, rows, Hkv, D]
 };
 
 // Uniform in [-sqrt(3), sqrt(3)) (unit variance) from a hash of the index and the seed.
@@ -193,7 +198,9 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
   k.total_q = B;
   const std::int64_t row = std::int64_t(Hkv) * D;
   k.k = {k_cache, rows * row, row, D};
-  k.v = {v_cache, rows * row, row, D};
+  if (opt.head_major) k.k = {k_cache, rows * row, D, rows * D};
+  k.v = k.k;
+  k.v.data = v_cache;
   k.block_table = table;
   k.table_batch = pages_per_seq;
   k.table_page = 1;
@@ -217,8 +224,12 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
   const int bucket = kv::mma_bucket(D, D);
   const bool keys64 = opt.tile_keys == 64 && bucket == 64;
   const bool keys64_d256 = opt.tile_keys == 64 && bucket == 256;
-  const int tile_keys = keys64 || keys64_d256 ? 64 : kv::mma_tile_keys(bucket);
-  const int row_tiles = keys64_d256 ? (k.row_tiles > 1 ? 2 : 1) : kv::mma_row_tiles(k.row_tiles, bucket);
+  const bool keys32_d128 = opt.tile_keys == 32 && bucket == 128;
+  const int tile_keys =
+      keys64 || keys64_d256 ? 64 : (keys32_d128 ? 32 : kv::mma_tile_keys(bucket));
+  const int row_tiles = keys64_d256   ? (k.row_tiles > 1 ? 2 : 1)
+                        : keys32_d128 ? 2
+                                      : kv::mma_row_tiles(k.row_tiles, bucket);
   Result results[2];
   for (int mma = opt.fast ? 1 : 0; mma < 2; ++mma) {
     int stages = 0, shared = 0, splits = 0;
@@ -252,6 +263,10 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
         if (row_tiles == 1) launch_variant<64, 1, 64>(k, stages, shared);
         else if (row_tiles == 2) launch_variant<64, 2, 64>(k, stages, shared);
         else launch_variant<64, 4, 64>(k, stages, shared);
+        return;
+      }
+      if (mma && keys32_d128) {
+        launch_variant<128, 2, 32>(k, stages, shared);
         return;
       }
       if (mma && keys64_d256) {
@@ -343,6 +358,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (arg == "fast") {
       opt.fast = true;
+    } else if (arg == "head_major") {
+      opt.head_major = true;
     } else if (arg == "q_elements") {
       opt.q_elements = true;
     } else if (arg.substr(0, 7) == "splits=") {
@@ -357,7 +374,7 @@ int main(int argc, char** argv) {
       cases.push_back(c);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [quick] [fast] [q_elements] [splits=N] [stages=N] [tile_keys=64] "
+                   "usage: %s [quick] [fast] [q_elements] [head_major] [splits=N] [stages=N] [tile_keys=32|64] "
                    "[case=B,L,H,Hkv,D,page ...]\n",
                    argv[0]);
       return 2;
