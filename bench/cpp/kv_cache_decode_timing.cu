@@ -26,8 +26,9 @@
 //   that cover a kv head's rows),
 //   fast (the tensor-core kernel alone, no comparison), q_elements (Q staged element by element, the
 //   kernels' fallback for query rows that are not 16-byte aligned, instead of 16-byte copies),
-//   head_major (each page's rows head by head, [pages, Hkv, page_size, D], instead of the usual
-//   [pages, page_size, Hkv, D]: a head's keys of a page contiguous)
+//   plain_combine (the combine launched after the attention kernel, as before sm90, instead of
+//   overlapping its end), head_major (each page's rows head by head, [pages, Hkv, page_size, D],
+//   instead of the usual [pages, page_size, Hkv, D]: a head's keys of a page contiguous)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -61,6 +62,7 @@ struct Options {
   bool fast = false;                          // the tensor-core kernel alone
   bool q_elements = false;                    // Q by element loads, not 16-byte copies
   bool head_major = false;                    // pages [pages, Hkv, rows, D], not [pages, rows, Hkv, D]
+  bool plain_combine = false;                 // the combine launched after the kernel, no overlap
 };
 
 // Uniform in [-sqrt(3), sqrt(3)) (unit variance) from a hash of the index and the seed.
@@ -86,7 +88,7 @@ __nv_bfloat16* device_random_bf16(std::size_t n, unsigned long long seed) {
 
 struct Device {
   int sms = 0, shared_per_sm = 0, max_shared = 0, reserved = 0, registers_per_sm = 0,
-      threads_per_sm = 0;
+      threads_per_sm = 0, major = 0;
 };
 
 Device query_device() {
@@ -97,6 +99,7 @@ Device query_device() {
   CHECK(cudaDeviceGetAttribute(&d.reserved, cudaDevAttrReservedSharedMemoryPerBlock, 0));
   CHECK(cudaDeviceGetAttribute(&d.registers_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, 0));
   CHECK(cudaDeviceGetAttribute(&d.threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, 0));
+  CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, 0));
   return d;
 }
 
@@ -141,7 +144,7 @@ struct Result {
 // 16-key k-step). Launched as
 // kv_cache_launch.cuh's launch_attention launches the library's forms.
 template <int kBucket, int kRowTiles, int kKeys>
-void launch_variant(const KvCacheKernelParams& k, int stages, int shared) {
+void launch_variant(const KvCacheKernelParams& k, int stages, int shared, bool overlap) {
   auto kernel = kv::kv_cache_mma_kernel<__nv_bfloat16, kBucket, kRowTiles, kKeys>;
   static bool ready = false;
   if (!ready) {
@@ -152,7 +155,7 @@ void launch_variant(const KvCacheKernelParams& k, int stages, int shared) {
   kernel<<<grid, kv::kMmaThreads, shared>>>(k, stages);
   CHECK(cudaGetLastError());
   if (k.num_splits > 1) {
-    CHECK(kv::launch_combine<__nv_bfloat16>(k, nullptr));
+    CHECK(kv::launch_combine<__nv_bfloat16>(k, nullptr, overlap));
   }
 }
 
@@ -230,6 +233,8 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
   const int row_tiles = keys64_d256   ? (k.row_tiles > 1 ? 2 : 1)
                         : keys32_d128 ? 2
                                       : kv::mma_row_tiles(k.row_tiles, bucket);
+  // The library's launch on sm90 and newer: the combine overlaps the attention kernel's end.
+  const bool overlap = dev.major >= 9 && !opt.plain_combine;
   Result results[2];
   for (int mma = opt.fast ? 1 : 0; mma < 2; ++mma) {
     int stages = 0, shared = 0, splits = 0;
@@ -260,21 +265,21 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
                                              (part_rows * D * sizeof(float) + 15) / 16 * 16);
     auto launch = [&] {
       if (mma && keys64) {
-        if (row_tiles == 1) launch_variant<64, 1, 64>(k, stages, shared);
-        else if (row_tiles == 2) launch_variant<64, 2, 64>(k, stages, shared);
-        else launch_variant<64, 4, 64>(k, stages, shared);
+        if (row_tiles == 1) launch_variant<64, 1, 64>(k, stages, shared, overlap);
+        else if (row_tiles == 2) launch_variant<64, 2, 64>(k, stages, shared, overlap);
+        else launch_variant<64, 4, 64>(k, stages, shared, overlap);
         return;
       }
       if (mma && keys32_d128) {
-        launch_variant<128, 2, 32>(k, stages, shared);
+        launch_variant<128, 2, 32>(k, stages, shared, overlap);
         return;
       }
       if (mma && keys64_d256) {
-        if (row_tiles == 1) launch_variant<256, 1, 64>(k, stages, shared);
-        else launch_variant<256, 2, 64>(k, stages, shared);
+        if (row_tiles == 1) launch_variant<256, 1, 64>(k, stages, shared, overlap);
+        else launch_variant<256, 2, 64>(k, stages, shared, overlap);
         return;
       }
-      const cudaError_t e = kv::launch_attention<__nv_bfloat16>(k, stages, shared, 0);
+      const cudaError_t e = kv::launch_attention<__nv_bfloat16>(k, stages, shared, 0, overlap);
       if (e != cudaSuccess) {
         std::fprintf(stderr, "launch failed: %s\n", cudaGetErrorString(e));
         std::exit(1);
@@ -286,7 +291,7 @@ bool run_case(const Device& dev, const Case& c, const Options& opt, double copy_
     Result& r = results[mma];
     r.ms = ms[kTimedRuns / 2];
     if (mma && splits > 1) {  // the combine alone, on the partials the last run left
-      const auto combine = [&] { CHECK(kv::launch_combine<__nv_bfloat16>(k, nullptr)); };
+      const auto combine = [&] { CHECK(kv::launch_combine<__nv_bfloat16>(k, nullptr, overlap)); };
       r.combine_ms = sorted_launch_ms(combine, kTimedRuns)[kTimedRuns / 2];
       // Without the flush: its partials in L2, as a decode's combine finds them after the kernel
       // that wrote them.
@@ -358,6 +363,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (arg == "fast") {
       opt.fast = true;
+    } else if (arg == "plain_combine") {
+      opt.plain_combine = true;
     } else if (arg == "head_major") {
       opt.head_major = true;
     } else if (arg == "q_elements") {
@@ -374,7 +381,7 @@ int main(int argc, char** argv) {
       cases.push_back(c);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [quick] [fast] [q_elements] [head_major] [splits=N] [stages=N] [tile_keys=32|64] "
+                   "usage: %s [quick] [fast] [q_elements] [head_major] [plain_combine] [splits=N] [stages=N] [tile_keys=32|64] "
                    "[case=B,L,H,Hkv,D,page ...]\n",
                    argv[0]);
       return 2;

@@ -78,6 +78,7 @@ struct DeviceInfo {
   int kernel_registers = 0;  // per thread, of the attention kernel (both dtypes compile alike)
   int max_shared_optin = 0;  // dynamic shared memory a block may take after cudaFuncSetAttribute
   int reserved_per_block = 0;
+  bool dependent_launch = false;  // sm90 and newer: the combine overlaps the attention kernel's end
   int mma_registers[3] = {};  // of the tensor-core kernel, per head-dim bucket (64, 128, 256)
   bool mma_ready = false;     // the two above are set, the kernel's shared-memory limit raised
 };
@@ -106,7 +107,10 @@ Status device_info(int device, DeviceInfo* info) {
       e = cudaDeviceGetAttribute(&d.max_shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (e == cudaSuccess)
       e = cudaDeviceGetAttribute(&d.reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock, device);
+    int major = 0;
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute failed", e);
+    d.dependent_launch = major >= 9;
     cudaFuncAttributes attributes{};
     e = cudaFuncGetAttributes(&attributes, kv_cache::kv_cache_attention_kernel<__half>);
     if (e != cudaSuccess) return cuda_error("cudaFuncGetAttributes failed", e);
@@ -324,8 +328,10 @@ Status run(const KvCacheForwardParams& p, const detail::KvCacheShape& shape, voi
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   const cudaError_t e =
       p.q.dtype == DType::kFloat16
-          ? kv_cache::launch_attention<__half>(k, plan.mma_stages, plan.shared, cuda_stream)
-          : kv_cache::launch_attention<__nv_bfloat16>(k, plan.mma_stages, plan.shared, cuda_stream);
+          ? kv_cache::launch_attention<__half>(k, plan.mma_stages, plan.shared, cuda_stream,
+                                               info.dependent_launch)
+          : kv_cache::launch_attention<__nv_bfloat16>(k, plan.mma_stages, plan.shared, cuda_stream,
+                                                      info.dependent_launch);
   if (e != cudaSuccess) return cuda_error("the KV-cache attention kernel failed to launch", e);
   return Status::ok_status();
 }

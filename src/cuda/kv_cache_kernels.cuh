@@ -483,11 +483,22 @@ __device__ inline float sink_log2(const KvCacheKernelParams& p, std::int64_t row
   return p.sinks != nullptr ? p.sinks[static_cast<int>(row % p.heads) * p.sinks_stride] * kLog2e : -INFINITY;
 }
 
+// The combine may be launched while the attention kernel before it in the stream still runs
+// (programmatic dependent launch, sm90 and newer: launch_combine's `overlap`), so that its launch
+// and its blocks' start overlap that kernel's last blocks; it waits here until that kernel has
+// completed and its partials are visible. Without the overlap the wait returns at once.
+__device__ __forceinline__ void wait_for_partials() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+
 // A warp a row (up to kWideCombineSplits splits: one a lane).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     kv_cache_combine_kernel(const __grid_constant__ KvCacheKernelParams p) {
   __shared__ float weights[kWarps][kWideCombineSplits];
+  wait_for_partials();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const std::int64_t rows = p.total_q * p.heads;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
@@ -524,6 +535,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float weights[kMaxSplits];
   __shared__ float warp_part[kWarps][kMaxHeadDim];
   __shared__ float warp_max2[kWarps], warp_total[kWarps];
+  wait_for_partials();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const std::int64_t rows = p.total_q * p.heads;
   const int n = p.num_splits;
@@ -591,17 +603,31 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Launches the combine form that fits the split count (grids of at most 2^20 blocks walk the rows).
+// `overlap`: a programmatic dependent launch on the attention kernel before it (sm90 and newer;
+// wait_for_partials); a runtime that refuses it (say, a capture that cannot hold it) gets the
+// plain launch.
 template <typename T>
-cudaError_t launch_combine(const KvCacheKernelParams& k, cudaStream_t stream) {
+cudaError_t launch_combine(const KvCacheKernelParams& k, cudaStream_t stream, bool overlap = false) {
   const std::int64_t rows = k.total_q * k.heads;
-  if (k.num_splits > kWideCombineSplits) {
-    const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>(rows, 1, std::int64_t{1} << 20));
-    kv_cache_combine_wide_kernel<T><<<blocks, kThreads, 0, stream>>>(k);
-  } else {
-    const auto blocks =
-        static_cast<unsigned>(std::clamp<std::int64_t>((rows + kWarps - 1) / kWarps, 1, std::int64_t{1} << 20));
-    kv_cache_combine_kernel<T><<<blocks, kThreads, 0, stream>>>(k);
+  const bool wide = k.num_splits > kWideCombineSplits;
+  void (*kernel)(KvCacheKernelParams) =
+      wide ? kv_cache_combine_wide_kernel<T> : kv_cache_combine_kernel<T>;
+  const std::int64_t wanted = wide ? rows : (rows + kWarps - 1) / kWarps;
+  const dim3 grid(static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, std::int64_t{1} << 20)));
+  if (overlap) {
+    cudaLaunchAttribute attribute[1] = {};
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    if (cudaLaunchKernelEx(&config, kernel, k) == cudaSuccess) return cudaSuccess;
+    (void)cudaGetLastError();
   }
+  kernel<<<grid, kThreads, 0, stream>>>(k);
   return cudaGetLastError();
 }
 

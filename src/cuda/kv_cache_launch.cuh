@@ -117,10 +117,11 @@ inline std::int64_t mma_grid_blocks(const KvCacheKernelParams& k, int block_row_
 
 // One attention call: the tensor-core kernel when `mma_stages` > 0 (with `shared` bytes, from
 // mma_layout with the row tiles mma_row_tiles gives), else the CUDA-core kernel (`shared` from
-// shared_layout); then, with several splits, the combine.
+// shared_layout); then, with several splits, the combine (`overlap_combine`: launched to overlap
+// the attention kernel's end, sm90 and newer).
 template <typename T>
 cudaError_t launch_attention(const KvCacheKernelParams& k, int mma_stages, int shared,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool overlap_combine = false) {
   cudaError_t e = cudaSuccess;
   if (mma_stages > 0) {
     const int bucket = mma_bucket(k.head_dim, k.value_dim);
@@ -136,7 +137,7 @@ cudaError_t launch_attention(const KvCacheKernelParams& k, int mma_stages, int s
     e = cudaGetLastError();
   }
   if (e != cudaSuccess || k.num_splits <= 1) return e;
-  return launch_combine<T>(k, stream);
+  return launch_combine<T>(k, stream, overlap_combine);
 }
 
 }  // namespace fmha::cuda::kv_cache
