@@ -194,8 +194,8 @@ __device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const T*
     constexpr int kChunks = kBucket / 8, kRowsPerPass = kMmaThreads / kChunks, kPitch = kBucket + 8;
     static_assert(kMmaThreads % kChunks == 0 && kTileKeys % kRowsPerPass == 0, "whole passes of rows");
     const int chunk = tid % kChunks, row0 = tid / kChunks;
-    // Rows this thread copies from the cache: i kRowsPerPass < its live count (none for a column
-    // past D / Dv).
+    // This thread's rows of the tile come from the cache while i * kRowsPerPass is below its live
+    // count (none for a column past D / Dv); the rest are zero-filled.
     const int k_rows = chunk * 8 < D ? live - row0 : 0, v_rows = chunk * 8 < Dv ? live - row0 : 0;
     const std::uint32_t k_base = tile::shared_address(k_tile + row0 * kPitch + chunk * 8);
     const std::uint32_t v_base = tile::shared_address(v_tile + row0 * kPitch + chunk * 8);
