@@ -635,6 +635,9 @@ def _eager_function(layout):
             layout, dout, dlse, q, k, v, out, lse, layout_args, needs, o, fake=False,
             unasked=_none, views=ctx.views,
         )  # fmt: skip
+        # The graph may outlive its backward (an output kept): it keeps no view (a backward of a
+        # retained graph makes its own).
+        ctx.views = None
         if needs:
             return (*grads[:3], None, None, *grads[3:])
         return (*grads[:3], None, None)

@@ -121,6 +121,12 @@ void bind_backward_fields(Class& c) {
 
 NB_MODULE(_C, m) {
   m.doc() = "fmha C++ API bindings (internal: use the functions of the fmha package)";
+  // Objects of this module are kept by other libraries' state past this module's teardown at
+  // interpreter exit: an autograd graph still referenced by a global (an output not yet
+  // differentiated, a traceback's frames) holds the TensorViews its backward will use. nanobind
+  // then reports them, and the types and functions behind them, as leaks although no reference
+  // count is wrong; the warnings are switched off so that a plain script does not end with them.
+  nb::set_leak_warnings(false);
 
   nb::enum_<fmha::DType>(m, "DType")
       .value("float32", fmha::DType::kFloat32)
