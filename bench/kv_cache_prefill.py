@@ -26,8 +26,9 @@ CASES = [  # (B, Lq, L)
 
 
 def visible_pairs(lq: int, lk: int) -> int:
-    """Pairs a bottom-right causal mask shows: query i (of lq) sees the first lk - lq + i + 1 keys."""
-    return sum(lk - lq + i + 1 for i in range(lq))
+    """Pairs a bottom-right causal mask shows: query i (of lq <= lk) sees the first lk - lq + i + 1
+    keys."""
+    return lq * (lk - lq) + lq * (lq + 1) // 2
 
 
 def paged(cache: torch.Tensor, page_size: int, generator: torch.Generator):

@@ -106,6 +106,22 @@ TEST(CudaFuzz, ValidAgainstOracle) {
                         fmha_fuzz::run_from_env("FMHA_FUZZ_VALID", 1000, kDefaultSeed, kBinary));
 }
 
+// Both regressions below: a case with sinks and dlse, so that gradients sum over the empty
+// dimension beside dsinks.
+fmha_test::AttentionCase sinks_and_dlse_case(fmha::DType dtype, std::int64_t kv_heads,
+                                              std::int64_t head_dim, std::int64_t value_dim) {
+  fmha_test::AttentionCase c;
+  c.dtype = dtype;
+  c.batch = 3;
+  c.heads = 6;
+  c.kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.value_dim = value_dim;
+  c.sinks = true;
+  c.dlse = true;
+  return c;
+}
+
 // The draw that found it (seed 20261456, D 11; here D 40 / 64, which run in bucket 64, the one every
 // build of the sm90 kernels keeps): no keys, and a bias broadcast over Lk by stride 0, so
 // its gradient has a stride-0 dimension of size 0. The backward took that dimension as broadcast
@@ -115,17 +131,11 @@ TEST(CudaFuzz, EmptyKeysWithStrideZeroBiasGradient) {
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device present";
   CudaCaseDevice device;
   for (fmha::DType dtype : {fmha::DType::kFloat32, fmha::DType::kBFloat16}) {
-    fmha_test::AttentionCase c;
-    c.dtype = dtype;
-    c.batch = 3;
-    c.heads = 6;
-    c.kv_heads = 3;
-    c.head_dim = c.value_dim = dtype == fmha::DType::kFloat32 ? 40 : 64;  // the draw: D 11, fp32
+    const std::int64_t dim = dtype == fmha::DType::kFloat32 ? 40 : 64;  // the draw: D 11, fp32
+    fmha_test::AttentionCase c = sinks_and_dlse_case(dtype, 3, dim, dim);
     c.seqlen_q = 10;
     c.seqlen_k = 0;
     c.bias = {.given = true, .broadcast = {false, false, false, true}, .zero_stride = true};
-    c.sinks = true;
-    c.dlse = true;
     fmha_test::check_case(c, 20261456, &device);
   }
 }
@@ -137,19 +147,11 @@ TEST(CudaFuzz, RelPosGradientsOverNoRows) {
   if (!gpu_available()) GTEST_SKIP() << "no CUDA device present";
   CudaCaseDevice device;
   for (fmha::DType dtype : {fmha::DType::kFloat32, fmha::DType::kBFloat16}) {
-    fmha_test::AttentionCase c;
-    c.dtype = dtype;
-    c.batch = 3;
-    c.heads = 6;
-    c.kv_heads = 2;
-    c.head_dim = 16;
-    c.value_dim = 24;
+    fmha_test::AttentionCase c = sinks_and_dlse_case(dtype, 2, 16, 24);
     c.seqlen_q = 0;  // the first draw: no query, rel-pos broadcast over Lq by a size-1 dimension
     c.seqlen_k = 7;
     c.rel_hk = 1;
     c.rel_broadcast = {false, false, true};
-    c.sinks = true;
-    c.dlse = true;
     fmha_test::check_case(c, 1992, &device);
     c.batch = 0;  // the second: no batch, rel-pos broadcast over B
     c.seqlen_q = 3;
