@@ -126,7 +126,11 @@ NB_MODULE(_C, m) {
   // differentiated, a traceback's frames) holds the TensorViews its backward will use. nanobind
   // then reports them, and the types and functions behind them, as leaks although no reference
   // count is wrong; the warnings are switched off so that a plain script does not end with them.
+  // set_leak_warnings(True) turns them back on, for the tests (tests/python/test_eager_path.py)
+  // and for looking for a real leak.
   nb::set_leak_warnings(false);
+  m.def("set_leak_warnings", [](bool on) { nb::set_leak_warnings(on); }, nb::arg("on"),
+        "Whether nanobind reports this module's objects still alive at interpreter exit.");
 
   nb::enum_<fmha::DType>(m, "DType")
       .value("float32", fmha::DType::kFloat32)
