@@ -9,7 +9,7 @@ Run it after changing N_VALUES and commit its output:  python3 scripts/gen_wgmma
 import pathlib
 import sys
 
-N_VALUES = [32, 64, 80, 96, 128, 160, 192, 224, 256]
+N_VALUES = [32, 48, 64, 80, 96, 128, 160, 192, 224, 256]
 DTYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 # tf32 (fp32 inputs, sm90 fp32 kernels): m64nNk8, both shared-memory operands K-major (PTX allows
 # no transposed tf32 operand).

@@ -123,7 +123,7 @@ bool sm90_rel_pos_applies(const BackwardParams& p) {
   const ForwardParams& f = p.fwd;
   const int bucket = sm80::head_dim_bucket(max_dim(p));
   const std::int64_t dq_smem =
-      sm90::bwd_dq_tile_bytes(bucket, sm90::kBwdStages) + sm90::bwd_rel_pos_smem_bytes(f);
+      sm90::bwd_dq_tile_bytes(bucket) + sm90::bwd_rel_pos_smem_bytes(f);
   const std::int64_t dkdv_smem =
       sm90::bwd_dkdv_tile_bytes(bucket) + sm90::bwd_rel_w_rows_bytes(f, bucket);
   return f.bias == nullptr && f.softcap_log2 == 0.0f && !masked(p) && f.num_extra == 0 &&

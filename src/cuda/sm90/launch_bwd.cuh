@@ -210,7 +210,7 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   // and where stage_bias declines, the register form.
   constexpr bool kBiasTiles = kBiasForm<Policy> && kD <= 64;
   if constexpr (kGeneralForm<Policy> || kBiasTiles) {
-    smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD, kBwdNarrowKeys<Policy>));
+    smem += detail::stage_bias(p, smem, bwd_dq_bias_tile_bytes(kD, kDqScores<Policy>));
   }
   // The bias tiles' kernel takes its key tiles by TMA in a dense batch whose k and v (and bias)
   // the driver maps.
@@ -236,7 +236,7 @@ Status launch_backward_dq(const BackwardParams& params, cudaStream_t stream) {
   if constexpr (kRelPosForm<Policy>) {
     // The register form where a key tile is one or two grid rows; its rel_h fetch takes key
     // positions as 32-bit, one tile past the last (fetch_rel_h).
-    constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
+    constexpr int kN = bwd_keys_per_tile(kD, kDqScores<Policy>);
     if (p.fwd.seqlen_k <= (std::int64_t{1} << 31) - 2 * kN) {
       if (rel_pos_registers_apply<2>(p.fwd.rel_w_size, kN)) {
         return launch(KernelConstant<&backward_dq_kernel<T, kD, Policy, 2>>{});

@@ -35,10 +35,15 @@
 
 namespace fmha::cuda::sm90 {
 
-// Policies whose per-tile code takes the registers of wider key tiles (bwd_keys_per_tile). Token
-// tiles were among them while their test ran per score (108 bytes of spill at 128 keys).
+// What a policy adds to the scores, which sets the key tiles' width (bwd_keys_per_tile). Token
+// tiles were once with the general policy, while their test ran per score (108 bytes of spill at
+// 128 keys).
 template <typename Policy>
-inline constexpr bool kBwdNarrowKeys = kGeneralForm<Policy>;
+inline constexpr DqScores kDqScores =
+    kGeneralForm<Policy> ? DqScores::kGeneral
+    : std::is_same_v<Policy, PolicyPlain> || std::is_same_v<Policy, PolicyWindow>
+        ? DqScores::kMaskOnly
+        : DqScores::kModifier;
 
 // The bias policy's staged tile of a stage (kBiasTiles): the block's queries x one key tile, in the
 // layout of a K-major operand, which both its TMA copy and the threads' cp.async write.
@@ -50,11 +55,11 @@ using DqBiasTile = SwizzledTile<kBwdQueriesPerBlock, bwd_keys_per_tile(kD)>;
 // under token tiles their bookkeeping (TokenTileSmem).
 template <int kD, typename Policy>
 constexpr int bwd_dq_smem_bytes() {
-  constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
+  constexpr int kN = bwd_keys_per_tile(kD, kDqScores<Policy>);
   constexpr int bytes = 2 * SwizzledTile<kBwdQueriesPerBlock, kD>::kBytes +
-                        2 * kBwdStages * SwizzledTile<kN, kD>::kBytes + 1024;
-  static_assert(bytes == bwd_dq_tile_bytes(kD, kBwdStages, kBwdNarrowKeys<Policy>),
-                "as the dispatch counts");
+                        2 * bwd_dq_stages(kD, kDqScores<Policy>) * SwizzledTile<kN, kD>::kBytes +
+                        1024;
+  static_assert(bytes == bwd_dq_tile_bytes(kD, kDqScores<Policy>), "as the dispatch counts");
   return bytes;
 }
 
@@ -62,7 +67,7 @@ constexpr int bwd_dq_smem_bytes() {
 // and fills the column tables for (set_token_tiles).
 template <int kD, typename Policy>
 using DqTokenTiles =
-    TokenTileSmem<kBwdQueriesPerBlock, bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>)>;
+    TokenTileSmem<kBwdQueriesPerBlock, bwd_keys_per_tile(kD, kDqScores<Policy>)>;
 
 // kRelRows (PolicyRelPos only): 1 or 2 for the register form of rel-pos (score_rel_pos.cuh:
 // rel_pos_registers_apply, a key tile is that many grid rows), the thread's rel_w entries in
@@ -89,8 +94,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // Launched to overlap the dK/dV kernel (p.dq_overlaps_dkdv): complete only after it.
   const CompleteAfterPreviousKernel complete_after_dkdv;
   constexpr int kM = kBwdQueriesPerBlock;
-  constexpr int kN = bwd_keys_per_tile(kD, kBwdNarrowKeys<Policy>);
-  constexpr int kStages = kBwdStages;
+  constexpr int kN = bwd_keys_per_tile(kD, kDqScores<Policy>);
+  constexpr int kStages = bwd_dq_stages(kD, kDqScores<Policy>);
   constexpr int kScoreTiles = kN / 8;
   constexpr int kOutTiles = kD / 8;
   using QTile = SwizzledTile<kM, kD>;
@@ -105,13 +110,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   static_assert(!kBiasTiles || kBiasForm<Policy>, "a form of the bias policy");
   static_assert(kStages + 1 <= TokenTiles::kSlots, "key boxes u .. u + stages live at once");
   // Ping-pong (below) for the range tiles of the plain, window and bias policies up to D 128,
-  // where it was measured; rel-pos, the general policy, token tiles and the 32-key tiles above
-  // D 128 keep both warpgroups in lockstep.
+  // where it was measured; rel-pos, the general policy, token tiles and the tiles above D 128
+  // keep both warpgroups in lockstep (at D 256 ping-pong over three stages of 32 keys was slower
+  // than lockstep: H200, 2026-11-29, L 4096 1.744 -> 1.912 ms, causal L 8192 1.700 -> 1.816).
   constexpr bool kPingPong =
       !kTokenTiles && !kRelPosForm<Policy> && !kGeneralForm<Policy> && kD <= 128;
   // Key tiles loading ahead of the current one. Under ping-pong the follower reads tile u's stage
-  // after rendezvous u + 1, so the loads issued there go one tile ahead only.
+  // after rendezvous u + 1, so the loads issued there go one tile ahead only, to tile u + 2's
+  // stage, which must not be u's.
   constexpr int kAhead = kPingPong ? 1 : kStages - 1;
+  static_assert(!kPingPong || kStages >= 3, "the follower's stage stays until it is done");
   const ForwardParams& f = p.fwd;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
@@ -124,9 +132,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   };
   [[maybe_unused]] auto smem_bias = [&](int stage) {
     return smem_q + 2 * QTile::kBytes + 2 * kStages * KVTile::kBytes +
-           stage * bwd_dq_bias_tile_bytes(kD, kBwdNarrowKeys<Policy>);
+           stage * bwd_dq_bias_tile_bytes(kD, kDqScores<Policy>);
   };
-  static_assert(!kBiasTiles || DqBiasTile<kD>::kBytes == bwd_dq_bias_tile_bytes(kD, false),
+  static_assert(!kBiasTiles ||
+                    DqBiasTile<kD>::kBytes == bwd_dq_bias_tile_bytes(kD, DqScores::kModifier),
                 "as the launch counts");
   // Whether thread 0 copies the key tiles by TMA (and the bias tiles: bias_by_tma).
   [[maybe_unused]] const bool tma = kBiasTiles && maps.kv_usable;

@@ -47,16 +47,32 @@ constexpr int bwd_queries_per_tile(int head_dim_bucket, bool token_tiles = false
 }
 
 // dQ kernel: 128 queries per block (64 per warpgroup), walking key tiles: S and dP cost N / 2
-// floats a thread each next to the D / 2 of dQ: 64 keys, 128 up to D = 64 except under score
-// modifiers (`narrow`: softcap's and the bias tile's code spilled 208 bytes there at 128).
+// floats a thread each next to the D / 2 of dQ. How wide a key tile is depends on the head dim
+// and on what the block's policy adds to the scores (DqScores).
 inline constexpr int kBwdQueriesPerBlock = 128;
-// Above D = 128: 32 keys (dQ then takes up to 128 floats a thread, and Q, dO and three K/V
-// stages fill the 227 KB).
-constexpr int bwd_keys_per_tile(int head_dim_bucket, bool narrow = false) {
-  return head_dim_bucket <= 64 ? (narrow ? 64 : 128) : (head_dim_bucket <= 128 ? 64 : 32);
+// What a dQ block's policy adds to its scores: a range mask only (plain, window), a modifier of
+// its own (bias, rel-pos, neighborhood), or the general policy's (softcap, staged bias, dbias).
+enum class DqScores { kMaskOnly, kModifier, kGeneral };
+// Up to D = 64: 128 keys, 64 under the general policy (softcap's and the bias tile's code spilled
+// 208 bytes there at 128). Up to D = 128: 64. Above: 48 for a range mask only (two stages from
+// D = 224 on: bwd_dq_stages), else 32. At 48 keys S and dP read their operands from shared memory
+// for a fifth fewer bytes a FLOP than at 32, which the SM's 128 bytes a clock bound there (H200,
+// 2026-11-29, the dQ kernel alone: D 256 L 4096 1.744 -> 1.550 ms, causal L 8192 1.700 -> 1.460,
+// L 16384 6.75 -> 6.05; the same bits).
+constexpr int bwd_keys_per_tile(int head_dim_bucket, DqScores scores = DqScores::kModifier) {
+  if (head_dim_bucket <= 64) return scores == DqScores::kGeneral ? 64 : 128;
+  if (head_dim_bucket <= 128) return 64;
+  return scores == DqScores::kMaskOnly ? 48 : 32;
 }
 
 inline constexpr int kBwdStages = 3;
+// Stages of a dQ kernel's K / V tiles: three where they fit beside Q and dO in 227 KB, else two
+// (48-key tiles from D = 224 on).
+constexpr int bwd_dq_stages(int head_dim_bucket, DqScores scores = DqScores::kModifier) {
+  const int fixed = 2 * kBwdQueriesPerBlock * head_dim_bucket * 2 + 1024;
+  const int stage = 2 * bwd_keys_per_tile(head_dim_bucket, scores) * head_dim_bucket * 2;
+  return fixed + kBwdStages * stage <= 227 * 1024 ? kBwdStages : 2;
+}
 // Stages of a dK/dV kernel: three, but two in the fused dK kernel of D 256, whose dS^T tile (8 KB)
 // does not fit beside K, V and three Q/dO stages (226 of the 227 KB).
 constexpr int bwd_dkdv_stages(int head_dim_bucket, bool fused) {
@@ -87,11 +103,13 @@ inline bool ws_backward_takes_scale(const ForwardParams& f) {
 // warpgroups.
 inline constexpr int kBwdFusedThreads = 384;
 
-// Shared memory of a dQ block's 16-bit tiles: Q and dO, `stages` K/V stages, and the slack that
-// rounds the base up to the swizzle period.
-constexpr int bwd_dq_tile_bytes(int head_dim_bucket, int stages, bool narrow = false) {
+// Shared memory of a dQ block's 16-bit tiles: Q and dO, its K/V stages, and the slack that rounds
+// the base up to the swizzle period.
+constexpr int bwd_dq_tile_bytes(int head_dim_bucket, DqScores scores = DqScores::kModifier) {
   return 2 * kBwdQueriesPerBlock * head_dim_bucket * 2 +
-         2 * stages * bwd_keys_per_tile(head_dim_bucket, narrow) * head_dim_bucket * 2 + 1024;
+         2 * bwd_dq_stages(head_dim_bucket, scores) * bwd_keys_per_tile(head_dim_bucket, scores) *
+             head_dim_bucket * 2 +
+         1024;
 }
 
 // Shared memory of a dK/dV block's 16-bit tiles: K and V, and per stage Q, dO and their rows'
@@ -104,11 +122,11 @@ constexpr int bwd_dkdv_tile_bytes(int head_dim_bucket, bool token_tiles = false,
 }
 
 // A staged bias tile, one per stage after the tiles, 16-bit in 16-byte chunks swizzled by row:
-// the dQ block's queries x one key tile (PolicyGeneral's narrow tiles, or PolicyBias's), or one
+// the dQ block's queries x one key tile (PolicyGeneral's tiles, or PolicyBias's), or one
 // query tile x the dK/dV block's keys. The launches stage them when they fit (else the kernels
 // read the bias from global memory).
-constexpr int bwd_dq_bias_tile_bytes(int head_dim_bucket, bool narrow = true) {
-  return kBwdQueriesPerBlock * bwd_keys_per_tile(head_dim_bucket, narrow) * 2;
+constexpr int bwd_dq_bias_tile_bytes(int head_dim_bucket, DqScores scores = DqScores::kGeneral) {
+  return kBwdQueriesPerBlock * bwd_keys_per_tile(head_dim_bucket, scores) * 2;
 }
 constexpr int bwd_dkdv_bias_tile_bytes(int head_dim_bucket) {
   return bwd_queries_per_tile(head_dim_bucket) * kBwdKeysPerBlock * 2;
