@@ -152,11 +152,14 @@ TEST(CudaBackward, WindowsAndFullyMaskedRows) {
 }
 
 // Head dims above 128: on sm90 dK and dV come from two kernels (one accumulating each) with 32-row
-// tiles; masks, GQA, Dv != D and the deterministic path across them.
+// tiles, or at bucket 256 from the warp-specialized kernel (its plain policy splitting S and dP by
+// product, the window policy by keys), and dQ from 48-key tiles under a mask alone; no mask, masks,
+// GQA, Dv != D and the deterministic path across them.
 TEST(CudaBackward, WideHeadsWithMasksAndGqa) {
   SKIP_WITHOUT_GPU();
   for (auto [d, dv] : {std::pair<int, int>{192, 192}, {256, 128}, {144, 256}, {256, 256}}) {
     BackwardCase c = shape_case(DType::kBFloat16, 239, 177, d, dv, 8, 2, 2);
+    check_backward(c, 64);
     c.options.causal = true;
     c.options.causal_alignment = CausalAlignment::kBottomRight;
     check_backward(c, 65);

@@ -8,7 +8,9 @@
 // transposed, with the head dim on M: a block owns kN = 64 keys of one (batch, kv head) and walks
 // 64-query tiles of every query head of the group; math warpgroup w holds head-dim rows
 // [128 w, +128) of dK^T and dV^T (two m64 products each, 64 + 64 floats a thread). A step:
-//   S  = Q K^T, dP = dO V^T            (queries on M; warpgroup w takes keys [32 w, +32))
+//   S  = Q K^T, dP = dO V^T            (queries on M; warpgroup w takes keys [32 w, +32), or,
+//                                       under the plain policy, S on warpgroup 0 and dP on 1:
+//                                       kSplitProducts)
 //   P  = exp2(scale S - lse), dS = P (dP - Delta)   (row statistics: queries are rows here)
 //   P, dS -> shared memory             (rows = queries, columns = keys; both warpgroups' halves)
 //   dV^T += dO^T P, dK^T += Q^T dS     (A = dO, Q read MN-major; B = P, dS MN-major)
@@ -21,7 +23,8 @@
 // Barriers: the stages' mbarriers as in mainloop_bwd_fused.cuh (q_full on the 32 lanes of the
 // copying warp, each releasing its own statistics' stores), and two named barriers of the 256
 // math threads: kD256Free (both warpgroups are done with the previous step's P and dS) and
-// kD256Ready (this step's P and dS are stored).
+// kD256Ready (this step's P and dS are stored); by product also kD256Factor (warpgroup 0 has
+// stored P and dS's factor).
 // Softcap alone (PolicySoftcap) turns S into tanh(scale S / softcap) under dP (softcap_tanh_tiles,
 // before the mask hides entries), then forms P = exp2(softcap tanh - lse) and
 // dS = P (dP - Delta) (1 - tanh^2) from it (softcap_probs_and_grads: backward_policies.cuh).
@@ -47,7 +50,7 @@
 namespace fmha::cuda::sm90 {
 
 // Shared memory of a block, from a 1024-byte aligned base: K, V, two stages of Q and dO, P and dS,
-// the statistics of the two stages, the barriers (about 209 KB).
+// dS's factor in fp32, the statistics of the two stages, the barriers (about 225 KB).
 struct FusedD256Smem {
   static constexpr int kD = 256, kN = 64, kM = 64, kStages = 2;
   using KTile = SwizzledTile<kN, kD>;  // K and V: rows = keys
@@ -59,7 +62,8 @@ struct FusedD256Smem {
   static constexpr int kDout = kQ + kStages * QTile::kBytes;
   static constexpr int kP = kDout + kStages * QTile::kBytes;
   static constexpr int kDs = kP + PTile::kBytes;
-  static constexpr int kLse = kDs + PTile::kBytes;
+  static constexpr int kFactor = kDs + PTile::kBytes;  // fp32, one row of 32 floats a thread
+  static constexpr int kLse = kFactor + kM * kN * 4;
   static constexpr int kDelta = kLse + kStages * kM * 4;
   static constexpr int kBarriers = kDelta + kStages * kM * 4;
   static constexpr int kBytes = kBarriers + static_cast<int>(sizeof(FusedBackwardBarriers));
@@ -69,6 +73,7 @@ struct FusedD256Smem {
 
 inline constexpr int kD256Free = 1;  // named barrier ids of this kernel
 inline constexpr int kD256Ready = 2;
+inline constexpr int kD256Factor = 3;
 
 // kWithDq false: dK and dV only (no dQ^T products, no adds), the dK/dV kernel of the split form,
 // whose dQ kernel runs after it; p.dq_accum is not read.
@@ -86,7 +91,17 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   static_assert((std::is_same_v<Scores, ScoreScale> || kSoftcap) && !Mask::kTokenTiles,
                 "the plain, window and softcap policies");
   constexpr int kD = Smem::kD, kN = Smem::kN, kM = Smem::kM, kStages = Smem::kStages;
-  constexpr int kHalfKeys = kN / 2;  // S and dP columns of a math warpgroup
+  constexpr int kHalfKeys = kN / 2;  // S and dP columns of a math warpgroup (kSplitProducts false)
+  // Whether the step's S and dP split by product (S on math warpgroup 0, dP on 1, each over all
+  // kN keys; warpgroup 0 then hands P's factor in dS = factor (dP - Delta) to warpgroup 1 through
+  // shared memory) rather than by keys (each warpgroup S and dP of kN / 2 keys). By product each
+  // A operand (Q, dO) is read once a step instead of twice, a third less of the shared-memory
+  // traffic of S and dP, which bound the kernel (Nsight Compute, H200, L 4096: shared memory 86%
+  // busy, tensor pipe 56%; S and dP 56% of the wavefronts); but warpgroup 1's dS waits for
+  // warpgroup 0's exponentials of the whole tile. Measured on an H200 (2026-11-29, kernel alone,
+  // the split form's dK/dV, bf16, 16k tokens, 8 heads): plain L 4096 2.01 -> 1.84 ms, L 16384
+  // 8.34 -> 7.76; but causal L 4096 1.07 -> 1.11, L 8192 2.01 -> 2.07, hence the plain policy.
+  constexpr bool kSplitProducts = std::is_same_v<Policy, PolicyPlain>;
   const ForwardParams& f = p.fwd;
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
@@ -156,22 +171,44 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
   const int mw = warpgroup - 1;
   const int warp = (static_cast<int>(threadIdx.x) % 128) / 32;  // within the warpgroup
   const int fragment_col = 2 * (lane % 4);
-  const int first_key = kHalfKeys * mw;  // S and dP: keys [32 mw, +32) of the block
   const int first_dim = 128 * mw;        // dK^T, dV^T, dQ^T: head-dim rows [128 mw, +128)
+  const int first_key = kHalfKeys * mw;  // by keys: S and dP of keys [32 mw, +32) of the block
   const std::uint32_t smem_k = base + Smem::kK, smem_v = base + Smem::kV;
   const std::uint32_t smem_p = base + Smem::kP, smem_ds = base + Smem::kDs;
   auto smem_q = [&](int s) { return base + Smem::kQ + s * QTile::kBytes; };
   auto smem_do = [&](int s) { return base + Smem::kDout + s * QTile::kBytes; };
+  // dS's factor, from warpgroup 0's thread to warpgroup 1's thread of the same index, whose dP
+  // entries are the same (row, key) pairs: float4 t of thread i at [t][i], 16 bytes apart.
+  float4* const factor_smem = reinterpret_cast<float4*>(base_ptr + Smem::kFactor);
+  const int wg_thread = static_cast<int>(threadIdx.x) % 128;
+  auto store_factor = [&](const float (&x)[kN / 8][4]) {
+#pragma unroll
+    for (int t = 0; t < kN / 8; ++t) {
+      factor_smem[t * 128 + wg_thread] = make_float4(x[t][0], x[t][1], x[t][2], x[t][3]);
+    }
+  };
+  auto load_factor = [&](float (&x)[kN / 8][4]) {
+#pragma unroll
+    for (int t = 0; t < kN / 8; ++t) {
+      const float4 v = factor_smem[t * 128 + wg_thread];
+      x[t][0] = v.x;
+      x[t][1] = v.y;
+      x[t][2] = v.z;
+      x[t][3] = v.w;
+    }
+  };
 
   // Every accumulator lives across the loop, zeroed once (mainloop_bwd_fused.cuh says why).
   float dk[2][kN / 8][4], dv[2][kN / 8][4];
-  float s[kHalfKeys / 8][4], dp[kHalfKeys / 8][4], dq[kM / 8][4];
+  // By keys: s and dp; by product: sp, S on warpgroup 0 and dP on warpgroup 1.
+  float s[kHalfKeys / 8][4], dp[kHalfKeys / 8][4], sp[kN / 8][4], dq[kM / 8][4];
   zero_accumulators(dk[0]);
   zero_accumulators(dk[1]);
   zero_accumulators(dv[0]);
   zero_accumulators(dv[1]);
   zero_accumulators(s);
   zero_accumulators(dp);
+  zero_accumulators(sp);
   zero_accumulators(dq);
   barrier_wait(&bars->kv_full, 0);
 
@@ -183,60 +220,136 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 1)
     const int h = walk.head;
     walk.advance(tiles.count);
 
-    barrier_wait(&bars->q_full[st], parity);
-    wgmma_fence();
-    ss_product<T, kD / 16, QTile, KTile>(s, smem_q(st), 0, smem_k, first_key);
-    wgmma_commit();
-    barrier_wait(&bars->do_full[st], parity);
-    wgmma_fence();  // the wait's branch ends the run of wgmma for ptxas
-    ss_product<T, kD / 16, QTile, KTile>(dp, smem_do(st), 0, smem_v, first_key);
-    wgmma_commit();
-
-    // P from S (rows = queries: this thread's rows r0 and r0 + 8 of the tile).
-    const int r0 = warp * 16 + lane / 4;
-    const float* const lse = lse_smem + st * kM;
-    const float* const delta = delta_smem + st * kM;
-    wgmma_wait<1>();
-    fence_accumulators(s);
-    // Softcap: the scores' tanh under dP, the probabilities after it.
-    if constexpr (kSoftcap) {
-      softcap_tanh_tiles(Scores::make(f, b, hk, rows.num_queries, rows.num_keys), s);
-    }
-    if (!mask.tile_is_full(m0, m0 + kM - 1, n0 + first_key, kHalfKeys)) {
-      hide_invisible(mask, s, m0 + r0, n0 + first_key + fragment_col);
-    }
-    const float l0 = lse[r0], l8 = lse[r0 + 8];
-    if constexpr (!kSoftcap) {
-#pragma unroll
-      for (int t = 0; t < kHalfKeys / 8; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          s[t][e] = exp2_ftz(fmaf(s[t][e], f.scale_log2, -(e < 2 ? l0 : l8)));
+    if constexpr (kSplitProducts) {
+      // S on warpgroup 0, dP on warpgroup 1, each over all kN keys: one product a warpgroup reads
+      // its A operand (Q or dO) once, where two products of kN / 2 keys each read both.
+      const bool scores_part = mw == 0;
+      const int r0 = warp * 16 + lane / 4;  // this thread's rows r0 and r0 + 8 of the tile
+      if (scores_part) {
+        barrier_wait(&bars->q_full[st], parity);
+      } else {
+        barrier_wait(&bars->do_full[st], parity);
       }
-    }
-    wgmma_wait<0>();
-    fence_accumulators(dp);
-    const float d0 = delta[r0], d8 = delta[r0 + 8];
-    if constexpr (kSoftcap) {
-      softcap_probs_and_grads(Scores::make(f, b, hk, rows.num_queries, rows.num_keys), s, dp, l0,
-                              l8, d0, d8);
+      wgmma_fence();  // the wait's branch ends the run of wgmma for ptxas
+      ss_product<T, kD / 16, QTile, KTile>(sp, scores_part ? smem_q(st) : smem_do(st), 0,
+                                           scores_part ? smem_k : smem_v);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(sp);
+
+      if (scores_part) {
+        // P = exp2(scale S - lse) (softcap: S's tanh under the mask, then P from it), and the
+        // factor of dS = factor (dP - Delta): P, or P (1 - tanh^2) clamped at 0 under softcap.
+        if constexpr (kSoftcap) {
+          softcap_tanh_tiles(Scores::make(f, b, hk, rows.num_queries, rows.num_keys), sp);
+        }
+        if (!mask.tile_is_full(m0, m0 + kM - 1, n0, kN)) {
+          hide_invisible(mask, sp, m0 + r0, n0 + fragment_col);
+        }
+        const float* const lse = lse_smem + st * kM;
+        const float l0 = lse[r0], l8 = lse[r0 + 8];
+        float factor[kN / 8][4];
+#pragma unroll
+        for (int t = 0; t < kN / 8; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if constexpr (kSoftcap) {
+              const float tanh = sp[t][e];
+              sp[t][e] = exp2_ftz(fmaf(tanh, f.softcap_log2, -(e < 2 ? l0 : l8)));
+              factor[t][e] = sp[t][e] * fmaxf(fmaf(-tanh, tanh, 1.0f), 0.0f);
+            } else {
+              sp[t][e] = exp2_ftz(fmaf(sp[t][e], f.scale_log2, -(e < 2 ? l0 : l8)));
+              factor[t][e] = sp[t][e];
+            }
+          }
+        }
+        std::uint32_t pa[kN / 16][4];
+        pack_fragments<T>(sp, pa);
+        // Once both warpgroups are done with the last step's P, dS and factor.
+        named_barrier_sync<kD256Free, kFusedMathThreads>();
+        store_fragments_stmatrix<PTile>(smem_p, warp * 16, pa, lane);
+        store_factor(factor);
+        fence_proxy_async();
+        named_barrier_sync<kD256Factor, kFusedMathThreads>();
+      } else {
+        barrier_wait(&bars->q_full[st], parity);  // the stage's Delta is stored
+        const float* const delta = delta_smem + st * kM;
+        const float d0 = delta[r0], d8 = delta[r0 + 8];
+        // Syncs where arrives would do (warpgroup 0 need not wait for warpgroup 1 at either):
+        // compute-sanitizer's racecheck does not order accesses by a named barrier that one side
+        // only arrives at (it reported the factor's store and load, and the epilogue's tiles);
+        // warpgroup 1 gets to both before warpgroup 0 about always.
+        named_barrier_sync<kD256Free, kFusedMathThreads>();
+        named_barrier_sync<kD256Factor, kFusedMathThreads>();
+        float factor[kN / 8][4];
+        load_factor(factor);
+#pragma unroll
+        for (int t = 0; t < kN / 8; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sp[t][e] = factor[t][e] * (sp[t][e] - (e < 2 ? d0 : d8));
+        }
+        std::uint32_t da[kN / 16][4];
+        pack_fragments<T>(sp, da);
+        store_fragments_stmatrix<PTile>(smem_ds, warp * 16, da, lane);
+        fence_proxy_async();
+      }
+      named_barrier_sync<kD256Ready, kFusedMathThreads>();
     } else {
-#pragma unroll
-      for (int t = 0; t < kHalfKeys / 8; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dp[t][e] = s[t][e] * (dp[t][e] - (e < 2 ? d0 : d8));
-      }
-    }
-    std::uint32_t pa[kHalfKeys / 16][4], da[kHalfKeys / 16][4];
-    pack_fragments<T>(s, pa);
-    pack_fragments<T>(dp, da);
+      barrier_wait(&bars->q_full[st], parity);
+      wgmma_fence();
+      ss_product<T, kD / 16, QTile, KTile>(s, smem_q(st), 0, smem_k, first_key);
+      wgmma_commit();
+      barrier_wait(&bars->do_full[st], parity);
+      wgmma_fence();  // the wait's branch ends the run of wgmma for ptxas
+      ss_product<T, kD / 16, QTile, KTile>(dp, smem_do(st), 0, smem_v, first_key);
+      wgmma_commit();
 
-    // P and dS of this warpgroup's keys, once both warpgroups are done with the last step's.
-    named_barrier_sync<kD256Free, kFusedMathThreads>();
-    store_fragments_stmatrix<PTile>(smem_p, warp * 16, pa, lane, first_key / 8);
-    store_fragments_stmatrix<PTile>(smem_ds, warp * 16, da, lane, first_key / 8);
-    fence_proxy_async();
-    named_barrier_sync<kD256Ready, kFusedMathThreads>();
+      // P from S (rows = queries: this thread's rows r0 and r0 + 8 of the tile).
+      const int r0 = warp * 16 + lane / 4;
+      const float* const lse = lse_smem + st * kM;
+      const float* const delta = delta_smem + st * kM;
+      wgmma_wait<1>();
+      fence_accumulators(s);
+      // Softcap: the scores' tanh under dP, the probabilities after it.
+      if constexpr (kSoftcap) {
+        softcap_tanh_tiles(Scores::make(f, b, hk, rows.num_queries, rows.num_keys), s);
+      }
+      if (!mask.tile_is_full(m0, m0 + kM - 1, n0 + first_key, kHalfKeys)) {
+        hide_invisible(mask, s, m0 + r0, n0 + first_key + fragment_col);
+      }
+      const float l0 = lse[r0], l8 = lse[r0 + 8];
+      if constexpr (!kSoftcap) {
+#pragma unroll
+        for (int t = 0; t < kHalfKeys / 8; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[t][e] = exp2_ftz(fmaf(s[t][e], f.scale_log2, -(e < 2 ? l0 : l8)));
+        }
+      }
+      wgmma_wait<0>();
+      fence_accumulators(dp);
+      const float d0 = delta[r0], d8 = delta[r0 + 8];
+      if constexpr (kSoftcap) {
+        softcap_probs_and_grads(Scores::make(f, b, hk, rows.num_queries, rows.num_keys), s, dp, l0,
+                                l8, d0, d8);
+      } else {
+#pragma unroll
+        for (int t = 0; t < kHalfKeys / 8; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dp[t][e] = s[t][e] * (dp[t][e] - (e < 2 ? d0 : d8));
+        }
+      }
+      std::uint32_t pa[kHalfKeys / 16][4], da[kHalfKeys / 16][4];
+      pack_fragments<T>(s, pa);
+      pack_fragments<T>(dp, da);
+
+      // P and dS of this warpgroup's keys, once both warpgroups are done with the last step's.
+      named_barrier_sync<kD256Free, kFusedMathThreads>();
+      store_fragments_stmatrix<PTile>(smem_p, warp * 16, pa, lane, first_key / 8);
+      store_fragments_stmatrix<PTile>(smem_ds, warp * 16, da, lane, first_key / 8);
+      fence_proxy_async();
+      named_barrier_sync<kD256Ready, kFusedMathThreads>();
+    }
 
     // dQ^T's first block, then dV^T and dK^T; the first block's adds run under the latter.
     if constexpr (kWithDq) {
