@@ -187,6 +187,89 @@ FMHA_CPU_INLINE void finish_scores(const Call& c, const Tiles& tiles, std::int64
   for (std::int64_t j = cols; j < ncols; ++j) row[j] = kNegInf;
 }
 
+// Row r's online softmax step (SPEC §10) over its finished scores row[0 .. ncols): the running
+// maximum m and normaliser l of the row move to the tile's, what came before (its output row orow,
+// dv columns) is rescaled to the new maximum, and the row becomes its probabilities.
+template <typename V>
+FMHA_CPU_INLINE void softmax_row(std::int64_t ncols, float* row, float& m, float& l, float* orow,
+                                 std::int64_t dv) {
+  typename V::F tile_max = V::broadcast(kNegInf);
+  for (std::int64_t j = 0; j < ncols; j += V::kWidth) tile_max = V::max(tile_max, V::load(row + j));
+  const float m_new = std::max(m, V::reduce_max(tile_max));
+  if (m_new == kNegInf) {  // nothing visible yet: the row stays empty
+    for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
+    return;
+  }
+  const float alpha = std::exp(m - m_new);
+  typename V::F sum{};
+  for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
+    const typename V::F p = V::exp(V::load(row + j) - m_new);
+    V::store(row + j, p);
+    sum += p;
+  }
+  l = l * alpha + V::reduce_sum(sum);
+  m = m_new;
+  if (alpha != 1.0f) {
+    for (std::int64_t d = 0; d < dv; d += V::kWidth) V::store(orow + d, V::load(orow + d) * alpha);
+  }
+}
+
+// The same step for V::kWidth consecutive rows (their scores kKeyTile apart, their output rows dv
+// apart, their m and l consecutive): each row's maximum and sum first as a vector of its chunks,
+// then the V::kWidth vectors transposed so that one vector holds a lane per row. That replaces a
+// horizontal reduction a row (a dependent chain of lane extractions) with a few shuffles a row,
+// and computes the rescale factors as one vector exponential. Measured on one core of a 2-core
+// Intel Xeon (2026-11-29, fp32, B 1 H 4 L 2048 D 128 forward, one thread, three alternating runs):
+// 77.4-79.6 -> 70.5-72.0 ms; the forward without any softmax runs about 63 ms.
+template <typename V>
+FMHA_CPU_INLINE void softmax_rows(std::int64_t ncols, float* rows, float* m, float* l, float* o,
+                                  std::int64_t dv) {
+  constexpr int kRows = V::kWidth;
+  using F = typename V::F;
+  F lanes[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    const float* row = rows + i * kKeyTile;
+    F tile_max = V::broadcast(kNegInf);
+    for (std::int64_t j = 0; j < ncols; j += V::kWidth) tile_max = V::max(tile_max, V::load(row + j));
+    lanes[i] = tile_max;
+  }
+  V::transpose(lanes);
+  F row_max = lanes[0];
+  for (int i = 1; i < kRows; ++i) row_max = V::max(row_max, lanes[i]);
+  const F m_old = V::load(m);
+  const F m_new = V::max(m_old, row_max);
+  // exp(m_old - m_new), and 1 where nothing is visible yet (m_new = -inf: the row stays empty).
+  const F alpha = V::exp(m_new == V::broadcast(kNegInf) ? F{} : m_old - m_new);
+  alignas(64) float m_row[kRows], alpha_row[kRows];
+  V::store(m_row, m_new);
+  V::store(alpha_row, alpha);
+  for (int i = 0; i < kRows; ++i) {
+    float* row = rows + i * kKeyTile;
+    F sum{};
+    if (m_row[i] == kNegInf) {
+      for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
+    } else {
+      const F shift = V::broadcast(m_row[i]);
+      for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
+        const F p = V::exp(V::load(row + j) - shift);
+        V::store(row + j, p);
+        sum += p;
+      }
+    }
+    lanes[i] = sum;
+    if (alpha_row[i] != 1.0f) {
+      float* orow = o + i * dv;
+      const F a = V::broadcast(alpha_row[i]);
+      for (std::int64_t d = 0; d < dv; d += V::kWidth) V::store(orow + d, V::load(orow + d) * a);
+    }
+  }
+  V::transpose(lanes);
+  F row_sum = lanes[0];
+  for (int i = 1; i < kRows; ++i) row_sum += lanes[i];
+  V::store(l, V::load(l) * alpha + row_sum);
+  V::store(m, m_new);
+}
+
 // The loaded queries (rows of them, rows_pad with padding) of head h against the key tiles of
 // `tiles`: the online softmax's running maximum w.m, normaliser w.l and unnormalised output w.o.
 template <typename Traits, typename Tiles>
@@ -205,38 +288,18 @@ FMHA_CPU_INLINE void attend(const Call& c, const Sequence& seq, std::int64_t h, 
     score_tile<Traits>(c, from, kvh, keys, rows_pad, ncols, w);
 
     const bool full = tiles.full(t);
-    for (std::int64_t r = 0; r < rows_pad; ++r) {
-      float* row = s + r * kKeyTile;
-      if (r >= rows) {  // padding rows: zero probabilities keep their products finite
-        for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
-        continue;
-      }
-      finish_scores<V>(c, tiles, seq.index, h, t, r, cols, ncols, full, row);
-      // Online softmax (SPEC §10): rescale what came before to the new running maximum.
-      typename V::F tile_max = V::broadcast(kNegInf);
-      for (std::int64_t j = 0; j < ncols; j += V::kWidth)
-        tile_max = V::max(tile_max, V::load(row + j));
-      float& m = w.m[static_cast<std::size_t>(r)];
-      float& l = w.l[static_cast<std::size_t>(r)];
-      const float m_new = std::max(m, V::reduce_max(tile_max));
-      if (m_new == kNegInf) {  // nothing visible yet: the row stays empty
-        for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
-        continue;
-      }
-      const float alpha = std::exp(m - m_new);
-      typename V::F sum{};
-      for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
-        const typename V::F p = V::exp(V::load(row + j) - m_new);
-        V::store(row + j, p);
-        sum += p;
-      }
-      l = l * alpha + V::reduce_sum(sum);
-      m = m_new;
-      if (alpha != 1.0f) {
-        float* orow = o + r * dv;
-        for (std::int64_t d = 0; d < dv; d += V::kWidth)
-          V::store(orow + d, V::load(orow + d) * alpha);
-      }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      finish_scores<V>(c, tiles, seq.index, h, t, r, cols, ncols, full, s + r * kKeyTile);
+    }
+    // Padding rows: zero probabilities keep their products finite.
+    for (std::int64_t x = rows * kKeyTile; x < rows_pad * kKeyTile; ++x) s[x] = 0.0f;
+    std::int64_t r = 0;
+    for (; r + V::kWidth <= rows; r += V::kWidth) {
+      softmax_rows<V>(ncols, s + r * kKeyTile, w.m.data() + r, w.l.data() + r, o + r * dv, dv);
+    }
+    for (; r < rows; ++r) {
+      softmax_row<V>(ncols, s + r * kKeyTile, w.m[static_cast<std::size_t>(r)],
+                     w.l[static_cast<std::size_t>(r)], o + r * dv, dv);
     }
     gemm<Traits>(rows_pad, dv, cols, s, kKeyTile, 1, w.v.data(), dv, o, dv, true);
   }
