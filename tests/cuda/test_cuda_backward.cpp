@@ -153,8 +153,8 @@ TEST(CudaBackward, WindowsAndFullyMaskedRows) {
 
 // Head dims above 128: on sm90 dK and dV come from two kernels (one accumulating each) with 32-row
 // tiles, or at bucket 256 from the warp-specialized kernel (its plain policy splitting S and dP by
-// product, the window policy by keys), and dQ from 48-key tiles under a mask alone; no mask, masks,
-// GQA, Dv != D and the deterministic path across them.
+// product, the window policy by keys), and dQ from 48-key tiles under a range mask alone; no mask,
+// masks, GQA, Dv != D and the deterministic path across them.
 TEST(CudaBackward, WideHeadsWithMasksAndGqa) {
   SKIP_WITHOUT_GPU();
   for (auto [d, dv] : {std::pair<int, int>{192, 192}, {256, 128}, {144, 256}, {256, 256}}) {
