@@ -187,38 +187,13 @@ FMHA_CPU_INLINE void finish_scores(const Call& c, const Tiles& tiles, std::int64
   for (std::int64_t j = cols; j < ncols; ++j) row[j] = kNegInf;
 }
 
-// Row r's online softmax step (SPEC §10) over its finished scores row[0 .. ncols): the running
-// maximum m and normaliser l of the row move to the tile's, what came before (its output row orow,
-// dv columns) is rescaled to the new maximum, and the row becomes its probabilities.
-template <typename V>
-FMHA_CPU_INLINE void softmax_row(std::int64_t ncols, float* row, float& m, float& l, float* orow,
-                                 std::int64_t dv) {
-  typename V::F tile_max = V::broadcast(kNegInf);
-  for (std::int64_t j = 0; j < ncols; j += V::kWidth) tile_max = V::max(tile_max, V::load(row + j));
-  const float m_new = std::max(m, V::reduce_max(tile_max));
-  if (m_new == kNegInf) {  // nothing visible yet: the row stays empty
-    for (std::int64_t j = 0; j < ncols; ++j) row[j] = 0.0f;
-    return;
-  }
-  const float alpha = std::exp(m - m_new);
-  typename V::F sum{};
-  for (std::int64_t j = 0; j < ncols; j += V::kWidth) {
-    const typename V::F p = V::exp(V::load(row + j) - m_new);
-    V::store(row + j, p);
-    sum += p;
-  }
-  l = l * alpha + V::reduce_sum(sum);
-  m = m_new;
-  if (alpha != 1.0f) {
-    for (std::int64_t d = 0; d < dv; d += V::kWidth) V::store(orow + d, V::load(orow + d) * alpha);
-  }
-}
-
-// The same step for V::kWidth consecutive rows (their scores kKeyTile apart, their output rows dv
-// apart, their m and l consecutive): each row's maximum and sum first as a vector of its chunks,
-// then the V::kWidth vectors transposed so that one vector holds a lane per row. That replaces a
-// horizontal reduction a row (a dependent chain of lane extractions) with a few shuffles a row,
-// and computes the rescale factors as one vector exponential. Measured on one core of a 2-core
+// The online softmax step (SPEC §10) of V::kWidth consecutive rows over their finished scores
+// (kKeyTile apart, ncols each; their output rows dv apart, their running maxima m and normalisers
+// l consecutive): the maxima and normalisers move to the tile's, what came before is rescaled to
+// the new maxima, and the rows become their probabilities. Each row's maximum and sum are first a
+// vector of its chunks, then the V::kWidth vectors are transposed so that one vector holds a lane
+// per row. That replaces a horizontal reduction a row (a dependent chain of lane extractions) with
+// a few shuffles a row, and computes the rescale factors as one vector exponential. Measured on one core of a 2-core
 // Intel Xeon (2026-11-29, fp32, B 1 H 4 L 2048 D 128 forward, one thread, three alternating runs):
 // 77.4-79.6 -> 70.5-72.0 ms; the forward without any softmax runs about 63 ms.
 template <typename V>
@@ -291,15 +266,12 @@ FMHA_CPU_INLINE void attend(const Call& c, const Sequence& seq, std::int64_t h, 
     for (std::int64_t r = 0; r < rows; ++r) {
       finish_scores<V>(c, tiles, seq.index, h, t, r, cols, ncols, full, s + r * kKeyTile);
     }
-    // Padding rows: zero probabilities keep their products finite.
-    for (std::int64_t x = rows * kKeyTile; x < rows_pad * kKeyTile; ++x) s[x] = 0.0f;
-    std::int64_t r = 0;
-    for (; r + V::kWidth <= rows; r += V::kWidth) {
+    // Padding rows up to a whole block of the softmax (which covers rows_pad): every score hidden,
+    // so they keep zero probabilities, their maxima and normalisers, and their output rows.
+    const std::int64_t softmax_rows_end = round_up(rows, V::kWidth);
+    for (std::int64_t x = rows * kKeyTile; x < softmax_rows_end * kKeyTile; ++x) s[x] = kNegInf;
+    for (std::int64_t r = 0; r < softmax_rows_end; r += V::kWidth) {
       softmax_rows<V>(ncols, s + r * kKeyTile, w.m.data() + r, w.l.data() + r, o + r * dv, dv);
-    }
-    for (; r < rows; ++r) {
-      softmax_row<V>(ncols, s + r * kKeyTile, w.m[static_cast<std::size_t>(r)],
-                     w.l[static_cast<std::size_t>(r)], o + r * dv, dv);
     }
     gemm<Traits>(rows_pad, dv, cols, s, kKeyTile, 1, w.v.data(), dv, o, dv, true);
   }
@@ -334,7 +306,9 @@ FMHA_CPU_INLINE void forward_tile(const Call& c, const Sequence& seq, std::int64
   }
   // A sink is a logit with no value: the running maximum starts at it with exp(0) = 1 summed.
   const float sink = c.sinks.given() ? load_stat(c.sinks, h * c.sinks.head_stride) : kNegInf;
-  for (std::int64_t r = 0; r < rows_pad; ++r) {
+  // Every row the softmax's blocks cover (kLanes: a multiple of every ISA's block, dividing the
+  // scratch's rows).
+  for (std::int64_t r = 0; r < round_up(rows, kLanes); ++r) {
     w.m[static_cast<std::size_t>(r)] = sink;
     w.l[static_cast<std::size_t>(r)] = sink == kNegInf ? 0.0f : 1.0f;
   }
