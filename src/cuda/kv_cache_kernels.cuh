@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/dependent_launch.cuh"
 #include "cuda/kv_cache_params.h"
 
 namespace fmha::cuda::kv_cache {
@@ -614,21 +615,7 @@ cudaError_t launch_combine(const KvCacheKernelParams& k, cudaStream_t stream, bo
       wide ? kv_cache_combine_wide_kernel<T> : kv_cache_combine_kernel<T>;
   const std::int64_t wanted = wide ? rows : (rows + kWarps - 1) / kWarps;
   const dim3 grid(static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, std::int64_t{1} << 20)));
-  if (overlap) {
-    cudaLaunchAttribute attribute[1] = {};
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    if (cudaLaunchKernelEx(&config, kernel, k) == cudaSuccess) return cudaSuccess;
-    (void)cudaGetLastError();
-  }
-  kernel<<<grid, kThreads, 0, stream>>>(k);
-  return cudaGetLastError();
+  return launch_maybe_overlapped(kernel, grid, dim3(kThreads), 0, stream, overlap, k);
 }
 
 // One block per new token: copies its K and V rows (all kv heads) into the cache. A token whose

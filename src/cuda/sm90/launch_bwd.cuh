@@ -4,6 +4,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/dependent_launch.cuh"
 #include "cuda/common/env_switch.h"
 #include "cuda/common/kernel_attributes.h"
 #include "cuda/sm90/launch_bwd.h"
@@ -33,25 +34,8 @@ Status launch_bwd_kernel(dim3 grid, int smem, cudaStream_t stream, const char* n
                                  " kernel (sm90) could not get " + std::to_string(smem) +
                                  " bytes of shared memory: " + cudaGetErrorString(e));
   }
-  // A runtime or driver that refuses the overlap (say, one that cannot capture it into a graph)
-  // gets the plain launch, which reports any error of its own.
-  bool overlapped = false;
-  if (overlap_previous) {
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = dim3(kBwdThreads);
-    config.dynamicSmemBytes = static_cast<std::size_t>(smem);
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    overlapped = cudaLaunchKernelEx(&config, kKernel, args...) == cudaSuccess;
-    if (!overlapped) (void)cudaGetLastError();
-  }
-  if (!overlapped) kKernel<<<grid, kBwdThreads, smem, stream>>>(args...);
-  e = cudaGetLastError();
+  e = launch_maybe_overlapped(kKernel, grid, dim3(kBwdThreads), smem, stream, overlap_previous,
+                              args...);
   if (e != cudaSuccess) {
     return Status::backend_error(std::string("fmha: CUDA backward ") + name +
                                  " kernel (sm90) launch failed: " + cudaGetErrorString(e));
