@@ -7,30 +7,18 @@
 
 namespace fmha::cuda::sm90 {
 
-// How far (log2 units) the running max may lag a row's true max where kStaleMax (tile_sizes.h:
-// stale_max). Probabilities of up to 2^8 lose nothing when rounded to fp16 / bf16 (whose
-// precision is relative) and grow the fp32 sums and output accumulator by at most that factor
-// before they are normalised.
-inline constexpr float kStaleMaxSlack = 8.0f;
-
 // OnlineSoftmax::update (online_softmax.cuh) for scores still to be multiplied by `scale` (> 0;
 // 1 when the policy applied it), folded into the FMA that subtracts the running max, and with
 // exp2_ftz: per score one FMA and one MUFU.EX2 where exp2f(s * scale - max) took six instructions.
 // With kRuns = 2 the scores of each half of the tile (n8 tiles [0, kScoreTiles / 2) and the rest)
 // also get a per-row offset, offset[r][half] (the rel-pos register form's rel_h: one grid row
 // each), folded the same way: into the half's maximum and its exponent base, none per score.
-// With kStaleMax the running max may lag the true one by up to kStaleMaxSlack (log2 units): a row's
-// max moves only when a tile's exceeds it by more than that, so its probabilities are at most
-// 2^kStaleMaxSlack before normalisation. The sum and the output use the same base, so the
-// normalised output and the log-sum-exp are the same quantities; what changes is only how often
-// the output is rescaled: with the exact max, a warp of 16 rows over random scores still had a
-// row whose max moved in most tiles of a 16-tile row, and each move multiplies the whole output
-// accumulator (D / 2 products a thread, on the path from one tile's P V to the next).
-// The output's rescale is skipped when it multiplies every row of the warp by exactly 1.
+// The output's rescale is skipped when it multiplies every row of the warp by exactly 1 (no row
+// max moved: most tiles of a long row), which changes no bit of the result.
 // The scores' half of it: exponentials and row sums in place, and each row's factor for the
 // output, which rescale_output applies (the overlapped forward does so only once its P V product
 // of the previous tile has landed in O).
-template <bool kStaleMax, int kRuns, int kScoreTiles>
+template <int kRuns, int kScoreTiles>
 __device__ __forceinline__ void softmax_scores(OnlineSoftmax& sm, float (&s)[kScoreTiles][4],
                                                float (&rescale)[2], float scale,
                                                const float (&offset)[2][kRuns]) {
@@ -54,13 +42,9 @@ __device__ __forceinline__ void softmax_scores(OnlineSoftmax& sm, float (&s)[kSc
       tile_max = quad_max(
           fmaxf(fmaf(run_max[0], scale, offset[r][0]), fmaf(run_max[1], scale, offset[r][1])));
     }
-    // With kStaleMax the running max moves only when the tile's exceeds it by more than
-    // kStaleMaxSlack.
-    const float new_max =
-        kStaleMax ? (tile_max > sm.row_max[r] + kStaleMaxSlack ? tile_max : sm.row_max[r])
-                  : fmaxf(sm.row_max[r], tile_max);
+    const float new_max = fmaxf(sm.row_max[r], tile_max);
     const float base = new_max == -INFINITY ? 0.0f : new_max;
-    rescale[r] = new_max == sm.row_max[r] ? 1.0f : exp2_ftz(sm.row_max[r] - base);
+    rescale[r] = exp2_ftz(sm.row_max[r] - base);
     sm.row_max[r] = new_max;
     float sum = 0.0f;
 #pragma unroll
@@ -92,12 +76,12 @@ __device__ __forceinline__ void rescale_output(float (&o)[kOutTiles][4], const f
   }
 }
 
-template <bool kStaleMax, int kRuns, int kScoreTiles, int kOutTiles>
+template <int kRuns, int kScoreTiles, int kOutTiles>
 __device__ __forceinline__ void softmax_update(OnlineSoftmax& sm, float (&s)[kScoreTiles][4],
                                                float (&o)[kOutTiles][4], float scale,
                                                const float (&offset)[2][kRuns]) {
   float rescale[2];
-  softmax_scores<kStaleMax>(sm, s, rescale, scale, offset);
+  softmax_scores(sm, s, rescale, scale, offset);
   rescale_output(o, rescale);
 }
 

@@ -99,10 +99,6 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
                                    !kGeneralForm<Policy> && !kRelPosForm<Policy> &&
                                    !kBiasForm<Policy> && !kNeighborhoodModifiersForm<Policy>;
 
-  // A running max that may lag by kStaleMaxSlack (forward_softmax.cuh), so that the output is
-  // rescaled on few tiles.
-  constexpr bool kStaleMax = stale_max(fwd_warp_groups<kD, Policy>());
-
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
   std::uint8_t* const smem_q_ptr = smem_raw + (smem_q - tile::shared_address(smem_raw));
@@ -665,7 +661,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         }
         if constexpr (kOverlapSoftmax) {
           float rescale[2];
-          softmax_scores<kStaleMax>(softmax, s, rescale, exp_scale, offset);
+          softmax_scores(softmax, s, rescale, exp_scale, offset);
           if constexpr (pv_running) {
             wgmma_wait<0>();
             phase_done();
@@ -673,7 +669,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           rescale_output(o, rescale);
           pack_fragments<T>(s, p_packed);
         } else {
-          softmax_update<kStaleMax>(softmax, s, o, exp_scale, offset);
+          softmax_update(softmax, s, o, exp_scale, offset);
         }
       };
       for (int u = 0; u < num_phases; ++u) {

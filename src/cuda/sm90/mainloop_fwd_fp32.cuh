@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kFp32Threads, 1)
     if (!mask.tile_is_full(m0, last_row, key0, kN)) {
       hide_invisible(mask, s, fragment_row, key0 + fragment_col);
     }
-    softmax_update</*kStaleMax=*/false, 1>(softmax, s, o, exp_scale, no_offset);
+    softmax_update<1>(softmax, s, o, exp_scale, no_offset);
 
     // P as tf32 A fragments: k-slot c of step j holds key 8j + 2c, slot c + 4 key 8j + 2c + 1
     // (fp32_planes.cuh's order), i.e. accumulator entries 0, 2, 1, 3.

@@ -80,15 +80,4 @@ constexpr bool overlap_softmax(int) {
   return true;
 }
 
-// Whether the forward's running max may lag a row's true max by a few units (forward_softmax.cuh:
-// kStaleMaxSlack), so that the output accumulator, which the exact max had rescaled on most key
-// tiles (a warp's 16 rows over random scores), is rescaled only when a row's max jumps. Kernels
-// alone on an H200 (bf16, 16k tokens, 2026-11-29): with two math warpgroups D 256 5-18% faster
-// (L 2048 0.436 -> 0.403 ms, L 8192 1.66 -> 1.48, causal L 8192 0.81 -> 0.75), D 128 level at
-// L 512 and up to 6% faster from L 2048 (L 8192 1.76 -> 1.65), D 64 causal 1-2% faster; the
-// three-warpgroup D 64 kernel (32 output products a thread) 1-2% slower, so it keeps the exact max.
-constexpr bool stale_max(int math_warp_groups) {
-  return math_warp_groups == 2;
-}
-
 }  // namespace fmha::cuda::sm90
