@@ -46,29 +46,19 @@ using fmha::cuda::ForwardParams;
 
 static double run_case(int B, int H, int L, int D, bool causal, bool bias = false) {
   const std::size_t n = std::size_t(B) * L * H * D;
-  std::vector<__nv_bfloat16> host(n);
   std::mt19937 gen(42);
-  std::normal_distribution<float> dist;
   // Q, K and V drawn apart: with one tensor for all three, each row's largest score sat on the
   // diagonal, unlike a model's.
-  auto upload = [&](void** dst) {
-    for (auto& x : host) x = __float2bfloat16(dist(gen));
-    CHECK(cudaMalloc(dst, n * 2));
-    CHECK(cudaMemcpy(*dst, host.data(), n * 2, cudaMemcpyHostToDevice));
-  };
-  void *q, *k, *v, *o;
-  upload(&q);
-  upload(&k);
-  upload(&v);
+  void* q = device_random(n, gen, true);
+  void* k = device_random(n, gen, true);
+  void* v = device_random(n, gen, true);
+  void* o = nullptr;
   CHECK(cudaMalloc(&o, n * 2));
   void* bias_data = nullptr;
   ForwardParams p;
   if (bias) {  // [1, H, L, L], contiguous: a batch stride of 0
     const std::size_t bias_n = std::size_t(H) * L * L;
-    std::vector<__nv_bfloat16> bias_host(bias_n);
-    for (auto& x : bias_host) x = __float2bfloat16(dist(gen));
-    CHECK(cudaMalloc(&bias_data, bias_n * 2));
-    CHECK(cudaMemcpy(bias_data, bias_host.data(), bias_n * 2, cudaMemcpyHostToDevice));
+    bias_data = device_random(bias_n, gen, true);
     p.bias = bias_data;
     p.bias_stride[0] = 0;
     p.bias_stride[1] = std::int64_t(L) * L;

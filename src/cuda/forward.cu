@@ -161,34 +161,6 @@ Status enter_forward(const ForwardParams& p, const TensorView& q, DeviceGuard* g
   return check_device(q.device.index, arch);
 }
 
-// Common tail of every forward entry point: device, grid limits, scratch memory, launch.
-Status launch_forward_kernel(const ForwardParams& p, const TensorView& q,
-                             const Workspace& workspace, void* stream) {
-  DeviceGuard guard;
-  int arch = 0;
-  bool empty = false;
-  FMHA_RETURN_IF_ERROR(enter_forward(p, q, &guard, &arch, &empty));
-  if (empty) return Status::ok_status();
-  const std::size_t bytes = forward_scratch_bytes(p, q.dtype, arch);
-  const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  CallWorkspace scratch(workspace, q.device.index, cuda_stream);
-  FMHA_RETURN_IF_ERROR(scratch.fits(bytes));
-  ForwardParams launched = p;
-  FMHA_RETURN_IF_ERROR(scratch.take(bytes, &launched.scratch));
-  const Status s = dispatch_forward(launched, q.dtype, arch, cuda_stream);
-  const Status released = scratch.release();
-  return s.ok() ? released : s;
-}
-
-Status forward_workspace_bytes(const ForwardParams& p, const TensorView& q, std::size_t* bytes) {
-  DeviceGuard guard;
-  int arch = 0;
-  bool empty = false;
-  FMHA_RETURN_IF_ERROR(enter_forward(p, q, &guard, &arch, &empty));
-  *bytes = empty ? 0 : forward_scratch_bytes(p, q.dtype, arch);
-  return Status::ok_status();
-}
-
 ForwardParams dense_forward_params(const AttentionForwardParams& a,
                                    const detail::ProblemShape& shape, const NeighborhoodGrid& grid) {
   ForwardParams p;
@@ -240,6 +212,34 @@ ForwardParams varlen_forward_params(const VarlenForwardParams& a,
 }
 
 }  // namespace
+
+// Common tail of every forward entry point: device, grid limits, scratch memory, launch.
+Status launch_forward_kernel(const ForwardParams& p, const TensorView& q,
+                             const Workspace& workspace, void* stream) {
+  DeviceGuard guard;
+  int arch = 0;
+  bool empty = false;
+  FMHA_RETURN_IF_ERROR(enter_forward(p, q, &guard, &arch, &empty));
+  if (empty) return Status::ok_status();
+  const std::size_t bytes = forward_scratch_bytes(p, q.dtype, arch);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  CallWorkspace scratch(workspace, q.device.index, cuda_stream);
+  FMHA_RETURN_IF_ERROR(scratch.fits(bytes));
+  ForwardParams launched = p;
+  FMHA_RETURN_IF_ERROR(scratch.take(bytes, &launched.scratch));
+  const Status s = dispatch_forward(launched, q.dtype, arch, cuda_stream);
+  const Status released = scratch.release();
+  return s.ok() ? released : s;
+}
+
+Status forward_workspace_bytes(const ForwardParams& p, const TensorView& q, std::size_t* bytes) {
+  DeviceGuard guard;
+  int arch = 0;
+  bool empty = false;
+  FMHA_RETURN_IF_ERROR(enter_forward(p, q, &guard, &arch, &empty));
+  *bytes = empty ? 0 : forward_scratch_bytes(p, q.dtype, arch);
+  return Status::ok_status();
+}
 
 Status run_dense_forward(const AttentionForwardParams& a, const detail::ProblemShape& shape,
                          const NeighborhoodGrid& grid, void* stream) {

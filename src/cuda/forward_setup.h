@@ -35,6 +35,11 @@ void fill_forward_alignment(const TensorView& q, const TensorView& k, const Tens
 // neighborhood mask policy (token tiles). A grid of rank 0 (dense attention) changes nothing.
 // Defined in neighborhood.cu.
 void set_neighborhood_mask(const NeighborhoodGrid& grid, ForwardParams* p);
+// The launch of a filled ForwardParams (`q`: the queries' view, for dtype and device): its
+// scratch memory from `workspace`, then the dispatch; and the scratch bytes that takes.
+Status launch_forward_kernel(const ForwardParams& p, const TensorView& q,
+                             const Workspace& workspace, void* stream);
+Status forward_workspace_bytes(const ForwardParams& p, const TensorView& q, std::size_t* bytes);
 // The dense forward of `a` (q [B, L, H, D], lse [B, H, L]) under the neighborhood mask of `grid`
 // (rank 0: no neighborhood mask, plain dense attention), as run_dense_backward (backward_setup.h),
 // in a.workspace's scratch memory; and the bytes of it that call takes.

@@ -25,6 +25,7 @@
 
 #include "cuda/device_guard.h"
 #include "cuda/kv_cache_backend.h"
+#include "cuda/kv_cache_forward.h"
 #include "cuda/kv_cache_launch.cuh"
 
 namespace fmha::cuda {
@@ -41,8 +42,11 @@ KvCacheKernel kv_cache_kernel() {
   if (forced >= 0) return static_cast<KvCacheKernel>(forced);
   static const KvCacheKernel from_env = [] {
     const char* value = std::getenv("FMHA_KV_CACHE_KERNEL");
-    return value != nullptr && std::strcmp(value, "cuda-cores") == 0 ? KvCacheKernel::kCudaCores
-                                                                      : KvCacheKernel::kTensorCores;
+    if (value == nullptr) return KvCacheKernel::kAuto;
+    if (std::strcmp(value, "cuda-cores") == 0) return KvCacheKernel::kCudaCores;
+    if (std::strcmp(value, "tensor-cores") == 0) return KvCacheKernel::kTensorCores;
+    if (std::strcmp(value, "forward") == 0) return KvCacheKernel::kForward;
+    return KvCacheKernel::kAuto;
   }();
   return from_env;
 }
@@ -52,6 +56,19 @@ void override_kv_cache_kernel(const KvCacheKernel* kernel) {
 }
 
 namespace {
+
+// Whether a decode-sized call runs the tensor-core kernel (every choice but cuda-cores).
+bool decode_on_tensor_cores() {
+  return kv_cache_kernel() != KvCacheKernel::kCudaCores;
+}
+
+// Whether the call runs on the dense sm90 forward (kv_cache_forward.h), its workspace aside.
+bool on_forward(const KvCacheForwardParams& p, const detail::KvCacheShape& shape) {
+  const KvCacheKernel kernel = kv_cache_kernel();
+  const bool wanted = kernel == KvCacheKernel::kForward ||
+                      (kernel == KvCacheKernel::kAuto && kv_cache_forward_preferred(shape));
+  return wanted && kv_cache_forward_applies(p, shape);
+}
 
 using kv_cache::kKeys;
 using kv_cache::kMaxSplits;
@@ -120,7 +137,7 @@ Status device_info(int device, DeviceInfo* info) {
   }
   // The tensor-core kernel, the first time a call on this device selects it: its shared-memory limit
   // raised (once per device, never per call) and its registers read.
-  if (!cache[device].mma_ready && kv_cache_kernel() == KvCacheKernel::kTensorCores) {
+  if (!cache[device].mma_ready && decode_on_tensor_cores()) {
     DeviceInfo& d = cache[device];
     cudaError_t e = kv_cache::allow_mma_shared<__half>(d.max_shared_optin);
     if (e == cudaSuccess) e = kv_cache::allow_mma_shared<__nv_bfloat16>(d.max_shared_optin);
@@ -155,7 +172,7 @@ struct Plan {
 Plan make_plan(const detail::ProblemShape& s, const DeviceInfo& info) {
   Plan plan;
   const int D = static_cast<int>(s.head_dim), Dv = static_cast<int>(s.value_dim);
-  if (info.mma_ready && kv_cache_kernel() == KvCacheKernel::kTensorCores) {
+  if (info.mma_ready && decode_on_tensor_cores()) {
     plan.mma_row_tiles = kv_cache::mma_row_tiles(static_cast<int>(std::min<std::int64_t>(row_tiles(s), 4)),
                                                  kv_cache::mma_bucket(D, Dv));
     plan.mma_stages = kv_cache::mma_stages(D, Dv, info.max_shared_optin, plan.mma_row_tiles, 0,
@@ -291,6 +308,7 @@ Status kv_cache_workspace_size(const KvCacheForwardParams& p, const detail::KvCa
                                std::size_t* bytes) {
   *bytes = 0;
   FMHA_RETURN_IF_ERROR(check_dtype(p.q.dtype));
+  if (on_forward(p, shape)) return kv_cache_forward_workspace(p, shape, bytes);
   DeviceGuard guard;
   FMHA_RETURN_IF_ERROR(guard.enter(p.q.device.index));
   DeviceInfo info;
@@ -303,6 +321,13 @@ Status run(const KvCacheForwardParams& p, const detail::KvCacheShape& shape, voi
   FMHA_RETURN_IF_ERROR(check_dtype(p.q.dtype));
   const detail::ProblemShape& s = shape.attention;
   if (s.batch == 0 || s.total_q == 0) return Status::ok_status();
+  if (on_forward(p, shape)) {
+    // Where the caller's workspace cannot hold the forward's scratch, the decode kernel runs.
+    std::size_t needed = 0;
+    FMHA_RETURN_IF_ERROR(kv_cache_forward_workspace(p, shape, &needed));
+    const std::size_t available = p.workspace != nullptr ? p.workspace_bytes : 0;
+    if (needed <= available) return run_kv_cache_forward(p, shape, stream);
+  }
   const std::int64_t blocks = s.batch * s.kv_heads * row_tiles(s);
   if (blocks > 0x7fffffff) {
     return Status::not_supported("fmha: attention over a KV cache needs " + std::to_string(blocks) +

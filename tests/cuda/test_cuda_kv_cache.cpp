@@ -3,9 +3,9 @@
 // and unused pages hold NaN, outputs are poisoned with NaN; paged == contiguous bitwise at the same
 // split count; split counts 1, several and the library's choice; the append; bad device block tables
 // and lengths (clamped: no fault, run under compute-sanitizer); capture into a CUDA graph.
-// Every case runs under both attention kernels (a test parameter): the tensor-core kernel (the
-// default) and the CUDA-core kernel of FMHA_KV_CACHE_KERNEL=cuda-cores (override_kv_cache_kernel,
-// for the whole test).
+// Every case runs under each attention kernel (a test parameter, override_kv_cache_kernel for the
+// whole test): the decode kernels on tensor cores and on CUDA cores, and the dense sm90 forward
+// (FMHA_KV_CACHE_KERNEL=forward; where it does not apply, the tensor-core kernel).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -134,10 +134,14 @@ class CudaKvCache : public ::testing::TestWithParam<KvCacheKernel> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaKvCache,
-                         ::testing::Values(KvCacheKernel::kCudaCores, KvCacheKernel::kTensorCores),
+                         ::testing::Values(KvCacheKernel::kCudaCores, KvCacheKernel::kTensorCores,
+                                           KvCacheKernel::kForward),
                          [](const ::testing::TestParamInfo<KvCacheKernel>& info) {
-                           return std::string(info.param == KvCacheKernel::kTensorCores ? "TensorCores"
-                                                                                         : "CudaCores");
+                           switch (info.param) {
+                             case KvCacheKernel::kCudaCores: return std::string("CudaCores");
+                             case KvCacheKernel::kTensorCores: return std::string("TensorCores");
+                             default: return std::string("Forward");
+                           }
                          });
 
 KvCase decode_case(DType dtype, std::int64_t heads, std::int64_t kv_heads, std::int64_t dim) {
@@ -257,6 +261,45 @@ TEST_P(CudaKvCache, PackedQueriesChunkedPrefill) {
   for (int splits : {1, 5, 0}) check_layouts(c, splits, 300 + splits, {16, 64});
 }
 
+// Prefill-sized calls (the default runs them on the sm90 forward): query runs of more than one
+// 128-row tile over caches of different lengths, dense and packed, GQA, every option, D 64 / 128 /
+// 256 and a Dv of its own, contiguous and paged (pages of 16 and 256, and of 7: a page size that
+// is no power of two, and pages that end inside a key tile).
+TEST_P(CudaKvCache, PrefillOverCaches) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 800;
+  KvCase base = decode_case(DType::kBFloat16, 8, 2, 128);
+  base.cache_lens = {700, 150, 0, 333};
+  base.seqlen_q = 150;
+  for (int feature = 0; feature < 5; ++feature) {
+    KvCase c = base;
+    c.options = {};
+    switch (feature) {
+      case 0: c.options.causal = true; break;
+      case 1: break;
+      case 2: c.options.window_left = 100; c.options.window_right = 0; break;
+      case 3: c.options.softcap = 20.0f; c.options.causal = true; c.lse = true; break;
+      case 4: c.sinks = true; c.options.causal = true; c.lse = true; break;
+    }
+    check_layouts(c, 1, ++seed, {16, 256});
+  }
+  KvCase c = base;
+  c.dtype = DType::kFloat16;
+  c.cache_lens = {260, 1, 515};
+  c.seqlen_q = 0;
+  c.q_lens = {200, 1, 131};
+  c.lse = true;
+  check_layouts(c, 1, ++seed, {7, 64});
+  for (auto [dim, value_dim] : {std::pair{64, 64}, std::pair{256, 256}, std::pair{128, 96}}) {
+    c = base;
+    c.head_dim = dim;
+    c.value_dim = value_dim;
+    c.heads = 4;
+    c.kv_heads = 1;
+    check_layouts(c, 1, ++seed, {16});
+  }
+}
+
 TEST_P(CudaKvCache, EmptyCachesAndWorkspaceFallback) {
   SKIP_WITHOUT_GPU();
   KvCase c = decode_case(DType::kFloat16, 4, 2, 64);
@@ -274,7 +317,9 @@ TEST_P(CudaKvCache, EmptyCachesAndWorkspaceFallback) {
   fmha::KvCacheForwardParams p = upload(data, copies);
   std::size_t bytes = 0;
   ASSERT_TRUE(fmha::workspace_size(p, &bytes).ok());
-  EXPECT_GT(bytes, 0u) << "a single 4000-key sequence should be split";
+  if (GetParam() != KvCacheKernel::kForward) {  // the forward does not split keys
+    EXPECT_GT(bytes, 0u) << "a single 4000-key sequence should be split";
+  }
   ASSERT_TRUE(fmha::run(p).ok());
   DeviceCopies::download(data.out, p.out);
   std::vector<double> out_ref, lse_ref, out_lowp;

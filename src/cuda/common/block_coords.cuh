@@ -59,6 +59,7 @@ __host__ __device__ __forceinline__ BlockCoords block_coords(const ForwardParams
 // pair is an empty sequence), and a length to max_seqlen, which sized the grid and the
 // [B, H, max_seqlen_q, max_seqlen_k] bias and workspace rows. Valid offsets pass unchanged; bad
 // ones give wrong numbers at worst, never an access outside q, k, v, out, lse or the gradients.
+// A KV cache's length (seqused_k) is clamped to [0, seqlen_k], its capacity, the same way.
 struct SequenceRows {
   std::int64_t q_start, k_start, num_queries, num_keys;
 };
@@ -76,8 +77,14 @@ __host__ __device__ __forceinline__ RowSpan clamped_rows(const std::int32_t* cu,
 }
 __host__ __device__ __forceinline__ SequenceRows sequence_rows(const ForwardParams& f,
                                                                std::int64_t b) {
-  if (f.cu_seqlens_q == nullptr) return {0, 0, f.seqlen_q, f.seqlen_k};
-  const RowSpan q = clamped_rows(f.cu_seqlens_q, b, f.total_q, f.seqlen_q);
+  if (f.cu_seqlens_q == nullptr && f.seqused_k == nullptr) return {0, 0, f.seqlen_q, f.seqlen_k};
+  const RowSpan q = f.cu_seqlens_q != nullptr
+                        ? clamped_rows(f.cu_seqlens_q, b, f.total_q, f.seqlen_q)
+                        : RowSpan{0, f.seqlen_q};
+  if (f.seqused_k != nullptr) {  // a KV cache's first keys, in the batch's own rows
+    const std::int64_t used = f.seqused_k[b * f.seqused_k_stride];
+    return {q.start, 0, q.count, used < 0 ? 0 : (used > f.seqlen_k ? f.seqlen_k : used)};
+  }
   const RowSpan k = clamped_rows(f.cu_seqlens_k, b, f.total_k, f.seqlen_k);
   return {q.start, k.start, q.count, k.count};
 }

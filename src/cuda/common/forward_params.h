@@ -59,6 +59,21 @@ struct ForwardParams {
   const std::int32_t* cu_seqlens_k = nullptr;
   std::int64_t total_q = 0, total_k = 0;  // varlen: the rows of q and of k / v; dense: unused
 
+  // Attention over a KV cache (kv_cache.h, run on the sm90 forward by kv_cache_forward.cu): the
+  // keys of batch b are the first seqused_k[b * seqused_k_stride] rows of its cache, clamped to
+  // [0, seqlen_k] (the capacity); nullptr: seqlen_k keys, or cu_seqlens_k. With a block table the
+  // cache is paged: key t of batch b is row t % page_size of page block_table[b *
+  // table_batch_stride + (t / page_size) * table_page_stride], clamped to [0, num_pages), and k / v
+  // point at page 0 (pages page_size rows apart, k_batch_stride 0). Device data, never read on the
+  // host. The sm90 kernel only (its cp.async copies gather the rows: sm90/mainloop_fwd.cuh).
+  const std::int32_t* seqused_k = nullptr;
+  std::int64_t seqused_k_stride = 0;
+  const std::int32_t* block_table = nullptr;
+  std::int64_t table_batch_stride = 0, table_page_stride = 0;
+  int page_size = 0;
+  int page_shift = -1;  // log2(page_size) where it is a power of two, else -1
+  std::int64_t num_pages = 0;
+
   std::int64_t batch = 0;
   std::int64_t seqlen_q = 0;  // dense: Lq; varlen: max_seqlen_q (sizes the grid)
   std::int64_t seqlen_k = 0;  // dense: Lk; varlen: max_seqlen_k (bounds every sequence's keys)

@@ -127,6 +127,13 @@ constexpr bool bias_ring() {
   return kBiasForm<Policy> && kCopyWarpgroup<kD, Policy> && kD <= 64;
 }
 inline constexpr int kBiasStages = 2;
+// Whether the kernel reads a paged KV cache (ForwardParams::block_table), its copy warpgroup
+// gathering each key row through the table: the policies that attention over a KV cache runs (no
+// bias, rel-pos or token tiles). In the all-threads copies of the general policy the gather
+// spilled 88 bytes more at D 128 (ptxas), in math warps at 255 registers.
+template <int kD, typename Policy>
+inline constexpr bool kPagedKeys = kCopyWarpgroup<kD, Policy> && !Policy::Mask::kTokenTiles &&
+                                   !kBiasForm<Policy> && !kRelPosForm<Policy>;
 // Math warpgroups of a forward kernel: tile_sizes.h's two, or three (192 query rows, one copy
 // warpgroup) for the plain policy up to D 64, where a tile's exponentials take as long as its
 // products and two warpgroups, two math warps a scheduler, leave the tensor cores idle about

@@ -42,6 +42,13 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
       return launch_forward<T, kD, PolicyWindowLongRows>(params, stream);
     }
   }
+  if constexpr (!kPagedKeys<kD, Policy>) {
+    if (p.block_table != nullptr) {
+      return Status::backend_error(
+          "fmha: CUDA forward kernel (sm90): a paged KV cache reached a policy that does not "
+          "gather its rows (an internal error)");
+    }
+  }
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
   constexpr int kM = fwd_block_m<kD, Policy>();
   // Token tiles keep their bookkeeping after the K/V stages, and stage neither bias nor rel-pos
@@ -86,7 +93,10 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     smem += static_cast<int>(sizeof(StageBarriers<stages_of<kD, Policy>()>));
     using QTile = SwizzledTile<kM, kD>;
     constexpr int kN = fwd_block_n<kD, Policy>();
+    // Not over a KV cache: its key rows past a sequence's length are stale (maybe NaN), where
+    // the cp.async copies zero-fill, and a paged cache's rows are gathered.
     maps.usable = !kTokenTiles && tma_enabled() && p.cu_seqlens_q == nullptr &&
+                  p.seqused_k == nullptr && p.block_table == nullptr &&
                   encode_rows_map(&maps.q, p.q, p.head_dim, p.seqlen_q, p.heads, p.batch,
                                   p.q_row_stride, p.q_head_stride, p.q_batch_stride,
                                   QTile::kBlockCols, kM, QTile::kSwizzleBytes) &&

@@ -50,11 +50,12 @@ inline bool dynamic_tiles_requested() {
 }
 
 // Whether a persistent forward (a copy warpgroup) takes its tiles one by one from a counter, when
-// it has more tiles than blocks: under tiles of unequal work (a window, causal included, or varlen
-// sequences) or when asked. The counter lives in the call's scratch memory (forward.cu sizes it).
+// it has more tiles than blocks: under tiles of unequal work (a window, causal included, varlen
+// sequences or a KV cache's lengths) or when asked. The counter lives in the call's scratch memory
+// (forward.cu sizes it).
 inline bool forward_tiles_dynamic(const ForwardParams& p) {
   return p.window_left != kUnboundedWindow || p.window_right != kUnboundedWindow ||
-         p.cu_seqlens_q != nullptr || dynamic_tiles_requested();
+         p.cu_seqlens_q != nullptr || p.seqused_k != nullptr || dynamic_tiles_requested();
 }
 
 // Whether the bias rows can be copied 16 bytes at a time: keys contiguous, every (b, h, row)

@@ -278,7 +278,17 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     // Range key tiles of 16-byte rows take the loaders set up once per thread (tiles.cuh); token
     // tiles, extra keys and unaligned rows the general copies.
     constexpr bool kRangeLoads = !kTokenTiles;
-    const bool range_loads = kRangeLoads && p.vector_loads;
+    // A paged KV cache's rows come through its block table (load_paged_rows_async).
+    const bool paged = kPagedKeys<kD, Policy> && p.block_table != nullptr;
+    const bool range_loads = kRangeLoads && p.vector_loads && !paged;
+    // Keys t.first_key .. of main tile t from the paged cache (`base`: its page 0, head hk).
+    auto load_paged = [&](std::uint32_t dst, const std::uint16_t* base, std::int64_t row_stride,
+                          const KeySource& t, int cols, int thread, auto copiers) {
+      load_paged_rows_async<kN, kD, decltype(copiers)::value>(
+          dst, base, row_stride, p.block_table + b * p.table_batch_stride, p.table_page_stride,
+          t.first_key, t.valid, p.page_size, p.page_shift, p.num_pages, cols, p.vector_loads,
+          thread);
+    };
     const std::uint16_t* const k_range = k + key_tiles.first_row * p.k_row_stride;
     const std::uint16_t* const v_range = v + key_tiles.first_row * p.v_row_stride;
     // Keys of main tile u that exist (the last tile of a range may be partial).
@@ -315,6 +325,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         load_rows_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride,
                                           tt->key_token[key_slot(j)], p.head_dim, p.vector_loads,
                                           loaders.thread);
+      } else if (kPagedKeys<kD, Policy> && paged && !t.extra) {
+        load_paged(smem_k(stage), k, p.k_row_stride, t, p.head_dim, loaders.thread,
+                   std::integral_constant<int, kCopiers>{});
       } else {
         load_tile_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride, t.valid, p.head_dim,
                                           p.vector_loads, loaders.thread);
@@ -333,6 +346,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         load_rows_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride,
                                           tt->key_token[key_slot(j)], p.value_dim, p.vector_loads,
                                           loaders.thread);
+      } else if (kPagedKeys<kD, Policy> && paged && !t.extra) {
+        load_paged(smem_v(stage), v, p.v_row_stride, t, p.value_dim, loaders.thread,
+                   std::integral_constant<int, kCopiers>{});
       } else {
         load_tile_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride, t.valid, p.value_dim,
                                           p.vector_loads, loaders.thread);

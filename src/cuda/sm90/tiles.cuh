@@ -98,6 +98,32 @@ __device__ __forceinline__ void load_rows_async(std::uint32_t dst, const std::ui
       cols, vector_loads, thread);
 }
 
+// Keys first_key .. first_key + valid - 1 of one batch's paged KV cache (ForwardParams::
+// block_table; `table` is the batch's row of it): row r is row (page * page_size + key %
+// page_size) of `gmem`, the cache's page 0, with the page index clamped to [0, num_pages) (bad
+// device tables give wrong numbers, never a read outside the pool); zeros past `valid`. The page
+// comes by a shift where page_size is a power of two (page_shift >= 0), else by a division.
+template <int kRows, int kD, int kThreads>
+__device__ __forceinline__ void load_paged_rows_async(
+    std::uint32_t dst, const std::uint16_t* gmem, std::int64_t row_stride, const std::int32_t* table,
+    std::int64_t table_page_stride, std::int64_t first_key, int valid, int page_size,
+    int page_shift, std::int64_t num_pages, int cols, bool vector_loads,
+    int thread = static_cast<int>(threadIdx.x)) {
+  load_mapped_rows_async<kRows, kD, kThreads>(
+      dst, gmem, row_stride,
+      [=](int r, int* row) {
+        if (r >= valid) return false;
+        const std::int64_t key = first_key + r;
+        const std::int64_t slot = page_shift >= 0 ? key >> page_shift : key / page_size;
+        const std::int64_t within = key - slot * page_size;
+        std::int64_t page = table[slot * table_page_stride];
+        page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+        *row = static_cast<int>(page * page_size + within);
+        return true;
+      },
+      cols, vector_loads, thread);
+}
+
 // Tiles that follow each other in global memory (tile u: rows [u * kRows, u * kRows + kRows) of
 // a range, or any tile at an element offset from the range's first row), copied with 16-byte
 // cp.async in the layout of load_tile_async, for a loop that copies

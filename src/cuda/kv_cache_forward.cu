@@ -1,0 +1,125 @@
+// Attention over a KV cache on the dense sm90 forward kernel (kv_cache_forward.h). The queries are
+// the forward's dense or varlen queries; the keys of sequence b are the first cache_seqlens[b] rows
+// of its cache (ForwardParams::seqused_k), gathered through the block table when the cache is paged
+// (ForwardParams::block_table; the kernel's cp.async copies compute each row's address). Masks are
+// bottom-right, as the KV-cache API requires, so the forward's own alignment does the rest.
+#include "cuda/kv_cache_forward.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/forward_params.h"
+#include "cuda/common/kernel_attributes.h"
+#include "cuda/device_guard.h"
+#include "cuda/dispatch_fwd.h"
+#include "cuda/forward_setup.h"
+#include "cuda/head_dim_buckets.h"
+#include "cuda/sm80/tile_sizes.h"
+
+namespace fmha::cuda {
+namespace {
+
+// The forward's query tile (sm90/tile_sizes.h: block_m): calls with fewer query rows a head leave
+// most of each tile empty, where the decode kernel packs a group's heads into its rows.
+constexpr std::int64_t kForwardTileRows = 128;
+
+ForwardParams cache_forward_params(const KvCacheForwardParams& a, const detail::KvCacheShape& shape) {
+  const detail::ProblemShape& s = shape.attention;
+  const detail::KvCacheGeometry& g = shape.cache;
+  ForwardParams p;
+  fill_forward_sizes(s, &p);  // seqlen_k: the capacity
+  const bool packed = a.cu_seqlens_q.defined();
+  p.q = a.q.data;
+  p.out = a.out.data;
+  if (packed) {  // [total_q, H, D]: sequence b's rows start at cu_seqlens_q[b]
+    p.q_row_stride = a.q.stride[0], p.q_head_stride = a.q.stride[1];
+    p.out_row_stride = a.out.stride[0], p.out_head_stride = a.out.stride[1];
+    p.cu_seqlens_q = static_cast<const std::int32_t*>(a.cu_seqlens_q.data);
+  } else {
+    p.q_batch_stride = a.q.stride[0], p.q_row_stride = a.q.stride[1];
+    p.q_head_stride = a.q.stride[2];
+    p.out_batch_stride = a.out.stride[0], p.out_row_stride = a.out.stride[1];
+    p.out_head_stride = a.out.stride[2];
+  }
+  if (a.lse.defined()) {
+    p.lse = static_cast<float*>(a.lse.data);
+    if (packed) {  // [H, total_q]
+      p.lse_head_stride = a.lse.stride[0];
+      p.lse_row_stride = a.lse.stride[1];
+    } else {  // [B, H, Lq]
+      p.lse_batch_stride = a.lse.stride[0];
+      p.lse_head_stride = a.lse.stride[1];
+      p.lse_row_stride = a.lse.stride[2];
+    }
+  }
+  p.k = a.k_cache.data;
+  p.v = a.v_cache.data;
+  p.k_row_stride = a.k_cache.stride[1], p.k_head_stride = a.k_cache.stride[2];
+  p.v_row_stride = a.v_cache.stride[1], p.v_head_stride = a.v_cache.stride[2];
+  if (g.paged) {
+    p.block_table = static_cast<const std::int32_t*>(a.block_table.data);
+    p.table_batch_stride = a.block_table.stride[0];
+    p.table_page_stride = a.block_table.stride[1];
+    p.page_size = static_cast<int>(g.page_size);
+    p.page_shift = -1;
+    for (int shift = 0; shift < 31; ++shift) {
+      if ((std::int64_t{1} << shift) == g.page_size) p.page_shift = shift;
+    }
+    p.num_pages = g.num_pages;
+  } else {
+    p.k_batch_stride = a.k_cache.stride[0];
+    p.v_batch_stride = a.v_cache.stride[0];
+  }
+  p.seqused_k = static_cast<const std::int32_t*>(a.cache_seqlens.data);
+  p.seqused_k_stride = a.cache_seqlens.stride[0];
+  fill_forward_options(a.options, s, &p);
+  fill_forward_alignment(a.q, a.k_cache, a.v_cache, a.out, a.options, &p);
+  return p;
+}
+
+Workspace caller_workspace(const KvCacheForwardParams& a) {
+  Workspace w;
+  w.data = a.workspace;
+  w.bytes = a.workspace != nullptr ? a.workspace_bytes : 0;
+  return w;
+}
+
+}  // namespace
+
+bool kv_cache_forward_applies(const KvCacheForwardParams& p, const detail::KvCacheShape& shape) {
+  const detail::ProblemShape& s = shape.attention;
+  const detail::KvCacheGeometry& g = shape.cache;
+  int arch = 0;
+  if (compute_capability(p.q.device.index, &arch) != cudaSuccess || !use_sm90_kernels(arch)) {
+    return false;
+  }
+  const int dims = static_cast<int>(s.head_dim > s.value_dim ? s.head_dim : s.value_dim);
+  if (!head_dim_bucket_built(sm80::head_dim_bucket(dims))) return false;
+  if (s.heads > kMaxGridYZ || s.batch > kMaxGridYZ) return false;
+  if (g.paged) {
+    // Rows of the pool are numbered page * page_size + row in 32 bits, one stride apart.
+    if (g.num_pages * g.page_size >= (std::int64_t{1} << 31)) return false;
+    if (p.k_cache.stride[0] != g.page_size * p.k_cache.stride[1] ||
+        p.v_cache.stride[0] != g.page_size * p.v_cache.stride[1]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool kv_cache_forward_preferred(const detail::KvCacheShape& shape) {
+  return shape.attention.seqlen_q >= kForwardTileRows;
+}
+
+Status kv_cache_forward_workspace(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
+                                  std::size_t* bytes) {
+  return forward_workspace_bytes(cache_forward_params(p, shape), p.q, bytes);
+}
+
+Status run_kv_cache_forward(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
+                            void* stream) {
+  return launch_forward_kernel(cache_forward_params(p, shape), p.q, caller_workspace(p), stream);
+}
+
+}  // namespace fmha::cuda
