@@ -8,6 +8,9 @@ run (fmha.bench's Timer), random normal bf16 inputs; FLOPs count visible (query,
 
     python bench/kv_cache_prefill.py                     # GQA 32/8, D 128, Lq 1k-8k over L 8k-64k
     python bench/kv_cache_prefill.py --page-size 16
+    python bench/kv_cache_prefill.py --cases 8,64,8192 --cases 8,128,8192   # B,Lq,L of your own
+
+FMHA_KV_CACHE_KERNEL=tensor-cores (or forward) in the environment forces the cache path's kernel.
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--page-size", type=int, default=64)
     parser.add_argument("--budget-ms", type=float, default=40.0)
+    parser.add_argument("--cases", action="append", default=None, metavar="B,LQ,L",
+                        help="a case of its own (repeatable); default: the built-in list")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("kv_cache_prefill: needs a CUDA device")
@@ -62,7 +67,8 @@ def main(argv=None) -> int:
     print("| B | Lq | L | dense ms | dense TFLOP/s | cache ms | cache TFLOP/s | x dense | paged ms |"
           " paged TFLOP/s | x dense | max diff |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for b, lq, length in CASES:
+    cases = [tuple(int(x) for x in c.split(",")) for c in args.cases] if args.cases else CASES
+    for b, lq, length in cases:
         opts = dict(dtype=torch.bfloat16, device="cuda")
         q = torch.randn(b, lq, heads, dim, **opts)
         k = torch.randn(b, length, kv_heads, dim, **opts)

@@ -56,11 +56,14 @@ struct KvCacheAppendParams {
 // deterministic anyway). bias, rel_h / rel_w and extra_k / extra_v are refused. A sequence with no
 // key (cache_seqlens[b] = 0) gives out = 0 and lse = -inf (its sink's logit with sinks), per §10.
 //
-// workspace: the CUDA path splits each sequence's keys over several blocks (split-KV) and combines
-// the partial results; the partials live in caller memory of workspace_size() bytes, so the call
-// allocates nothing. A smaller workspace (or none) lowers the number of splits, down to 1, which
-// needs none; results differ only by summation order. num_splits > 0 asks for that many splits
-// (the same limits apply); 0 lets the library choose. The CPU backend needs no workspace.
+// workspace: on CUDA, decode-sized calls split each sequence's keys over several blocks (split-KV)
+// and combine the partial results; the partials live in caller memory of workspace_size() bytes,
+// so the call allocates nothing. A smaller workspace (or none) lowers the number of splits, down to
+// 1, which needs none; results differ only by summation order. num_splits > 0 asks for that many
+// splits (the same limits apply); 0 lets the library choose. On Hopper, prefill-sized calls (128
+// query rows or more) run the dense forward kernel over the cache instead, without splits; under a
+// causal mask or window it takes a small tile counter from the workspace, and with a workspace
+// too small for it the call runs the split kernel. The CPU backend needs no workspace.
 struct KvCacheForwardParams {
   TensorView q = {};
   TensorView cu_seqlens_q = {};   // optional [B + 1] int32: packed queries

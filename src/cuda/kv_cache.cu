@@ -6,11 +6,13 @@
 // Checked on an H100 (2026-11-27) against the CPU reference (tests/cuda/test_cuda_kv_cache.cpp, also
 // under compute-sanitizer memcheck) and against fp32 SDPA (bench/kv_cache_decode.py).
 //
-// Two attention kernels: the tensor-core kernel (kv_cache_mma.cuh), the default, and the CUDA-core
-// kernel (kv_cache_kernels.cuh), selected with FMHA_KV_CACHE_KERNEL=cuda-cores (read once per
-// process) and run wherever the tensor-core kernel's layout does not fit the device's shared
-// memory. Both passed the GPU suite on an H100 (2026-11-28), the tensor-core one 1.8-5.5x faster
-// (bench/cpp/kv_cache_decode_timing.cu, GQA 32/8, D 128).
+// Three attention kernels (kv_cache_backend.h: kv_cache_kernel): for decode-sized calls the
+// tensor-core split kernel (kv_cache_mma.cuh), the default, or the CUDA-core one
+// (kv_cache_kernels.cuh), selected with FMHA_KV_CACHE_KERNEL=cuda-cores (read once per process)
+// and run wherever the tensor-core kernel's layout does not fit the device's shared memory (the
+// tensor-core one measured 1.8-5.5x faster on an H100, 2026-11-28, bench/cpp/kv_cache_decode_timing.cu,
+// GQA 32/8, D 128); for prefill-sized calls on Hopper the dense sm90 forward reading the cache
+// (kv_cache_forward.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

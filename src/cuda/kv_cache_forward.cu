@@ -109,7 +109,10 @@ bool kv_cache_forward_applies(const KvCacheForwardParams& p, const detail::KvCac
 }
 
 bool kv_cache_forward_preferred(const detail::KvCacheShape& shape) {
-  return shape.attention.seqlen_q >= kForwardTileRows;
+  // On average over the sequences: a batch of decode steps with one long prefill among them
+  // (packed queries) keeps the split kernel, which reads each sequence's keys once a kv head.
+  const detail::ProblemShape& s = shape.attention;
+  return s.total_q >= kForwardTileRows * s.batch;
 }
 
 Status kv_cache_forward_workspace(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,

@@ -18,7 +18,7 @@ namespace fmha::cuda {
 bool kv_cache_forward_applies(const KvCacheForwardParams& p, const detail::KvCacheShape& shape);
 
 // Whether the library's choice (no kernel forced) runs it there: queries long enough to fill the
-// forward's tiles.
+// forward's tiles, 128 rows a sequence on average.
 bool kv_cache_forward_preferred(const detail::KvCacheShape& shape);
 
 // Scratch bytes of the call on the forward (its tile counter), which the caller's workspace must

@@ -175,6 +175,22 @@ _CUDA = pytest.mark.skipif(
 )
 
 
+def _replays_the_same(call, expected):
+    """call() captured into a CUDA graph (after a warm-up on a side stream) and replayed returns
+    `expected` bit for bit."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        captured = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected)
+
+
 @_CUDA
 def test_cuda_matches_cpu_workspace_and_graph_capture():
     args = dict(H=8, Hkv=2, D=64, Dv=64, dtype=torch.bfloat16, seed=5)
@@ -191,14 +207,22 @@ def test_cuda_matches_cpu_workspace_and_graph_capture():
     assert torch.cuda.max_memory_allocated() - before > out.numel() * out.element_size()
     torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=2e-2, atol=2e-2)
 
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, **dev)  # warm-up
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        captured = fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, **dev)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, out)
+    _replays_the_same(lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, **dev), out)
+
+
+@_CUDA
+@pytest.mark.parametrize("page_size", [0, 16, 64])
+def test_cuda_prefill_matches_cpu_and_captures(page_size):
+    """Prefill-sized calls (200 queries a sequence; on Hopper the dense forward reads the cache)
+    against the CPU path, out and lse, and the same result under CUDA-graph capture."""
+    args = dict(H=8, Hkv=2, D=64, Dv=64, Lq=200, dtype=torch.bfloat16, seed=9)
+    q, k_cache, v_cache, cache, *_ = _make([900, 200, 333], page_size=page_size, **args)
+    expected, expected_lse = fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True,
+                                                         return_lse=True, **cache)  # fmt: skip
+    dev = {name: t.cuda() for name, t in cache.items()}
+    q, k_cache, v_cache = q.cuda(), k_cache.cuda(), v_cache.cuda()
+    out, lse = fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, return_lse=True, **dev)
+    torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse.cpu(), expected_lse, rtol=1e-3, atol=1e-3)
+
+    _replays_the_same(lambda: fmha.attention_with_kvcache(q, k_cache, v_cache, causal=True, **dev), out)
