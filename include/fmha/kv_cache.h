@@ -61,8 +61,8 @@ struct KvCacheAppendParams {
 // so the call allocates nothing. A smaller workspace (or none) lowers the number of splits, down to
 // 1, which needs none; results differ only by summation order. num_splits > 0 asks for that many
 // splits (the same limits apply); 0 lets the library choose. On Hopper, prefill-sized calls (128
-// query rows or more) run the dense forward kernel over the cache instead, without splits; under a
-// causal mask or window it takes a small tile counter from the workspace, and with a workspace
+// query rows or more) run the dense forward kernel over the cache instead, without splits; with
+// more query tiles than SMs it takes a small tile counter from the workspace, and with a workspace
 // too small for it the call runs the split kernel. The CPU backend needs no workspace.
 struct KvCacheForwardParams {
   TensorView q = {};
