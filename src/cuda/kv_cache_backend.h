@@ -16,10 +16,10 @@ Status kv_cache_workspace_size(const KvCacheForwardParams& p, const detail::KvCa
                                std::size_t* bytes);
 
 // The attention kernel of a call. kAuto, the default: the dense sm90 forward (kv_cache_forward.h)
-// for calls of at least 128 query rows where it applies, else the decode kernel on tensor cores
-// (kv_cache_mma.cuh). FMHA_KV_CACHE_KERNEL forces one: cuda-cores (kv_cache_kernels.cuh),
-// tensor-cores, or forward (the sm90 forward wherever it applies, decode included; else tensor
-// cores). The environment is read once per process.
+// for calls of at least 128 query rows a sequence (on average) where it applies, else the split
+// kernel on tensor cores (kv_cache_mma.cuh). FMHA_KV_CACHE_KERNEL forces one: cuda-cores
+// (kv_cache_kernels.cuh), tensor-cores, or forward (the sm90 forward wherever it applies, decode
+// included; else tensor cores). The environment is read once per process.
 enum class KvCacheKernel { kCudaCores = 0, kTensorCores = 1, kForward = 2, kAuto = 3 };
 KvCacheKernel kv_cache_kernel();
 
