@@ -2,7 +2,7 @@
 // needed: when head sections apply (one-sided windows, 8 tiles a head or more, an even head count)
 // and how large they grow, the grid they launch, the persistent forward's walk over that grid, and
 // the rows of a block's batch, clamped to the tensors whatever the device offsets hold, and the D 256
-// fused backward's walk over its query tiles.
+// fused backward's walk over its query tiles; and a KV cache's lengths.
 // The decode also runs on the device; the CUDA suite's CausalHeadSections covers it against the
 // reference.
 #include <cuda_runtime.h>  // defines __host__ / __device__ for the host compiler
@@ -169,6 +169,36 @@ TEST(CudaBlockOrder, SequenceRowsClampBadOffsets) {
     EXPECT_LE(r.q_start + r.num_queries, f.total_q) << "sequence " << b;
     EXPECT_LE(r.k_start + r.num_keys, f.total_k) << "sequence " << b;
   }
+}
+
+// Attention over a KV cache (kv_cache_forward.cu): a batch's keys are its first seqused_k[b] rows
+// from row 0 of its own cache (the batch stride, or the block table, does the rest), the length
+// clamped to [0, seqlen_k], the capacity, whatever the device holds; the queries are dense, or
+// packed by cu_seqlens_q (clamped as above).
+TEST(CudaBlockOrder, SequenceRowsOfKvCacheLengths) {
+  constexpr std::int32_t kMax = 2147483647, kMin = -2147483647 - 1;
+  const std::int32_t used[] = {300, -1, -5, -1, 1000, -1, kMax, -1, kMin, -1, 0};  // stride 2
+  ForwardParams f;
+  f.seqlen_q = 40;
+  f.seqlen_k = 512;  // the capacity
+  f.seqused_k = used;
+  f.seqused_k_stride = 2;
+  const std::int64_t expected_keys[] = {300, 0, 512, 512, 0, 0};
+  for (std::int64_t b = 0; b < 6; ++b) {
+    const fmha::cuda::SequenceRows r = fmha::cuda::sequence_rows(f, b);
+    EXPECT_EQ(r.q_start, 0) << "batch " << b;
+    EXPECT_EQ(r.num_queries, 40) << "batch " << b;
+    EXPECT_EQ(r.k_start, 0) << "batch " << b;
+    EXPECT_EQ(r.num_keys, expected_keys[b]) << "batch " << b;
+  }
+  const std::int32_t cu_q[] = {0, 7, 7, 300};
+  f.cu_seqlens_q = cu_q;
+  f.total_q = 60;
+  const fmha::cuda::SequenceRows packed = fmha::cuda::sequence_rows(f, 2);
+  EXPECT_EQ(packed.q_start, 7);
+  EXPECT_EQ(packed.num_queries, 40);  // [7, 300): to 60, 53 rows cut to max_seqlen_q
+  EXPECT_EQ(packed.k_start, 0);
+  EXPECT_EQ(packed.num_keys, 512);
 }
 
 // The D 256 fused backward's walk (QueryWalk): every (query head, query tile) of a block's group once,
