@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         load_rows_async<kN, kD, kCopiers>(smem_k(stage), t.k, t.k_row_stride,
                                           tt->key_token[key_slot(j)], p.head_dim, p.vector_loads,
                                           loaders.thread);
-      } else if (kPagedKeys<kD, Policy> && paged && !t.extra) {
+      } else if (paged && !t.extra) {
         load_paged(smem_k(stage), k, p.k_row_stride, t, p.head_dim, loaders.thread,
                    std::integral_constant<int, kCopiers>{});
       } else {
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         load_rows_async<kN, kD, kCopiers>(smem_v(stage), t.v, t.v_row_stride,
                                           tt->key_token[key_slot(j)], p.value_dim, p.vector_loads,
                                           loaders.thread);
-      } else if (kPagedKeys<kD, Policy> && paged && !t.extra) {
+      } else if (paged && !t.extra) {
         load_paged(smem_v(stage), v, p.v_row_stride, t, p.value_dim, loaders.thread,
                    std::integral_constant<int, kCopiers>{});
       } else {
