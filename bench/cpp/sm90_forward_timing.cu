@@ -1,8 +1,9 @@
 // sm90-forward-timing: the sm90 forward kernel alone, launched through its launcher on random bf16
 // inputs, for comparing builds of the kernel (two commits, or a kernel with one stage removed)
 // without the library or Python: CUDA events around each run, the L2 flushed in between, the
-// median of 50 runs. Built by hand, once per variant, for sm_90a; the head-dim bucket and the
-// head dim are compile-time arguments, VARIANT labels the output:
+// median of 50 runs (FMHA_TIMING_RUNS sets another count). Built by hand, once per variant, for
+// sm_90a; the head-dim bucket and the head dim are compile-time arguments, VARIANT labels the
+// output:
 //
 //   nvcc -std=c++17 --expt-relaxed-constexpr -O3 -gencode=arch=compute_90a,code=sm_90a \
 //        -Isrc -Iinclude -DFMHA_TIMING_BUCKET=96 -DFMHA_TIMING_D=80 -DVARIANT='"main"' \
@@ -86,7 +87,11 @@ static double run_case(int B, int H, int L, int D, bool causal, bool bias = fals
       std::exit(1);
     }
   };
-  const std::vector<float> ms = sorted_launch_ms(launch, 50);
+  // FMHA_TIMING_RUNS: more runs than the default 50, e.g. to watch clocks and power under a
+  // sustained load.
+  const char* runs_env = std::getenv("FMHA_TIMING_RUNS");
+  const int runs = runs_env != nullptr ? std::max(10, std::atoi(runs_env)) : 50;
+  const std::vector<float> ms = sorted_launch_ms(launch, runs);
   CHECK(cudaFree(q));
   CHECK(cudaFree(k));
   CHECK(cudaFree(v));
@@ -97,8 +102,9 @@ static double run_case(int B, int H, int L, int D, bool causal, bool bias = fals
   const double flops = 4.0 * pairs * D * B * H;
   std::printf(
       "%s D=%d B=%d H=%d L=%d causal=%d bias=%d median %.4f ms p10 %.4f p90 %.4f  %.1f TFLOP/s\n",
-      VARIANT, D, B, H, L, causal, bias, ms[25], ms[5], ms[45], flops / ms[25] / 1e9);
-  return ms[25];
+      VARIANT, D, B, H, L, causal, bias, ms[runs / 2], ms[runs / 10], ms[runs * 9 / 10],
+      flops / ms[runs / 2] / 1e9);
+  return ms[runs / 2];
 }
 
 #ifndef FMHA_TIMING_D
@@ -113,8 +119,15 @@ int main(int argc, char** argv) {
     run_case(8, sam_heads, 4096, D, false, /*bias=*/true);
     return 0;
   }
-  run_case(8, D == 80 ? 16 : 12, 4096, D, false);  // SAM-B (SAM-H at D 80) shape
-  for (int L : {512, 2048, 8192}) run_case(tokens / L, heads, L, D, false);
-  for (int L : {512, 2048, 8192}) run_case(tokens / L, heads, L, D, true);
+  // FMHA_TIMING_L: only the cases of that sequence length (4096: the SAM shape).
+  const char* only_env = std::getenv("FMHA_TIMING_L");
+  const int only = only_env != nullptr ? std::atoi(only_env) : 0;
+  if (only == 0 || only == 4096) run_case(8, D == 80 ? 16 : 12, 4096, D, false);  // SAM-B (SAM-H at D 80)
+  for (int L : {512, 2048, 8192}) {
+    if (only == 0 || only == L) run_case(tokens / L, heads, L, D, false);
+  }
+  for (int L : {512, 2048, 8192}) {
+    if (only == 0 || only == L) run_case(tokens / L, heads, L, D, true);
+  }
   return 0;
 }
