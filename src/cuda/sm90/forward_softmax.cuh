@@ -61,19 +61,28 @@ __device__ __forceinline__ void softmax_scores(OnlineSoftmax& sm, float (&s)[kSc
   }
 }
 
-// O's rows times their factors, skipped when every row of the warp keeps factor 1 (no row max
-// moved: most tiles of a long row), which changes no bit of the result.
+// Whether any row of the warp has a factor other than 1 (a row max moved). Most tiles of a long
+// row move none, and skipping the rescale then changes no bit of the result.
+__device__ __forceinline__ bool output_rescaled(const float (&rescale)[2]) {
+  return __any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f);
+}
+
+// O's rows times their factors.
+template <int kOutTiles>
+__device__ __forceinline__ void scale_output(float (&o)[kOutTiles][4], const float (&rescale)[2]) {
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) {
+    o[t][0] *= rescale[0];
+    o[t][1] *= rescale[0];
+    o[t][2] *= rescale[1];
+    o[t][3] *= rescale[1];
+  }
+}
+
+// O's rows times their factors, skipped when every row of the warp keeps factor 1.
 template <int kOutTiles>
 __device__ __forceinline__ void rescale_output(float (&o)[kOutTiles][4], const float (&rescale)[2]) {
-  if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
-#pragma unroll
-    for (int t = 0; t < kOutTiles; ++t) {
-      o[t][0] *= rescale[0];
-      o[t][1] *= rescale[0];
-      o[t][2] *= rescale[1];
-      o[t][3] *= rescale[1];
-    }
-  }
+  if (output_rescaled(rescale)) scale_output(o, rescale);
 }
 
 template <int kRuns, int kScoreTiles, int kOutTiles>

@@ -18,7 +18,8 @@
 //   softmax u  scores, mask, online softmax on S(u) in registers (u < num_tiles)
 // With kOverlapSoftmax the phase is two groups, S(u) first: the warpgroup waits for S(u) alone,
 // runs the softmax of tile u while its P(u - 1) V(u - 1) is still on the tensor cores, and only
-// then waits for that product and rescales O (tile_sizes.h: overlap_softmax).
+// then waits for that product and rescales O (tile_sizes.h: overlap_softmax; where ptxas keeps
+// that wait after the softmax: pv_wait_after_softmax).
 // Who copies the tiles into the stages, and how the two math warpgroups take turns on the tensor
 // cores (ping-pong), is the block's schedule: forward_pipeline.cuh.
 #pragma once
@@ -98,6 +99,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   constexpr bool kOverlapSoftmax = overlap_softmax(kD) && !kTokenTiles &&
                                    !kGeneralForm<Policy> && !kRelPosForm<Policy> &&
                                    !kBiasForm<Policy> && !kNeighborhoodModifiersForm<Policy>;
+  // Overlapped: the wait for P(u - 1) V(u - 1) after the softmax of tile u (tile_sizes.h).
+  constexpr bool kPvWaitAfterSoftmax =
+      kOverlapSoftmax && pv_wait_after_softmax(kD, !std::is_same_v<Mask, MaskNone>);
 
   extern __shared__ __align__(16) std::uint8_t smem_raw[];
   const std::uint32_t smem_q = (tile::shared_address(smem_raw) + 1023u) & ~1023u;
@@ -678,11 +682,22 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         if constexpr (kOverlapSoftmax) {
           float rescale[2];
           softmax_scores(softmax, s, rescale, exp_scale, offset);
-          if constexpr (pv_running) {
+          // The first phase's O is still zero: nothing to rescale there.
+          if constexpr (pv_running && kPvWaitAfterSoftmax) {
+            // The wait in both arms of the vote's branch, where ptxas leaves it.
+            if (output_rescaled(rescale)) {
+              wgmma_wait<0>();
+              phase_done();
+              scale_output(o, rescale);
+            } else {
+              wgmma_wait<0>();
+              phase_done();
+            }
+          } else if constexpr (pv_running) {
             wgmma_wait<0>();
             phase_done();
+            rescale_output(o, rescale);
           }
-          rescale_output(o, rescale);
           pack_fragments<T>(s, p_packed);
         } else {
           softmax_update(softmax, s, o, exp_scale, offset);

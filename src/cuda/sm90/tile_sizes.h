@@ -80,4 +80,17 @@ constexpr bool overlap_softmax(int) {
   return true;
 }
 
+// Where an overlapped phase waits for its P(u - 1) V(u - 1) (mainloop_fwd.cuh): after the softmax
+// of tile u, so that the exponentials run under the product. Written plainly after the softmax, the
+// wait is moved by ptxas (CUDA 13.0, every head dim) up to just after the wait for S(u): the
+// exponentials then start only once P V has landed. In each arm of a branch that follows the
+// softmax (the warp's vote on O's rescale) it stays. Worth it where P V is long beside the
+// softmax: unmasked D 256 2.5-4.4% faster from L 2048, D 128 1.8% at L 8192 (H200, kernels alone,
+// bf16, five alternating rounds). At D 64 - 96, and under masks, the early wait lets ptxas pack P
+// between the exponentials, which the late one leaves after them: 1-7% slower there (D 80 causal
+// L 8192 -5.5%), so those keep ptxas's placement.
+constexpr bool pv_wait_after_softmax(int head_dim_bucket, bool masked) {
+  return head_dim_bucket >= 128 && !masked;
+}
+
 }  // namespace fmha::cuda::sm90
