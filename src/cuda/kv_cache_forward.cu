@@ -98,10 +98,13 @@ bool kv_cache_forward_applies(const KvCacheForwardParams& p, const detail::KvCac
   if (!head_dim_bucket_built(sm80::head_dim_bucket(dims))) return false;
   if (s.heads > kMaxGridYZ || s.batch > kMaxGridYZ) return false;
   if (g.paged) {
-    // Rows of the pool are numbered page * page_size + row, and a sequence's keys counted, in 32
-    // bits (sm90/tiles.cuh: load_paged_rows_async), rows one stride apart.
-    if (g.num_pages * g.page_size >= (std::int64_t{1} << 31)) return false;
-    if (s.seqlen_k >= (std::int64_t{1} << 31)) return false;  // the capacity a block table spans
+    // Rows of the pool are numbered page * page_size + row, a sequence's keys counted, and rows'
+    // and table entries' offsets taken, in 32 bits (sm90/tiles.cuh: load_paged_rows_async), rows
+    // one stride apart.
+    constexpr std::int64_t k32 = std::int64_t{1} << 31;
+    if (g.num_pages * g.page_size >= k32 || s.seqlen_k >= k32) return false;
+    if (p.k_cache.stride[1] >= k32 || p.v_cache.stride[1] >= k32) return false;
+    if (g.max_pages * p.block_table.stride[1] >= k32) return false;
     if (p.k_cache.stride[0] != g.page_size * p.k_cache.stride[1] ||
         p.v_cache.stride[0] != g.page_size * p.v_cache.stride[1]) {
       return false;

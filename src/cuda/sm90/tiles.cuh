@@ -101,15 +101,16 @@ __device__ __forceinline__ void load_rows_async(std::uint32_t dst, const std::ui
 // Keys first_key .. first_key + valid - 1 of one batch's paged KV cache (ForwardParams::
 // block_table; `table` is the batch's row of it): row r is row (page * page_size + key %
 // page_size) of `gmem`, the cache's page 0, with the page index clamped to [0, num_pages) (bad
-// device tables give wrong numbers, never a read outside the pool); zeros past `valid`. Keys and
-// pool rows are 32-bit (the launcher keeps the capacity and num_pages * page_size below 2^31).
-// The page comes by a shift where page_size is a power of two (page_shift >= 0), else by a
-// division.
-// Where each thread copies one column chunk of every kRowStep-th row (the range loaders' layout),
-// it reads the table entries of a batch of its rows first, all in flight at once, and only then
-// issues their copies: a copy that waited for its own table read, row after row, left the copy
-// warpgroup one dependent global load a row (a fifth of the dense forward's speed at D 128, pages
-// of 16 or 64).
+// device tables give wrong numbers, never a read outside the pool); zeros past `valid`. Keys, pool
+// rows, the row stride and table offsets are 32-bit (kv_cache_forward_applies keeps them below
+// 2^31).
+// Pages of a power-of-two size (page_shift >= 0), where each thread copies one column chunk of
+// every kRowStep-th row (the range loaders' layout), take a short path: the table entries of a
+// batch of the thread's rows read first, all in flight at once, then their copies, in 32-bit
+// arithmetic. The general path (any page size, a division a row, 64-bit offsets, a table read
+// before each copy) ran the copy warpgroup at about 1,700 instructions a K / V tile pair where the
+// range loaders take 400 (Nsight Compute): the math warps waited for the stages, at a quarter of
+// the dense forward's speed (D 128, pages of 16 or 64).
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_paged_rows_async(
     std::uint32_t dst, const std::uint16_t* gmem, std::int64_t row_stride, const std::int32_t* table,
@@ -120,16 +121,9 @@ __device__ __forceinline__ void load_paged_rows_async(
   constexpr int kChunks = kD / 8;               // 16-byte chunks per row
   constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's chunks, when whole
   const int last_page = static_cast<int>(num_pages - 1);
-  // The pool row of key `key` (< first_key + valid), its page index clamped.
-  auto pool_row = [=](int page, int key) {
-    page = page < 0 ? 0 : (page > last_page ? last_page : page);
-    return page * page_size + (page_shift >= 0 ? key & (page_size - 1) : key % page_size);
-  };
-  auto table_slot = [=](int key) {
-    return static_cast<std::int64_t>(page_shift >= 0 ? key >> page_shift : key / page_size);
-  };
+  const int table_stride = static_cast<int>(table_page_stride);
   if constexpr (kThreads % kChunks == 0 && kRows % kRowStep == 0) {
-    if (vector_loads) {
+    if (vector_loads && page_shift >= 0) {
       constexpr int kIters = kRows / kRowStep;  // rows a thread copies
       // Rows whose table reads are in flight at once: the largest divisor of kIters up to 8.
       constexpr int kBatch = kIters % 8 == 0   ? 8
@@ -140,28 +134,39 @@ __device__ __forceinline__ void load_paged_rows_async(
                                                : 1;
       const int c = thread % kChunks;
       const int r0 = thread / kChunks;
-      const bool column_inside = c * 8 < cols;
+      // Offsets in unsigned 32-bit products widened to 64 bits (one IMAD.WIDE.U32 each). (A
+      // select of a safe address for the copies of nothing, below, spilled more registers.)
+      const char* const column = reinterpret_cast<const char*>(gmem + c * 8);
+      const std::uint32_t row_bytes = static_cast<std::uint32_t>(row_stride) * 2u;
+      const std::uint32_t entry_stride = static_cast<std::uint32_t>(table_stride);
+      // Row r0 + it * kRowStep exists (and the chunk holds columns) when it * kRowStep < rows.
+      const int rows = c * 8 < cols ? valid - r0 : 0;
       const int key0 = static_cast<int>(first_key) + r0;
+      const int in_page = page_size - 1;
 #pragma unroll
       for (int b = 0; b < kIters; b += kBatch) {
         int page[kBatch];
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
-          const int r = r0 + (b + i) * kRowStep;
-          page[i] =
-              r < valid ? table[table_slot(key0 + (b + i) * kRowStep) * table_page_stride] : 0;
+          const int key = key0 + (b + i) * kRowStep;
+          const std::uint32_t slot = static_cast<std::uint32_t>(key) >> page_shift;
+          page[i] = (b + i) * kRowStep < rows ? table[slot * entry_stride] : 0;
         }
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
-          const int r = r0 + (b + i) * kRowStep;
-          const bool inside = r < valid && column_inside;
-          const std::int64_t row = pool_row(page[i], key0 + (b + i) * kRowStep);
-          const std::uint16_t* src = inside ? gmem + row * row_stride + c * 8 : gmem;
+          const int key = key0 + (b + i) * kRowStep;
+          const int pg = min(max(page[i], 0), last_page);
+          // Inside the pool whatever the table holds. A row past `valid`, or a chunk past the head
+          // dim, copies nothing (source size 0: no byte read).
+          const auto row = static_cast<std::uint32_t>((pg << page_shift) | (key & in_page));
+          const auto* src =
+              reinterpret_cast<const std::uint16_t*>(column + std::uint64_t{row} * row_bytes);
           // Rows a whole swizzle period apart share one offset pattern; else each its own.
+          const int r = r0 + (b + i) * kRowStep;
           const std::uint32_t to =
               dst + (kRowStep % 8 == 0 ? Tile::chunk_offset(r0, c) + (r - r0) * Tile::kSwizzleBytes
                                        : Tile::chunk_offset(r, c));
-          tile::cp_async_16(to, src, inside ? 16 : 0);
+          tile::cp_async_16(to, src, (b + i) * kRowStep < rows ? 16 : 0);
         }
       }
       return;
@@ -172,7 +177,10 @@ __device__ __forceinline__ void load_paged_rows_async(
       [=](int r, int* row) {
         if (r >= valid) return false;
         const int key = static_cast<int>(first_key) + r;
-        *row = pool_row(table[table_slot(key) * table_page_stride], key);
+        const int slot = page_shift >= 0 ? key >> page_shift : key / page_size;
+        int page = table[slot * table_stride];
+        page = page < 0 ? 0 : (page > last_page ? last_page : page);
+        *row = page * page_size + (key - slot * page_size);
         return true;
       },
       cols, vector_loads, thread);
