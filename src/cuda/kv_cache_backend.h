@@ -16,7 +16,8 @@ Status kv_cache_workspace_size(const KvCacheForwardParams& p, const detail::KvCa
                                std::size_t* bytes);
 
 // The attention kernel of a call. kAuto, the default: the dense sm90 forward (kv_cache_forward.h)
-// for calls of at least 128 query rows a sequence (on average) where it applies, else the split
+// for calls of enough query rows a sequence (on average: 32 over a contiguous cache, 64 over pages
+// of a power-of-two size, else 128; kv_cache_forward_preferred) where it applies, else the split
 // kernel on tensor cores (kv_cache_mma.cuh). FMHA_KV_CACHE_KERNEL forces one: cuda-cores
 // (kv_cache_kernels.cuh), tensor-cores, or forward (the sm90 forward wherever it applies, decode
 // included; else tensor cores). The environment is read once per process.

@@ -20,10 +20,6 @@
 namespace fmha::cuda {
 namespace {
 
-// The forward's query tile (sm90/tile_sizes.h: block_m): calls with fewer query rows a head leave
-// most of each tile empty, where the decode kernel packs a group's heads into its rows.
-constexpr std::int64_t kForwardTileRows = 128;
-
 ForwardParams cache_forward_params(const KvCacheForwardParams& a, const detail::KvCacheShape& shape) {
   const detail::ProblemShape& s = shape.attention;
   const detail::KvCacheGeometry& g = shape.cache;
@@ -114,10 +110,18 @@ bool kv_cache_forward_applies(const KvCacheForwardParams& p, const detail::KvCac
 }
 
 bool kv_cache_forward_preferred(const detail::KvCacheShape& shape) {
-  // On average over the sequences: a batch of decode steps with one long prefill among them
-  // (packed queries) keeps the split kernel, which reads each sequence's keys once a kv head.
+  // Query rows a sequence from which the forward (a 128-row query tile a head) beats the split
+  // kernel, which packs a group's heads into its rows: H200, bf16, GQA 32 / 8, D 128, B 8 over
+  // 8192 keys (2026-11-29, docs/perf-log.md): contiguous caches from 32 (0.220 against 0.391 ms;
+  // at 16 0.219 against 0.214), pages of a power-of-two size from 64 (0.438 against 0.719; at 32
+  // 0.426 against 0.386), other page sizes, whose gather divides a row, from 128. On average over
+  // the sequences: a batch of decode steps with one long prefill among them (packed queries) keeps
+  // the split kernel, which reads each sequence's keys once a kv head.
   const detail::ProblemShape& s = shape.attention;
-  return s.total_q >= kForwardTileRows * s.batch;
+  const detail::KvCacheGeometry& g = shape.cache;
+  const bool pages_of_power_of_two = (g.page_size & (g.page_size - 1)) == 0;
+  const std::int64_t rows = !g.paged ? 32 : pages_of_power_of_two ? 64 : 128;
+  return s.total_q >= rows * s.batch;
 }
 
 Status kv_cache_forward_workspace(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
