@@ -122,7 +122,9 @@ int main(int argc, char** argv) {
   // FMHA_TIMING_L: only the cases of that sequence length (4096: the SAM shape).
   const char* only_env = std::getenv("FMHA_TIMING_L");
   const int only = only_env != nullptr ? std::atoi(only_env) : 0;
-  if (only == 0 || only == 4096) run_case(8, D == 80 ? 16 : 12, 4096, D, false);  // SAM-B (SAM-H at D 80)
+  if (only == 0 || only == 4096) {
+    run_case(8, D == 80 ? 16 : 12, 4096, D, false);  // SAM-B (SAM-H at D 80) shape
+  }
   for (int L : {512, 2048, 8192}) {
     if (only == 0 || only == L) run_case(tokens / L, heads, L, D, false);
   }
