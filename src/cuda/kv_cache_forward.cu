@@ -20,6 +20,14 @@
 namespace fmha::cuda {
 namespace {
 
+// log2(page_size) where the page size is a power of two (the gather's short path), else -1.
+int page_shift_of(std::int64_t page_size) {
+  for (int shift = 0; shift < 31; ++shift) {
+    if ((std::int64_t{1} << shift) == page_size) return shift;
+  }
+  return -1;
+}
+
 ForwardParams cache_forward_params(const KvCacheForwardParams& a, const detail::KvCacheShape& shape) {
   const detail::ProblemShape& s = shape.attention;
   const detail::KvCacheGeometry& g = shape.cache;
@@ -58,10 +66,7 @@ ForwardParams cache_forward_params(const KvCacheForwardParams& a, const detail::
     p.table_batch_stride = a.block_table.stride[0];
     p.table_page_stride = a.block_table.stride[1];
     p.page_size = static_cast<int>(g.page_size);
-    p.page_shift = -1;
-    for (int shift = 0; shift < 31; ++shift) {
-      if ((std::int64_t{1} << shift) == g.page_size) p.page_shift = shift;
-    }
+    p.page_shift = page_shift_of(g.page_size);
     p.num_pages = g.num_pages;
   } else {
     p.k_batch_stride = a.k_cache.stride[0];
@@ -119,8 +124,7 @@ bool kv_cache_forward_preferred(const detail::KvCacheShape& shape) {
   // the split kernel, which reads each sequence's keys once a kv head.
   const detail::ProblemShape& s = shape.attention;
   const detail::KvCacheGeometry& g = shape.cache;
-  const bool pages_of_power_of_two = (g.page_size & (g.page_size - 1)) == 0;
-  const std::int64_t rows = !g.paged ? 32 : pages_of_power_of_two ? 64 : 128;
+  const std::int64_t rows = !g.paged ? 32 : page_shift_of(g.page_size) >= 0 ? 64 : 128;
   return s.total_q >= rows * s.batch;
 }
 

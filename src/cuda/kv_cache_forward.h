@@ -17,8 +17,9 @@ namespace fmha::cuda {
 // rows apart (as [num_pages, page_size, Hkv, D] tensors do). Host data only.
 bool kv_cache_forward_applies(const KvCacheForwardParams& p, const detail::KvCacheShape& shape);
 
-// Whether the library's choice (no kernel forced) runs it there: queries long enough to fill the
-// forward's tiles, 128 rows a sequence on average.
+// Whether the library's choice (no kernel forced) runs it there: enough query rows a sequence on
+// average that the forward beats the split kernel (32 over a contiguous cache, 64 over pages of a
+// power-of-two size, 128 over other pages).
 bool kv_cache_forward_preferred(const detail::KvCacheShape& shape);
 
 // Scratch bytes of the call on the forward (its tile counter), which the caller's workspace must
