@@ -14,7 +14,10 @@
 // launcher's switches apply (FMHA_SM90_LONG_ROWS, FMHA_SM90_WIDE_WINDOW, ...), so one build times
 // both sides of one. With the
 // argument `bias`: the SAM shape without and with a bias [1, H, L, L] (random, shared by the
-// batches; the bias policy), issue 4's bias case. No correctness check: the GPU suite is the test.
+// batches; the bias policy), issue 4's bias case. FMHA_TIMING_L=L1,L2,...: 16k tokens at those
+// sequence lengths only (4096 includes the SAM shape); FMHA_TIMING_POLICY=window: the non-causal
+// cases through the window policy with an unbounded window (its two-warpgroup kernel where the
+// plain policy takes three). No correctness check: the GPU suite is the test.
 // TFLOP/s count visible pairs only.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -23,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string_view>
 #include <vector>
@@ -44,6 +48,11 @@ template Status launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyBias>(co
 }  // namespace fmha::cuda::sm90
 
 using fmha::cuda::ForwardParams;
+
+static bool window_policy() {
+  const char* env = std::getenv("FMHA_TIMING_POLICY");
+  return env != nullptr && std::string_view(env) == "window";
+}
 
 static double run_case(int B, int H, int L, int D, bool causal, bool bias = false) {
   const std::size_t n = std::size_t(B) * L * H * D;
@@ -80,7 +89,8 @@ static double run_case(int B, int H, int L, int D, bool causal, bool bias = fals
     using namespace fmha::cuda;
     auto st =
         bias     ? sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyBias>(p, nullptr)
-        : causal ? sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyWindow>(p, nullptr)
+        : causal || window_policy()
+            ? sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyWindow>(p, nullptr)
                  : sm90::launch_forward<__nv_bfloat16, FMHA_TIMING_BUCKET, PolicyPlain>(p, nullptr);
     if (!st.ok()) {
       std::fprintf(stderr, "launch failed\n");
@@ -119,17 +129,22 @@ int main(int argc, char** argv) {
     run_case(8, sam_heads, 4096, D, false, /*bias=*/true);
     return 0;
   }
-  // FMHA_TIMING_L: only the cases of that sequence length (4096: the SAM shape).
-  const char* only_env = std::getenv("FMHA_TIMING_L");
-  const int only = only_env != nullptr ? std::atoi(only_env) : 0;
-  if (only == 0 || only == 4096) {
-    run_case(8, D == 80 ? 16 : 12, 4096, D, false);  // SAM-B (SAM-H at D 80) shape
+  // FMHA_TIMING_L: only the cases of these sequence lengths (4096: the SAM shape too).
+  std::vector<int> lengths = {512, 2048, 8192};
+  bool sam = true;
+  if (const char* env = std::getenv("FMHA_TIMING_L")) {
+    lengths.clear();
+    for (const char* s = env; *s != '\0';) {
+      const int L = std::atoi(s);
+      if (L > 0) lengths.push_back(L);
+      const char* comma = std::strchr(s, ',');
+      if (comma == nullptr) break;
+      s = comma + 1;
+    }
+    sam = std::find(lengths.begin(), lengths.end(), 4096) != lengths.end();
   }
-  for (int L : {512, 2048, 8192}) {
-    if (only == 0 || only == L) run_case(tokens / L, heads, L, D, false);
-  }
-  for (int L : {512, 2048, 8192}) {
-    if (only == 0 || only == L) run_case(tokens / L, heads, L, D, true);
-  }
+  if (sam) run_case(8, D == 80 ? 16 : 12, 4096, D, false);  // SAM-B (SAM-H at D 80) shape
+  for (int L : lengths) run_case(tokens / L, heads, L, D, false);
+  for (int L : lengths) run_case(tokens / L, heads, L, D, true);
   return 0;
 }
