@@ -382,6 +382,40 @@ TEST(CudaForward, LongRowsAtD256) {
   check_forward(v, 95);
 }
 
+// Above D 128 the sm90 forward's key tiles hold 64 keys under 128-row blocks (a causal diagonal
+// spans two of them), and the output leaves a 64-column block at a time through each warp's
+// chunks (D 192: three blocks; D 256 with Dv 192). Causal masks in both alignments (Lq < Lk,
+// Lq > Lk, equal), windows with a right side that reaches into the next tile, rows past the last
+// block, GQA, extra keys and sinks.
+TEST(CudaForward, MasksOnShortKeyTiles) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 700;
+  for (std::int64_t d : {192, 256}) {
+    for (auto [lq, lk] : {std::pair<int, int>{577, 577}, {300, 700}, {700, 300}, {129, 129}}) {
+      for (auto align : {CausalAlignment::kTopLeft, CausalAlignment::kBottomRight}) {
+        ForwardCase c = shape_case(DType::kBFloat16, lq, lk, d, d, 4, 2);
+        c.options.causal = true;
+        c.options.causal_alignment = align;
+        check_forward(c, seed++);
+      }
+    }
+    struct W {
+      std::int64_t left, right;
+    };
+    for (W w : {W{100, 0}, W{200, 70}, W{-1, 30}, W{63, 63}}) {
+      ForwardCase c = shape_case(DType::kFloat16, 500, 500, d, d - 64, 2, 1, 2);
+      c.options.window_left = w.left;
+      c.options.window_right = w.right;
+      check_forward(c, seed++);
+    }
+  }
+  ForwardCase extra = shape_case(DType::kBFloat16, 300, 300, 256, 256, 2, 1);
+  extra.options.causal = true;
+  extra.extra = 70;
+  extra.sinks = true;
+  check_forward(extra, seed++);
+}
+
 TEST(CudaForward, LongCausalWithEverything) {
   SKIP_WITHOUT_GPU();
   ForwardCase c = shape_case(DType::kBFloat16, 1023, 1023, 80, 80, 2, 1);

@@ -3,13 +3,17 @@
 // thread storing its accumulator pairs itself cost 9.5% at D 128 L 8192: H200, 2026-11-26,
 // docs/perf-log.md), or, where the output has a tile of its own and a tensor map, by one bulk
 // tensor store a warp (tile_copies.cuh: tma_store_rows), which the math warps do not wait for:
-// the threads' stores held them 4-6.5% of a short forward's time (H200, 2026-11-29, L 512).
+// the threads' stores held them 4-6.5% of a short forward's time (H200, 2026-11-29, L 512). Where
+// the output has no tile (D 256), a warp's rows may leave a 64-column block at a time through two
+// chunks of its own (forward_smem.cuh: output_chunks).
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/common/forward_params.h"
 #include "cuda/common/tile_primitives.cuh"
+#include "cuda/sm90/tile_copies.cuh"
+#include "cuda/sm90/wgmma.cuh"
 
 namespace fmha::cuda::sm90 {
 
@@ -32,6 +36,70 @@ __device__ __forceinline__ void stage_output_rows(const float (&o)[kOutTiles][4]
       asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile + Tile::chunk_offset(row, t) + col * 2),
                    "r"(packed)
                    : "memory");
+    }
+  }
+}
+
+// Writes this thread's accumulator entries of output columns first_col .. + 63 (n-tiles first_col
+// / 8 ..; m16n8 C layout, rows lane / 4 and + 8 of the warp's 16) times the rows' factors as
+// 16-bit pairs into a warp's 16 x 64 Chunk (one swizzled column block) at shared address `chunk`.
+// Each 32-bit store of the warp falls in its own bank (the swizzle's chunk XOR row).
+template <typename T, typename Chunk, int kOutTiles>
+__device__ __forceinline__ void stage_output_block(const float (&o)[kOutTiles][4],
+                                                   const float (&factor)[2], std::uint32_t chunk,
+                                                   int first_col, int lane) {
+  using Convert = tile::Dtype<T>;
+  static_assert(Chunk::kBytes == Chunk::kBlockBytes, "one column block");
+  constexpr int kTiles = Chunk::kBlockCols / 8;
+  const int col = 2 * (lane % 4);
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    const int t = first_col / 8 + j;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = lane / 4 + 8 * r;
+      const std::uint32_t packed =
+          Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(chunk + Chunk::chunk_offset(row, j) + col * 2),
+                   "r"(packed)
+                   : "memory");
+    }
+  }
+}
+
+// A warp's 16 output rows (tile rows from `row` of head `head`, batch `batch`) through its
+// kChunks swizzled 16 x 64 chunks at shared address `chunks` (generic: `chunks_ptr`): column
+// block c is staged in chunk c % kChunks once the bulk store of the block kChunks before (or the
+// previous grid tile's stores) has read it, then lane 0 stores it by TMA, in its bulk group, and
+// the warp goes on. Columns at or past `cols` are neither staged nor stored.
+template <typename T, typename Chunk, int kChunks, int kOutTiles>
+__device__ __forceinline__ void store_output_by_chunks(const float (&o)[kOutTiles][4],
+                                                       const float (&factor)[2],
+                                                       std::uint32_t chunks,
+                                                       const std::uint8_t* chunks_ptr,
+                                                       const RowsMap& map, std::int64_t row,
+                                                       int head, std::int64_t batch, int cols,
+                                                       int lane) {
+  static_assert(kChunks >= 2, "a block staged while the one before is stored");
+#pragma unroll
+  for (int c = 0; c < kOutTiles * 8 / Chunk::kBlockCols; ++c) {
+    if (c * Chunk::kBlockCols >= cols) break;
+    if (lane == 0) {
+      if (c == 0) {
+        ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
+      } else if (c >= kChunks) {
+        ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<kChunks - 1>{});
+      }
+    }
+    __syncwarp();
+    const int offset = (c % kChunks) * Chunk::kBytes;
+    stage_output_block<T, Chunk>(o, factor, chunks + offset, c * Chunk::kBlockCols, lane);
+    fence_proxy_async();  // the lanes' stores made visible to the bulk copy
+    __syncwarp();
+    if (lane == 0) {
+      tma_store_rows<Chunk>(chunks_ptr + offset, map, row, head, batch, cols,
+                            c * Chunk::kBlockCols);
+      ::cuda::ptx::cp_async_bulk_commit_group();
     }
   }
 }

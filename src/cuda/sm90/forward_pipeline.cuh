@@ -33,7 +33,8 @@
 // (round robin, or one by one from a counter where their work differs: mainloop_fwd.cuh). Stage
 // slots and barrier parities run on from tile to tile; Q's tile is refilled once its last reader
 // is done (q_empty), by TMA after the next tile's K(0); the output is staged in a tile of its own
-// where shared memory has room (output_tile(), up to D 128), so that the next tile's Q and first
+// where shared memory has room (output_tile(), up to D 128), or a column block at a time in each
+// warp's output chunks (output_chunks(), D 192 and 256), so that the next tile's Q and first
 // K / V groups land under the previous tile's last phase and epilogue. Measured on an H200
 // (2026-11-26, against the kernel before, a block a tile, same inputs): D 64 L 512 0.290 -> 0.243
 // ms, causal L 512 0.246 -> 0.204; D 80 (bucket 96) L 512 0.307 -> 0.228, SAM-H's shape 1.71

@@ -106,11 +106,11 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
       // form).
       maps.bias_usable = maps.usable && encode_bias_map<BiasTile<kD>>(&maps.bias, p, kM);
     }
-    if constexpr (output_tile<kD, Policy>()) {
-      // The epilogue's stores by TMA, a warp's 16 rows a box (the output has a tile of its own),
-      // where rows are whole 16-byte chunks: a bulk tensor store writes whole chunks, so a row of
-      // another length would have the columns up to its next 16-byte boundary overwritten (seen on
-      // an H200 at Dv 5, where they are the padding of a strided out).
+    if constexpr (output_tile<kD, Policy>() || output_chunks<kD, Policy>()) {
+      // The epilogue's stores by TMA, a warp's 16 rows a box (the output has a tile or chunks of
+      // its own), where rows are whole 16-byte chunks: a bulk tensor store writes whole chunks, so
+      // a row of another length would have the columns up to its next 16-byte boundary
+      // overwritten (seen on an H200 at Dv 5, where they are the padding of a strided out).
       maps.out_usable = maps.usable && tma_store_enabled() && p.value_dim % 8 == 0 &&
                         encode_rows_map(&maps.out, p.out, p.value_dim, p.seqlen_q, p.heads, p.batch,
                                         p.out_row_stride, p.out_head_stride, p.out_batch_stride,

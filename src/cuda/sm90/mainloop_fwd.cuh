@@ -110,9 +110,11 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   auto smem_v = [&](int stage) {
     return smem_q + QTile::kBytes + (kStages + stage) * KVTile::kBytes;
   };
-  // Where the epilogue stages the output rows (output_tile()).
+  // Where the epilogue stages the output rows (output_tile()), or each warp's two output chunks
+  // (output_chunks(), warp w's at smem_chunks + w * 2 chunks).
   const std::uint32_t smem_o =
       output_tile<kD, Policy>() ? smem_q + input_smem_bytes<kD, Policy>() : smem_q;
+  [[maybe_unused]] const std::uint32_t smem_chunks = smem_q + input_smem_bytes<kD, Policy>();
   // The staged bias ring (bias_ring()), bias tile n of the block in slot n % kBiasStages.
   [[maybe_unused]] auto smem_bias_slot = [&](int n) {
     return smem_q + bias_ring_offset<kD, Policy>() + (n % kBiasStages) * BiasTile<kD>::kBytes;
@@ -140,6 +142,11 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
   // Whether the epilogue stores the output rows by TMA (a tile of their own and a map the launcher
   // made), or the math threads store them.
   const bool out_by_tma = output_tile<kD, Policy>() && maps.out_usable;
+  // Or through the warps' output chunks by TMA (output_chunks(); the launcher made the map).
+  const bool out_by_chunks = output_chunks<kD, Policy>() && maps.out_usable;
+  // Whether the epilogue leaves Q's tile alone, which is then free for the next grid tile's Q once
+  // the last product has read it (else once the epilogue, which stages the output there, is done).
+  [[maybe_unused]] const bool q_free_after_products = output_tile<kD, Policy>() || out_by_chunks;
   // Whether the copy warpgroup stages the bias by TMA (bias_ring(); the launcher made its map), or
   // the math threads load it into registers.
   [[maybe_unused]] const bool staged_bias = bias_ring<kD, Policy>() && maps.bias_usable;
@@ -604,7 +611,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
             __syncwarp();
             if (lane == 0) barrier_arrive(&bars->empty[k_stage]);  // the stage is free to refill
             // The last product that reads Q (with the output staged in Q's tile, the epilogue).
-            if (output_tile<kD, Policy>() && u == num_tiles - 1) barrier_arrive(&bars->q_empty);
+            if (q_free_after_products && u == num_tiles - 1) barrier_arrive(&bars->q_empty);
           } else {
             if (follower && u + 1 < num_phases) rendezvous(u + 1);
           }
@@ -719,11 +726,12 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
 
       // Epilogue. Each warp stages its own 16 rows in its own rows of the output tile (Q's tile
       // or one of its own: output_tile(); only its warpgroup's products ever read those rows of Q,
-      // and they are done), then stores them in 16-byte chunks. Without a copy warpgroup, Q's copy
-      // must have landed before its rows are reused for the output (it is still in flight when the
-      // block had no key tile at all, and other threads copied this warp's rows: hence a block
-      // barrier, found by racecheck). With one, the warp's reads of its previous grid tile's rows
-      // come before these writes (__syncwarp).
+      // and they are done), then stores them in 16-byte chunks; or it stages them a column block
+      // at a time in output chunks of its own (output_chunks()). Without a copy warpgroup, Q's
+      // copy must have landed before its rows are reused for the output (it is still in flight
+      // when the block had no key tile at all, and other threads copied this warp's rows: hence a
+      // block barrier, found by racecheck). With one, the warp's reads of its previous grid tile's
+      // rows come before these writes (__syncwarp).
       if constexpr (!kCopyWarps) {
         tile::cp_async_wait<0>();
         __syncthreads();
@@ -749,33 +757,42 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         // flight, and each phase of the barrier is waited for in turn.
         if (!kStagedBoxes && num_phases == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
       }
-      // The warp's rows of the output tile, free again once the bulk stores of its previous grid
-      // tile have read them (out_by_tma).
-      if (out_by_tma) {
-        if (lane == 0) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
-        __syncwarp();
-      }
-      stage_output_rows<T, QTile>(o, factor, smem_o, warp * 16, lane);
-      const std::uint8_t* const staged_rows = smem_q_ptr + (smem_o - smem_q);
-      if (out_by_tma) {
-        // Every lane's rows made visible to the bulk copy, which lane 0 issues: the math warps go
-        // on to the next grid tile while it stores them.
-        fence_proxy_async();
-        __syncwarp();
-        if (lane == 0) {
-          tma_store_rows<QTile>(staged_rows + warp * 16 * QTile::kSwizzleBytes, maps.out,
-                                m0 + warp * 16, h, b, p.value_dim);
-          ::cuda::ptx::cp_async_bulk_commit_group();
+      if (out_by_chunks) {
+        if constexpr (output_chunks<kD, Policy>()) {
+          const std::uint32_t chunks = smem_chunks + warp * kOutChunksPerWarp * OutChunk::kBytes;
+          store_output_by_chunks<T, OutChunk, kOutChunksPerWarp>(
+              o, factor, chunks, smem_q_ptr + (chunks - smem_q), maps.out, m0 + warp * 16, h, b,
+              p.value_dim, lane);
         }
       } else {
-        __syncwarp();
-        const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
-        // Token tiles address rows by token: their pointer starts at token 0.
-        auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
-                    (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
-                    h * p.out_head_stride;
-        store_output_rows<kD, kTokenTiles, QTile>(p, out, staged_rows, warp * 16, warp_rows,
-                                                  kTokenTiles ? qb->token : nullptr, lane);
+        // The warp's rows of the output tile, free again once the bulk stores of its previous
+        // grid tile have read them (out_by_tma).
+        if (out_by_tma) {
+          if (lane == 0) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
+          __syncwarp();
+        }
+        stage_output_rows<T, QTile>(o, factor, smem_o, warp * 16, lane);
+        const std::uint8_t* const staged_rows = smem_q_ptr + (smem_o - smem_q);
+        if (out_by_tma) {
+          // Every lane's rows made visible to the bulk copy, which lane 0 issues: the math warps
+          // go on to the next grid tile while it stores them.
+          fence_proxy_async();
+          __syncwarp();
+          if (lane == 0) {
+            tma_store_rows<QTile>(staged_rows + warp * 16 * QTile::kSwizzleBytes, maps.out,
+                                  m0 + warp * 16, h, b, p.value_dim);
+            ::cuda::ptx::cp_async_bulk_commit_group();
+          }
+        } else {
+          __syncwarp();
+          const int warp_rows = rows - warp * 16;  // rows of this warp that exist (may be <= 0)
+          // Token tiles address rows by token: their pointer starts at token 0.
+          auto* out = static_cast<std::uint16_t*>(p.out) + b * p.out_batch_stride +
+                      (q_start + m0 + (kTokenTiles ? 0 : warp * 16)) * p.out_row_stride +
+                      h * p.out_head_stride;
+          store_output_rows<kD, kTokenTiles, QTile>(p, out, staged_rows, warp * 16, warp_rows,
+                                                    kTokenTiles ? qb->token : nullptr, lane);
+        }
       }
       // The query box's buffer is free for grid tile + 2 once this warp's reads of it are done.
       if constexpr (kStagedBoxes) {
@@ -784,7 +801,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       }
       // Q's tile is free for the next grid tile's Q once this thread's reads are done.
       if constexpr (kCopyWarps) {
-        if (!output_tile<kD, Policy>() || num_phases == 0) barrier_arrive(&bars->q_empty);
+        if (!q_free_after_products || num_phases == 0) barrier_arrive(&bars->q_empty);
       }
     };
 
@@ -923,7 +940,9 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(math_registers<kD, Policy>()));
       walk_grid_tiles<false, kThreads>(p, bars, lane, tile_runner(std::false_type{}));
       // No thread leaves with its output stores in flight.
-      if (out_by_tma && lane == 0) ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
+      if ((out_by_tma || out_by_chunks) && lane == 0) {
+        ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
+      }
       // The follower arrived after each of its phases: the leader's wait for the last one.
       if (kPingPong && warpgroup == 0 && phases_done > 0) {
         named_barrier_sync<kTurnBackBarrier, kThreads>();

@@ -308,19 +308,19 @@ __device__ __forceinline__ void tma_load_tile(std::uint8_t* dst, const RowsMap& 
 }
 
 // The reverse of tma_load_tile: rows [row, row + the box's rows) of head `head`, batch `batch`
-// from the tile rows at `src` (shared memory; column blocks Tile::kBlockBytes apart) to global
-// memory, in this thread's bulk group (the caller commits it, and waits for its reads before it
-// writes those rows again). Rows past L and columns past the map's columns are not written; column
-// blocks at or past `cols` are not copied at all.
+// from the tile rows at `src` (shared memory; column blocks Tile::kBlockBytes apart, the first at
+// column first_col) to global memory, in this thread's bulk group (the caller commits it, and
+// waits for its reads before it writes those rows again). Rows past L and columns past the map's
+// columns are not written; column blocks at or past `cols` are not copied at all.
 template <typename Tile>
 __device__ __forceinline__ void tma_store_rows(const std::uint8_t* src, const RowsMap& m,
                                                std::int64_t row, int head, std::int64_t batch,
-                                               int cols) {
+                                               int cols, int first_col = 0) {
   const OuterCoords c = outer_coords(m, row, head, batch);
 #pragma unroll
   for (int block = 0; block < Tile::kBytes / Tile::kBlockBytes; ++block) {
-    if (block * Tile::kBlockCols >= cols) break;
-    const std::int32_t coords[4] = {block * Tile::kBlockCols, c.c1, c.c2, c.c3};
+    if (first_col + block * Tile::kBlockCols >= cols) break;
+    const std::int32_t coords[4] = {first_col + block * Tile::kBlockCols, c.c1, c.c2, c.c3};
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, &m.map,
                                       coords, src + block * Tile::kBlockBytes);
   }
