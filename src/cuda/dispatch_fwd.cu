@@ -69,7 +69,9 @@ Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
       if (bias_alone(p)) return sm90::launch_forward<T, kD, PolicyBias>(p, stream);
       if (softcap_alone(p)) return sm90::launch_forward<T, kD, PolicySoftcap>(p, stream);
       if (needs_score_modifiers(p)) return sm90::launch_forward<T, kD, PolicyGeneral>(p, stream);
-      if (needs_mask(p)) return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
+      if (needs_mask(p) || sm90::plain_on_window_kernel<kD>(p.seqlen_q)) {
+        return sm90::launch_forward<T, kD, PolicyWindow>(p, stream);
+      }
       return sm90::launch_forward<T, kD, PolicyPlain>(p, stream);
     }
   }

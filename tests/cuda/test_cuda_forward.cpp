@@ -416,6 +416,26 @@ TEST(CudaForward, MasksOnShortKeyTiles) {
   check_forward(extra, seed++);
 }
 
+// Plain attention up to D 64 over at most 128 query rows (or 193-256) runs the window policy's
+// kernel with an unbounded window (sm90: plain_on_window_kernel): odd lengths, GQA, Dv != D,
+// sinks and extra keys, varlen whose longest sequence is short.
+TEST(CudaForward, ShortRowsOfSmallHeads) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 760;
+  for (auto [lq, lk] : {std::pair<int, int>{128, 128}, {97, 300}, {250, 250}, {200, 33}}) {
+    check_forward(shape_case(DType::kBFloat16, lq, lk, 64, 64, 4, 2, 2), seed++);
+    check_forward(shape_case(DType::kFloat16, lq, lk, 40, 24, 2, 1), seed++);
+  }
+  ForwardCase c = shape_case(DType::kBFloat16, 197, 197, 64, 64, 4, 4, 3);
+  c.sinks = true;
+  c.extra = 20;
+  check_forward(c, seed++);
+  ForwardCase v = shape_case(DType::kFloat16, 0, 0, 64, 64, 4, 2);
+  v.varlen_q = {17, 200, 1};
+  v.varlen_k = {300, 33, 0};
+  check_forward(v, seed++);
+}
+
 TEST(CudaForward, LongCausalWithEverything) {
   SKIP_WITHOUT_GPU();
   ForwardCase c = shape_case(DType::kBFloat16, 1023, 1023, 80, 80, 2, 1);

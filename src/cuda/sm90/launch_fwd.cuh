@@ -24,6 +24,10 @@ inline int rel_staged_pitch(std::int64_t rel_h_size, std::int64_t rel_w_size) {
 
 }  // namespace detail
 
+static_assert(fwd_warp_groups<64, PolicyPlain>() == 3 && fwd_warp_groups<64, PolicyWindow>() == 2,
+              "plain_on_window_kernel (launch_fwd.h) weighs 192-row plain tiles against 128-row "
+              "window tiles");
+
 template <typename T, int kD, typename Policy>
 Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
   ForwardParams p = params;
