@@ -145,31 +145,44 @@ static_assert(mma_layout(kMaxHeadDim, kMaxHeadDim, kMinStages).ring >=
                   kMmaWarps * kRows * (kMaxHeadDim + 8) * 4,
               "the merge of the warps' O tiles fits over the ring");
 
-// The cache rows of one key: K's and V's first element. Past the split's keys (key >= end) the
-// caches' bases, which the copies never read (they zero-fill rows from the tile's live count on).
+// The cache rows of the keys of one (sequence, kv head): K's and V's first element of a key. The
+// parts that do not depend on the key (the sequence's table row, the head's offset) are worked
+// out once, not per key; past the split's keys (key >= end) the caches' bases, which the copies
+// never read (they zero-fill rows from the tile's live count on).
 template <typename T>
-__device__ __forceinline__ void key_rows(const KvCacheKernelParams& p, int b, int kv_head,
-                                         std::int64_t key, std::int64_t end, const T** k_row,
-                                         const T** v_row) {
-  const T* k_cache = static_cast<const T*>(p.k.data);
-  const T* v_cache = static_cast<const T*>(p.v.data);
-  if (key >= end) {
-    *k_row = k_cache;
-    *v_row = v_cache;
-    return;
+struct KeyRows {
+  const T* k_cache;
+  const T* v_cache;
+  const T* k_head;  // kv head's element 0 of page 0 (paged) or of the sequence (contiguous)
+  const T* v_head;
+  const std::int32_t* table;  // the sequence's block-table row; null: contiguous
+
+  __device__ __forceinline__ KeyRows(const KvCacheKernelParams& p, int b, int kv_head)
+      : k_cache(static_cast<const T*>(p.k.data)), v_cache(static_cast<const T*>(p.v.data)),
+        table(p.block_table != nullptr ? p.block_table + b * p.table_batch : nullptr) {
+    const std::int64_t page = p.block_table != nullptr ? 0 : b;
+    k_head = k_cache + page * p.k.page + kv_head * p.k.head;
+    v_head = v_cache + page * p.v.page + kv_head * p.v.head;
   }
-  std::int64_t page = b, row = key;
-  if (p.block_table != nullptr) {
-    // key < cache_seqlens (int32, clamped to >= 0): the 32-bit division is exact.
-    const auto entry = static_cast<std::uint32_t>(key) / static_cast<std::uint32_t>(p.page_size);
-    page =
-        clamp64(p.block_table[b * p.table_batch + static_cast<std::int64_t>(entry) * p.table_page],
-                0, p.num_pages - 1);
-    row = key - static_cast<std::int64_t>(entry) * p.page_size;
+
+  __device__ __forceinline__ void find(const KvCacheKernelParams& p, std::int64_t key,
+                                       std::int64_t end, const T** k_row, const T** v_row) const {
+    if (key >= end) {
+      *k_row = k_cache;
+      *v_row = v_cache;
+      return;
+    }
+    std::int64_t page = 0, row = key;
+    if (table != nullptr) {
+      // key < cache_seqlens (int32, clamped to >= 0): the 32-bit division is exact.
+      const auto entry = static_cast<std::uint32_t>(key) / static_cast<std::uint32_t>(p.page_size);
+      page = clamp64(table[static_cast<std::int64_t>(entry) * p.table_page], 0, p.num_pages - 1);
+      row = key - static_cast<std::int64_t>(entry) * p.page_size;
+    }
+    *k_row = k_head + (page * p.k.page + row * p.k.row);
+    *v_row = v_head + (page * p.v.page + row * p.v.row);
   }
-  *k_row = k_cache + (page * p.k.page + row * p.k.row + kv_head * p.k.head);
-  *v_row = v_cache + (page * p.v.page + row * p.v.row + kv_head * p.v.head);
-}
+};
 
 // Copies the rows of one tile (each key's K and V row in `rows`, [kTileKeys][2]; the first `live`
 // keys are the split's, the rest zero-filled) into a stage: K [kTileKeys][k_pitch], then V
@@ -366,12 +379,13 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 
   auto* row_table = reinterpret_cast<const T**>(shared + layout.offsets);  // [2][kTileKeys][2]
   unsigned char* ring = shared;
+  const KeyRows<T> key_rows(p, b, kv_head);
   const T* next_k = nullptr;  // this thread's key's rows of a tile not yet issued
   const T* next_v = nullptr;
   auto look_up = [&](int u) {
     if (tid < kTileKeys) {
-      key_rows(p, b, kv_head, begin + static_cast<std::int64_t>(u) * kTileKeys + tid, end, &next_k,
-               &next_v);
+      key_rows.find(p, begin + static_cast<std::int64_t>(u) * kTileKeys + tid, end, &next_k,
+                    &next_v);
     }
   };
   auto publish = [&](int u) {  // into slot u % 2; read by copy_tile(u) after the next barrier
@@ -380,14 +394,19 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       row_table[(u % 2) * kTileKeys * 2 + tid * 2 + 1] = next_v;
     }
   };
+  // The stage slots of the next tile to issue and of the tile to read, counted along (a runtime
+  // modulo by the stage count was an integer division a tile).
+  int issue_slot = 0, read_slot = 0;
+  auto next_slot = [stages](int slot) { return slot + 1 == stages ? 0 : slot + 1; };
   auto issue =
       [&](int u) {  // tile u into stage u % stages, one commit group (empty past the tiles)
         if (u < tiles) {
           const std::int64_t left = end - begin - static_cast<std::int64_t>(u) * kTileKeys;
           copy_tile<T, kTileKeys, kBucket>(p, row_table + (u % 2) * kTileKeys * 2,
                                            static_cast<int>(left < kTileKeys ? left : kTileKeys),
-                                           ring + (u % stages) * layout.stage, layout, tid);
+                                           ring + issue_slot * layout.stage, layout, tid);
         }
+        issue_slot = next_slot(issue_slot);
         tile::cp_async_commit();
       };
 
@@ -440,7 +459,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     // Warp-uniform: a row tile past the queries, or a key slice past the split's end (zero rows),
     // has nothing to add.
     if (tile_live && key0 < end) {
-      unsigned char* stage = ring + (t % stages) * layout.stage;
+      unsigned char* stage = ring + read_slot * layout.stage;
       const std::uint32_t k_address = tile::shared_address(reinterpret_cast<T*>(stage) + k_lane);
       const std::uint32_t v_address =
           tile::shared_address(reinterpret_cast<T*>(stage + layout.v_in_stage) + v_lane);
@@ -464,29 +483,38 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         }
       }
 
-      // Scores in log2 units; the masks only where the slice is not visible to every row.
+      // Scores in log2 units; the masks only where the slice is not visible to every row. Each
+      // test is warp-uniform and taken once for the tile, not per score.
       const bool whole = key0 + kWarpKeys <= end &&
                          (!p.has_upper || key0 + kWarpKeys - 1 <= tile_lowest + p.upper) &&
                          (!p.has_lower || key0 >= tile_highest - p.lower);
+      if (p.softcap > 0.0f) {
 #pragma unroll
-      for (int n = 0; n < kScoreTiles; ++n) {
+        for (int n = 0; n < kScoreTiles; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[n][e];
-          if (p.softcap > 0.0f) {
-            x = p.softcap * tanh_approx(x * p.scale / p.softcap) * kLog2e;
-          } else {
-            x *= scale_log2;
+          for (int e = 0; e < 4; ++e) {
+            s[n][e] = p.softcap * tanh_approx(s[n][e] * p.scale / p.softcap) * kLog2e;
           }
-          if (!whole) {
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < kScoreTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
+        }
+      }
+      if (!whole) {
+#pragma unroll
+        for (int n = 0; n < kScoreTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
             const int h = e / 2;
             const std::int64_t key = key0 + 8 * n + 2 * c + (e % 2);
             bool visible = key < end && row_valid[h];
             if (p.has_upper) visible = visible && key <= position[h] + p.upper;
             if (p.has_lower) visible = visible && key >= position[h] - p.lower;
-            if (!visible) x = -INFINITY;
+            if (!visible) s[n][e] = -INFINITY;
           }
-          s[n][e] = x;
         }
       }
 
@@ -513,6 +541,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       }
     }
     publish(t + stages);
+    read_slot = next_slot(read_slot);
   }
 
   // Merge the warps of each row tile: each scales its O by 2^(its max - the tile's max) into fp32
