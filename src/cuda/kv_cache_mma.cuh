@@ -29,6 +29,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/tile_primitives.cuh"
@@ -297,6 +298,15 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int D = p.head_dim, Dv = p.value_dim;
   const MmaLayout layout = mma_layout(D, Dv, stages, kRowTiles, kTileKeys);
   const int d_steps = round_up16(D) / 16, v_pairs = round_up16(Dv) / 16;
+  // Whether D and Dv fill the bucket: the products' k-steps and output tiles then go untested.
+  const bool full_dims = d_steps == kSteps && v_pairs == kOutTiles / 2;
+  auto by_dims = [full_dims](auto&& products) {
+    if (full_dims) {
+      products(std::true_type{});
+    } else {
+      products(std::false_type{});
+    }
+  };
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, c = lane % 4;  // fragment row and column pair
   const int row_tile = warp / kKeyGroups, key_group = warp % kKeyGroups;
@@ -468,20 +478,23 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       float s[kScoreTiles][4];
 #pragma unroll
       for (int n = 0; n < kScoreTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      auto score_products = [&](auto full) {
 #pragma unroll
-      for (int ks = 0; ks < kSteps; ++ks) {
-        if (ks < d_steps) {
-          if constexpr (!kQInRegisters) tile::ldmatrix_x4(q_frag[0], q_address + ks * 32);
-          const std::uint32_t(&a)[4] = q_frag[kQInRegisters ? ks : 0];
+        for (int ks = 0; ks < kSteps; ++ks) {
+          if (decltype(full)::value || ks < d_steps) {
+            if constexpr (!kQInRegisters) tile::ldmatrix_x4(q_frag[0], q_address + ks * 32);
+            const std::uint32_t(&a)[4] = q_frag[kQInRegisters ? ks : 0];
 #pragma unroll
-          for (int j = 0; j < kKeySteps; ++j) {
-            std::uint32_t k_frag[4];
-            tile::ldmatrix_x4(k_frag, k_address + j * 16 * layout.k_pitch * 2 + ks * 32);
-            tile::mma_m16n8k16<T>(s[2 * j], a, k_frag[0], k_frag[1]);
-            tile::mma_m16n8k16<T>(s[2 * j + 1], a, k_frag[2], k_frag[3]);
+            for (int j = 0; j < kKeySteps; ++j) {
+              std::uint32_t k_frag[4];
+              tile::ldmatrix_x4(k_frag, k_address + j * 16 * layout.k_pitch * 2 + ks * 32);
+              tile::mma_m16n8k16<T>(s[2 * j], a, k_frag[0], k_frag[1]);
+              tile::mma_m16n8k16<T>(s[2 * j + 1], a, k_frag[2], k_frag[3]);
+            }
           }
         }
-      }
+      };
+      by_dims(score_products);
 
       // Scores in log2 units; the masks only where the slice is not visible to every row. Each
       // test is warp-uniform and taken once for the tile, not per score.
@@ -519,26 +532,29 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       }
 
       // Online softmax of rows g (elements 0, 1) and g + 8 (elements 2, 3); O rescaled with it.
-      softmax.update</*kLazyRescale=*/true>(s, o);
+      softmax.update</*kLazyRescale=*/true, /*kFlushDenormals=*/true>(s, o);
 
       // O += P V, one k-step (16 keys) at a time: P's C fragments of two n-tiles are the A
       // fragment of a k-step.
+      auto value_products = [&](auto full) {
 #pragma unroll
-      for (int j = 0; j < kKeySteps; ++j) {
-        const std::uint32_t p_frag[4] = {
-            Ops::pack(s[2 * j][0], s[2 * j][1]), Ops::pack(s[2 * j][2], s[2 * j][3]),
-            Ops::pack(s[2 * j + 1][0], s[2 * j + 1][1]),
-            Ops::pack(s[2 * j + 1][2], s[2 * j + 1][3])};
+        for (int j = 0; j < kKeySteps; ++j) {
+          const std::uint32_t p_frag[4] = {
+              Ops::pack(s[2 * j][0], s[2 * j][1]), Ops::pack(s[2 * j][2], s[2 * j][3]),
+              Ops::pack(s[2 * j + 1][0], s[2 * j + 1][1]),
+              Ops::pack(s[2 * j + 1][2], s[2 * j + 1][3])};
 #pragma unroll
-        for (int n = 0; n < kOutTiles / 2; ++n) {
-          if (n < v_pairs) {
-            std::uint32_t v_frag[4];
-            tile::ldmatrix_x4_trans(v_frag, v_address + j * 16 * layout.v_pitch * 2 + n * 32);
-            tile::mma_m16n8k16<T>(o[2 * n], p_frag, v_frag[0], v_frag[1]);
-            tile::mma_m16n8k16<T>(o[2 * n + 1], p_frag, v_frag[2], v_frag[3]);
+          for (int n = 0; n < kOutTiles / 2; ++n) {
+            if (decltype(full)::value || n < v_pairs) {
+              std::uint32_t v_frag[4];
+              tile::ldmatrix_x4_trans(v_frag, v_address + j * 16 * layout.v_pitch * 2 + n * 32);
+              tile::mma_m16n8k16<T>(o[2 * n], p_frag, v_frag[0], v_frag[1]);
+              tile::mma_m16n8k16<T>(o[2 * n + 1], p_frag, v_frag[2], v_frag[3]);
+            }
           }
         }
-      }
+      };
+      by_dims(value_products);
     }
     publish(t + stages);
     read_slot = next_slot(read_slot);

@@ -55,9 +55,12 @@ struct OnlineSoftmax {
   // Turns a tile of scores into unnormalised probabilities in place and rescales the output
   // accumulator `o` to the new running max. kLazyRescale: `o` is rescaled only when the max of a
   // row of the warp that has seen a key changed (a warp vote: the whole warp calls update); decode,
-  // whose maxima settle after a few tiles, then skips most of the multiplies.
-  template <bool kLazyRescale = false, int kScoreTiles, int kOutTiles>
+  // whose maxima settle after a few tiles, then skips most of the multiplies. kFlushDenormals: the
+  // exponentials by exp2_ftz (one MUFU.EX2 each, where exp2f adds three instructions).
+  template <bool kLazyRescale = false, bool kFlushDenormals = false, int kScoreTiles,
+            int kOutTiles>
   __device__ __forceinline__ void update(float (&s)[kScoreTiles][4], float (&o)[kOutTiles][4]) {
+    auto exp2 = [](float x) { return kFlushDenormals ? exp2_ftz(x) : exp2f(x); };
     float rescales[2];
     bool changed = false;
 #pragma unroll
@@ -69,14 +72,14 @@ struct OnlineSoftmax {
       }
       const float new_max = fmaxf(row_max[r], quad_max(tile_max));
       const float base = new_max == -INFINITY ? 0.0f : new_max;
-      const float rescale = exp2f(row_max[r] - base);
+      const float rescale = exp2(row_max[r] - base);
       changed = changed || (row_max[r] != -INFINITY && new_max != row_max[r]);
       row_max[r] = new_max;
       float sum = 0.0f;
 #pragma unroll
       for (int t = 0; t < kScoreTiles; ++t) {
-        s[t][2 * r] = exp2f(s[t][2 * r] - base);
-        s[t][2 * r + 1] = exp2f(s[t][2 * r + 1] - base);
+        s[t][2 * r] = exp2(s[t][2 * r] - base);
+        s[t][2 * r + 1] = exp2(s[t][2 * r + 1] - base);
         sum += s[t][2 * r] + s[t][2 * r + 1];
       }
       row_sum[r] = row_sum[r] * rescale + sum;
