@@ -1,8 +1,7 @@
 // The sm90 forward block's shared memory (mainloop_fwd.cuh): Q's tile, the K/V stages, with a
 // copy warpgroup the zero V tile, the output tile (or chunks) and the bias policy's ring
-// (bias_ring()), then
-// the general policy's staged bias tiles and rel-pos rows, the token-tile bookkeeping or the copy
-// warpgroup's barriers. Sized here for the kernel and its launcher.
+// (bias_ring()), then the general policy's staged bias tiles and rel-pos rows, the token-tile
+// bookkeeping or the copy warpgroup's barriers. Sized here for the kernel and its launcher.
 #pragma once
 
 #include "cuda/sm90/forward_pipeline.cuh"
