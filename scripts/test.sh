@@ -21,7 +21,7 @@ echo "== C++: configure, build, test"
 # P V, the zero V tile and 64-byte swizzles at 96, two stages and the output tile at 128, the output
 # chunks at 192 / 256, the long-row tiles at 256), while 32, 160 and 224 instantiate the same code at
 # other sizes. That keeps the kernels' build within minutes on 2 cores and the whole command under
-# 30. With a GPU, the default architectures (sm_80 and sm_90a) and every bucket.
+# 30 minutes. With a GPU, the default architectures (sm_80 and sm_90a) and every bucket.
 gpu=0
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu=1
 arch_args=("-DFMHA_HEAD_DIM_BUCKETS=32;64;96;128;160;192;224;256")
