@@ -34,6 +34,9 @@ VARIANTS = [
     # Softcap alone (the plain schedule with ScoreSoftcap), likewise.
     ("sm90", "fwd_softcap", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
      [FP16, BF16], BUCKETS, ["PolicySoftcap"]),
+    # Attention over a KV cache (kv_cache_forward.cu), likewise.
+    ("sm90", "fwd_cache", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
+     [FP16, BF16], BUCKETS, ["PolicyCache", "PolicyCacheSoftcap"]),
     # Neighborhood attention in files of their own, so that they compile beside the dense ones.
     ("sm90", "fwd_na", "cuda/sm90/launch_fwd.cuh", ["launch_forward"], "ForwardParams",
      [FP16, BF16], BUCKETS, ["PolicyNeighborhoodPlain", "PolicyNeighborhood"]),
@@ -73,7 +76,10 @@ VARIANTS = [
 ]
 
 DIRECTION_NAMES = {"fwd": "forward", "fwd_planes": "forward on fp32 planes (tf32 wgmma)",
-                   "bwd_planes": "backward on fp32 planes (tf32 wgmma)", "fwd_bias": "forward with a bias alone", "fwd_softcap": "forward with softcap alone", "fwd_na": "neighborhood forward", "bwd": "backward", "bwd_fused": "fused backward (warp-specialized)",
+                   "bwd_planes": "backward on fp32 planes (tf32 wgmma)",
+                   "fwd_bias": "forward with a bias alone", "fwd_softcap": "forward with softcap alone",
+                   "fwd_cache": "forward over a KV cache", "fwd_na": "neighborhood forward",
+                   "bwd": "backward", "bwd_fused": "fused backward (warp-specialized)",
                    "bwd_fused256": "fused backward of D 256 (warp-specialized)",
                    "bwd_fused256_softcap": "fused backward of D 256 with softcap alone (warp-specialized)",
                    "bwd_fused_softcap": "fused backward with softcap alone (warp-specialized)",

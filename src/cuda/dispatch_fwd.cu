@@ -65,6 +65,12 @@ Status dispatch_policy(const ForwardParams& p, int arch, cudaStream_t stream) {
                    ? sm90::launch_forward<T, kD, PolicyNeighborhood>(p, stream)
                    : sm90::launch_forward<T, kD, PolicyNeighborhoodPlain>(p, stream);
       }
+      // A KV cache (kv_cache_forward.cu: seqused_k, maybe a block table): the cache policies,
+      // softcap or not (the KV-cache API has neither bias nor rel-pos).
+      if (p.seqused_k != nullptr && p.bias == nullptr && p.rel_h == nullptr) {
+        return p.softcap_log2 > 0.0f ? sm90::launch_forward<T, kD, PolicyCacheSoftcap>(p, stream)
+                                     : sm90::launch_forward<T, kD, PolicyCache>(p, stream);
+      }
       if (rel_pos_alone(p)) return sm90::launch_forward<T, kD, PolicyRelPos>(p, stream);
       if (bias_alone(p)) return sm90::launch_forward<T, kD, PolicyBias>(p, stream);
       if (softcap_alone(p)) return sm90::launch_forward<T, kD, PolicySoftcap>(p, stream);

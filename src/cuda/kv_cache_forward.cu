@@ -1,8 +1,10 @@
-// Attention over a KV cache on the dense sm90 forward kernel (kv_cache_forward.h). The queries are
-// the forward's dense or varlen queries; the keys of sequence b are the first cache_seqlens[b] rows
-// of its cache (ForwardParams::seqused_k), gathered through the block table when the cache is paged
-// (ForwardParams::block_table; the kernel's cp.async copies compute each row's address). Masks are
-// bottom-right, as the KV-cache API requires, so the forward's own alignment does the rest.
+// Attention over a KV cache on the sm90 forward kernel (kv_cache_forward.h), in its KV-cache
+// policies (PolicyCache, PolicyCacheSoftcap). The queries are the forward's dense or varlen
+// queries; the keys of sequence b are the first cache_seqlens[b] rows of its cache
+// (ForwardParams::seqused_k), through the block table when the cache is paged
+// (ForwardParams::block_table): key tiles by TMA, a page's box at a time where pages hold a power
+// of two of at least 8 rows, else gathered row by row with cp.async. Masks are bottom-right, as the
+// KV-cache API requires, so the forward's own alignment does the rest.
 #include "cuda/kv_cache_forward.h"
 
 #include <cuda_runtime.h>
@@ -117,14 +119,15 @@ bool kv_cache_forward_applies(const KvCacheForwardParams& p, const detail::KvCac
 bool kv_cache_forward_preferred(const detail::KvCacheShape& shape) {
   // Query rows a sequence from which the forward (a 128-row query tile a head) beats the split
   // kernel, which packs a group's heads into its rows: H200, bf16, GQA 32 / 8, D 128, B 8 over
-  // 8192 keys (2026-11-29, docs/perf-log.md): contiguous caches from 32 (0.220 against 0.391 ms;
-  // at 16 0.219 against 0.214), pages of a power-of-two size from 64 (0.438 against 0.719; at 32
-  // 0.426 against 0.386), other page sizes, whose gather divides a row, from 128. On average over
-  // the sequences: a batch of decode steps with one long prefill among them (packed queries) keeps
-  // the split kernel, which reads each sequence's keys once a kv head.
+  // 8192 keys (2026-11-29, docs/perf-log.md; forward / split, ms): contiguous caches and pages of a
+  // power-of-two size from 64 (contiguous 0.224 / 0.329, pages of 64 0.229 / 0.358; at 32 0.222 /
+  // 0.191 and 0.227 / 0.204), other page sizes, whose gather divides a row, from 128. (Where the
+  // forward's grid is small the split kernel wins longer: B 1 over 32k keys at 128 rows 0.415 /
+  // 0.322.) On average over the sequences: a batch of decode steps with one long prefill among
+  // them (packed queries) keeps the split kernel, which reads each sequence's keys once a kv head.
   const detail::ProblemShape& s = shape.attention;
   const detail::KvCacheGeometry& g = shape.cache;
-  const std::int64_t rows = !g.paged ? 32 : page_shift_of(g.page_size) >= 0 ? 64 : 128;
+  const std::int64_t rows = g.paged && page_shift_of(g.page_size) < 0 ? 128 : 64;
   return s.total_q >= rows * s.batch;
 }
 

@@ -300,6 +300,37 @@ TEST_P(CudaKvCache, PrefillOverCaches) {
   }
 }
 
+// Dense queries over pages that the sm90 forward copies by TMA, a page's box at a time (up to a key
+// tile's share of one): pages smaller than a key tile (8, 32), as long as one (64 at D 256, 128 at
+// D 128), longer (256); caches of whole key tiles only and with a partial last tile (copied by
+// cp.async: its stale rows are NaN); a window whose key tiles start inside a page of 128 (the
+// gather takes those) but on a page boundary of 64; Dv != D (the value map's columns past Dv come
+// back as zeros).
+TEST_P(CudaKvCache, PrefillInPageBoxes) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 900;
+  KvCase base = decode_case(DType::kBFloat16, 4, 2, 128);
+  base.seqlen_q = 150;
+  base.cache_lens = {700, 256, 512, 150};
+  base.options = {};
+  base.options.causal = true;
+  check_layouts(base, 1, ++seed, {8, 32, 128, 256});
+  KvCase c = base;
+  c.options = {};
+  c.options.window_left = 100;
+  c.options.window_right = 0;
+  check_layouts(c, 1, ++seed, {64, 128});
+  c = base;
+  c.head_dim = 256;
+  c.value_dim = 256;
+  check_layouts(c, 1, ++seed, {8, 64, 256});
+  c = base;
+  c.head_dim = 64;
+  c.value_dim = 40;
+  c.dtype = DType::kFloat16;
+  check_layouts(c, 1, ++seed, {16, 512});
+}
+
 TEST_P(CudaKvCache, EmptyCachesAndWorkspaceFallback) {
   SKIP_WITHOUT_GPU();
   KvCase c = decode_case(DType::kFloat16, 4, 2, 64);

@@ -78,6 +78,24 @@ struct PolicySoftcap {
   using Scores = ScoreSoftcap<T>;
 };
 
+// Attention over a KV cache (ForwardParams::seqused_k: the KV-cache API's prefill on the sm90
+// forward, kv_cache_forward.cu): the window policy's mask (bottom-right causal, windows) and its
+// scores or softcap's, over keys read from a cache, contiguous or paged (sm90/forward_pipeline.cuh:
+// kCacheForm), whose rows past a sequence's length are stale and whose pages come through the block
+// table. Instantiations of their own, so that the dense kernels carry none of it: in the copy
+// warpgroup's 40 registers the page lookups beside the dense copies cost the dense forward 3-7%
+// (H200, 2026-11-29, kernels alone, D 64 / 128 at L 512 / 2048).
+struct PolicyCache {
+  using Mask = MaskWindow;
+  template <typename T>
+  using Scores = ScoreScale;
+};
+struct PolicyCacheSoftcap {
+  using Mask = MaskWindow;
+  template <typename T>
+  using Scores = ScoreSoftcap<T>;
+};
+
 // Neighborhood attention: its own mask, every score modifier (softcap, bias and rel-pos over the
 // flattened grid); sinks and extra keys run as in every policy.
 struct PolicyNeighborhood {

@@ -128,13 +128,14 @@ constexpr bool bias_ring() {
   return kBiasForm<Policy> && kCopyWarpgroup<kD, Policy> && kD <= 64;
 }
 inline constexpr int kBiasStages = 2;
-// Whether the kernel reads a paged KV cache (ForwardParams::block_table), its copy warpgroup
-// gathering each key row through the table: the policies that attention over a KV cache runs (no
-// bias, rel-pos or token tiles). In the all-threads copies of the general policy the gather
-// spilled 88 bytes more at D 128 (ptxas), in math warps at 255 registers.
+// Whether the kernel may read a paged KV cache (ForwardParams::block_table): the KV-cache
+// policies, whose copy warpgroup takes each key tile through the table, by TMA in boxes of pages
+// where the page size allows (tile_copies.cuh: tma_load_pages), else gathering its rows with
+// cp.async (tiles.cuh: load_paged_rows_async).
 template <int kD, typename Policy>
-inline constexpr bool kPagedKeys = kCopyWarpgroup<kD, Policy> && !Policy::Mask::kTokenTiles &&
-                                   !kBiasForm<Policy> && !kRelPosForm<Policy>;
+inline constexpr bool kPagedKeys = kCacheForm<Policy>;
+static_assert(kCopyWarpgroup<256, PolicyCache> && kCopyWarpgroup<256, PolicyCacheSoftcap>,
+              "the KV-cache policies run with a copy warpgroup at every head dim");
 // Math warpgroups of a forward kernel: tile_sizes.h's two, or three (192 query rows, one copy
 // warpgroup) for the plain policy up to D 64, where a tile's exponentials take as long as its
 // products and two warpgroups, two math warps a scheduler, leave the tensor cores idle about

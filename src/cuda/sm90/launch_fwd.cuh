@@ -46,11 +46,11 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
       return launch_forward<T, kD, PolicyWindowLongRows>(params, stream);
     }
   }
-  if constexpr (!kPagedKeys<kD, Policy>) {
-    if (p.block_table != nullptr) {
+  if constexpr (!kCacheForm<Policy>) {
+    if (p.block_table != nullptr || p.seqused_k != nullptr) {
       return Status::backend_error(
-          "fmha: CUDA forward kernel (sm90): a paged KV cache reached a policy that does not "
-          "gather its rows (an internal error)");
+          "fmha: CUDA forward kernel (sm90): a KV cache reached a policy that does not read one "
+          "(an internal error)");
     }
   }
   constexpr bool kTokenTiles = Policy::Mask::kTokenTiles;
@@ -97,18 +97,24 @@ Status launch_forward(const ForwardParams& params, cudaStream_t stream) {
     smem += static_cast<int>(sizeof(StageBarriers<stages_of<kD, Policy>()>));
     using QTile = SwizzledTile<kM, kD>;
     constexpr int kN = fwd_block_n<kD, Policy>();
-    // Not over a KV cache: its key rows past a sequence's length are stale (maybe NaN), where
-    // the cp.async copies zero-fill, and a paged cache's rows are gathered.
+    // Over a KV cache (the cache policies) too: the kernel copies by TMA the key tiles that a
+    // sequence fills (its last, partial one by cp.async, whose zero fill keeps the stale rows past
+    // the sequence's length, maybe NaN, out of P V), a paged cache's in boxes of a page
+    // (pool_box_rows; other page sizes are gathered by the copy threads).
+    const bool paged = p.block_table != nullptr;
+    maps.kv_box_rows = paged ? pool_box_rows(p.page_size, kN) : kN;
     maps.usable = !kTokenTiles && tma_enabled() && p.cu_seqlens_q == nullptr &&
-                  p.seqused_k == nullptr && p.block_table == nullptr &&
+                  maps.kv_box_rows > 0 &&
                   encode_rows_map(&maps.q, p.q, p.head_dim, p.seqlen_q, p.heads, p.batch,
                                   p.q_row_stride, p.q_head_stride, p.q_batch_stride,
                                   QTile::kBlockCols, kM, QTile::kSwizzleBytes) &&
-                  encode_kv_maps<QTile>(&maps.k, &maps.v, p, kN);
+                  (paged ? encode_pool_maps<QTile>(&maps.k, &maps.v, p, maps.kv_box_rows)
+                         : encode_kv_maps<QTile>(&maps.k, &maps.v, p, kN));
     if constexpr (bias_ring<kD, Policy>()) {
       // The bias by TMA in boxes of the block's rows where a map describes it (else the register
-      // form).
-      maps.bias_usable = maps.usable && encode_bias_map<BiasTile<kD>>(&maps.bias, p, kM);
+      // form), with every main key tile by TMA (no KV cache).
+      maps.bias_usable = maps.usable && p.seqused_k == nullptr &&
+                         encode_bias_map<BiasTile<kD>>(&maps.bias, p, kM);
     }
     if constexpr (output_tile<kD, Policy>() || output_chunks<kD, Policy>()) {
       // The epilogue's stores by TMA, a warp's 16 rows a box (the output has a tile or chunks of

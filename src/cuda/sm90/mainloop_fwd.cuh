@@ -292,6 +292,8 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     // A paged KV cache's rows come through its block table (load_paged_rows_async).
     const bool paged = kPagedKeys<kD, Policy> && p.block_table != nullptr;
     const bool range_loads = kRangeLoads && p.vector_loads && !paged;
+    // Or by TMA, in boxes of pages (tma_load_pages), where the launcher made the pool's maps.
+    [[maybe_unused]] const bool paged_tiles = paged && tma;
     // Keys t.first_key .. of main tile t from the paged cache (`base`: its page 0, head hk).
     auto load_paged = [&](std::uint32_t dst, const std::uint16_t* base, std::int64_t row_stride,
                           const KeySource& t, int cols, int thread, auto copiers) {
@@ -307,6 +309,15 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
       const std::int64_t left = num_keys - key_tiles.first_row - static_cast<std::int64_t>(u) * kN;
       return static_cast<int>(left < kN ? left : kN);
     };
+    // Main key tiles [0, tma_tiles) come by TMA, the others by the copy threads' cp.async: all
+    // of a dense batch's (the maps zero-fill rows past L); over a KV cache those the sequence
+    // fills, as rows past its length are stale (cp.async zero-fills them), and over a paged one
+    // none where the tiles start inside a box (a window's first key, say).
+    [[maybe_unused]] int tma_tiles = tma ? main_tiles : 0;
+    if constexpr (kCacheForm<Policy>) {
+      if (tma && main_tiles > 0 && range_rows(main_tiles - 1) < kN) --tma_tiles;
+      if (paged_tiles && (key_tiles.first_row & (maps.kv_box_rows - 1)) != 0) tma_tiles = 0;
+    }
     // K(j) (and its bias tile), V(j), each into the given stage, copied by the threads that
     // `loaders` belong to.
     auto load_k = [&](int j, int stage, const auto& loaders) {
@@ -506,7 +517,7 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
           if (!kStagedBoxes && u == 0) barrier_wait(&bars->q_full, q_tiles_done & 1);
           barrier_wait(&bars->full[g % kStages], (g / kStages) & 1);
           // Tiles that cp.async wrote (the generic proxy) are read by the tensor cores next.
-          if (!tma || u == 0 || u >= main_tiles) fence_proxy_async();
+          if (u == 0 || u >= tma_tiles) fence_proxy_async();
         } else {
           if (!follower) rendezvous(u);
           if constexpr (kPingPong) {
@@ -866,8 +877,25 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
         const int slot = g % kStages, v_slot = (g - 1 + kStages) % kStages;
         if (g >= kStages) barrier_wait(&bars->empty[slot], (g / kStages - 1) & 1);
         const bool has_k = j < num_tiles, has_v = j >= 1;
-        const bool k_by_tma = tma && j < main_tiles, v_by_tma = tma && has_v && j - 1 < main_tiles;
-        if (copy_thread == 0 && (k_by_tma || v_by_tma)) {
+        const bool k_by_tma = j < tma_tiles, v_by_tma = has_v && j - 1 < tma_tiles;
+        if (paged_tiles && copy_thread < 32 && (k_by_tma || v_by_tma)) {
+          // A paged cache's tiles: a page's box a lane of the first copy warp.
+          if (copy_thread == 0) {
+            barrier_expect_bytes(&bars->full[slot],
+                                 (k_by_tma ? KVTile::kBytes : 0) + (v_by_tma ? KVTile::kBytes : 0));
+          }
+          __syncwarp();
+          const int first = static_cast<int>(key_tiles.first_row) + j * kN;
+          if (k_by_tma) {
+            tma_load_pages<KVTile>(smem_q_ptr + (smem_k(slot) - smem_q), maps.k, p, b, first,
+                                   maps.kv_box_rows, hk, &bars->full[slot], copy_thread);
+          }
+          if (v_by_tma) {
+            tma_load_pages<KVTile>(smem_q_ptr + (smem_v(v_slot) - smem_q), maps.v, p, b,
+                                   first - kN, maps.kv_box_rows, hk, &bars->full[slot],
+                                   copy_thread);
+          }
+        } else if (copy_thread == 0 && (k_by_tma || v_by_tma)) {
           barrier_expect_bytes(&bars->full[slot],
                                (k_by_tma ? KVTile::kBytes : 0) + (v_by_tma ? KVTile::kBytes : 0));
           const std::int64_t first = key_tiles.first_row + static_cast<std::int64_t>(j) * kN;

@@ -24,4 +24,10 @@ inline constexpr bool kBiasForm = std::is_same_v<Policy, PolicyBias>;
 template <typename Policy>
 inline constexpr bool kNeighborhoodModifiersForm = std::is_same_v<Policy, PolicyNeighborhood>;
 
+// Attention over a KV cache (PolicyCache, PolicyCacheSoftcap): key tiles past a sequence's
+// length stale, a paged cache's rows through its block table.
+template <typename Policy>
+inline constexpr bool kCacheForm =
+    std::is_same_v<Policy, PolicyCache> || std::is_same_v<Policy, PolicyCacheSoftcap>;
+
 }  // namespace fmha::cuda::sm90

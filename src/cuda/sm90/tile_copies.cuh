@@ -49,6 +49,9 @@ struct RowsMap {
 struct ForwardTileMaps {
   RowsMap q, k, v, bias, out;
   bool usable = false;
+  // Rows of one box of k and v: a key tile, or over a paged KV cache a page (or a key tile's
+  // share of one), whose maps then describe the whole pool (encode_pool_maps).
+  int kv_box_rows = 0;
   bool bias_usable = false;
   bool out_usable = false;
 };
@@ -237,6 +240,29 @@ bool encode_kv_maps(RowsMap* k, RowsMap* v, const ForwardParams& f, int box_rows
                          Tile::kSwizzleBytes);
 }
 
+// The rows of a box of a paged KV cache's pool map for key tiles of tile_rows rows: a page, or
+// the largest power of two that divides tile_rows where pages are longer, so that a tile whose
+// first key is a multiple of the box is whole boxes, each inside one page. 0 where pages hold no
+// whole 8-row group of the swizzle pattern or are not a power of two (the copy threads gather those).
+inline int pool_box_rows(std::int64_t page_size, int tile_rows) {
+  const std::int64_t tile_share = tile_rows & -tile_rows;
+  if (page_size < 8 || (page_size & (page_size - 1)) != 0) return 0;
+  return static_cast<int>(page_size < tile_share ? page_size : tile_share);
+}
+
+// The maps of a paged KV cache's k and v pools ([num_pages, page_size, Hkv, *], pages contiguous
+// rows: kv_cache_forward_applies) as num_pages * page_size rows of Hkv heads, in boxes of
+// box_rows rows of a Tile's column blocks.
+template <typename Tile>
+bool encode_pool_maps(RowsMap* k, RowsMap* v, const ForwardParams& f, int box_rows) {
+  const std::int64_t kv_heads = f.heads / f.kv_group;
+  const std::int64_t rows = f.num_pages * f.page_size;
+  return encode_rows_map(k, f.k, f.head_dim, rows, kv_heads, 1, f.k_row_stride, f.k_head_stride, 0,
+                         Tile::kBlockCols, box_rows, Tile::kSwizzleBytes) &&
+         encode_rows_map(v, f.v, f.value_dim, rows, kv_heads, 1, f.v_row_stride, f.v_head_stride,
+                         0, Tile::kBlockCols, box_rows, Tile::kSwizzleBytes);
+}
+
 // ---- Device -----------------------------------------------------------------------------------
 
 #ifdef __CUDACC__
@@ -323,6 +349,32 @@ __device__ __forceinline__ void tma_store_rows(const std::uint8_t* src, const Ro
     const std::int32_t coords[4] = {first_col + block * Tile::kBlockCols, c.c1, c.c2, c.c3};
     ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, &m.map,
                                       coords, src + block * Tile::kBlockBytes);
+  }
+}
+
+// Keys [first_key, first_key + the tile's rows) of batch b's paged KV cache (p.block_table), every
+// one inside the sequence, into the tile at `dst` by TMA through a pool map of encode_pool_maps, a
+// box of box_rows rows (first_key a multiple of it) a lane of the calling warp: key r is row
+// (page << page_shift) | (r % page size) of the pool, page = the table's entry r >> page_shift
+// clamped to [0, num_pages) (bad device tables give wrong numbers, never a read outside the pool).
+// Completes Tile::kBytes on `bar`. (Everything but the tile's place is read from the kernel's
+// parameters, which cost the copy threads' few registers nothing.)
+template <typename Tile>
+__device__ __forceinline__ void tma_load_pages(std::uint8_t* dst, const RowsMap& m,
+                                               const ForwardParams& p, std::int64_t b,
+                                               int first_key, int box_rows, int head,
+                                               std::uint64_t* bar, int lane) {
+  constexpr int kRows = Tile::kBlockBytes / Tile::kSwizzleBytes;
+  const std::int32_t* const table = p.block_table + b * p.table_batch_stride;
+  const int in_page = (1 << p.page_shift) - 1;
+  static_assert(kRows <= 32 * 8, "a box of at least 8 rows a lane covers the tile");
+  const int row = lane * box_rows;  // of the tile
+  if (row < kRows) {
+    const int key = first_key + row;
+    const int entry = (key >> p.page_shift) * static_cast<int>(p.table_page_stride);
+    const int page = min(max(table[entry], 0), static_cast<int>(p.num_pages - 1));
+    tma_load_tile<Tile>(dst + row * Tile::kSwizzleBytes, m, (page << p.page_shift) | (key & in_page),
+                        head, 0, bar);
   }
 }
 
