@@ -17,54 +17,37 @@
 
 namespace fmha::cuda::sm90 {
 
-// Writes this thread's accumulator entries o (m16n8 C layout, rows lane / 4 and + 8 of the warp's
-// 16, which start at tile row `first_row`), times the rows' factors, as 16-bit pairs into the
-// swizzled Tile at shared address `tile`.
-template <typename T, typename Tile, int kOutTiles>
-__device__ __forceinline__ void stage_output_rows(const float (&o)[kOutTiles][4],
-                                                  const float (&factor)[2], std::uint32_t tile,
-                                                  int first_row, int lane) {
+// Writes this thread's accumulator entries of n-tiles first_tile .. first_tile + kTiles - 1 (m16n8
+// C layout, rows lane / 4 and + 8 of the warp's 16), times the rows' factors, as 16-bit pairs into
+// the swizzled Tile at shared address `tile`: rows from first_row, columns from 0. Each 32-bit
+// store of the warp falls in its own bank (the swizzle's chunk XOR row).
+template <typename T, typename Tile, int kTiles, int kOutTiles>
+__device__ __forceinline__ void stage_output_tiles(const float (&o)[kOutTiles][4],
+                                                   const float (&factor)[2], std::uint32_t tile,
+                                                   int first_row, int first_tile, int lane) {
   using Convert = tile::Dtype<T>;
   const int col = 2 * (lane % 4);
 #pragma unroll
-  for (int t = 0; t < kOutTiles; ++t) {
+  for (int j = 0; j < kTiles; ++j) {
+    const int t = first_tile + j;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = first_row + lane / 4 + 8 * r;
       const std::uint32_t packed =
           Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile + Tile::chunk_offset(row, t) + col * 2),
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile + Tile::chunk_offset(row, j) + col * 2),
                    "r"(packed)
                    : "memory");
     }
   }
 }
 
-// Writes this thread's accumulator entries of output columns first_col .. + 63 (n-tiles first_col
-// / 8 ..; m16n8 C layout, rows lane / 4 and + 8 of the warp's 16) times the rows' factors as
-// 16-bit pairs into a warp's 16 x 64 Chunk (one swizzled column block) at shared address `chunk`.
-// Each 32-bit store of the warp falls in its own bank (the swizzle's chunk XOR row).
-template <typename T, typename Chunk, int kOutTiles>
-__device__ __forceinline__ void stage_output_block(const float (&o)[kOutTiles][4],
-                                                   const float (&factor)[2], std::uint32_t chunk,
-                                                   int first_col, int lane) {
-  using Convert = tile::Dtype<T>;
-  static_assert(Chunk::kBytes == Chunk::kBlockBytes, "one column block");
-  constexpr int kTiles = Chunk::kBlockCols / 8;
-  const int col = 2 * (lane % 4);
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-    const int t = first_col / 8 + j;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = lane / 4 + 8 * r;
-      const std::uint32_t packed =
-          Convert::pack(o[t][2 * r] * factor[r], o[t][2 * r + 1] * factor[r]);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(chunk + Chunk::chunk_offset(row, j) + col * 2),
-                   "r"(packed)
-                   : "memory");
-    }
-  }
+// The warp's 16 rows, every n-tile, into its rows of the output tile from `first_row`.
+template <typename T, typename Tile, int kOutTiles>
+__device__ __forceinline__ void stage_output_rows(const float (&o)[kOutTiles][4],
+                                                  const float (&factor)[2], std::uint32_t tile,
+                                                  int first_row, int lane) {
+  stage_output_tiles<T, Tile, kOutTiles>(o, factor, tile, first_row, 0, lane);
 }
 
 // A warp's 16 output rows (tile rows from `row` of head `head`, batch `batch`) through its
@@ -93,7 +76,9 @@ __device__ __forceinline__ void store_output_by_chunks(const float (&o)[kOutTile
     }
     __syncwarp();
     const int offset = (c % kChunks) * Chunk::kBytes;
-    stage_output_block<T, Chunk>(o, factor, chunks + offset, c * Chunk::kBlockCols, lane);
+    static_assert(Chunk::kBytes == Chunk::kBlockBytes, "a chunk is one column block");
+    stage_output_tiles<T, Chunk, Chunk::kBlockCols / 8>(o, factor, chunks + offset, 0,
+                                                        c * Chunk::kBlockCols / 8, lane);
     fence_proxy_async();  // the lanes' stores made visible to the bulk copy
     __syncwarp();
     if (lane == 0) {
@@ -107,8 +92,7 @@ __device__ __forceinline__ void store_output_by_chunks(const float (&o)[kOutTile
 // Stores the warp's staged rows (tile rows first_row .. + 15 of the Tile at `staged_tile`, the
 // generic address of the staging tile) to `out`: rows that exist (warp_rows of them), columns
 // below the value dim. Row r goes to out row r, or with token tiles to out row
-// query_token[first_row
-// + r] (out then starts at token 0; -1: not stored).
+// query_token[first_row + r] (out then starts at token 0; -1: not stored).
 template <int kD, bool kTokenTiles, typename Tile>
 __device__ __forceinline__ void store_output_rows(const ForwardParams& p, std::uint16_t* out,
                                                   const std::uint8_t* staged_tile, int first_row,
