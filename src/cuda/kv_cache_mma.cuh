@@ -219,10 +219,10 @@ __device__ __forceinline__ void copy_tile(const KvCacheKernelParams& p, const T*
       const uint4 pair = *reinterpret_cast<const uint4*>(rows + j * 2);  // K and V row addresses
       const T* k_row = reinterpret_cast<const T*>((static_cast<std::uint64_t>(pair.y) << 32) | pair.x);
       const T* v_row = reinterpret_cast<const T*>((static_cast<std::uint64_t>(pair.w) << 32) | pair.z);
-      tile::cp_async_16(k_base + i * kRowsPerPass * kPitch * 2, k_row + chunk * 8,
-                        i * kRowsPerPass < k_rows ? 16 : 0);
-      tile::cp_async_16(v_base + i * kRowsPerPass * kPitch * 2, v_row + chunk * 8,
-                        i * kRowsPerPass < v_rows ? 16 : 0);
+      tile::cp_async_16_whole_lines(k_base + i * kRowsPerPass * kPitch * 2, k_row + chunk * 8,
+                                    i * kRowsPerPass < k_rows ? 16 : 0);
+      tile::cp_async_16_whole_lines(v_base + i * kRowsPerPass * kPitch * 2, v_row + chunk * 8,
+                                    i * kRowsPerPass < v_rows ? 16 : 0);
     }
     return;
   }
