@@ -79,22 +79,14 @@ struct PolicySoftcap {
 };
 
 // Attention over a KV cache (ForwardParams::seqused_k: the KV-cache API's prefill on the sm90
-// forward, kv_cache_forward.cu): the window policy's mask (bottom-right causal, windows) and its
-// scores or softcap's, over keys read from a cache, contiguous or paged (sm90/forward_pipeline.cuh:
-// kCacheForm), whose rows past a sequence's length are stale and whose pages come through the block
-// table. Instantiations of their own, so that the dense kernels carry none of it: in the copy
-// warpgroup's 40 registers the page lookups beside the dense copies cost the dense forward 3-7%
-// (H200, 2026-11-29, kernels alone, D 64 / 128 at L 512 / 2048).
-struct PolicyCache {
-  using Mask = MaskWindow;
-  template <typename T>
-  using Scores = ScoreScale;
-};
-struct PolicyCacheSoftcap {
-  using Mask = MaskWindow;
-  template <typename T>
-  using Scores = ScoreSoftcap<T>;
-};
+// forward, kv_cache_forward.cu): the window or the softcap policy (their masks and scores) over keys
+// read from a cache, contiguous or paged (sm90/policy_forms.h: kCacheForm), whose rows past a
+// sequence's length are stale and whose pages come through the block table. Types of their own, so
+// that the dense kernels carry none of it: in the copy warpgroup's 40 registers the page lookups
+// beside the dense copies cost the dense forward 3-7% (H200, 2026-11-29, kernels alone, D 64 / 128
+// at L 512 / 2048).
+struct PolicyCache : PolicyWindow {};
+struct PolicyCacheSoftcap : PolicySoftcap {};
 
 // Neighborhood attention: its own mask, every score modifier (softcap, bias and rel-pos over the
 // flattened grid); sinks and extra keys run as in every policy.
