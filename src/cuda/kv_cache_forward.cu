@@ -117,18 +117,21 @@ bool kv_cache_forward_applies(const KvCacheForwardParams& p, const detail::KvCac
 }
 
 bool kv_cache_forward_preferred(const detail::KvCacheShape& shape) {
-  // Query rows a sequence from which the forward (a 128-row query tile a head) beats the split
-  // kernel, which packs a group's heads into its rows: H200, bf16, GQA 32 / 8, D 128, B 8 over
-  // 8192 keys (2026-11-29, docs/perf-log.md; forward / split, ms): contiguous caches and pages of a
+  // Where the forward (a 128-row query tile a head) beats the split kernel, which packs a group's
+  // heads into its rows: H200, bf16, GQA 32 / 8, D 128 (2026-11-29, docs/perf-log.md; forward /
+  // split, ms). By query rows a sequence, B 8 over 8192 keys: contiguous caches and pages of a
   // power-of-two size from 64 (contiguous 0.224 / 0.329, pages of 64 0.229 / 0.358; at 32 0.222 /
-  // 0.191 and 0.227 / 0.204), other page sizes, whose gather divides a row, from 128. (Where the
-  // forward's grid is small the split kernel wins longer: B 1 over 32k keys at 128 rows 0.415 /
-  // 0.322.) On average over the sequences: a batch of decode steps with one long prefill among
+  // 0.191 and 0.227 / 0.204), other page sizes, whose gather divides a row, from 128. By the
+  // forward's grid, over 32k keys: with 32 tiles of 128 (query, head) rows or fewer the split
+  // kernel wins (B 1 at 128 rows 0.411 / 0.324, B 2 at 64 rows 0.413 / 0.324), from 48 the forward
+  // (B 1 at 192 rows 0.412 / 0.556, B 2 at 128 0.412 / 0.593, B 4 at 64 over 16k keys 0.219 /
+  // 0.328). On average over the sequences: a batch of decode steps with one long prefill among
   // them (packed queries) keeps the split kernel, which reads each sequence's keys once a kv head.
   const detail::ProblemShape& s = shape.attention;
   const detail::KvCacheGeometry& g = shape.cache;
   const std::int64_t rows = g.paged && page_shift_of(g.page_size) < 0 ? 128 : 64;
-  return s.total_q >= rows * s.batch;
+  constexpr std::int64_t kSplitWinsUpTo = 32 * 128;  // (query, head) rows
+  return s.total_q >= rows * s.batch && s.total_q * s.heads > kSplitWinsUpTo;
 }
 
 Status kv_cache_forward_workspace(const KvCacheForwardParams& p, const detail::KvCacheShape& shape,
