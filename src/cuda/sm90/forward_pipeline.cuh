@@ -128,12 +128,7 @@ constexpr bool bias_ring() {
   return kBiasForm<Policy> && kCopyWarpgroup<kD, Policy> && kD <= 64;
 }
 inline constexpr int kBiasStages = 2;
-// Whether the kernel may read a paged KV cache (ForwardParams::block_table): the KV-cache
-// policies, whose copy warpgroup takes each key tile through the table, by TMA in boxes of pages
-// where the page size allows (tile_copies.cuh: tma_load_pages), else gathering its rows with
-// cp.async (tiles.cuh: load_paged_rows_async).
-template <int kD, typename Policy>
-inline constexpr bool kPagedKeys = kCacheForm<Policy>;
+// The KV-cache policies (policy_forms.h: kCacheForm) read their keys in the copy warpgroup.
 static_assert(kCopyWarpgroup<256, PolicyCache> && kCopyWarpgroup<256, PolicyCacheSoftcap>,
               "the KV-cache policies run with a copy warpgroup at every head dim");
 // Math warpgroups of a forward kernel: tile_sizes.h's two, or three (192 query rows, one copy

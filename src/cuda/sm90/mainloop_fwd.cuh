@@ -289,8 +289,10 @@ __global__ void __launch_bounds__(block_threads<kD, Policy>(), 1)
     // Range key tiles of 16-byte rows take the loaders set up once per thread (tiles.cuh); token
     // tiles, extra keys and unaligned rows the general copies.
     constexpr bool kRangeLoads = !kTokenTiles;
-    // A paged KV cache's rows come through its block table (load_paged_rows_async).
-    const bool paged = kPagedKeys<kD, Policy> && p.block_table != nullptr;
+    // A paged KV cache's key tiles come through its block table (the KV-cache policies only), by
+    // TMA in boxes of pages where the page size allows (tile_copies.cuh: tma_load_pages), else
+    // gathered row by row with cp.async (tiles.cuh: load_paged_rows_async).
+    const bool paged = kCacheForm<Policy> && p.block_table != nullptr;
     const bool range_loads = kRangeLoads && p.vector_loads && !paged;
     // Or by TMA, in boxes of pages (tma_load_pages), where the launcher made the pool's maps.
     [[maybe_unused]] const bool paged_tiles = paged && tma;

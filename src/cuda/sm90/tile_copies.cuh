@@ -357,8 +357,7 @@ __device__ __forceinline__ void tma_store_rows(const std::uint8_t* src, const Ro
 // box of box_rows rows (first_key a multiple of it) a lane of the calling warp: key r is row
 // (page << page_shift) | (r % page size) of the pool, page = the table's entry r >> page_shift
 // clamped to [0, num_pages) (bad device tables give wrong numbers, never a read outside the pool).
-// Completes Tile::kBytes on `bar`. (Everything but the tile's place is read from the kernel's
-// parameters, which cost the copy threads' few registers nothing.)
+// Completes Tile::kBytes on `bar`.
 template <typename Tile>
 __device__ __forceinline__ void tma_load_pages(std::uint8_t* dst, const RowsMap& m,
                                                const ForwardParams& p, std::int64_t b,
